@@ -1,0 +1,50 @@
+//===- ErnieDialect.cpp - the ernie dialect ---------------------------------===//
+//
+// Registration of ops and attributes, and constant materialisation.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+#include "ernie/Dialect/Ernie/IR/ErnieEnums.cpp.inc"
+#include "ernie/Dialect/Ernie/IR/ErnieOpsDialect.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
+
+void ErnieDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "ernie/Dialect/Ernie/IR/ErnieOps.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
+      >();
+}
+
+/// Folded values come back as `ernie.full` when they are splats (so a folded
+/// zero still reads as a fill) and as `ernie.constant` otherwise.
+Operation *ErnieDialect::materializeConstant(OpBuilder &builder,
+                                             Attribute value, Type type,
+                                             Location loc) {
+  auto elements = dyn_cast<ElementsAttr>(value);
+  if (!elements || elements.getType() != type)
+    return nullptr;
+  if (elements.isSplat()) {
+    auto splat = dyn_cast<DenseElementsAttr>(elements);
+    if (splat)
+      return FullOp::create(builder, loc, type,
+                            cast<TypedAttr>(splat.getSplatValue<Attribute>()));
+  }
+  return ConstantOp::create(builder, loc, type, elements);
+}

@@ -1,0 +1,723 @@
+//===- ErnieOps.cpp - ernie op verifiers, type inference, syntax ------------===//
+//
+// The shape and type rules of every op: verifiers for ops whose result type
+// is given, inferReturnTypes for ops whose result type is determined, and the
+// few custom assembly pieces (`full`'s literal, `slice`'s ranges).
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/MathExtras.h"
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+//===----------------------------------------------------------------------===//
+// Shared helpers.
+//===----------------------------------------------------------------------===//
+
+bool mlir::ernie::hasAddressableSize(ShapedType type) {
+  if (!type.hasStaticShape())
+    return false;
+  int64_t bytes = std::max<int64_t>(
+      1, llvm::divideCeil(type.getElementTypeBitWidth(), 8));
+  for (int64_t dim : type.getShape())
+    if (dim < 0 || llvm::MulOverflow(bytes, dim, bytes))
+      return false;
+  return true;
+}
+
+/// Formats a shape as `[2, 16, 64]` for diagnostics.
+static std::string shapeStr(ArrayRef<int64_t> shape) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << '[';
+  llvm::interleaveComma(shape, os);
+  os << ']';
+  return text;
+}
+
+/// The ranked tensor type of an inferred op's operand, or an error when the
+/// parser handed something else (type constraints run after inference there).
+static FailureOr<RankedTensorType> rankedOperand(std::optional<Location> loc,
+                                                 Value value, StringRef name) {
+  auto type = dyn_cast_or_null<RankedTensorType>(
+      value ? value.getType() : Type());
+  if (!type || !type.hasStaticShape())
+    return emitOptionalError(loc, "'", name,
+                             "' must be a statically shaped ranked tensor");
+  return type;
+}
+
+/// Checks that `axis` names a dimension of a rank-`rank` tensor.
+static LogicalResult checkAxis(std::optional<Location> loc, int64_t axis,
+                               int64_t rank, StringRef what = "axis") {
+  if (axis < 0 || axis >= rank)
+    return emitOptionalError(loc, what, " ", axis,
+                             " is out of range for a tensor of rank ", rank);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// CompareOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult CompareOp::inferReturnTypes(MLIRContext *context,
+                                          std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &inferred) {
+  auto lhs = rankedOperand(loc, adaptor.getLhs(), "lhs");
+  if (failed(lhs))
+    return failure();
+  inferred.push_back(
+      RankedTensorType::get(lhs->getShape(), IntegerType::get(context, 1)));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// FullOp
+//===----------------------------------------------------------------------===//
+
+void FullOp::build(OpBuilder &builder, OperationState &state,
+                   RankedTensorType type, double value) {
+  Type element = type.getElementType();
+  TypedAttr attr;
+  if (auto floatType = dyn_cast<FloatType>(element)) {
+    APFloat v(value);
+    bool lost;
+    v.convert(floatType.getFloatSemantics(), APFloat::rmNearestTiesToEven,
+              &lost);
+    attr = FloatAttr::get(floatType, v);
+  } else {
+    attr = IntegerAttr::get(element, static_cast<int64_t>(value));
+  }
+  build(builder, state, type, attr);
+}
+
+LogicalResult FullOp::verify() {
+  Type element = getType().getElementType();
+  if (getValue().getType() != element)
+    return emitOpError("fill value has type ")
+           << getValue().getType() << " but the result's element type is "
+           << element;
+  if (isa<FloatType>(element) ? !isa<FloatAttr>(getValue())
+                              : !isa<IntegerAttr>(getValue()))
+    return emitOpError("fill value ")
+           << getValue() << " is not a scalar of type " << element;
+  return success();
+}
+
+/// `ernie.full <literal> attr-dict : <tensor type>`. The literal (an integer,
+/// a float, `true` or `false`) is written without its type and converted to
+/// the element type once that is parsed. Non-finite floats, whose only
+/// spelling is a bit pattern, are written typed in parentheses:
+/// `ernie.full (0x7FC00000 : f32) : tensor<4xf32>`.
+ParseResult FullOp::parse(OpAsmParser &parser, OperationState &result) {
+  SMLoc literalLoc = parser.getCurrentLocation();
+  TypedAttr typed;
+  std::optional<APInt> intLiteral;
+  std::optional<double> floatLiteral;
+  if (succeeded(parser.parseOptionalLParen())) {
+    if (parser.parseAttribute(typed) || parser.parseRParen())
+      return failure();
+  } else if (succeeded(parser.parseOptionalKeyword("true"))) {
+    intLiteral = APInt(64, 1);
+  } else if (succeeded(parser.parseOptionalKeyword("false"))) {
+    intLiteral = APInt(64, 0);
+  } else {
+    APInt i;
+    OptionalParseResult parsedInt = parser.parseOptionalInteger(i);
+    if (parsedInt.has_value()) {
+      if (failed(*parsedInt))
+        return failure();
+      intLiteral = i;
+    } else {
+      double d;
+      if (parser.parseFloat(d))
+        return failure();
+      floatLiteral = d;
+    }
+  }
+  RankedTensorType type;
+  if (parser.parseOptionalAttrDict(result.attributes) ||
+      parser.parseColonType(type))
+    return failure();
+  Type element = type.getElementType();
+
+  TypedAttr value;
+  if (typed) {
+    if (typed.getType() != element)
+      return parser.emitError(literalLoc, "fill value has type ")
+             << typed.getType() << " but the result's element type is "
+             << element;
+    value = typed;
+  } else if (auto floatType = dyn_cast<FloatType>(element)) {
+    APFloat v = floatLiteral ? APFloat(*floatLiteral)
+                             : APFloat(static_cast<double>(
+                                   intLiteral->getSExtValue()));
+    bool lost;
+    v.convert(floatType.getFloatSemantics(), APFloat::rmNearestTiesToEven,
+              &lost);
+    value = FloatAttr::get(floatType, v);
+  } else if (auto intType = dyn_cast<IntegerType>(element)) {
+    if (!intLiteral)
+      return parser.emitError(literalLoc, "expected an integer to fill ")
+             << type;
+    unsigned width = intType.getWidth();
+    const APInt &v = *intLiteral;
+    bool fits = width == 1 ? (v.isZero() || v.isOne()) : v.isSignedIntN(width);
+    if (!fits)
+      return parser.emitError(literalLoc, "fill value ")
+             << llvm::toString(v, 10, /*Signed=*/true) << " does not fit in "
+             << element;
+    value = IntegerAttr::get(intType, v.sextOrTrunc(width));
+  } else {
+    return parser.emitError(literalLoc, "cannot fill a tensor of ") << element;
+  }
+  result.addAttribute(getValueAttrName(result.name), value);
+  result.addTypes(type);
+  return success();
+}
+
+void FullOp::print(OpAsmPrinter &p) {
+  p << ' ';
+  auto f = dyn_cast<FloatAttr>(getValue());
+  if (f && !f.getValue().isFinite()) {
+    p << '(';
+    p.printAttribute(getValue());
+    p << ')';
+  } else if (getValue().getType().isInteger(1)) {
+    p << (cast<IntegerAttr>(getValue()).getValue().isZero() ? "false"
+                                                             : "true");
+  } else {
+    p.printAttributeWithoutType(getValue());
+  }
+  p.printOptionalAttrDict((*this)->getAttrs(), {getValueAttrName()});
+  p << " : " << getType();
+}
+
+//===----------------------------------------------------------------------===//
+// IotaOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult IotaOp::verify() {
+  auto type = cast<RankedTensorType>(getType());
+  return checkAxis(getLoc(), getDimension(), type.getRank(), "dimension");
+}
+
+//===----------------------------------------------------------------------===//
+// MatmulOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *context,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  auto lhs = rankedOperand(loc, adaptor.getLhs(), "lhs");
+  auto rhs = rankedOperand(loc, adaptor.getRhs(), "rhs");
+  if (failed(lhs) || failed(rhs))
+    return failure();
+  if (lhs->getRank() < 2 || rhs->getRank() < 2)
+    return emitOptionalError(loc, "matmul operands need rank >= 2, got ",
+                             lhs->getRank(), " and ", rhs->getRank());
+  if (lhs->getElementType() != rhs->getElementType())
+    return emitOptionalError(loc, "matmul operands have different element "
+                                  "types: ",
+                             lhs->getElementType(), " and ",
+                             rhs->getElementType());
+  ArrayRef<int64_t> a = lhs->getShape(), b = rhs->getShape();
+  int64_t ra = a.size(), rb = b.size();
+  int64_t m = a[ra - 2], ka = a[ra - 1];
+  if (adaptor.getTransposeA())
+    std::swap(m, ka);
+  int64_t kb = b[rb - 2], n = b[rb - 1];
+  if (adaptor.getTransposeB())
+    std::swap(kb, n);
+  if (ka != kb)
+    return emitOptionalError(loc, "matmul contraction sizes differ: lhs has ",
+                             ka, ", rhs has ", kb);
+  ArrayRef<int64_t> batchA = a.drop_back(2), batchB = b.drop_back(2);
+  if (rb != 2 && batchA != batchB)
+    return emitOptionalError(
+        loc, "matmul batch dimensions differ: ", shapeStr(batchA), " vs ",
+        shapeStr(batchB), " (only a rank-2 rhs is applied to every batch)");
+  SmallVector<int64_t> shape(batchA);
+  shape.append({m, n});
+  inferred.push_back(RankedTensorType::get(shape, lhs->getElementType()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+/// The type left after reducing `axes` of `input`.
+static LogicalResult inferReduceType(std::optional<Location> loc, Value input,
+                                     ArrayRef<int64_t> axes, bool keepdim,
+                                     SmallVectorImpl<Type> &inferred) {
+  auto type = rankedOperand(loc, input, "input");
+  if (failed(type))
+    return failure();
+  int64_t rank = type->getRank();
+  for (auto [i, axis] : llvm::enumerate(axes)) {
+    if (failed(checkAxis(loc, axis, rank)))
+      return failure();
+    if (i > 0 && axes[i - 1] >= axis)
+      return emitOptionalError(loc, "reduction axes must be sorted and "
+                                    "distinct, got ",
+                               shapeStr(axes));
+  }
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (!llvm::is_contained(axes, d))
+      shape.push_back(type->getDimSize(d));
+    else if (keepdim)
+      shape.push_back(1);
+  }
+  inferred.push_back(RankedTensorType::get(shape, type->getElementType()));
+  return success();
+}
+
+#define ERNIE_REDUCE_INFER(OP)                                                 \
+  LogicalResult OP::inferReturnTypes(MLIRContext *,                           \
+                                     std::optional<Location> loc,             \
+                                     Adaptor adaptor,                         \
+                                     SmallVectorImpl<Type> &inferred) {       \
+    return inferReduceType(loc, adaptor.getInput(), adaptor.getAxes(),        \
+                           adaptor.getKeepdim(), inferred);                   \
+  }
+ERNIE_REDUCE_INFER(ReduceSumOp)
+ERNIE_REDUCE_INFER(ReduceMeanOp)
+ERNIE_REDUCE_INFER(ReduceMaxOp)
+#undef ERNIE_REDUCE_INFER
+
+//===----------------------------------------------------------------------===//
+// Softmax, normalisation
+//===----------------------------------------------------------------------===//
+
+LogicalResult SoftmaxOp::verify() {
+  return checkAxis(getLoc(), getAxis(), getType().getRank());
+}
+LogicalResult LogSoftmaxOp::verify() {
+  return checkAxis(getLoc(), getAxis(), getType().getRank());
+}
+
+/// A norm's weight (and bias) is `[d]` for an input `[..., d]`.
+static LogicalResult verifyNormParam(Operation *op, ShapedType input,
+                                     ShapedType param, StringRef name) {
+  if (input.getRank() < 1)
+    return op->emitOpError("input must have rank >= 1");
+  int64_t d = input.getShape().back();
+  if (param.getRank() != 1 || param.getDimSize(0) != d)
+    return op->emitOpError() << name << " must have shape [" << d
+                             << "] (the input's last dimension), got "
+                             << shapeStr(param.getShape());
+  return success();
+}
+
+static LogicalResult verifyEpsilon(Operation *op, double epsilon) {
+  if (!(epsilon >= 0.0))
+    return op->emitOpError("epsilon must be non-negative, got ") << epsilon;
+  return success();
+}
+
+LogicalResult RmsNormOp::verify() {
+  if (failed(verifyNormParam(*this, getInput().getType(),
+                             getWeight().getType(), "weight")))
+    return failure();
+  return verifyEpsilon(*this, getEpsilon().convertToDouble());
+}
+
+LogicalResult LayerNormOp::verify() {
+  if (failed(verifyNormParam(*this, getInput().getType(),
+                             getWeight().getType(), "weight")) ||
+      failed(verifyNormParam(*this, getInput().getType(), getBias().getType(),
+                             "bias")))
+    return failure();
+  return verifyEpsilon(*this, getEpsilon().convertToDouble());
+}
+
+//===----------------------------------------------------------------------===//
+// ReshapeOp, TransposeOp, BroadcastOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReshapeOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  auto out = cast<ShapedType>(getType());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("cannot change the element type (")
+           << in.getElementType() << " to " << out.getElementType()
+           << "); use ernie.cast";
+  if (in.getNumElements() != out.getNumElements())
+    return emitOpError("element count changes from ")
+           << in.getNumElements() << " " << shapeStr(in.getShape()) << " to "
+           << out.getNumElements() << " " << shapeStr(out.getShape());
+  return success();
+}
+
+LogicalResult TransposeOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  auto type = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(type))
+    return failure();
+  ArrayRef<int64_t> perm = adaptor.getPerm();
+  int64_t rank = type->getRank();
+  SmallVector<bool> seen(rank, false);
+  bool isPermutation = static_cast<int64_t>(perm.size()) == rank;
+  for (int64_t p : perm) {
+    if (!isPermutation || p < 0 || p >= rank || seen[p]) {
+      isPermutation = false;
+      break;
+    }
+    seen[p] = true;
+  }
+  if (!isPermutation)
+    return emitOptionalError(loc, "perm ", shapeStr(perm),
+                             " is not a permutation of ", rank, " dimensions");
+  SmallVector<int64_t> shape;
+  for (int64_t p : perm)
+    shape.push_back(type->getDimSize(p));
+  inferred.push_back(RankedTensorType::get(shape, type->getElementType()));
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  auto out = cast<ShapedType>(getType());
+  ArrayRef<int64_t> dims = getDims();
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("cannot change the element type (")
+           << in.getElementType() << " to " << out.getElementType() << ")";
+  if (static_cast<int64_t>(dims.size()) != in.getRank())
+    return emitOpError("dims has ")
+           << dims.size() << " entries but the input has rank "
+           << in.getRank();
+  for (auto [i, d] : llvm::enumerate(dims)) {
+    if (d < 0 || d >= out.getRank())
+      return emitOpError("dims[") << i << "] = " << d
+                                  << " is out of range for a result of rank "
+                                  << out.getRank();
+    if (i > 0 && dims[i - 1] >= d)
+      return emitOpError("dims must be strictly increasing, got ")
+             << shapeStr(dims);
+    int64_t from = in.getDimSize(i), to = out.getDimSize(d);
+    if (from != to && from != 1)
+      return emitOpError("input dimension ")
+             << i << " of size " << from << " cannot broadcast to result "
+             << "dimension " << d << " of size " << to;
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// SliceOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult SliceOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> loc,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
+  auto type = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(type))
+    return failure();
+  ArrayRef<int64_t> start = adaptor.getStart(), limit = adaptor.getLimit(),
+                    step = adaptor.getStep();
+  int64_t rank = type->getRank();
+  if (static_cast<int64_t>(start.size()) != rank ||
+      static_cast<int64_t>(limit.size()) != rank ||
+      static_cast<int64_t>(step.size()) != rank)
+    return emitOptionalError(loc, "slice needs one range per dimension (",
+                             rank, "), got ", start.size());
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < rank; ++d) {
+    int64_t size = type->getDimSize(d);
+    if (start[d] < 0 || start[d] > limit[d] || limit[d] > size || step[d] < 1)
+      return emitOptionalError(loc, "slice range ", start[d], ":", limit[d],
+                               ":", step[d], " is invalid for dimension ", d,
+                               " of size ", size);
+    shape.push_back(llvm::divideCeil(limit[d] - start[d], step[d]));
+  }
+  inferred.push_back(RankedTensorType::get(shape, type->getElementType()));
+  return success();
+}
+
+/// `[start:limit(:step)?, ...]`
+static ParseResult parseSliceRanges(OpAsmParser &parser,
+                                    DenseI64ArrayAttr &start,
+                                    DenseI64ArrayAttr &limit,
+                                    DenseI64ArrayAttr &step) {
+  SmallVector<int64_t> starts, limits, steps;
+  auto parseRange = [&]() -> ParseResult {
+    int64_t s, l, st = 1;
+    if (parser.parseInteger(s) || parser.parseColon() ||
+        parser.parseInteger(l))
+      return failure();
+    if (succeeded(parser.parseOptionalColon()) && parser.parseInteger(st))
+      return failure();
+    starts.push_back(s);
+    limits.push_back(l);
+    steps.push_back(st);
+    return success();
+  };
+  if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Square,
+                                     parseRange))
+    return failure();
+  MLIRContext *ctx = parser.getContext();
+  start = DenseI64ArrayAttr::get(ctx, starts);
+  limit = DenseI64ArrayAttr::get(ctx, limits);
+  step = DenseI64ArrayAttr::get(ctx, steps);
+  return success();
+}
+
+static void printSliceRanges(OpAsmPrinter &p, SliceOp, DenseI64ArrayAttr start,
+                             DenseI64ArrayAttr limit, DenseI64ArrayAttr step) {
+  p << '[';
+  for (int64_t d = 0, e = start.size(); d < e; ++d) {
+    if (d > 0)
+      p << ", ";
+    p << start[d] << ':' << limit[d];
+    if (step[d] != 1)
+      p << ':' << step[d];
+  }
+  p << ']';
+}
+
+//===----------------------------------------------------------------------===//
+// ConcatOp, SplitOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult ConcatOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  if (adaptor.getInputs().empty())
+    return emitOptionalError(loc, "concat needs at least one input");
+  auto first = rankedOperand(loc, adaptor.getInputs().front(), "inputs");
+  if (failed(first))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  if (failed(checkAxis(loc, axis, first->getRank())))
+    return failure();
+  SmallVector<int64_t> shape(first->getShape());
+  for (auto [i, input] : llvm::enumerate(adaptor.getInputs().drop_front())) {
+    auto type = rankedOperand(loc, input, "inputs");
+    if (failed(type))
+      return failure();
+    if (type->getElementType() != first->getElementType() ||
+        type->getRank() != first->getRank())
+      return emitOptionalError(loc, "concat input ", i + 1, " has type ",
+                               *type, ", incompatible with ", *first);
+    for (int64_t d = 0; d < first->getRank(); ++d) {
+      if (d == axis)
+        continue;
+      if (type->getDimSize(d) != first->getDimSize(d))
+        return emitOptionalError(loc, "concat input ", i + 1,
+                                 " differs in dimension ", d, " (",
+                                 type->getDimSize(d), " vs ",
+                                 first->getDimSize(d), ")");
+    }
+    shape[axis] += type->getDimSize(axis);
+  }
+  inferred.push_back(RankedTensorType::get(shape, first->getElementType()));
+  return success();
+}
+
+LogicalResult SplitOp::inferReturnTypes(MLIRContext *,
+                                        std::optional<Location> loc,
+                                        Adaptor adaptor,
+                                        SmallVectorImpl<Type> &inferred) {
+  auto type = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(type))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  if (failed(checkAxis(loc, axis, type->getRank())))
+    return failure();
+  ArrayRef<int64_t> sizes = adaptor.getSizes();
+  if (sizes.empty())
+    return emitOptionalError(loc, "split needs at least one size");
+  int64_t total = 0;
+  for (int64_t size : sizes) {
+    if (size < 0)
+      return emitOptionalError(loc, "split sizes must be non-negative, got ",
+                               shapeStr(sizes));
+    total += size;
+  }
+  if (total != type->getDimSize(axis))
+    return emitOptionalError(loc, "split sizes ", shapeStr(sizes),
+                             " add up to ", total, ", not to the size ",
+                             type->getDimSize(axis), " of axis ", axis);
+  for (int64_t size : sizes) {
+    SmallVector<int64_t> shape(type->getShape());
+    shape[axis] = size;
+    inferred.push_back(RankedTensorType::get(shape, type->getElementType()));
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// GatherOp, EmbeddingOp, TopkOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GatherOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  auto input = rankedOperand(loc, adaptor.getInput(), "input");
+  auto indices = rankedOperand(loc, adaptor.getIndices(), "indices");
+  if (failed(input) || failed(indices))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  if (failed(checkAxis(loc, axis, input->getRank())))
+    return failure();
+  SmallVector<int64_t> shape(input->getShape().take_front(axis));
+  llvm::append_range(shape, indices->getShape());
+  llvm::append_range(shape, input->getShape().drop_front(axis + 1));
+  inferred.push_back(RankedTensorType::get(shape, input->getElementType()));
+  return success();
+}
+
+LogicalResult EmbeddingOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  auto indices = rankedOperand(loc, adaptor.getIndices(), "indices");
+  auto weight = rankedOperand(loc, adaptor.getWeight(), "weight");
+  if (failed(indices) || failed(weight))
+    return failure();
+  if (weight->getRank() != 2)
+    return emitOptionalError(loc, "embedding table must be [vocab, hidden], "
+                                  "got rank ",
+                             weight->getRank());
+  if (auto pad = adaptor.getPaddingIdx();
+      pad && (static_cast<int64_t>(*pad) < 0 ||
+              static_cast<int64_t>(*pad) >= weight->getDimSize(0)))
+    return emitOptionalError(loc, "padding_idx ", static_cast<int64_t>(*pad),
+                             " is outside the vocabulary of ",
+                             weight->getDimSize(0));
+  SmallVector<int64_t> shape(indices->getShape());
+  shape.push_back(weight->getDimSize(1));
+  inferred.push_back(RankedTensorType::get(shape, weight->getElementType()));
+  return success();
+}
+
+LogicalResult TopkOp::inferReturnTypes(MLIRContext *context,
+                                       std::optional<Location> loc,
+                                       Adaptor adaptor,
+                                       SmallVectorImpl<Type> &inferred) {
+  auto input = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(input))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  if (failed(checkAxis(loc, axis, input->getRank())))
+    return failure();
+  int64_t k = adaptor.getK();
+  if (k > input->getDimSize(axis))
+    return emitOptionalError(loc, "k = ", k, " exceeds the size ",
+                             input->getDimSize(axis), " of axis ", axis);
+  SmallVector<int64_t> shape(input->getShape());
+  shape[axis] = k;
+  inferred.push_back(RankedTensorType::get(shape, input->getElementType()));
+  inferred.push_back(
+      RankedTensorType::get(shape, IntegerType::get(context, 64)));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// RopeOp, AttentionOp, CrossEntropyOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RopeOp::verify() {
+  auto input = cast<ShapedType>(getInput().getType());
+  auto positions = cast<ShapedType>(getPositions().getType());
+  if (input.getRank() != 4)
+    return emitOpError("input must be [batch, seq, heads, head_dim], got ")
+           << shapeStr(input.getShape());
+  if (input.getDimSize(3) % 2 != 0)
+    return emitOpError("head_dim must be even, got ") << input.getDimSize(3);
+  ArrayRef<int64_t> want = input.getShape().take_front(2);
+  ArrayRef<int64_t> got = positions.getShape();
+  if (got != want && got != want.drop_front())
+    return emitOpError("positions must be [seq] or [batch, seq] = ")
+           << shapeStr(want) << ", got " << shapeStr(got);
+  if (!(getTheta().convertToDouble() > 0.0))
+    return emitOpError("theta must be positive, got ")
+           << getTheta().convertToDouble();
+  return success();
+}
+
+LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  auto q = rankedOperand(loc, adaptor.getQuery(), "query");
+  auto k = rankedOperand(loc, adaptor.getKey(), "key");
+  auto v = rankedOperand(loc, adaptor.getValue(), "value");
+  if (failed(q) || failed(k) || failed(v))
+    return failure();
+  if (q->getRank() != 4 || k->getRank() != 4 || v->getRank() != 4)
+    return emitOptionalError(loc, "attention operands must be [batch, seq, "
+                                  "heads, head_dim]");
+  if (q->getElementType() != k->getElementType() ||
+      q->getElementType() != v->getElementType())
+    return emitOptionalError(loc, "query, key and value must have one "
+                                  "element type");
+  int64_t batch = q->getDimSize(0), seq = q->getDimSize(1),
+          heads = q->getDimSize(2), headDim = q->getDimSize(3);
+  if (k->getDimSize(0) != batch || v->getDimSize(0) != batch)
+    return emitOptionalError(loc, "attention batch sizes differ");
+  if (k->getShape().take_front(3) != v->getShape().take_front(3))
+    return emitOptionalError(loc, "key ", shapeStr(k->getShape()),
+                             " and value ", shapeStr(v->getShape()),
+                             " must agree on batch, seq and heads");
+  if (k->getDimSize(3) != headDim)
+    return emitOptionalError(loc, "query head_dim ", headDim,
+                             " differs from key head_dim ", k->getDimSize(3));
+  int64_t kvHeads = k->getDimSize(2);
+  if (kvHeads == 0 || heads % kvHeads != 0)
+    return emitOptionalError(loc, "query heads (", heads,
+                             ") must be a multiple of key/value heads (",
+                             kvHeads, ")");
+  if (adaptor.getCausal() && k->getDimSize(1) != seq)
+    return emitOptionalError(loc, "causal attention needs query and key "
+                                  "sequences of one length, got ",
+                             seq, " and ", k->getDimSize(1));
+  if (auto scale = adaptor.getScale(); scale && !(scale->convertToDouble() > 0))
+    return emitOptionalError(loc, "scale must be positive");
+  inferred.push_back(RankedTensorType::get({batch, seq, heads,
+                                            v->getDimSize(3)},
+                                           q->getElementType()));
+  return success();
+}
+
+LogicalResult CrossEntropyOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto logits = rankedOperand(loc, adaptor.getLogits(), "logits");
+  auto labels = rankedOperand(loc, adaptor.getLabels(), "labels");
+  if (failed(logits) || failed(labels))
+    return failure();
+  if (logits->getRank() < 1)
+    return emitOptionalError(loc, "logits need a vocabulary dimension");
+  if (labels->getShape() != logits->getShape().drop_back())
+    return emitOptionalError(loc, "labels ", shapeStr(labels->getShape()),
+                             " must have the logits' shape without the "
+                             "vocabulary dimension, ",
+                             shapeStr(logits->getShape().drop_back()));
+  ArrayRef<int64_t> shape;
+  if (adaptor.getReduction() == LossReduction::none)
+    shape = labels->getShape();
+  inferred.push_back(RankedTensorType::get(shape, logits->getElementType()));
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "ernie/Dialect/Ernie/IR/ErnieOps.cpp.inc"

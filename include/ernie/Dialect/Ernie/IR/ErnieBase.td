@@ -1,0 +1,70 @@
+//===- ErnieBase.td - ernie dialect definition and base classes -*- tablegen -*-===//
+//
+// The dialect, the element types it computes on and the base class of its ops.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_DIALECT_ERNIE_IR_ERNIEBASE_TD
+#define ERNIE_DIALECT_ERNIE_IR_ERNIEBASE_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+
+def Ernie_Dialect : Dialect {
+  let name = "ernie";
+  let cppNamespace = "::mlir::ernie";
+  let summary = "Tensor ops of a decoder-only transformer, ready for auto-parallelism";
+  let description = [{
+    The `ernie` dialect holds a training program at the level a researcher
+    writes it: value-semantic ops on statically shaped, ranked builtin tensors
+    (`matmul`, `rms_norm`, `attention`, `cross_entropy`, ...). Every op knows
+    its own shape rules, and carries the interfaces the auto-parallel passes
+    need: its sharding rule, its gradient and its cost.
+
+    Broadcasting is never implicit: elementwise binary ops take operands of
+    one shape, and `ernie.broadcast` says which dimensions are expanded.
+  }];
+  let hasConstantMaterializer = 1;
+  let useDefaultAttributePrinterParser = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Element types and tensor constraints.
+//===----------------------------------------------------------------------===//
+
+def Ernie_FloatElement : AnyTypeOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2],
+                                   "floating-point">;
+def Ernie_IntElement : AnyTypeOf<[I64, I32], "signless 32/64-bit integer">;
+def Ernie_BoolElement : AnyTypeOf<[I1], "boolean">;
+def Ernie_NumericElement : AnyTypeOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2,
+                                      I64, I32], "numeric">;
+def Ernie_Element : AnyTypeOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2,
+                               I64, I32, I1], "ernie element">;
+
+// Shapes are static (a distributed program plans every buffer ahead of time)
+// and small enough that their byte size fits in an int64.
+class Ernie_TensorOf<list<Type> allowedTypes>
+    : Type<And<[StaticShapeTensorOf<allowedTypes>.predicate,
+                CPred<"::mlir::ernie::hasAddressableSize("
+                      "::llvm::cast<::mlir::ShapedType>($_self))">]>,
+           StaticShapeTensorOf<allowedTypes>.summary,
+           "::mlir::TensorType">;
+
+def Ernie_Tensor : Ernie_TensorOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2,
+                                   I64, I32, I1]>;
+def Ernie_FloatTensor : Ernie_TensorOf<[F64, F32, F16, BF16, F8E4M3FN,
+                                        F8E5M2]>;
+def Ernie_NumericTensor : Ernie_TensorOf<[F64, F32, F16, BF16, F8E4M3FN,
+                                          F8E5M2, I64, I32]>;
+def Ernie_IndexTensor : Ernie_TensorOf<[I64, I32]>;
+def Ernie_BoolTensor : Ernie_TensorOf<[I1]>;
+def Ernie_I64Tensor : Ernie_TensorOf<[I64]>;
+
+//===----------------------------------------------------------------------===//
+// Base op class.
+//===----------------------------------------------------------------------===//
+
+class Ernie_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Ernie_Dialect, mnemonic, traits>;
+
+#endif // ERNIE_DIALECT_ERNIE_IR_ERNIEBASE_TD

@@ -1,0 +1,25 @@
+//===- ErnieOps.h - ernie operations -----------------------------*- C++ -*-===//
+
+#ifndef ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_H
+#define ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_H
+
+#include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
+#include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieInterfaces.h"
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+namespace mlir::ernie {
+/// True when the shape's byte size fits in an int64: the bound every buffer
+/// the runtime allocates must respect.
+bool hasAddressableSize(ShapedType type);
+} // namespace mlir::ernie
+
+#define GET_OP_CLASSES
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h.inc"
+
+#endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_H

@@ -1,0 +1,605 @@
+//===- ErnieOps.td - ernie operations ---------------------*- tablegen -*-===//
+//
+// Every op of the ernie dialect: elementwise math, creation, linear algebra,
+// reductions, normalisation, shape manipulation and the transformer-level ops
+// (rope, attention, cross_entropy).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD
+#define ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD
+
+include "ernie/Dialect/Ernie/IR/ErnieBase.td"
+include "ernie/Dialect/Ernie/IR/ErnieAttrs.td"
+include "ernie/Dialect/Ernie/IR/ErnieInterfaces.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+// Every ernie op is pure and reports its cost.
+class Ernie_PureOp<string mnemonic, list<Trait> traits = []>
+    : Ernie_Op<mnemonic, !listconcat([Pure, Ernie_CostOpInterface], traits)>;
+
+//===----------------------------------------------------------------------===//
+// Elementwise unary ops.
+//===----------------------------------------------------------------------===//
+
+class Ernie_UnaryOp<string mnemonic, Type type, string math,
+                    list<Trait> traits = []>
+    : Ernie_PureOp<mnemonic, !listconcat(
+          [Elementwise, SameOperandsAndResultType], traits)> {
+  let summary = "elementwise " # math;
+  let description = [{
+    Computes `}] # math # [{` for every element of the operand.
+
+    ```mlir
+    %y = ernie.}] # mnemonic # [{ %x : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins type:$operand);
+  let results = (outs type:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
+
+def Ernie_NegOp : Ernie_UnaryOp<"neg", Ernie_NumericTensor, "-x"> {
+  let hasFolder = 1;
+}
+def Ernie_ExpOp : Ernie_UnaryOp<"exp", Ernie_FloatTensor, "e^x">;
+def Ernie_LogOp : Ernie_UnaryOp<"log", Ernie_FloatTensor, "ln(x)">;
+def Ernie_SqrtOp : Ernie_UnaryOp<"sqrt", Ernie_FloatTensor, "sqrt(x)">;
+def Ernie_RsqrtOp : Ernie_UnaryOp<"rsqrt", Ernie_FloatTensor, "1 / sqrt(x)">;
+def Ernie_TanhOp : Ernie_UnaryOp<"tanh", Ernie_FloatTensor, "tanh(x)">;
+def Ernie_SigmoidOp
+    : Ernie_UnaryOp<"sigmoid", Ernie_FloatTensor, "1 / (1 + e^-x)">;
+def Ernie_SiluOp : Ernie_UnaryOp<"silu", Ernie_FloatTensor, "x * sigmoid(x)">;
+def Ernie_ReluOp : Ernie_UnaryOp<"relu", Ernie_NumericTensor, "max(x, 0)">;
+def Ernie_AbsOp : Ernie_UnaryOp<"abs", Ernie_NumericTensor, "|x|">;
+def Ernie_ReciprocalOp
+    : Ernie_UnaryOp<"reciprocal", Ernie_FloatTensor, "1 / x">;
+
+def Ernie_GeluOp : Ernie_PureOp<"gelu",
+    [Elementwise, SameOperandsAndResultType]> {
+  let summary = "elementwise GELU";
+  let description = [{
+    `x * Φ(x)` with the exact Gaussian CDF, or, with `approximate`, the tanh
+    form `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))` (Paddle's
+    `approximate=True`, PyTorch's `approximate="tanh"`).
+
+    ```mlir
+    %y = ernie.gelu %x {approximate} : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$operand, UnitAttr:$approximate);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
+
+def Ernie_CastOp : Ernie_PureOp<"cast",
+    [Elementwise, SameOperandsAndResultShape]> {
+  let summary = "elementwise element-type conversion";
+  let description = [{
+    Converts every element to the result's element type: floats round to
+    nearest even (saturating to the largest finite value for the fp8 types,
+    NaN stays NaN), float to integer truncates toward zero, integer to i1 is
+    `x != 0`.
+
+    ```mlir
+    %y = ernie.cast %x : tensor<4x8xf32> -> tensor<4x8xbf16>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$operand);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($operand) `->` type($result)";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise binary ops.
+//===----------------------------------------------------------------------===//
+
+class Ernie_BinaryOp<string mnemonic, Type type, string math,
+                     list<Trait> traits = []>
+    : Ernie_PureOp<mnemonic, !listconcat(
+          [Elementwise, SameOperandsAndResultType], traits)> {
+  let summary = "elementwise " # math;
+  let description = [{
+    Computes `}] # math # [{` elementwise. The operands have one shape:
+    broadcasting is explicit (`ernie.broadcast`).
+
+    ```mlir
+    %z = ernie.}] # mnemonic # [{ %x, %y : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins type:$lhs, type:$rhs);
+  let results = (outs type:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+  let hasFolder = 1;
+}
+
+def Ernie_AddOp : Ernie_BinaryOp<"add", Ernie_NumericTensor, "lhs + rhs",
+                                 [Commutative]>;
+def Ernie_SubOp : Ernie_BinaryOp<"sub", Ernie_NumericTensor, "lhs - rhs">;
+def Ernie_MulOp : Ernie_BinaryOp<"mul", Ernie_NumericTensor, "lhs * rhs",
+                                 [Commutative]>;
+def Ernie_DivOp : Ernie_BinaryOp<"div", Ernie_NumericTensor, "lhs / rhs">;
+def Ernie_MaximumOp : Ernie_BinaryOp<"maximum", Ernie_NumericTensor,
+                                     "max(lhs, rhs)", [Commutative]>;
+def Ernie_MinimumOp : Ernie_BinaryOp<"minimum", Ernie_NumericTensor,
+                                     "min(lhs, rhs)", [Commutative]>;
+def Ernie_PowOp : Ernie_BinaryOp<"pow", Ernie_FloatTensor, "lhs ^ rhs">;
+
+def Ernie_CompareOp : Ernie_PureOp<"compare",
+    [Elementwise, SameTypeOperands, InferTypeOpAdaptor]> {
+  let summary = "elementwise comparison";
+  let description = [{
+    Compares the operands elementwise with `direction` and yields booleans.
+    Float comparisons are ordered: any comparison with NaN is false except
+    `ne`.
+
+    ```mlir
+    %m = ernie.compare lt, %x, %y : tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_CompareDirection:$direction,
+                       Ernie_Tensor:$lhs, Ernie_Tensor:$rhs);
+  let results = (outs Ernie_BoolTensor:$result);
+  let assemblyFormat = "$direction `,` $lhs `,` $rhs attr-dict `:` type($lhs)";
+}
+
+def Ernie_SelectOp : Ernie_PureOp<"select",
+    [Elementwise, AllTypesMatch<["on_true", "on_false", "result"]>,
+     AllShapesMatch<["cond", "result"]>]> {
+  let summary = "elementwise choice";
+  let description = [{
+    `cond ? on_true : on_false` for every element.
+
+    ```mlir
+    %z = ernie.select %m, %x, %y : tensor<4xi1>, tensor<4xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_BoolTensor:$cond, Ernie_Tensor:$on_true,
+                       Ernie_Tensor:$on_false);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $cond `,` $on_true `,` $on_false attr-dict `:` type($cond) `,` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Creation ops.
+//===----------------------------------------------------------------------===//
+
+def Ernie_ConstantOp : Ernie_PureOp<"constant",
+    [ConstantLike, AllTypesMatch<["value", "result"]>]> {
+  let summary = "a tensor of known values";
+  let description = [{
+    ```mlir
+    %c = ernie.constant dense<[1.0, 2.0]> : tensor<2xf32>
+    ```
+  }];
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "attr-dict $value";
+  let hasFolder = 1;
+}
+
+def Ernie_FullOp : Ernie_PureOp<"full", [ConstantLike]> {
+  let summary = "a tensor filled with one value";
+  let description = [{
+    Every element equals `value`, whose type is the result's element type.
+    The literal is written without its type; it is rounded to the element
+    type (nearest even) when parsed.
+
+    ```mlir
+    %z = ernie.full 0.0 : tensor<4x8xbf16>
+    %i = ernie.full -100 : tensor<8xi64>
+    ```
+  }];
+  let arguments = (ins TypedAttrInterface:$value);
+  let results = (outs Ernie_Tensor:$result);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let hasFolder = 1;
+  let builders = [
+    OpBuilder<(ins "::mlir::RankedTensorType":$type, "double":$value)>
+  ];
+}
+
+def Ernie_IotaOp : Ernie_PureOp<"iota"> {
+  let summary = "0, 1, 2, ... along one dimension";
+  let description = [{
+    Element `[i0, ..., in]` equals `i_dimension` (converted to the element
+    type), whatever the other indices.
+
+    ```mlir
+    %pos = ernie.iota dim = 1 : tensor<2x16xi64>
+    ```
+  }];
+  let arguments = (ins ConfinedAttr<I64Attr, [IntNonNegative]>:$dimension);
+  let results = (outs Ernie_NumericTensor:$result);
+  let assemblyFormat = "`dim` `=` $dimension attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra and reductions.
+//===----------------------------------------------------------------------===//
+
+def Ernie_MatmulOp : Ernie_PureOp<"matmul",
+    [InferTypeOpAdaptor,
+     DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+  let summary = "batched matrix product";
+  let description = [{
+    `lhs[..., m, k] x rhs[..., k, n] -> [..., m, n]`, where `transpose_a`
+    reads `lhs` as `[..., k, m]` and `transpose_b` reads `rhs` as
+    `[..., n, k]`. The batch dimensions of both operands are equal, or `rhs`
+    has rank 2 and is applied to every batch of `lhs` (a weight applied to
+    `[batch, seq, hidden]` activations).
+
+    ```mlir
+    %y = ernie.matmul %x, %w {transpose_b} : tensor<2x16x64xf32>, tensor<128x64xf32> -> tensor<2x16x128xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_NumericTensor:$lhs, Ernie_NumericTensor:$rhs,
+                       UnitAttr:$transpose_a, UnitAttr:$transpose_b);
+  let results = (outs Ernie_NumericTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+}
+
+class Ernie_ReduceOp<string mnemonic, Type type, string math>
+    : Ernie_PureOp<mnemonic, [InferTypeOpAdaptor]> {
+  let summary = math # " over the given axes";
+  let description = [{
+    Reduces the `axes` (sorted, distinct) with }] # math # [{. With
+    `keepdim` the reduced dimensions stay as size 1, otherwise they are
+    dropped.
+
+    ```mlir
+    %s = ernie.}] # mnemonic # [{ %x axes = [1] keepdim : tensor<4x8xf32> -> tensor<4x1xf32>
+    ```
+  }];
+  let arguments = (ins type:$input, DenseI64ArrayAttr:$axes,
+                       UnitAttr:$keepdim);
+  let results = (outs type:$result);
+  let assemblyFormat = [{
+    $input `axes` `=` $axes (`keepdim` $keepdim^)? attr-dict `:`
+    type($input) `->` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+def Ernie_ReduceSumOp : Ernie_ReduceOp<"reduce_sum", Ernie_NumericTensor, "the sum">;
+def Ernie_ReduceMeanOp : Ernie_ReduceOp<"reduce_mean", Ernie_FloatTensor, "the mean">;
+def Ernie_ReduceMaxOp : Ernie_ReduceOp<"reduce_max", Ernie_NumericTensor, "the maximum">;
+
+class Ernie_SoftmaxOpBase<string mnemonic, string math>
+    : Ernie_PureOp<mnemonic, [SameOperandsAndResultType]> {
+  let summary = math # " along one axis";
+  let description = [{
+    Numerically stable }] # math # [{ along `axis`.
+
+    ```mlir
+    %p = ernie.}] # mnemonic # [{ %logits, axis = 1 : tensor<4x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = "$input `,` `axis` `=` $axis attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Ernie_SoftmaxOp : Ernie_SoftmaxOpBase<"softmax", "softmax">;
+def Ernie_LogSoftmaxOp : Ernie_SoftmaxOpBase<"log_softmax", "log-softmax">;
+
+//===----------------------------------------------------------------------===//
+// Normalisation.
+//===----------------------------------------------------------------------===//
+
+def Ernie_RmsNormOp : Ernie_PureOp<"rms_norm",
+    [AllTypesMatch<["input", "result"]>]> {
+  let summary = "root-mean-square normalisation over the last dimension";
+  let description = [{
+    `x / sqrt(mean(x^2, -1) + epsilon) * weight`, with `weight` of shape
+    `[d]` for an input `[..., d]`. The weight may have another float type
+    than the input (fp32 weights under bf16 activations).
+
+    ```mlir
+    %y = ernie.rms_norm %x, %w, epsilon = 1.000000e-06 : tensor<2x16x64xbf16>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_FloatTensor:$weight,
+                       DefaultValuedAttr<F64Attr, "1.0e-6">:$epsilon);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `,` `epsilon` `=` $epsilon attr-dict `:`
+    type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+def Ernie_LayerNormOp : Ernie_PureOp<"layer_norm",
+    [AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>]> {
+  let summary = "layer normalisation over the last dimension";
+  let description = [{
+    `(x - mean) / sqrt(var + epsilon) * weight + bias` over the last dimension
+    (biased variance), with `weight` and `bias` of shape `[d]`.
+
+    ```mlir
+    %y = ernie.layer_norm %x, %w, %b, epsilon = 1.000000e-05 : tensor<2x16x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_FloatTensor:$weight,
+                       Ernie_FloatTensor:$bias,
+                       DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $bias `,` `epsilon` `=` $epsilon attr-dict `:`
+    type($input) `,` type($weight)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Shape ops.
+//===----------------------------------------------------------------------===//
+
+def Ernie_ReshapeOp : Ernie_PureOp<"reshape"> {
+  let summary = "the same elements in another shape";
+  let description = [{
+    Row-major reinterpretation of the elements; the element count is kept.
+
+    ```mlir
+    %y = ernie.reshape %x : tensor<2x16x64xf32> -> tensor<2x16x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Ernie_TransposeOp : Ernie_PureOp<"transpose", [InferTypeOpAdaptor]> {
+  let summary = "permute dimensions";
+  let description = [{
+    Result dimension `i` is input dimension `perm[i]`.
+
+    ```mlir
+    %y = ernie.transpose %x, perm = [0, 2, 1, 3] : tensor<2x16x4x8xf32> -> tensor<2x4x16x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` `perm` `=` $perm attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+def Ernie_BroadcastOp : Ernie_PureOp<"broadcast"> {
+  let summary = "expand a tensor to a larger shape";
+  let description = [{
+    Operand dimension `i` becomes result dimension `dims[i]` (strictly
+    increasing); its size equals that result dimension or is 1 (expanded).
+    Result dimensions not named in `dims` are new.
+
+    ```mlir
+    %y = ernie.broadcast %b, dims = [2] : tensor<64xf32> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, DenseI64ArrayAttr:$dims);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` `dims` `=` $dims attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let hasFolder = 1;
+  let hasCanonicalizer = 1;
+}
+
+def Ernie_SliceOp : Ernie_PureOp<"slice", [InferTypeOpAdaptor]> {
+  let summary = "a strided box of a tensor";
+  let description = [{
+    Per dimension `[start:limit:step]`, `0 <= start <= limit <= size`,
+    `step >= 1`; the result has `ceil((limit - start) / step)` elements there.
+
+    ```mlir
+    %y = ernie.slice %x [0:2, 4:16:2] : tensor<4x16xf32> -> tensor<2x6xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, DenseI64ArrayAttr:$start,
+                       DenseI64ArrayAttr:$limit, DenseI64ArrayAttr:$step);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input custom<SliceRanges>($start, $limit, $step) attr-dict `:`
+    type($input) `->` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+def Ernie_ConcatOp : Ernie_PureOp<"concat", [InferTypeOpAdaptor]> {
+  let summary = "join tensors along one axis";
+  let description = [{
+    The inputs have one element type and rank and agree on every dimension
+    but `axis`.
+
+    ```mlir
+    %y = ernie.concat %a, %b axis = 1 : tensor<2x3xf32>, tensor<2x5xf32> -> tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Ernie_Tensor>:$inputs,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $inputs `axis` `=` $axis attr-dict `:` type($inputs) `->` type($result)
+  }];
+  let hasFolder = 1;
+}
+
+def Ernie_SplitOp : Ernie_PureOp<"split", [InferTypeOpAdaptor]> {
+  let summary = "cut a tensor into pieces along one axis";
+  let description = [{
+    One result per entry of `sizes`, which add up to the size of `axis`.
+
+    ```mlir
+    %q, %k, %v = ernie.split %qkv axis = 2, sizes = [64, 16, 16] : tensor<2x8x96xf32> -> tensor<2x8x64xf32>, tensor<2x8x16xf32>, tensor<2x8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis,
+                       DenseI64ArrayAttr:$sizes);
+  let results = (outs Variadic<Ernie_Tensor>:$results);
+  let assemblyFormat = [{
+    $input `axis` `=` $axis `,` `sizes` `=` $sizes attr-dict `:`
+    type($input) `->` type($results)
+  }];
+}
+
+def Ernie_GatherOp : Ernie_PureOp<"gather", [InferTypeOpAdaptor]> {
+  let summary = "take entries along one axis by index";
+  let description = [{
+    `result[a..., i..., b...] = input[a..., indices[i...], b...]` where `a` are
+    the dimensions before `axis` (numpy's `take`, Paddle's `gather`). The
+    result shape is `input[:axis] + indices + input[axis+1:]`. Indices out of
+    range are an error at run time.
+
+    ```mlir
+    %y = ernie.gather %x[%idx] axis = 0 : tensor<10x4xf32>, tensor<3xi64> -> tensor<3x4xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, Ernie_IndexTensor:$indices,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `[` $indices `]` `axis` `=` $axis attr-dict `:`
+    type($input) `,` type($indices) `->` type($result)
+  }];
+}
+
+def Ernie_EmbeddingOp : Ernie_PureOp<"embedding", [InferTypeOpAdaptor]> {
+  let summary = "look up rows of a table";
+  let description = [{
+    `result[i..., :] = weight[indices[i...], :]` for a table `[vocab, hidden]`.
+    Rows equal to `padding_idx`, when given, receive no gradient (Paddle's
+    `padding_idx`).
+
+    ```mlir
+    %h = ernie.embedding %ids, %table : tensor<2x16xi64>, tensor<1000x64xf32> -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_IndexTensor:$indices, Ernie_FloatTensor:$weight,
+                       OptionalAttr<I64Attr>:$padding_idx);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $indices `,` $weight attr-dict `:` type($indices) `,` type($weight) `->`
+    type($result)
+  }];
+}
+
+def Ernie_TopkOp : Ernie_PureOp<"topk", [InferTypeOpAdaptor]> {
+  let summary = "the k largest (or smallest) entries along one axis";
+  let description = [{
+    Values sorted (descending when `largest`, the default), with their i64
+    indices; ties keep the lower index first.
+
+    ```mlir
+    %v, %i = ernie.topk %scores, k = 2, axis = 1 : tensor<16x8xf32> -> tensor<16x2xf32>, tensor<16x2xi64>
+    ```
+  }];
+  let arguments = (ins Ernie_NumericTensor:$input,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$k,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis,
+                       DefaultValuedAttr<BoolAttr, "true">:$largest);
+  let results = (outs Ernie_NumericTensor:$values,
+                      Ernie_I64Tensor:$indices);
+  let assemblyFormat = [{
+    $input `,` `k` `=` $k `,` `axis` `=` $axis attr-dict `:`
+    type($input) `->` type($values) `,` type($indices)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Transformer ops.
+//===----------------------------------------------------------------------===//
+
+def Ernie_RopeOp : Ernie_PureOp<"rope",
+    [AllTypesMatch<["input", "result"]>]> {
+  let summary = "rotary position embedding";
+  let description = [{
+    Rotates `input` `[batch, seq, heads, head_dim]` (head_dim even) by the
+    angles `position * theta^(-2i / head_dim)`. Pairs are `(i, i + head_dim/2)`
+    (the "rotate half" form of GPT-NeoX and Hugging Face Llama), or
+    `(2i, 2i + 1)` with `interleaved` (the original RoFormer form).
+    `positions` is `[seq]` or `[batch, seq]`, integer.
+
+    ```mlir
+    %q2 = ernie.rope %q, %pos, theta = 1.000000e+04 : tensor<2x16x4x32xf32>, tensor<16xi64>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_IndexTensor:$positions,
+                       DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+                       UnitAttr:$interleaved);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $positions `,` `theta` `=` $theta attr-dict `:`
+    type($input) `,` type($positions)
+  }];
+  let hasVerifier = 1;
+}
+
+def Ernie_AttentionOp : Ernie_PureOp<"attention",
+    [InferTypeOpAdaptor,
+     DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+  let summary = "scaled dot-product attention with grouped-query heads";
+  let description = [{
+    `softmax(q k^T * scale [+ causal mask]) v` per head, on the layout
+    `[batch, seq, heads, head_dim]`. `query` has `hq` heads, `key` and
+    `value` have `hkv` heads with `hq % hkv == 0`: query head `h` attends
+    with key/value head `h / (hq / hkv)` (grouped-query attention; `hkv == 1`
+    is multi-query). `scale` defaults to `1/sqrt(head_dim)`. With `causal`,
+    query `i` sees keys `0..i` (query and key sequences are equally long).
+
+    ```mlir
+    %o = ernie.attention %q, %k, %v {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32> -> tensor<2x16x8x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$query, Ernie_FloatTensor:$key,
+                       Ernie_FloatTensor:$value, UnitAttr:$causal,
+                       OptionalAttr<F64Attr>:$scale);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value attr-dict `:` type($query) `,` type($key) `,`
+    type($value) `->` type($result)
+  }];
+}
+
+def Ernie_CrossEntropyOp : Ernie_PureOp<"cross_entropy",
+    [InferTypeOpAdaptor]> {
+  let summary = "softmax cross-entropy against integer labels";
+  let description = [{
+    Per token `logsumexp(logits[t, :]) - logits[t, label[t]]` over the last
+    (vocabulary) dimension. Tokens whose label equals `ignore_index` (default
+    -100) contribute nothing. `reduction = mean` (the default) averages over
+    the tokens not ignored, `sum` adds them, `none` returns one loss per
+    token with the labels' shape.
+
+    ```mlir
+    %loss = ernie.cross_entropy %logits, %labels : tensor<2x16x1000xf32>, tensor<2x16xi64> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$logits, Ernie_IndexTensor:$labels,
+                       DefaultValuedAttr<I64Attr, "-100">:$ignore_index,
+                       DefaultValuedAttr<Ernie_LossReductionAttr,
+                                         "::mlir::ernie::LossReduction::mean">:$reduction);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels attr-dict `:` type($logits) `,` type($labels) `->`
+    type($result)
+  }];
+}
+
+#endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD

@@ -1,0 +1,30 @@
+//===- Passes.td - ernie passes -------------------------------*- tablegen -*-===//
+//
+// Every ernie pass, with its flag, summary, description and options. Passes
+// run alone under ernie-opt; Pipelines.h composes them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_PASSES_PASSES_TD
+#define ERNIE_PASSES_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
+  let summary = "Check that a module is an ernie program the later passes accept";
+  let description = [{
+    The auto-parallel passes plan every buffer ahead of time and talk to ops
+    through the ernie interfaces, so they accept only functions whose values
+    are statically shaped ranked tensors (or scalars) and whose ops are
+    `ernie`, `func` or `arith` constant ops. This pass reports every value and
+    op that breaks this contract, at its location, before any expensive pass
+    runs. It changes nothing.
+
+    ```mlir
+    // error: 'tensor.empty' op is not part of an ernie program
+    ```
+  }];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
+#endif // ERNIE_PASSES_PASSES_TD

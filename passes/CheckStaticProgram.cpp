@@ -1,0 +1,74 @@
+//===- CheckStaticProgram.cpp - the program contract of ernie passes --------===//
+//
+// Reports every value that is not a statically shaped tensor or scalar, and
+// every op outside the ernie/func/arith-constant vocabulary.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#define DEBUG_TYPE "ernie-check-static-program"
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_CHECKSTATICPROGRAMPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+bool isProgramType(Type type) {
+  if (auto shaped = dyn_cast<RankedTensorType>(type))
+    return hasAddressableSize(shaped);
+  return type.isIntOrIndexOrFloat();
+}
+
+bool isProgramOp(Operation *op) {
+  return isa<ErnieDialect>(op->getDialect()) ||
+         isa<ModuleOp, func::FuncOp, func::ReturnOp, func::CallOp,
+             arith::ConstantOp>(op);
+}
+
+struct CheckStaticProgramPass
+    : ernie::impl::CheckStaticProgramPassBase<CheckStaticProgramPass> {
+  void runOnOperation() override {
+    bool ok = true;
+    getOperation()->walk([&](Operation *op) {
+      if (!isProgramOp(op)) {
+        op->emitError() << "'" << op->getName()
+                        << "' op is not part of an ernie program";
+        ok = false;
+        return;
+      }
+      for (Region &region : op->getRegions())
+        for (Block &block : region)
+          for (BlockArgument arg : block.getArguments())
+            if (!isProgramType(arg.getType())) {
+              op->emitError() << "block argument #" << arg.getArgNumber()
+                              << " has type " << arg.getType()
+                              << "; ernie programs need statically shaped "
+                                 "tensors or scalars";
+              ok = false;
+            }
+      for (OpResult result : op->getResults())
+        if (!isProgramType(result.getType())) {
+          op->emitError() << "result #" << result.getResultNumber()
+                          << " has type " << result.getType()
+                          << "; ernie programs need statically shaped "
+                             "tensors or scalars";
+          ok = false;
+        }
+    });
+    if (!ok)
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,16 @@
+//===- Pipelines.cpp - ernie pass pipelines ----------------------------------===//
+
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+void mlir::ernie::buildSimplifyPipeline(
+    OpPassManager &pm, const SimplifyPipelineOptions &options) {
+  pm.addPass(createCheckStaticProgramPass());
+  pm.addPass(createCanonicalizerPass());
+  if (options.runCse)
+    pm.addPass(createCSEPass());
+}

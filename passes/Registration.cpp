@@ -1,0 +1,15 @@
+//===- Registration.cpp - registers every ernie pass and pipeline -----------===//
+
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+
+using namespace mlir;
+
+void mlir::ernie::registerErniePassesAndPipelines() {
+  registerErniePasses();
+  PassPipelineRegistration<SimplifyPipelineOptions>(
+      "ernie-simplify-pipeline",
+      "Check the program contract, canonicalize and CSE an ernie module",
+      buildSimplifyPipeline);
+}

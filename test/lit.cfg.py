@@ -1,0 +1,26 @@
+# lit configuration of the ernie compiler tests.
+
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+from lit.llvm.subst import ToolSubst
+
+config.name = "ernie"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.ernie_obj_root, "test")
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "Unit", "Inputs"]
+
+# Captured names must be re-captured after each CHECK-LABEL.
+config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
+
+config.substitutions.append(("%ernie_src_root", config.ernie_src_root))
+
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+
+tool_dirs = [config.ernie_tools_dir, config.llvm_tools_dir]
+tools = ["ernie-opt", "mlir-opt"]
+llvm_config.add_tool_substitutions(tools, tool_dirs)
