@@ -17,6 +17,17 @@ namespace mlir::ernie {
 /// True when the shape's byte size fits in an int64: the bound every buffer
 /// the runtime allocates must respect.
 bool hasAddressableSize(ShapedType type);
+
+namespace detail {
+/// Runs an op's inferReturnTypes as its verifier: the shape rules of ops with
+/// inferred results are written once, there.
+template <typename OpTy>
+LogicalResult verifyInferredShapeRules(OpTy op) {
+  SmallVector<Type> inferred;
+  return OpTy::inferReturnTypes(op->getContext(), op->getLoc(),
+                                typename OpTy::Adaptor(op), inferred);
+}
+} // namespace detail
 } // namespace mlir::ernie
 
 #define GET_OP_CLASSES

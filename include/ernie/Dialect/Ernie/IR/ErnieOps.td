@@ -20,6 +20,20 @@ include "mlir/Interfaces/SideEffectInterfaces.td"
 class Ernie_PureOp<string mnemonic, list<Trait> traits = []>
     : Ernie_Op<mnemonic, !listconcat([Pure, Ernie_CostOpInterface], traits)>;
 
+// An op whose result types follow from its operands and attributes. Its shape
+// rules live in inferReturnTypes alone; the verifier runs them too, so a
+// broken rule is reported once, with its own message, before the generic
+// "inferred type(s) ... are incompatible" check.
+class Ernie_InferredOp<string mnemonic, list<Trait> traits = []>
+    : Ernie_PureOp<mnemonic, !listconcat([InferTypeOpAdaptor], traits)> {
+  let hasVerifier = 1;
+  let extraClassDefinition = [{
+    ::llvm::LogicalResult $cppClass::verify() {
+      return ::mlir::ernie::detail::verifyInferredShapeRules(*this);
+    }
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Elementwise unary ops.
 //===----------------------------------------------------------------------===//
@@ -128,8 +142,8 @@ def Ernie_MinimumOp : Ernie_BinaryOp<"minimum", Ernie_NumericTensor,
                                      "min(lhs, rhs)", [Commutative]>;
 def Ernie_PowOp : Ernie_BinaryOp<"pow", Ernie_FloatTensor, "lhs ^ rhs">;
 
-def Ernie_CompareOp : Ernie_PureOp<"compare",
-    [Elementwise, SameTypeOperands, InferTypeOpAdaptor]> {
+def Ernie_CompareOp : Ernie_InferredOp<"compare",
+    [Elementwise, SameTypeOperands]> {
   let summary = "elementwise comparison";
   let description = [{
     Compares the operands elementwise with `direction` and yields booleans.
@@ -226,9 +240,8 @@ def Ernie_IotaOp : Ernie_PureOp<"iota"> {
 // Linear algebra and reductions.
 //===----------------------------------------------------------------------===//
 
-def Ernie_MatmulOp : Ernie_PureOp<"matmul",
-    [InferTypeOpAdaptor,
-     DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
   let summary = "batched matrix product";
   let description = [{
     `lhs[..., m, k] x rhs[..., k, n] -> [..., m, n]`, where `transpose_a`
@@ -250,7 +263,7 @@ def Ernie_MatmulOp : Ernie_PureOp<"matmul",
 }
 
 class Ernie_ReduceOp<string mnemonic, Type type, string math>
-    : Ernie_PureOp<mnemonic, [InferTypeOpAdaptor]> {
+    : Ernie_InferredOp<mnemonic> {
   let summary = math # " over the given axes";
   let description = [{
     Reduces the `axes` (sorted, distinct) with }] # math # [{. With
@@ -363,7 +376,7 @@ def Ernie_ReshapeOp : Ernie_PureOp<"reshape"> {
   let hasFolder = 1;
 }
 
-def Ernie_TransposeOp : Ernie_PureOp<"transpose", [InferTypeOpAdaptor]> {
+def Ernie_TransposeOp : Ernie_InferredOp<"transpose"> {
   let summary = "permute dimensions";
   let description = [{
     Result dimension `i` is input dimension `perm[i]`.
@@ -401,7 +414,7 @@ def Ernie_BroadcastOp : Ernie_PureOp<"broadcast"> {
   let hasCanonicalizer = 1;
 }
 
-def Ernie_SliceOp : Ernie_PureOp<"slice", [InferTypeOpAdaptor]> {
+def Ernie_SliceOp : Ernie_InferredOp<"slice"> {
   let summary = "a strided box of a tensor";
   let description = [{
     Per dimension `[start:limit:step]`, `0 <= start <= limit <= size`,
@@ -421,7 +434,7 @@ def Ernie_SliceOp : Ernie_PureOp<"slice", [InferTypeOpAdaptor]> {
   let hasFolder = 1;
 }
 
-def Ernie_ConcatOp : Ernie_PureOp<"concat", [InferTypeOpAdaptor]> {
+def Ernie_ConcatOp : Ernie_InferredOp<"concat"> {
   let summary = "join tensors along one axis";
   let description = [{
     The inputs have one element type and rank and agree on every dimension
@@ -440,7 +453,7 @@ def Ernie_ConcatOp : Ernie_PureOp<"concat", [InferTypeOpAdaptor]> {
   let hasFolder = 1;
 }
 
-def Ernie_SplitOp : Ernie_PureOp<"split", [InferTypeOpAdaptor]> {
+def Ernie_SplitOp : Ernie_InferredOp<"split"> {
   let summary = "cut a tensor into pieces along one axis";
   let description = [{
     One result per entry of `sizes`, which add up to the size of `axis`.
@@ -459,7 +472,7 @@ def Ernie_SplitOp : Ernie_PureOp<"split", [InferTypeOpAdaptor]> {
   }];
 }
 
-def Ernie_GatherOp : Ernie_PureOp<"gather", [InferTypeOpAdaptor]> {
+def Ernie_GatherOp : Ernie_InferredOp<"gather"> {
   let summary = "take entries along one axis by index";
   let description = [{
     `result[a..., i..., b...] = input[a..., indices[i...], b...]` where `a` are
@@ -480,7 +493,7 @@ def Ernie_GatherOp : Ernie_PureOp<"gather", [InferTypeOpAdaptor]> {
   }];
 }
 
-def Ernie_EmbeddingOp : Ernie_PureOp<"embedding", [InferTypeOpAdaptor]> {
+def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding"> {
   let summary = "look up rows of a table";
   let description = [{
     `result[i..., :] = weight[indices[i...], :]` for a table `[vocab, hidden]`.
@@ -500,7 +513,7 @@ def Ernie_EmbeddingOp : Ernie_PureOp<"embedding", [InferTypeOpAdaptor]> {
   }];
 }
 
-def Ernie_TopkOp : Ernie_PureOp<"topk", [InferTypeOpAdaptor]> {
+def Ernie_TopkOp : Ernie_InferredOp<"topk"> {
   let summary = "the k largest (or smallest) entries along one axis";
   let description = [{
     Values sorted (descending when `largest`, the default), with their i64
@@ -551,9 +564,8 @@ def Ernie_RopeOp : Ernie_PureOp<"rope",
   let hasVerifier = 1;
 }
 
-def Ernie_AttentionOp : Ernie_PureOp<"attention",
-    [InferTypeOpAdaptor,
-     DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+def Ernie_AttentionOp : Ernie_InferredOp<"attention",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
   let summary = "scaled dot-product attention with grouped-query heads";
   let description = [{
     `softmax(q k^T * scale [+ causal mask]) v` per head, on the layout
@@ -577,8 +589,7 @@ def Ernie_AttentionOp : Ernie_PureOp<"attention",
   }];
 }
 
-def Ernie_CrossEntropyOp : Ernie_PureOp<"cross_entropy",
-    [InferTypeOpAdaptor]> {
+def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy"> {
   let summary = "softmax cross-entropy against integer labels";
   let description = [{
     Per token `logsumexp(logits[t, :]) - logits[t, label[t]]` over the last
