@@ -1,0 +1,35 @@
+// RUN: ernie-opt %s --split-input-file --ernie-check-static-program --verify-diagnostics | FileCheck %s
+
+// A well-formed program passes through unchanged.
+// CHECK-LABEL: func.func @ok
+// CHECK: ernie.matmul
+// CHECK: call @callee
+func.func @ok(%x: tensor<2x4xf32>, %w: tensor<4x8xf32>, %lr: f32) -> tensor<2x8xf32> {
+  %0 = ernie.matmul %x, %w : tensor<2x4xf32>, tensor<4x8xf32> -> tensor<2x8xf32>
+  %1 = func.call @callee(%0) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %1 : tensor<2x8xf32>
+}
+func.func private @callee(tensor<2x8xf32>) -> tensor<2x8xf32>
+
+// -----
+
+// expected-error @+1 {{block argument #0 has type 'tensor<?x4xf32>'; ernie programs need statically shaped tensors or scalars}}
+func.func @dynamic(%x: tensor<?x4xf32>) {
+  return
+}
+
+// -----
+
+func.func @foreign(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'arith.addf' op is not part of an ernie program}}
+  %0 = arith.addf %x, %x : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @vector_result() {
+  // expected-error @+1 {{result #0 has type 'vector<4xf32>'; ernie programs need statically shaped tensors or scalars}}
+  %0 = arith.constant dense<0.0> : vector<4xf32>
+  return
+}
