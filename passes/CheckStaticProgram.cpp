@@ -11,6 +11,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringMap.h"
 
 #define DEBUG_TYPE "ernie-check-static-program"
 
@@ -40,6 +41,23 @@ struct CheckStaticProgramPass
     : ernie::impl::CheckStaticProgramPassBase<CheckStaticProgramPass> {
   void runOnOperation() override {
     bool ok = true;
+    getOperation()->walk([&](func::FuncOp func) {
+      llvm::StringMap<unsigned> seen;
+      for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i) {
+        auto name = func.getArgAttrOfType<StringAttr>(
+            i, ErnieDialect::kParamAttrName);
+        if (!name)
+          continue;
+        auto [it, inserted] = seen.try_emplace(name.getValue(), i);
+        if (!inserted) {
+          func.emitError() << "parameter '" << name.getValue()
+                           << "' names arguments #" << it->second << " and #"
+                           << i << "; tie shared weights with '"
+                           << ErnieDialect::kTiedAttrName << "' instead";
+          ok = false;
+        }
+      }
+    });
     getOperation()->walk([&](Operation *op) {
       if (!isProgramOp(op)) {
         op->emitError() << "'" << op->getName()

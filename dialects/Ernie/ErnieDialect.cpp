@@ -10,6 +10,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -30,6 +31,29 @@ void ErnieDialect::initialize() {
 #define GET_ATTRDEF_LIST
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
       >();
+}
+
+LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
+                                                    unsigned regionIndex,
+                                                    unsigned argIndex,
+                                                    NamedAttribute attr) {
+  StringRef name = attr.getName().strref();
+  if (name != kParamAttrName && name != kTiedAttrName)
+    return op->emitError() << "unknown ernie argument attribute '" << name
+                           << "' on argument #" << argIndex;
+  auto value = dyn_cast<StringAttr>(attr.getValue());
+  if (!value || value.getValue().empty())
+    return op->emitError() << "'" << name << "' on argument #" << argIndex
+                           << " must be a non-empty string";
+  if (name == kTiedAttrName) {
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (func && !func.getArgAttr(argIndex, kParamAttrName))
+      return op->emitError() << "argument #" << argIndex << " is tied ('"
+                             << value.getValue()
+                             << "') but is not a parameter (no '"
+                             << kParamAttrName << "')";
+  }
+  return success();
 }
 
 /// Folded values come back as `ernie.full` when they are splats (so a folded

@@ -33,3 +33,19 @@ func.func @vector_result() {
   %0 = arith.constant dense<0.0> : vector<4xf32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{parameter 'w' names arguments #0 and #1; tie shared weights with 'ernie.tied' instead}}
+func.func @duplicate_param(%a: tensor<4xf32> {ernie.param = "w"}, %b: tensor<4xf32> {ernie.param = "w"}) {
+  return
+}
+
+// -----
+
+// Tied parameters keep their own names.
+// CHECK-LABEL: func.func @tied
+func.func @tied(%a: tensor<4xf32> {ernie.param = "embed.weight", ernie.tied = "embed"},
+                %b: tensor<4xf32> {ernie.param = "lm_head.weight", ernie.tied = "embed"}) {
+  return
+}

@@ -16,9 +16,10 @@ def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
     The auto-parallel passes plan every buffer ahead of time and talk to ops
     through the ernie interfaces, so they accept only functions whose values
     are statically shaped ranked tensors (or scalars) and whose ops are
-    `ernie`, `func` or `arith` constant ops. This pass reports every value and
-    op that breaks this contract, at its location, before any expensive pass
-    runs. It changes nothing.
+    `ernie`, `func` or `arith` constant ops, and parameters are named once per
+    function. This pass reports every value, op and parameter that breaks this
+    contract, at its location, before any expensive pass runs. It changes
+    nothing.
 
     ```mlir
     // error: 'tensor.empty' op is not part of an ernie program

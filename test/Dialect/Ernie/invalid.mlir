@@ -659,3 +659,31 @@ func.func @cross_entropy_result(%l: tensor<2x100xf32>, %y: tensor<2xi64>) {
   %0 = ernie.cross_entropy %l, %y {reduction = #ernie<loss_reduction none>} : tensor<2x100xf32>, tensor<2xi64> -> tensor<f32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{'ernie.param' on argument #0 must be a non-empty string}}
+func.func @param_not_string(%w: tensor<4xf32> {ernie.param = 3 : i64}) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'ernie.param' on argument #1 must be a non-empty string}}
+func.func @param_empty(%x: tensor<4xf32>, %w: tensor<4xf32> {ernie.param = ""}) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{unknown ernie argument attribute 'ernie.parm' on argument #0}}
+func.func @param_typo(%w: tensor<4xf32> {ernie.parm = "w"}) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{argument #0 is tied ('embed') but is not a parameter (no 'ernie.param')}}
+func.func @tied_without_param(%w: tensor<4xf32> {ernie.tied = "embed"}) {
+  return
+}

@@ -23,8 +23,21 @@ def Ernie_Dialect : Dialect {
 
     Broadcasting is never implicit: elementwise binary ops take operands of
     one shape, and `ernie.broadcast` says which dimensions are expanded.
+
+    Trainable parameters are function arguments named by `ernie.param`
+    (their qualified name in the model), optionally grouped by `ernie.tied`
+    when several arguments are one shared weight.
   }];
   let hasConstantMaterializer = 1;
+  // `ernie.param` / `ernie.tied` on function arguments.
+  let hasRegionArgAttrVerify = 1;
+  let extraClassDeclaration = [{
+    /// Names a function argument as a trainable parameter:
+    /// `{ernie.param = "llama.layers.0.mlp.down_proj.weight"}`.
+    static constexpr ::llvm::StringLiteral kParamAttrName = "ernie.param";
+    /// Groups arguments that are one shared weight: `{ernie.tied = "embed"}`.
+    static constexpr ::llvm::StringLiteral kTiedAttrName = "ernie.tied";
+  }];
   let useDefaultAttributePrinterParser = 1;
 }
 
