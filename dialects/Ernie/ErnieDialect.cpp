@@ -7,6 +7,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -38,6 +39,15 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                                                     unsigned argIndex,
                                                     NamedAttribute attr) {
   StringRef name = attr.getName().strref();
+  if (name == kShardingAttrName) {
+    auto sharding = dyn_cast<ShardingAttr>(attr.getValue());
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (!sharding || !func)
+      return op->emitError() << "'" << name
+                             << "' on an argument must be an #ernie.sharding";
+    return verifySharding(op, sharding, func.getArgumentTypes()[argIndex],
+                          ("argument #" + Twine(argIndex)).str());
+  }
   if (name != kParamAttrName && name != kTiedAttrName)
     return op->emitError() << "unknown ernie argument attribute '" << name
                            << "' on argument #" << argIndex;

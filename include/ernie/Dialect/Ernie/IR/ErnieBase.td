@@ -29,8 +29,11 @@ def Ernie_Dialect : Dialect {
     when several arguments are one shared weight.
   }];
   let hasConstantMaterializer = 1;
-  // `ernie.param` / `ernie.tied` on function arguments.
+  // `ernie.param` / `ernie.tied` / `ernie.sharding` on function arguments,
+  // `ernie.sharding` on results, `ernie.shardings` on ops.
   let hasRegionArgAttrVerify = 1;
+  let hasRegionResultAttrVerify = 1;
+  let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     /// Names a function argument as a trainable parameter:
     /// `{ernie.param = "llama.layers.0.mlp.down_proj.weight"}`.

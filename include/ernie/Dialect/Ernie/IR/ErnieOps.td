@@ -13,6 +13,7 @@ include "ernie/Dialect/Ernie/IR/ErnieBase.td"
 include "ernie/Dialect/Ernie/IR/ErnieAttrs.td"
 include "ernie/Dialect/Ernie/IR/ErnieInterfaces.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
@@ -611,6 +612,72 @@ def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy"> {
     $logits `,` $labels attr-dict `:` type($logits) `,` type($labels) `->`
     type($result)
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Meshes and sharding annotations.
+//===----------------------------------------------------------------------===//
+
+def Ernie_MeshOp : Ernie_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "a named N-D device mesh";
+  let description = [{
+    A logical grid of ranks with named axes, row-major: the last axis varies
+    fastest. Shardings name a mesh and its axes, never ranks, so a program's
+    size does not depend on the number of ranks.
+
+    ```mlir
+    ernie.mesh @mesh(dp = 2, mp = 4)
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, StrArrayAttr:$axis_names,
+                       DenseI64ArrayAttr:$axis_sizes);
+  let hasCustomAssemblyFormat = 1;
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The size of axis `name`, or std::nullopt when the mesh has none.
+    std::optional<int64_t> getAxisSize(::llvm::StringRef name);
+    /// Ranks in the mesh: the product of the axis sizes.
+    int64_t getNumRanks();
+  }];
+}
+
+def Ernie_ShardingConstraintOp : Ernie_Op<"sharding_constraint",
+    [Pure, SameOperandsAndResultType,
+     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "the user's placement for a value inside a function";
+  let description = [{
+    Asks propagation to give the value this sharding. Between conflicting
+    constraints the lower `priority` wins (0 is the strongest, as in Shardy);
+    a constraint propagation cannot honour for every use gets a reshard
+    rather than being dropped.
+
+    ```mlir
+    %y = ernie.sharding_constraint %x <@mesh, [{dp}, {} ]> : tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, Ernie_ShardingAttr:$sharding,
+                       DefaultValuedAttr<ConfinedAttr<I64Attr, [IntNonNegative]>, "0">:$priority);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input $sharding attr-dict `:` type($result)
+  }];
+}
+
+def Ernie_ReshardOp : Ernie_Op<"reshard",
+    [Pure, SameOperandsAndResultType,
+     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "move a value to another sharding";
+  let description = [{
+    The value is the same; its layout changes to `sharding`. Partition lowers
+    every reshard to the cheapest sequence of collectives and local slices.
+
+    ```mlir
+    %y = ernie.reshard %x <@mesh, [{}, {mp} ]> : tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, Ernie_ShardingAttr:$sharding);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$input $sharding attr-dict `:` type($result)";
 }
 
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD

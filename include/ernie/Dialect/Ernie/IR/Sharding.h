@@ -1,0 +1,37 @@
+//===- Sharding.h - meshes and shardings of values ---------------*- C++ -*-===//
+//
+// Looking up a sharding's mesh and checking a sharding against a tensor type;
+// where shardings live on functions and ops.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_DIALECT_ERNIE_IR_SHARDING_H
+#define ERNIE_DIALECT_ERNIE_IR_SHARDING_H
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+
+namespace mlir::ernie {
+
+/// Function argument/result attribute holding a value's sharding.
+inline constexpr llvm::StringLiteral kShardingAttrName = "ernie.sharding";
+/// Op attribute: an array with one sharding per result.
+inline constexpr llvm::StringLiteral kResultShardingsAttrName =
+    "ernie.shardings";
+
+/// The mesh `sharding` names, looked up from `from`'s symbol tables.
+MeshOp lookupMesh(Operation *from, ShardingAttr sharding);
+
+/// Checks `sharding` against `mesh` and `type`: as many dimensions as the
+/// type, every axis on the mesh, every split dimension divisible by the
+/// product of its axes. `what` names the value in the diagnostic.
+LogicalResult verifySharding(function_ref<InFlightDiagnostic()> emitError,
+                             ShardingAttr sharding, MeshOp mesh, Type type,
+                             StringRef what);
+
+/// The same, looking the mesh up from `op` and reporting on it.
+LogicalResult verifySharding(Operation *op, ShardingAttr sharding, Type type,
+                             StringRef what);
+
+} // namespace mlir::ernie
+
+#endif // ERNIE_DIALECT_ERNIE_IR_SHARDING_H
