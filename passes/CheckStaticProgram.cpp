@@ -25,10 +25,19 @@ using namespace mlir::ernie;
 
 namespace {
 
+/// The element types ernie computes on (ErnieBase.td's Ernie_Element).
+bool isProgramElement(Type type) {
+  return isa<Float64Type, Float32Type, Float16Type, BFloat16Type,
+             Float8E4M3FNType, Float8E5M2Type>(type) ||
+         type.isSignlessInteger(64) || type.isSignlessInteger(32) ||
+         type.isSignlessInteger(1);
+}
+
 bool isProgramType(Type type) {
   if (auto shaped = dyn_cast<RankedTensorType>(type))
-    return hasAddressableSize(shaped);
-  return type.isIntOrIndexOrFloat();
+    return hasAddressableSize(shaped) &&
+           isProgramElement(shaped.getElementType());
+  return isProgramElement(type);
 }
 
 bool isProgramOp(Operation *op) {
@@ -42,6 +51,17 @@ struct CheckStaticProgramPass
   void runOnOperation() override {
     bool ok = true;
     getOperation()->walk([&](func::FuncOp func) {
+      // Declarations have no block arguments: check their signatures.
+      if (func.isDeclaration()) {
+        for (Type type : llvm::concat<const Type>(func.getArgumentTypes(),
+                                                  func.getResultTypes()))
+          if (!isProgramType(type)) {
+            func.emitError() << "signature type " << type
+                             << " is not a statically shaped ernie tensor "
+                                "or scalar";
+            ok = false;
+          }
+      }
       llvm::StringMap<unsigned> seen;
       for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i) {
         auto name = func.getArgAttrOfType<StringAttr>(
@@ -72,7 +92,7 @@ struct CheckStaticProgramPass
               op->emitError() << "block argument #" << arg.getArgNumber()
                               << " has type " << arg.getType()
                               << "; ernie programs need statically shaped "
-                                 "tensors or scalars";
+                                 "ernie tensors or scalars";
               ok = false;
             }
       for (OpResult result : op->getResults())
@@ -80,7 +100,7 @@ struct CheckStaticProgramPass
           op->emitError() << "result #" << result.getResultNumber()
                           << " has type " << result.getType()
                           << "; ernie programs need statically shaped "
-                             "tensors or scalars";
+                             "ernie tensors or scalars";
           ok = false;
         }
     });

@@ -13,6 +13,8 @@
 #include "mlir/Dialect/CommonFolders.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/TypeUtilities.h"
+
+#include <cmath>
 #include "mlir/IR/PatternMatch.h"
 
 using namespace mlir;
@@ -29,14 +31,19 @@ static bool isExactlyFoldable(Type type) {
          element.isSignlessInteger(64);
 }
 
-/// True when `attr` is a constant whose every element equals `value`.
+/// True when `attr` is a constant whose every element equals `value`; for
+/// floats the sign of a zero counts (x + (-0.0) is x, x + 0.0 is not for
+/// x = -0.0).
 static bool isSplatOf(Attribute attr, double value) {
   auto splat = dyn_cast_or_null<SplatElementsAttr>(attr);
   if (!splat)
     return false;
   Type element = splat.getElementType();
-  if (isa<FloatType>(element))
-    return splat.getSplatValue<APFloat>().isExactlyValue(value);
+  if (isa<FloatType>(element)) {
+    APFloat v = splat.getSplatValue<APFloat>();
+    return v.isExactlyValue(value) &&
+           (!v.isZero() || v.isNegative() == std::signbit(value));
+  }
   if (isa<IntegerType>(element) && !element.isInteger(1))
     return splat.getSplatValue<APInt>().getSExtValue() ==
            static_cast<int64_t>(value);
@@ -96,10 +103,17 @@ OpFoldResult CastOp::fold(FoldAdaptor) {
   return {};
 }
 
+/// The additive identity: -0.0 for floats (x + -0.0 == x for every x,
+/// -0.0 included), 0 for integers.
+static double additiveIdentity(Type type) {
+  return isa<FloatType>(getElementTypeOrSelf(type)) ? -0.0 : 0.0;
+}
+
 OpFoldResult AddOp::fold(FoldAdaptor adaptor) {
-  if (isSplatOf(adaptor.getRhs(), 0.0))
+  double zero = additiveIdentity(getType());
+  if (isSplatOf(adaptor.getRhs(), zero))
     return getLhs();
-  if (isSplatOf(adaptor.getLhs(), 0.0))
+  if (isSplatOf(adaptor.getLhs(), zero))
     return getRhs();
   return foldBinary(
       getType(), adaptor.getOperands(),
@@ -109,6 +123,7 @@ OpFoldResult AddOp::fold(FoldAdaptor adaptor) {
       });
 }
 
+/// x - (+0.0) == x for every x, -0.0 included.
 OpFoldResult SubOp::fold(FoldAdaptor adaptor) {
   if (isSplatOf(adaptor.getRhs(), 0.0))
     return getLhs();

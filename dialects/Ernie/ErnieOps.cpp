@@ -132,17 +132,18 @@ ParseResult FullOp::parse(OpAsmParser &parser, OperationState &result) {
   } else if (succeeded(parser.parseOptionalKeyword("false"))) {
     intLiteral = APInt(64, 0);
   } else {
+    bool negative = succeeded(parser.parseOptionalMinus());
     APInt i;
     OptionalParseResult parsedInt = parser.parseOptionalInteger(i);
     if (parsedInt.has_value()) {
       if (failed(*parsedInt))
         return failure();
-      intLiteral = i;
+      intLiteral = negative ? -i.sext(std::max(64u, i.getBitWidth() + 1)) : i;
     } else {
       double d;
       if (parser.parseFloat(d))
         return failure();
-      floatLiteral = d;
+      floatLiteral = negative ? -d : d;
     }
   }
   RankedTensorType type;
@@ -159,12 +160,17 @@ ParseResult FullOp::parse(OpAsmParser &parser, OperationState &result) {
              << element;
     value = typed;
   } else if (auto floatType = dyn_cast<FloatType>(element)) {
-    APFloat v = floatLiteral ? APFloat(*floatLiteral)
-                             : APFloat(static_cast<double>(
-                                   intLiteral->getSExtValue()));
-    bool lost;
-    v.convert(floatType.getFloatSemantics(), APFloat::rmNearestTiesToEven,
-              &lost);
+    const llvm::fltSemantics &semantics = floatType.getFloatSemantics();
+    APFloat v(semantics);
+    if (floatLiteral) {
+      v = APFloat(*floatLiteral);
+      bool lost;
+      v.convert(semantics, APFloat::rmNearestTiesToEven, &lost);
+    } else {
+      // Integers convert exactly-rounded, whatever their width.
+      v.convertFromAPInt(*intLiteral, /*IsSigned=*/true,
+                         APFloat::rmNearestTiesToEven);
+    }
     value = FloatAttr::get(floatType, v);
   } else if (auto intType = dyn_cast<IntegerType>(element)) {
     if (!intLiteral)
@@ -186,6 +192,24 @@ ParseResult FullOp::parse(OpAsmParser &parser, OperationState &result) {
   return success();
 }
 
+/// A finite float in decimal that re-parses to the same value: MLIR's own
+/// form where it is decimal, else every digit APFloat needs (MLIR would fall
+/// back to a bit pattern, which reads back as an integer here).
+static std::string formatFloat(FloatAttr attr) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  attr.print(os, /*elideType=*/true);
+  if (!StringRef(text).starts_with("0x") && !StringRef(text).starts_with("-0x"))
+    return text;
+  SmallString<32> digits;
+  attr.getValue().toString(digits, /*FormatPrecision=*/0,
+                           /*FormatMaxPadding=*/0);
+  if (!StringRef(digits).contains_insensitive('e') &&
+      !StringRef(digits).contains('.'))
+    digits += ".0";
+  return std::string(digits);
+}
+
 void FullOp::print(OpAsmPrinter &p) {
   p << ' ';
   auto f = dyn_cast<FloatAttr>(getValue());
@@ -193,6 +217,8 @@ void FullOp::print(OpAsmPrinter &p) {
     p << '(';
     p.printAttribute(getValue());
     p << ')';
+  } else if (f) {
+    p << formatFloat(f);
   } else if (getValue().getType().isInteger(1)) {
     p << (cast<IntegerAttr>(getValue()).getValue().isZero() ? "false"
                                                              : "true");

@@ -13,7 +13,7 @@ func.func private @callee(tensor<2x8xf32>) -> tensor<2x8xf32>
 
 // -----
 
-// expected-error @+1 {{block argument #0 has type 'tensor<?x4xf32>'; ernie programs need statically shaped tensors or scalars}}
+// expected-error @+1 {{block argument #0 has type 'tensor<?x4xf32>'; ernie programs need statically shaped ernie tensors or scalars}}
 func.func @dynamic(%x: tensor<?x4xf32>) {
   return
 }
@@ -29,7 +29,7 @@ func.func @foreign(%x: tensor<4xf32>) -> tensor<4xf32> {
 // -----
 
 func.func @vector_result() {
-  // expected-error @+1 {{result #0 has type 'vector<4xf32>'; ernie programs need statically shaped tensors or scalars}}
+  // expected-error @+1 {{result #0 has type 'vector<4xf32>'; ernie programs need statically shaped ernie tensors or scalars}}
   %0 = arith.constant dense<0.0> : vector<4xf32>
   return
 }
@@ -49,3 +49,22 @@ func.func @tied(%a: tensor<4xf32> {ernie.param = "embed.weight", ernie.tied = "e
                 %b: tensor<4xf32> {ernie.param = "lm_head.weight", ernie.tied = "embed"}) {
   return
 }
+
+// -----
+
+// expected-error @+1 {{block argument #0 has type 'tensor<4xi8>'; ernie programs need statically shaped ernie tensors or scalars}}
+func.func @narrow_integers(%x: tensor<4xi8>) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{block argument #0 has type 'index'; ernie programs need statically shaped ernie tensors or scalars}}
+func.func @index_scalar(%x: index) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{signature type 'tensor<?xf32>' is not a statically shaped ernie tensor or scalar}}
+func.func private @dynamic_declaration(tensor<?xf32>) -> tensor<4xf32>

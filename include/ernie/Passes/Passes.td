@@ -1,7 +1,7 @@
 //===- Passes.td - ernie passes -------------------------------*- tablegen -*-===//
 //
 // Every ernie pass, with its flag, summary, description and options. Passes
-// run alone under ernie-opt; Pipelines.h composes them.
+// run alone under ernie-opt; the pipelines in Passes.h compose them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,6 +26,20 @@ def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
     ```
   }];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
+def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
+  let summary = "Report every op's sharding rule as a remark";
+  let description = [{
+    For inspection and tests: each op with a ShardingRuleOpInterface gets a
+    remark with its factor map in einsum-like form, factors named i, j, k...:
+
+    ```
+    remark: sharding rule ([i, k], [k, j]) -> ([i, j]) k:reduction(sum)
+    ```
+    A dimension made of several factors lists them major to minor (`ij`);
+    a size-1 dimension has none (`_`). Factors not marked are parallel.
+  }];
 }
 
 #endif // ERNIE_PASSES_PASSES_TD

@@ -1,13 +1,31 @@
 // Folders and canonicalization patterns of the ernie dialect.
 // RUN: ernie-opt %s --split-input-file --canonicalize | FileCheck %s
 
+// x + (-0.0) is x for every float x; x + 0 is x for integers.
 // CHECK-LABEL: func.func @add_zero
-// CHECK-SAME: (%[[X:.+]]: tensor<4xf32>)
-// CHECK-NEXT: return %[[X]], %[[X]]
-func.func @add_zero(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
-  %z = ernie.full 0.0 : tensor<4xf32>
+// CHECK-SAME: (%[[X:.+]]: tensor<4xf32>, %[[I:.+]]: tensor<4xi32>)
+// CHECK-NEXT: return %[[X]], %[[X]], %[[I]]
+func.func @add_zero(%x: tensor<4xf32>, %i: tensor<4xi32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xi32>) {
+  %z = ernie.full -0.0 : tensor<4xf32>
   %0 = ernie.add %x, %z : tensor<4xf32>
   %1 = ernie.add %z, %x : tensor<4xf32>
+  %zi = ernie.full 0 : tensor<4xi32>
+  %2 = ernie.add %i, %zi : tensor<4xi32>
+  return %0, %1, %2 : tensor<4xf32>, tensor<4xf32>, tensor<4xi32>
+}
+
+// -----
+
+// x + (+0.0) is not x when x = -0.0 (the sum is +0.0), and x - (-0.0) is
+// x + 0.0: neither folds.
+// CHECK-LABEL: func.func @signed_zeros
+// CHECK: ernie.add
+// CHECK: ernie.sub
+func.func @signed_zeros(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %z = ernie.full 0.0 : tensor<4xf32>
+  %n = ernie.full -0.0 : tensor<4xf32>
+  %0 = ernie.add %x, %z : tensor<4xf32>
+  %1 = ernie.sub %x, %n : tensor<4xf32>
   return %0, %1 : tensor<4xf32>, tensor<4xf32>
 }
 

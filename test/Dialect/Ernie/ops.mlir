@@ -108,6 +108,17 @@ func.func @creation() {
   %9 = ernie.full 57344.0 : tensor<2xf8E5M2>
   // CHECK: ernie.full 1.000000e-01 : tensor<f64>
   %10 = ernie.full 0.1 : tensor<f64>
+  // Negative literals, and floats MLIR would print as bit patterns.
+  // CHECK: ernie.full -1.500000e+00 : tensor<2xf32>
+  %13 = ernie.full -1.5 : tensor<2xf32>
+  // CHECK: ernie.full 1.6777216E+7 : tensor<2xf32>
+  %14 = ernie.full 16777216.0 : tensor<2xf32>
+  // CHECK: ernie.full 1.23456789012E+11 : tensor<2xf64>
+  %15 = ernie.full 123456789012.0 : tensor<2xf64>
+  // CHECK: ernie.full -2147483648 : tensor<2xi32>
+  %16 = ernie.full -2147483648 : tensor<2xi32>
+  // CHECK: ernie.full -0.000000e+00 : tensor<2xf32>
+  %17 = ernie.full -0.0 : tensor<2xf32>
   // CHECK: ernie.iota dim = 1 : tensor<2x16xi64>
   %11 = ernie.iota dim = 1 : tensor<2x16xi64>
   // CHECK: ernie.iota dim = 0 : tensor<8xf32>

@@ -18,8 +18,9 @@ def Ernie_Dialect : Dialect {
     The `ernie` dialect holds a training program at the level a researcher
     writes it: value-semantic ops on statically shaped, ranked builtin tensors
     (`matmul`, `rms_norm`, `attention`, `cross_entropy`, ...). Every op knows
-    its own shape rules, and carries the interfaces the auto-parallel passes
-    need: its sharding rule, its gradient and its cost.
+    its own shape rules and carries the interfaces the auto-parallel passes
+    talk to it through: its sharding rule and its cost (the gradient
+    interface is declared; its rules arrive with autodiff).
 
     Broadcasting is never implicit: elementwise binary ops take operands of
     one shape, and `ernie.broadcast` says which dimensions are expanded.

@@ -16,6 +16,8 @@ namespace mlir::ernie::detail {
 int64_t countResultElements(Operation *op);
 /// Bytes of every ranked-tensor operand and result of `op`.
 int64_t countOperandAndResultBytes(Operation *op);
+/// One parallel factor per dimension, shared by every operand and result.
+OpShardingRule getElementwiseShardingRule(Operation *op);
 } // namespace mlir::ernie::detail
 
 #include "ernie/Dialect/Ernie/IR/ErnieInterfaces.h.inc"

@@ -28,8 +28,12 @@ def Ernie_ShardingRuleOpInterface : OpInterface<"ShardingRuleOpInterface"> {
   let methods = [
     InterfaceMethod<[{
         Returns the op's factor map for its current operand and result types.
+        The default treats the op as elementwise: every dimension is one
+        parallel factor shared by all operands and results.
       }],
-      "::mlir::ernie::OpShardingRule", "getShardingRule", (ins)>,
+      "::mlir::ernie::OpShardingRule", "getShardingRule", (ins), [{}], [{
+        return ::mlir::ernie::detail::getElementwiseShardingRule($_op);
+      }]>,
   ];
 }
 

@@ -42,7 +42,7 @@ class Ernie_InferredOp<string mnemonic, list<Trait> traits = []>
 class Ernie_UnaryOp<string mnemonic, Type type, string math,
                     list<Trait> traits = []>
     : Ernie_PureOp<mnemonic, !listconcat(
-          [Elementwise, SameOperandsAndResultType], traits)> {
+          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface], traits)> {
   let summary = "elementwise " # math;
   let description = [{
     Computes `}] # math # [{` for every element of the operand.
@@ -73,7 +73,7 @@ def Ernie_ReciprocalOp
     : Ernie_UnaryOp<"reciprocal", Ernie_FloatTensor, "1 / x">;
 
 def Ernie_GeluOp : Ernie_PureOp<"gelu",
-    [Elementwise, SameOperandsAndResultType]> {
+    [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface]> {
   let summary = "elementwise GELU";
   let description = [{
     `x * Φ(x)` with the exact Gaussian CDF, or, with `approximate`, the tanh
@@ -90,7 +90,7 @@ def Ernie_GeluOp : Ernie_PureOp<"gelu",
 }
 
 def Ernie_CastOp : Ernie_PureOp<"cast",
-    [Elementwise, SameOperandsAndResultShape]> {
+    [Elementwise, SameOperandsAndResultShape, Ernie_ShardingRuleOpInterface]> {
   let summary = "elementwise element-type conversion";
   let description = [{
     Converts every element to the result's element type: floats round to
@@ -115,7 +115,7 @@ def Ernie_CastOp : Ernie_PureOp<"cast",
 class Ernie_BinaryOp<string mnemonic, Type type, string math,
                      list<Trait> traits = []>
     : Ernie_PureOp<mnemonic, !listconcat(
-          [Elementwise, SameOperandsAndResultType], traits)> {
+          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface], traits)> {
   let summary = "elementwise " # math;
   let description = [{
     Computes `}] # math # [{` elementwise. The operands have one shape:
@@ -144,7 +144,7 @@ def Ernie_MinimumOp : Ernie_BinaryOp<"minimum", Ernie_NumericTensor,
 def Ernie_PowOp : Ernie_BinaryOp<"pow", Ernie_FloatTensor, "lhs ^ rhs">;
 
 def Ernie_CompareOp : Ernie_InferredOp<"compare",
-    [Elementwise, SameTypeOperands]> {
+    [Elementwise, SameTypeOperands, Ernie_ShardingRuleOpInterface]> {
   let summary = "elementwise comparison";
   let description = [{
     Compares the operands elementwise with `direction` and yields booleans.
@@ -163,7 +163,7 @@ def Ernie_CompareOp : Ernie_InferredOp<"compare",
 
 def Ernie_SelectOp : Ernie_PureOp<"select",
     [Elementwise, AllTypesMatch<["on_true", "on_false", "result"]>,
-     AllShapesMatch<["cond", "result"]>]> {
+     AllShapesMatch<["cond", "result"]>, Ernie_ShardingRuleOpInterface]> {
   let summary = "elementwise choice";
   let description = [{
     `cond ? on_true : on_false` for every element.
@@ -186,7 +186,7 @@ def Ernie_SelectOp : Ernie_PureOp<"select",
 //===----------------------------------------------------------------------===//
 
 def Ernie_ConstantOp : Ernie_PureOp<"constant",
-    [ConstantLike, AllTypesMatch<["value", "result"]>]> {
+    [ConstantLike, AllTypesMatch<["value", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "a tensor of known values";
   let description = [{
     ```mlir
@@ -199,7 +199,7 @@ def Ernie_ConstantOp : Ernie_PureOp<"constant",
   let hasFolder = 1;
 }
 
-def Ernie_FullOp : Ernie_PureOp<"full", [ConstantLike]> {
+def Ernie_FullOp : Ernie_PureOp<"full", [ConstantLike, Ernie_ShardingRuleOpInterface]> {
   let summary = "a tensor filled with one value";
   let description = [{
     Every element equals `value`, whose type is the result's element type.
@@ -221,7 +221,7 @@ def Ernie_FullOp : Ernie_PureOp<"full", [ConstantLike]> {
   ];
 }
 
-def Ernie_IotaOp : Ernie_PureOp<"iota"> {
+def Ernie_IotaOp : Ernie_PureOp<"iota", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "0, 1, 2, ... along one dimension";
   let description = [{
     Element `[i0, ..., in]` equals `i_dimension` (converted to the element
@@ -242,7 +242,7 @@ def Ernie_IotaOp : Ernie_PureOp<"iota"> {
 //===----------------------------------------------------------------------===//
 
 def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
-    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "batched matrix product";
   let description = [{
     `lhs[..., m, k] x rhs[..., k, n] -> [..., m, n]`, where `transpose_a`
@@ -264,7 +264,7 @@ def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
 }
 
 class Ernie_ReduceOp<string mnemonic, Type type, string math>
-    : Ernie_InferredOp<mnemonic> {
+    : Ernie_InferredOp<mnemonic, [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = math # " over the given axes";
   let description = [{
     Reduces the `axes` (sorted, distinct) with }] # math # [{. With
@@ -290,7 +290,7 @@ def Ernie_ReduceMeanOp : Ernie_ReduceOp<"reduce_mean", Ernie_FloatTensor, "the m
 def Ernie_ReduceMaxOp : Ernie_ReduceOp<"reduce_max", Ernie_NumericTensor, "the maximum">;
 
 class Ernie_SoftmaxOpBase<string mnemonic, string math>
-    : Ernie_PureOp<mnemonic, [SameOperandsAndResultType]> {
+    : Ernie_PureOp<mnemonic, [SameOperandsAndResultType, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = math # " along one axis";
   let description = [{
     Numerically stable }] # math # [{ along `axis`.
@@ -314,7 +314,7 @@ def Ernie_LogSoftmaxOp : Ernie_SoftmaxOpBase<"log_softmax", "log-softmax">;
 //===----------------------------------------------------------------------===//
 
 def Ernie_RmsNormOp : Ernie_PureOp<"rms_norm",
-    [AllTypesMatch<["input", "result"]>]> {
+    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "root-mean-square normalisation over the last dimension";
   let description = [{
     `x / sqrt(mean(x^2, -1) + epsilon) * weight`, with `weight` of shape
@@ -336,7 +336,8 @@ def Ernie_RmsNormOp : Ernie_PureOp<"rms_norm",
 }
 
 def Ernie_LayerNormOp : Ernie_PureOp<"layer_norm",
-    [AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>]> {
+    [AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>,
+     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "layer normalisation over the last dimension";
   let description = [{
     `(x - mean) / sqrt(var + epsilon) * weight + bias` over the last dimension
@@ -361,7 +362,7 @@ def Ernie_LayerNormOp : Ernie_PureOp<"layer_norm",
 // Shape ops.
 //===----------------------------------------------------------------------===//
 
-def Ernie_ReshapeOp : Ernie_PureOp<"reshape"> {
+def Ernie_ReshapeOp : Ernie_PureOp<"reshape", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "the same elements in another shape";
   let description = [{
     Row-major reinterpretation of the elements; the element count is kept.
@@ -377,7 +378,7 @@ def Ernie_ReshapeOp : Ernie_PureOp<"reshape"> {
   let hasFolder = 1;
 }
 
-def Ernie_TransposeOp : Ernie_InferredOp<"transpose"> {
+def Ernie_TransposeOp : Ernie_InferredOp<"transpose", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "permute dimensions";
   let description = [{
     Result dimension `i` is input dimension `perm[i]`.
@@ -394,7 +395,7 @@ def Ernie_TransposeOp : Ernie_InferredOp<"transpose"> {
   let hasFolder = 1;
 }
 
-def Ernie_BroadcastOp : Ernie_PureOp<"broadcast"> {
+def Ernie_BroadcastOp : Ernie_PureOp<"broadcast", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "expand a tensor to a larger shape";
   let description = [{
     Operand dimension `i` becomes result dimension `dims[i]` (strictly
@@ -415,7 +416,7 @@ def Ernie_BroadcastOp : Ernie_PureOp<"broadcast"> {
   let hasCanonicalizer = 1;
 }
 
-def Ernie_SliceOp : Ernie_InferredOp<"slice"> {
+def Ernie_SliceOp : Ernie_InferredOp<"slice", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "a strided box of a tensor";
   let description = [{
     Per dimension `[start:limit:step]`, `0 <= start <= limit <= size`,
@@ -435,7 +436,7 @@ def Ernie_SliceOp : Ernie_InferredOp<"slice"> {
   let hasFolder = 1;
 }
 
-def Ernie_ConcatOp : Ernie_InferredOp<"concat"> {
+def Ernie_ConcatOp : Ernie_InferredOp<"concat", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "join tensors along one axis";
   let description = [{
     The inputs have one element type and rank and agree on every dimension
@@ -454,7 +455,7 @@ def Ernie_ConcatOp : Ernie_InferredOp<"concat"> {
   let hasFolder = 1;
 }
 
-def Ernie_SplitOp : Ernie_InferredOp<"split"> {
+def Ernie_SplitOp : Ernie_InferredOp<"split", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "cut a tensor into pieces along one axis";
   let description = [{
     One result per entry of `sizes`, which add up to the size of `axis`.
@@ -473,7 +474,7 @@ def Ernie_SplitOp : Ernie_InferredOp<"split"> {
   }];
 }
 
-def Ernie_GatherOp : Ernie_InferredOp<"gather"> {
+def Ernie_GatherOp : Ernie_InferredOp<"gather", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "take entries along one axis by index";
   let description = [{
     `result[a..., i..., b...] = input[a..., indices[i...], b...]` where `a` are
@@ -494,7 +495,7 @@ def Ernie_GatherOp : Ernie_InferredOp<"gather"> {
   }];
 }
 
-def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding"> {
+def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "look up rows of a table";
   let description = [{
     `result[i..., :] = weight[indices[i...], :]` for a table `[vocab, hidden]`.
@@ -514,7 +515,7 @@ def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding"> {
   }];
 }
 
-def Ernie_TopkOp : Ernie_InferredOp<"topk"> {
+def Ernie_TopkOp : Ernie_InferredOp<"topk", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "the k largest (or smallest) entries along one axis";
   let description = [{
     Values sorted (descending when `largest`, the default), with their i64
@@ -541,7 +542,7 @@ def Ernie_TopkOp : Ernie_InferredOp<"topk"> {
 //===----------------------------------------------------------------------===//
 
 def Ernie_RopeOp : Ernie_PureOp<"rope",
-    [AllTypesMatch<["input", "result"]>]> {
+    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "rotary position embedding";
   let description = [{
     Rotates `input` `[batch, seq, heads, head_dim]` (head_dim even) by the
@@ -566,7 +567,7 @@ def Ernie_RopeOp : Ernie_PureOp<"rope",
 }
 
 def Ernie_AttentionOp : Ernie_InferredOp<"attention",
-    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "scaled dot-product attention with grouped-query heads";
   let description = [{
     `softmax(q k^T * scale [+ causal mask]) v` per head, on the layout
@@ -590,7 +591,7 @@ def Ernie_AttentionOp : Ernie_InferredOp<"attention",
   }];
 }
 
-def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy"> {
+def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "softmax cross-entropy against integer labels";
   let description = [{
     Per token `logsumexp(logits[t, :]) - logits[t, label[t]]` over the last

@@ -9,6 +9,7 @@
 #ifndef ERNIE_DIALECT_ERNIE_IR_SHARDINGRULE_H
 #define ERNIE_DIALECT_ERNIE_IR_SHARDINGRULE_H
 
+#include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
 #include "llvm/ADT/SmallVector.h"
 #include <cstdint>
 
@@ -25,13 +26,11 @@ enum class FactorKind {
   NeedReplication,
 };
 
-/// The pending reduction a sharded reduction factor leaves on the results.
-enum class PartialReduceKind { Sum, Avg, Max, Min };
-
 struct ShardingFactor {
   int64_t size = 1;
   FactorKind kind = FactorKind::Parallel;
-  PartialReduceKind reduceKind = PartialReduceKind::Sum;
+  /// The pending reduction a sharded Reduction factor leaves on the results.
+  ReduceKind reduceKind = ReduceKind::sum;
 };
 
 /// A tensor dimension as the factors that make it up, major to minor.
