@@ -91,15 +91,18 @@ OpShardingRule sameShapeRule(Operation *op, ArrayRef<int64_t> replicatedDims) {
       refs.push_back(operand(i, d));
     for (unsigned i = 0; i < op->getNumResults(); ++i)
       refs.push_back(result(i, d));
-    bool needsReplication = llvm::is_contained(replicatedDims, d);
     int64_t size = b.dimSize(refs.front());
-    if (needsReplication) {
-      // A dimension whose sizes differ between operands and results (topk's
-      // k) is a separate factor per tensor; each must stay whole.
+    bool sameSize = llvm::all_of(
+        refs, [&](DimRef ref) { return b.dimSize(ref) == size; });
+    if (!llvm::is_contained(replicatedDims, d)) {
+      b.add(size, FactorKind::Parallel, refs);
+    } else if (sameSize) {
+      b.add(size, FactorKind::NeedReplication, refs);
+    } else {
+      // Sizes differ along the dimension (concat's inputs, topk's k): one
+      // whole factor per tensor.
       for (DimRef ref : refs)
         b.add(b.dimSize(ref), FactorKind::NeedReplication, ref);
-    } else {
-      b.add(size, FactorKind::Parallel, refs);
     }
   }
   return b.take();
@@ -224,34 +227,52 @@ OpShardingRule LayerNormOp::getShardingRule() { return normRule(*this, 2); }
 
 /// Splits input and output shapes into common factors, major to minor: a dim
 /// of 64 reshaped to 4x16 is factors (4, 16) in the input dim and one factor
-/// each in the output dims. Where sizes do not factor (6x4 -> 4x6), the rest
-/// of that group must stay replicated on both sides.
+/// each in the output dims. Sizes that share only part of a factor (6x4 ->
+/// 4x6) share their gcd (2: both halves are the same 12 elements); past the
+/// first coprime remainder the dims are misaligned, so they stay whole until
+/// the element counts of both sides meet again.
 OpShardingRule ReshapeOp::getShardingRule() {
   RuleBuilder b(*this);
-  auto in = cast<ShapedType>(getInput().getType());
-  auto out = cast<ShapedType>(getType());
-  int64_t i = 0, o = 0, ni = in.getRank(), no = out.getRank();
-  int64_t restIn = ni ? in.getDimSize(0) : 1;
-  int64_t restOut = no ? out.getDimSize(0) : 1;
+  ArrayRef<int64_t> in = cast<ShapedType>(getInput().getType()).getShape();
+  ArrayRef<int64_t> out = cast<ShapedType>(getType()).getShape();
+  int64_t i = 0, o = 0, ni = in.size(), no = out.size();
+  // What is left of the current input and output dimension.
+  int64_t restIn = ni ? in[0] : 1, restOut = no ? out[0] : 1;
+  auto nextIn = [&] { restIn = ++i < ni ? in[i] : 1; };
+  auto nextOut = [&] { restOut = ++o < no ? out[o] : 1; };
   auto skipOnes = [&] {
-    while (i < ni && restIn == 1 && ++i < ni)
-      restIn = in.getDimSize(i);
-    while (o < no && restOut == 1 && ++o < no)
-      restOut = out.getDimSize(o);
+    while (i < ni && restIn == 1)
+      nextIn();
+    while (o < no && restOut == 1)
+      nextOut();
   };
   skipOnes();
   while (i < ni && o < no) {
     int64_t common = std::gcd(restIn, restOut);
-    bool aligned = common == restIn || common == restOut;
-    if (!aligned) {
-      // The group's sizes interleave: keep what is left of both dims whole.
-      b.add(restIn, FactorKind::NeedReplication, {operand(0, i)});
-      b.add(restOut, FactorKind::NeedReplication, {result(0, o)});
-      restIn = restOut = 1;
-    } else {
+    if (common > 1) {
       b.add(common, FactorKind::Parallel, {operand(0, i), result(0, o)});
       restIn /= common;
       restOut /= common;
+    } else {
+      // Misaligned: keep dims whole on both sides until the counts meet.
+      int64_t countIn = restIn, countOut = restOut;
+      b.add(restIn, FactorKind::NeedReplication, {operand(0, i)});
+      b.add(restOut, FactorKind::NeedReplication, {result(0, o)});
+      nextIn();
+      nextOut();
+      while (countIn != countOut && (i < ni || o < no)) {
+        if ((countIn < countOut && i < ni) || o >= no) {
+          b.add(restIn, FactorKind::NeedReplication, {operand(0, i)});
+          countIn *= restIn;
+          nextIn();
+        } else {
+          b.add(restOut, FactorKind::NeedReplication, {result(0, o)});
+          countOut *= restOut;
+          nextOut();
+        }
+      }
+      restIn = i < ni ? restIn : 1;
+      restOut = o < no ? restOut : 1;
     }
     skipOnes();
   }
