@@ -1,0 +1,77 @@
+//===- FactorPropagation.h - shardings through one op's rule -----*- C++ -*-===//
+//
+// The step every sharding algorithm repeats: given the shardings some of an
+// op's operands and results already have, decide which mesh axes shard each
+// factor of the op's rule, and project that back onto every operand and
+// result. Propagation, partition and inferSpmd share it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_SHARDING_FACTORPROPAGATION_H
+#define ERNIE_SHARDING_FACTORPROPAGATION_H
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/ShardingRule.h"
+
+namespace mlir::ernie {
+
+/// A mesh's axes and sizes, detached from the IR.
+struct MeshShape {
+  FlatSymbolRefAttr name;
+  SmallVector<StringRef> axes;
+  SmallVector<int64_t> sizes;
+
+  static MeshShape get(MeshOp mesh);
+  /// The size of `axis`; 1 for an axis the mesh does not have.
+  int64_t axisSize(StringRef axis) const;
+  /// The product of the sizes of `axes`.
+  int64_t product(ArrayRef<StringRef> axes) const;
+};
+
+/// For every factor of a rule, the mesh axes that shard it, major to minor.
+using FactorAxes = SmallVector<SmallVector<StringRef, 2>>;
+
+/// What one op's operands and results should be, and the factor choice that
+/// gives it.
+struct OpShardings {
+  FactorAxes factorAxes;
+  SmallVector<ShardingAttr> operands;
+  SmallVector<ShardingAttr> results;
+};
+
+/// Reads from one tensor's `sharding` which axes shard each of its factors
+/// (`dims`, from the rule). A dimension's axes go to its factors major to
+/// minor, each factor taking axes while their product divides it; an axis
+/// that fits no factor is dropped (the tensor will be resharded).
+FactorAxes readFactorAxes(const OpShardingRule &rule, const TensorFactors &dims,
+                          ShardingAttr sharding, const MeshShape &mesh);
+
+/// The sharding of a tensor whose dims are `dims` under `factorAxes`. Results
+/// (`isResult`) become Partial over the axes of sharded reduction factors.
+ShardingAttr projectSharding(MLIRContext *context, const OpShardingRule &rule,
+                             const TensorFactors &dims,
+                             const FactorAxes &factorAxes,
+                             const MeshShape &mesh, bool isResult);
+
+/// Bytes one rank sends to move a tensor of `type` from `from` to `to`: an
+/// all-reduce for pending sums that are dropped, a reduce-scatter for sums
+/// that become splits, an all-gather (or all-to-all) for splits that go, and
+/// nothing for splits that are added (a local slice).
+int64_t estimateReshardBytes(ShardingAttr from, ShardingAttr to,
+                             RankedTensorType type, const MeshShape &mesh);
+
+/// Decides the factor axes of `rule` from the known shardings (null entries
+/// are open) and projects them onto every operand and result. Each known
+/// tensor in turn seeds the choice (its axes first, then the others' in
+/// operand-then-result order where they do not collide); the seed whose
+/// projection moves the fewest bytes wins, the earliest on ties.
+OpShardings resolveShardings(MLIRContext *context, const OpShardingRule &rule,
+                             ArrayRef<ShardingAttr> operands,
+                             ArrayRef<ShardingAttr> results,
+                             ArrayRef<RankedTensorType> operandTypes,
+                             ArrayRef<RankedTensorType> resultTypes,
+                             const MeshShape &mesh);
+
+} // namespace mlir::ernie
+
+#endif // ERNIE_SHARDING_FACTORPROPAGATION_H

@@ -1,0 +1,242 @@
+//===- FactorPropagation.cpp - shardings through one op's rule ---------------===//
+
+#include "ernie/Sharding/FactorPropagation.h"
+
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+MeshShape MeshShape::get(MeshOp mesh) {
+  MeshShape shape;
+  shape.name = FlatSymbolRefAttr::get(mesh.getSymNameAttr());
+  for (Attribute axis : mesh.getAxisNames())
+    shape.axes.push_back(cast<StringAttr>(axis).getValue());
+  llvm::append_range(shape.sizes, mesh.getAxisSizes());
+  return shape;
+}
+
+int64_t MeshShape::axisSize(StringRef axis) const {
+  for (auto [name, size] : llvm::zip(axes, sizes))
+    if (name == axis)
+      return size;
+  return 1;
+}
+
+int64_t MeshShape::product(ArrayRef<StringRef> names) const {
+  int64_t total = 1;
+  for (StringRef axis : names)
+    total *= axisSize(axis);
+  return total;
+}
+
+FactorAxes mlir::ernie::readFactorAxes(const OpShardingRule &rule,
+                                       const TensorFactors &dims,
+                                       ShardingAttr sharding,
+                                       const MeshShape &mesh) {
+  FactorAxes result(rule.factors.size());
+  if (!sharding)
+    return result;
+  for (auto [d, factors] : llvm::enumerate(dims)) {
+    if (static_cast<int64_t>(d) >= sharding.getRank())
+      break;
+    SmallVector<StringRef> axes = sharding.getDimAxes(d);
+    size_t next = 0;
+    for (int64_t factor : factors) {
+      int64_t size = rule.factors[factor].size, taken = 1;
+      while (next < axes.size() &&
+             size % (taken * mesh.axisSize(axes[next])) == 0) {
+        taken *= mesh.axisSize(axes[next]);
+        result[factor].push_back(axes[next++]);
+      }
+      // A minor factor is reached only once the major one is fully split:
+      // blocks of the dimension must align with the factor's blocks.
+      if (taken != size)
+        break;
+    }
+  }
+  return result;
+}
+
+ShardingAttr mlir::ernie::projectSharding(MLIRContext *context,
+                                          const OpShardingRule &rule,
+                                          const TensorFactors &dims,
+                                          const FactorAxes &factorAxes,
+                                          const MeshShape &mesh,
+                                          bool isResult) {
+  SmallVector<SmallVector<StringRef>> dimAxes;
+  llvm::SmallDenseSet<int64_t> present;
+  for (const DimFactors &factors : dims) {
+    SmallVector<StringRef> &axes = dimAxes.emplace_back();
+    for (int64_t factor : factors) {
+      present.insert(factor);
+      llvm::append_range(axes, factorAxes[factor]);
+    }
+  }
+  SmallVector<std::pair<StringRef, ReduceKind>> partial;
+  if (isResult) {
+    for (auto [id, factor] : llvm::enumerate(rule.factors))
+      if (factor.kind == FactorKind::Reduction && !present.contains(id))
+        for (StringRef axis : factorAxes[id])
+          partial.emplace_back(axis, factor.reduceKind);
+  }
+  return ShardingAttr::get(context, mesh.name, dimAxes, partial);
+}
+
+/// Bytes of one rank's piece of `type` under `sharding`.
+static int64_t localBytes(ShardingAttr sharding, RankedTensorType type,
+                          const MeshShape &mesh) {
+  int64_t bytes = std::max<int64_t>(
+      1, (type.getElementTypeBitWidth() + 7) / 8);
+  for (int64_t d = 0; d < type.getRank(); ++d) {
+    int64_t parts = sharding ? mesh.product(sharding.getDimAxes(d)) : 1;
+    bytes *= type.getDimSize(d) / std::max<int64_t>(parts, 1);
+  }
+  return bytes;
+}
+
+int64_t mlir::ernie::estimateReshardBytes(ShardingAttr from, ShardingAttr to,
+                                          RankedTensorType type,
+                                          const MeshShape &mesh) {
+  if (!from || !to || from == to)
+    return 0;
+  int64_t fromBytes = localBytes(from, type, mesh);
+  int64_t toBytes = localBytes(to, type, mesh);
+  llvm::StringMap<int64_t> toDim;
+  for (int64_t d = 0; d < to.getRank(); ++d)
+    for (StringRef axis : to.getDimAxes(d))
+      toDim[axis] = d;
+  llvm::StringSet<> toPartial;
+  for (auto [axis, kind] : to.getPartials())
+    toPartial.insert(axis);
+
+  int64_t bytes = 0;
+  // Pending reductions that must complete.
+  for (auto [axis, kind] : from.getPartials()) {
+    if (toPartial.contains(axis))
+      continue;
+    int64_t n = mesh.axisSize(axis);
+    if (toDim.count(axis)) // reduce-scatter
+      bytes += fromBytes * (n - 1) / n;
+    else // all-reduce: reduce-scatter then all-gather
+      bytes += 2 * fromBytes * (n - 1) / n;
+  }
+  // Splits that leave their dimension (or change place within it).
+  for (int64_t d = 0; d < from.getRank(); ++d) {
+    SmallVector<StringRef> axes = from.getDimAxes(d);
+    SmallVector<StringRef> target =
+        d < to.getRank() ? to.getDimAxes(d) : SmallVector<StringRef>{};
+    for (auto [i, axis] : llvm::enumerate(axes)) {
+      bool kept = i < target.size() && target[i] == axis &&
+                  llvm::equal(ArrayRef(axes).take_front(i),
+                              ArrayRef(target).take_front(i));
+      if (kept)
+        continue;
+      int64_t n = mesh.axisSize(axis);
+      bytes += std::max(fromBytes, toBytes) * (n - 1) / n;
+    }
+  }
+  return bytes;
+}
+
+/// The factor choice seeded by tensor `seed` (an index into `known`).
+static FactorAxes chooseFactors(const OpShardingRule &rule,
+                                ArrayRef<FactorAxes> known, size_t seed,
+                                const MeshShape &mesh) {
+  FactorAxes chosen(rule.factors.size());
+  llvm::StringSet<> used;
+  auto offer = [&](const FactorAxes &candidate) {
+    for (auto [id, axes] : llvm::enumerate(candidate)) {
+      if (axes.empty() || !chosen[id].empty() ||
+          rule.factors[id].kind == FactorKind::NeedReplication)
+        continue;
+      // Take the longest prefix whose axes are still free.
+      SmallVector<StringRef, 2> take;
+      for (StringRef axis : axes) {
+        if (used.contains(axis))
+          break;
+        take.push_back(axis);
+      }
+      for (StringRef axis : take)
+        used.insert(axis);
+      chosen[id] = std::move(take);
+    }
+  };
+  offer(known[seed]);
+  for (auto [i, candidate] : llvm::enumerate(known))
+    if (i != seed)
+      offer(candidate);
+  (void)mesh;
+  return chosen;
+}
+
+OpShardings mlir::ernie::resolveShardings(
+    MLIRContext *context, const OpShardingRule &rule,
+    ArrayRef<ShardingAttr> operands, ArrayRef<ShardingAttr> results,
+    ArrayRef<RankedTensorType> operandTypes,
+    ArrayRef<RankedTensorType> resultTypes, const MeshShape &mesh) {
+  // Every tensor's own reading of the factors, operands first.
+  SmallVector<FactorAxes> known;
+  SmallVector<std::pair<bool, unsigned>> knownTensor; // (isResult, index)
+  for (auto [i, sharding] : llvm::enumerate(operands))
+    if (sharding) {
+      known.push_back(readFactorAxes(rule, rule.operands[i], sharding, mesh));
+      knownTensor.emplace_back(false, i);
+    }
+  for (auto [i, sharding] : llvm::enumerate(results))
+    if (sharding) {
+      known.push_back(readFactorAxes(rule, rule.results[i], sharding, mesh));
+      knownTensor.emplace_back(true, i);
+    }
+
+  auto project = [&](const FactorAxes &factors) {
+    OpShardings out;
+    out.factorAxes = factors;
+    for (const TensorFactors &dims : rule.operands)
+      out.operands.push_back(projectSharding(context, rule, dims, factors,
+                                             mesh, /*isResult=*/false));
+    for (const TensorFactors &dims : rule.results)
+      out.results.push_back(projectSharding(context, rule, dims, factors,
+                                            mesh, /*isResult=*/true));
+    return out;
+  };
+  if (known.empty())
+    return project(FactorAxes(rule.factors.size()));
+
+  // The cost of a choice: bytes to bring every known tensor to it, plus the
+  // all-reduce a Partial result will need.
+  auto cost = [&](const OpShardings &choice) {
+    int64_t bytes = 0;
+    for (auto [isResult, index] : knownTensor) {
+      ShardingAttr have = isResult ? results[index] : operands[index];
+      ShardingAttr want =
+          isResult ? choice.results[index] : choice.operands[index];
+      RankedTensorType type =
+          isResult ? resultTypes[index] : operandTypes[index];
+      // A result's known sharding is what its users want: reshard after.
+      bytes += isResult ? estimateReshardBytes(want, have, type, mesh)
+                        : estimateReshardBytes(have, want, type, mesh);
+    }
+    for (auto [index, sharding] : llvm::enumerate(choice.results))
+      if (sharding.isPartial() && !results[index])
+        bytes += estimateReshardBytes(
+            sharding,
+            ShardingAttr::get(context, mesh.name,
+                              SmallVector<SmallVector<StringRef>>(
+                                  resultTypes[index].getRank())),
+            resultTypes[index], mesh) / 2;
+    return bytes;
+  };
+
+  OpShardings best;
+  int64_t bestCost = std::numeric_limits<int64_t>::max();
+  for (size_t seed = 0; seed < known.size(); ++seed) {
+    OpShardings choice = project(chooseFactors(rule, known, seed, mesh));
+    int64_t c = cost(choice);
+    if (c < bestCost) {
+      bestCost = c;
+      best = std::move(choice);
+    }
+  }
+  return best;
+}
