@@ -28,6 +28,35 @@ def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def ShardingPropagationPass
+    : Pass<"ernie-sharding-propagation", "ModuleOp"> {
+  let summary = "Give every tensor a sharding, from a few user annotations";
+  let description = [{
+    Starts from the user's placements — `ernie.sharding` on function
+    arguments and results, `ernie.shardings` already on ops, and
+    `ernie.sharding_constraint` ops — and spreads them through every op's
+    sharding rule, forwards and backwards, across functions and calls, to a
+    fixed point. Annotations are honoured in priority order (0 first):
+    everything the strongest ones imply is settled before weaker ones speak.
+    Where an op's known operands disagree, the factor choice that moves the
+    fewest bytes wins (ties: the earliest operand).
+
+    Afterwards every op carries `ernie.shardings` (one per result), every
+    tensor argument and result of a function carries `ernie.sharding`, and
+    wherever a value's sharding differs from what its user needs an
+    `ernie.reshard` says so explicitly: partition turns those into
+    collectives. Constraints become reshards (or vanish when already met).
+    Values left unconstrained are replicated.
+
+    ```mlir
+    ernie.mesh @mesh(dp = 2)
+    func.func @f(%x: tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {} ]>}, ...)
+    // every value computed from %x row by row comes out split over dp too
+    ```
+  }];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

@@ -1,0 +1,396 @@
+//===- ShardingPropagation.cpp - shardings for every value ------------------===//
+//
+// Seeds user placements, spreads them through op rules and call edges in
+// priority order to a fixed point, replicates what is left, then writes the
+// result into the IR with explicit reshards where a use needs another
+// sharding than its value has.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Passes/Passes.h"
+#include "ernie/Sharding/FactorPropagation.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/SetVector.h"
+
+#define DEBUG_TYPE "ernie-sharding-propagation"
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_SHARDINGPROPAGATIONPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+RankedTensorType tensorType(Value v) {
+  return dyn_cast<RankedTensorType>(v.getType());
+}
+
+/// `s` without its pending reductions (null stays null).
+ShardingAttr dropPartial(ShardingAttr s) {
+  if (!s || !s.isPartial())
+    return s;
+  SmallVector<SmallVector<StringRef>> dims;
+  for (int64_t d = 0; d < s.getRank(); ++d)
+    dims.push_back(s.getDimAxes(d));
+  return ShardingAttr::get(s.getContext(), s.getMesh(), dims);
+}
+
+class Propagator {
+public:
+  Propagator(ModuleOp module, const MeshShape &mesh)
+      : module(module), mesh(mesh) {}
+
+  void run() {
+    for (int64_t level : levels)
+      propagateAt(level);
+    replicateTheRest();
+  }
+
+  LogicalResult materialize();
+
+  /// Collects the user's placements; fails on one naming another mesh.
+  LogicalResult seed();
+
+private:
+  /// Gives `v` `sharding` unless it already has one.
+  bool offer(Value v, ShardingAttr sharding, int64_t level) {
+    if (!sharding || !tensorType(v) || known.count(v))
+      return false;
+    known[v] = {sharding, level};
+    return true;
+  }
+  ShardingAttr lookup(Value v, int64_t level) const {
+    auto it = known.find(v);
+    if (it == known.end() || it->second.second > level)
+      return {};
+    return it->second.first;
+  }
+  ShardingAttr get(Value v) const { return lookup(v, INT64_MAX); }
+
+  bool visit(Operation *op, int64_t level);
+  void propagateAt(int64_t level) {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      module.walk([&](Operation *op) { changed |= visit(op, level); });
+    }
+  }
+  void replicateTheRest();
+  /// What `op` needs of each operand, given every value's sharding.
+  SmallVector<ShardingAttr> requiredOperands(Operation *op);
+
+  ModuleOp module;
+  MeshShape mesh;
+  SymbolTableCollection symbols;
+  llvm::DenseMap<Value, std::pair<ShardingAttr, int64_t>> known;
+  /// The user's sharding for each function's results.
+  llvm::DenseMap<std::pair<Operation *, unsigned>, ShardingAttr> resultSpecs;
+  std::set<int64_t> levels{0};
+};
+
+LogicalResult Propagator::seed() {
+  auto check = [&](Operation *op, ShardingAttr s) -> LogicalResult {
+    if (s.getMesh() != mesh.name)
+      return op->emitError() << "sharding names mesh " << s.getMesh()
+                             << " but this module is partitioned over "
+                             << mesh.name
+                             << "; one mesh per module is supported";
+    return success();
+  };
+  WalkResult walk = module.walk([&](Operation *op) -> WalkResult {
+    if (auto func = dyn_cast<func::FuncOp>(op)) {
+      for (unsigned i = 0; i < func.getNumArguments(); ++i)
+        if (auto s = func.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName)) {
+          if (failed(check(op, s)))
+            return WalkResult::interrupt();
+          if (!func.isDeclaration())
+            offer(func.getArgument(i), s, 0);
+        }
+      for (unsigned i = 0; i < func.getNumResults(); ++i)
+        if (auto s =
+                func.getResultAttrOfType<ShardingAttr>(i, kShardingAttrName)) {
+          if (failed(check(op, s)))
+            return WalkResult::interrupt();
+          resultSpecs[{func, i}] = s;
+          if (!func.isDeclaration())
+            func.walk([&](func::ReturnOp ret) {
+              offer(ret.getOperand(i), s, 0);
+            });
+        }
+      return WalkResult::advance();
+    }
+    if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
+      if (failed(check(op, constraint.getSharding())))
+        return WalkResult::interrupt();
+      int64_t level = constraint.getPriority();
+      levels.insert(level);
+      // Only the result: the operand takes it during propagation unless its
+      // producer decides otherwise, and then the reshard sits at the
+      // constraint instead of upstream on a possibly larger tensor.
+      offer(constraint.getResult(), constraint.getSharding(), level);
+      return WalkResult::advance();
+    }
+    if (auto reshard = dyn_cast<ReshardOp>(op)) {
+      if (failed(check(op, reshard.getSharding())))
+        return WalkResult::interrupt();
+      offer(reshard.getResult(), reshard.getSharding(), 0);
+      return WalkResult::advance();
+    }
+    if (auto given = op->getAttrOfType<ArrayAttr>(kResultShardingsAttrName)) {
+      for (auto [result, s] : llvm::zip(op->getResults(), given)) {
+        if (failed(check(op, cast<ShardingAttr>(s))))
+          return WalkResult::interrupt();
+        offer(result, cast<ShardingAttr>(s), 0);
+      }
+    }
+    return WalkResult::advance();
+  });
+  return failure(walk.wasInterrupted());
+}
+
+bool Propagator::visit(Operation *op, int64_t level) {
+  bool changed = false;
+  // Call edges carry shardings both ways, like an identity op.
+  if (auto call = dyn_cast<func::CallOp>(op)) {
+    auto callee = symbols.lookupNearestSymbolFrom<func::FuncOp>(
+        call, call.getCalleeAttr());
+    if (!callee || callee.isDeclaration())
+      return false;
+    for (auto [operand, arg] :
+         llvm::zip(call.getOperands(), callee.getArguments())) {
+      changed |= offer(arg, lookup(operand, level), level);
+      changed |= offer(operand, lookup(arg, level), level);
+    }
+    callee.walk([&](func::ReturnOp ret) {
+      for (auto [result, value] :
+           llvm::zip(call.getResults(), ret.getOperands())) {
+        changed |= offer(result, dropPartial(lookup(value, level)), level);
+        if (ShardingAttr s = lookup(result, level))
+          changed |= offer(value, s, level);
+      }
+    });
+    return changed;
+  }
+  if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
+    changed |= offer(constraint.getResult(), lookup(constraint.getInput(), level), level);
+    changed |= offer(constraint.getInput(), lookup(constraint.getResult(), level), level);
+    return changed;
+  }
+  auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
+  if (!ruleOp)
+    return false;
+  SmallVector<ShardingAttr> operands, results;
+  SmallVector<RankedTensorType> operandTypes, resultTypes;
+  bool any = false;
+  for (Value v : op->getOperands()) {
+    operands.push_back(lookup(v, level));
+    operandTypes.push_back(tensorType(v));
+    any |= bool(operands.back());
+  }
+  for (Value v : op->getResults()) {
+    results.push_back(lookup(v, level));
+    resultTypes.push_back(tensorType(v));
+    any |= bool(results.back());
+  }
+  bool open = llvm::any_of(operands, [](ShardingAttr s) { return !s; }) ||
+              llvm::any_of(results, [](ShardingAttr s) { return !s; });
+  if (!any || !open)
+    return false;
+  OpShardings resolved =
+      resolveShardings(op->getContext(), ruleOp.getShardingRule(), operands,
+                       results, operandTypes, resultTypes, mesh);
+  for (auto [v, s] : llvm::zip(op->getOperands(), resolved.operands))
+    changed |= offer(v, s, level);
+  for (auto [v, s] : llvm::zip(op->getResults(), resolved.results))
+    changed |= offer(v, s, level);
+  return changed;
+}
+
+void Propagator::replicateTheRest() {
+  auto replicate = [&](Value v) {
+    if (auto type = tensorType(v))
+      offer(v,
+            ShardingAttr::getReplicated(v.getContext(), mesh.name,
+                                        type.getRank()),
+            INT64_MAX);
+  };
+  module.walk([&](Operation *op) {
+    for (Region &region : op->getRegions())
+      for (Block &block : region)
+        for (BlockArgument arg : block.getArguments())
+          replicate(arg);
+    for (Value result : op->getResults())
+      replicate(result);
+  });
+}
+
+SmallVector<ShardingAttr> Propagator::requiredOperands(Operation *op) {
+  SmallVector<ShardingAttr> required(op->getNumOperands());
+  if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+    auto func = ret->getParentOfType<func::FuncOp>();
+    for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+      auto spec = resultSpecs.find({func, i});
+      ShardingAttr s = get(ret.getOperand(i));
+      required[i] = spec != resultSpecs.end() ? spec->second : dropPartial(s);
+    }
+    return required;
+  }
+  if (auto call = dyn_cast<func::CallOp>(op)) {
+    auto callee = symbols.lookupNearestSymbolFrom<func::FuncOp>(
+        call, call.getCalleeAttr());
+    for (unsigned i = 0; i < call.getNumOperands(); ++i) {
+      ShardingAttr s;
+      if (callee && !callee.isDeclaration())
+        s = get(callee.getArgument(i));
+      else if (callee)
+        s = callee.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName);
+      required[i] = s;
+    }
+    return required;
+  }
+  if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
+    required[0] = constraint.getSharding();
+    return required;
+  }
+  auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
+  if (!ruleOp)
+    return required;
+  SmallVector<ShardingAttr> operands, results;
+  SmallVector<RankedTensorType> operandTypes, resultTypes;
+  for (Value v : op->getOperands()) {
+    operands.push_back(get(v));
+    operandTypes.push_back(tensorType(v));
+  }
+  for (Value v : op->getResults()) {
+    results.push_back(get(v));
+    resultTypes.push_back(tensorType(v));
+  }
+  // Results are settled: the operands must be what the results' factors say.
+  OpShardingRule rule = ruleOp.getShardingRule();
+  SmallVector<ShardingAttr> noOperands(op->getNumOperands());
+  OpShardings fromResults = resolveShardings(
+      op->getContext(), rule, noOperands, results, operandTypes, resultTypes,
+      mesh);
+  // Operand-only factors (contractions, a gathered axis) keep the operands'
+  // own choice where the results say nothing about them.
+  OpShardings fromAll = resolveShardings(op->getContext(), rule, operands,
+                                         results, operandTypes, resultTypes,
+                                         mesh);
+  for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+    if (fromAll.results == SmallVector<ShardingAttr>(results))
+      required[i] = fromAll.operands[i];
+    else
+      required[i] = fromResults.operands[i];
+  }
+  return required;
+}
+
+LogicalResult Propagator::materialize() {
+  MLIRContext *context = module.getContext();
+  // Results of ops, and function signatures.
+  module.walk([&](Operation *op) {
+    if (auto func = dyn_cast<func::FuncOp>(op)) {
+      if (func.isDeclaration())
+        return;
+      for (unsigned i = 0; i < func.getNumArguments(); ++i)
+        if (ShardingAttr s = get(func.getArgument(i)))
+          func.setArgAttr(i, kShardingAttrName, s);
+      return;
+    }
+    if (op->getNumResults() == 0 || isa<ShardingConstraintOp, ReshardOp>(op))
+      return;
+    if (!llvm::all_of(op->getResults(),
+                      [&](Value v) { return bool(get(v)); }))
+      return;
+    SmallVector<Attribute> shardings;
+    for (Value v : op->getResults())
+      shardings.push_back(get(v));
+    op->setAttr(kResultShardingsAttrName, ArrayAttr::get(context, shardings));
+  });
+  // Function results: the user's, else the returned values' without pending
+  // reductions (a returned value is complete).
+  module.walk([&](func::FuncOp func) {
+    if (func.isDeclaration())
+      return;
+    auto ret = cast<func::ReturnOp>(func.getBody().back().getTerminator());
+    for (unsigned i = 0; i < func.getNumResults(); ++i) {
+      if (resultSpecs.count({func, i}))
+        continue;
+      if (ShardingAttr s = get(ret.getOperand(i)))
+        func.setResultAttr(i, kShardingAttrName, dropPartial(s));
+    }
+  });
+
+  // Explicit reshards wherever a use needs another sharding.
+  SmallVector<Operation *> users;
+  module.walk([&](Operation *op) { users.push_back(op); });
+  OpBuilder builder(context);
+  for (Operation *op : users) {
+    SmallVector<ShardingAttr> required = requiredOperands(op);
+    for (auto [i, want] : llvm::enumerate(required)) {
+      Value value = op->getOperand(i);
+      ShardingAttr have = get(value);
+      if (!want || !have || want == have)
+        continue;
+      builder.setInsertionPoint(op);
+      auto reshard =
+          ReshardOp::create(builder, op->getLoc(), value, want);
+      op->setOperand(i, reshard.getResult());
+    }
+  }
+  // Constraints have done their work: their operand now has their sharding.
+  module.walk([&](ShardingConstraintOp constraint) {
+    constraint.getResult().replaceAllUsesWith(constraint.getInput());
+    constraint.erase();
+  });
+  return success();
+}
+
+struct ShardingPropagationPass
+    : ernie::impl::ShardingPropagationPassBase<ShardingPropagationPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    // The mesh: the one the annotations name, else the module's only one.
+    MeshOp mesh;
+    module.walk([&](Operation *op) {
+      if (mesh)
+        return WalkResult::interrupt();
+      auto pick = [&](ShardingAttr s) {
+        if (s && !mesh)
+          mesh = lookupMesh(op, s);
+      };
+      if (auto c = dyn_cast<ShardingConstraintOp>(op))
+        pick(c.getSharding());
+      if (auto func = dyn_cast<func::FuncOp>(op)) {
+        for (unsigned i = 0; i < func.getNumArguments(); ++i)
+          pick(func.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName));
+        for (unsigned i = 0; i < func.getNumResults(); ++i)
+          pick(func.getResultAttrOfType<ShardingAttr>(i, kShardingAttrName));
+      }
+      return WalkResult::advance();
+    });
+    if (!mesh) {
+      auto meshes = module.getOps<MeshOp>();
+      if (meshes.empty())
+        return; // Nothing is distributed.
+      mesh = *meshes.begin();
+    }
+    Propagator propagator(module, MeshShape::get(mesh));
+    if (failed(propagator.seed()))
+      return signalPassFailure();
+    propagator.run();
+    if (failed(propagator.materialize()))
+      return signalPassFailure();
+  }
+};
+
+} // namespace
