@@ -361,7 +361,7 @@ struct ShardingPropagationPass
     ModuleOp module = getOperation();
     // The mesh: the one the annotations name, else the module's only one.
     MeshOp mesh;
-    module.walk([&](Operation *op) {
+    module.walk<WalkOrder::PreOrder>([&](Operation *op) {
       if (mesh)
         return WalkResult::interrupt();
       auto pick = [&](ShardingAttr s) {
