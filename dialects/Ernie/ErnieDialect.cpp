@@ -39,6 +39,12 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                                                     unsigned argIndex,
                                                     NamedAttribute attr) {
   StringRef name = attr.getName().strref();
+  if (name == kShardOfAttrName) {
+    if (!isa<ShardingAttr>(attr.getValue()))
+      return op->emitError() << "'" << name
+                             << "' on an argument must be an #ernie.sharding";
+    return success();
+  }
   if (name == kShardingAttrName) {
     auto sharding = dyn_cast<ShardingAttr>(attr.getValue());
     auto func = dyn_cast<FunctionOpInterface>(op);

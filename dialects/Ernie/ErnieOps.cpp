@@ -518,6 +518,55 @@ static void printSliceRanges(OpAsmPrinter &p, SliceOp, DenseI64ArrayAttr start,
 }
 
 //===----------------------------------------------------------------------===//
+// Collective syntax: `@mesh[axis, ...]` and a bare reduce kind.
+//===----------------------------------------------------------------------===//
+
+static ParseResult parseMeshAxes(OpAsmParser &parser, FlatSymbolRefAttr &mesh,
+                                 ArrayAttr &axes) {
+  SmallVector<Attribute> names;
+  if (parser.parseAttribute(mesh) ||
+      parser.parseCommaSeparatedList(
+          OpAsmParser::Delimiter::Square, [&]() -> ParseResult {
+            std::string axis;
+            if (parser.parseKeywordOrString(&axis))
+              return failure();
+            names.push_back(parser.getBuilder().getStringAttr(axis));
+            return success();
+          }))
+    return failure();
+  axes = parser.getBuilder().getArrayAttr(names);
+  return success();
+}
+
+static void printMeshAxes(OpAsmPrinter &p, Operation *, FlatSymbolRefAttr mesh,
+                          ArrayAttr axes) {
+  p << mesh << '[';
+  llvm::interleaveComma(axes, p, [&](Attribute axis) {
+    p.printKeywordOrString(cast<StringAttr>(axis).getValue());
+  });
+  p << ']';
+}
+
+static ParseResult parseReduceKindKeyword(OpAsmParser &parser,
+                                          ReduceKindAttr &kind) {
+  std::string name;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseKeywordOrString(&name))
+    return failure();
+  std::optional<ReduceKind> value = symbolizeReduceKind(name);
+  if (!value)
+    return parser.emitError(loc, "unknown reduce kind '")
+           << name << "' (expected sum, avg, max or min)";
+  kind = ReduceKindAttr::get(parser.getContext(), *value);
+  return success();
+}
+
+static void printReduceKindKeyword(OpAsmPrinter &p, Operation *,
+                                   ReduceKindAttr kind) {
+  p << stringifyReduceKind(kind.getValue());
+}
+
+//===----------------------------------------------------------------------===//
 // ConcatOp, SplitOp
 //===----------------------------------------------------------------------===//
 

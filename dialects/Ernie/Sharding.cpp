@@ -178,6 +178,13 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned regionIndex,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
+  if (attr.getName() == kShardOfAttrName) {
+    if (!isa<ShardingAttr>(attr.getValue()))
+      return op->emitError() << "'" << kShardOfAttrName
+                             << "' on a function result must be an "
+                                "#ernie.sharding";
+    return success();
+  }
   if (attr.getName() != kShardingAttrName)
     return op->emitError() << "unknown ernie result attribute '"
                            << attr.getName().strref() << "' on result #"

@@ -57,6 +57,31 @@ def ShardingPropagationPass
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def SpmdPartitionPass : Pass<"ernie-spmd-partition", "ModuleOp"> {
+  let summary = "Rewrite a sharded module into the program every rank runs";
+  let description = [{
+    Takes a module where every value has a sharding (after
+    `--ernie-sharding-propagation`) and makes it local: every type becomes
+    one rank's piece, every `ernie.reshard` becomes the cheapest sequence of
+    collectives (`all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`)
+    and local steps (`shard_slice`, `partial_init`) found by a shortest-path
+    search over intermediate shardings, and ops whose local form differs from
+    their global one are expanded (a vocabulary-split embedding looks up the
+    rows this rank owns and zeroes the rest). Collectives name mesh axes, not
+    ranks: the program is the same for every rank and its size does not
+    depend on the mesh.
+
+    Function arguments and results keep the global layout they are a piece
+    of as `ernie.shard_of`; op result shardings are dropped.
+
+    ```mlir
+    // before: %r = ernie.reshard %y <@mesh, [{dp}, {} ]> (y Partial over mp)
+    // after:  %r = ernie.all_reduce %y over @mesh[mp] sum : tensor<4x16xf32>
+    ```
+  }];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

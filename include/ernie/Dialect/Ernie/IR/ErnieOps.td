@@ -681,4 +681,157 @@ def Ernie_ReshardOp : Ernie_Op<"reshard",
   let assemblyFormat = "$input $sharding attr-dict `:` type($result)";
 }
 
+//===----------------------------------------------------------------------===//
+// Collectives: what partition lowers reshards to. They name mesh axes, never
+// ranks: the group of a rank is every rank that differs from it only along
+// the named axes, ordered by those axes' coordinates (major to minor).
+//===----------------------------------------------------------------------===//
+
+class Ernie_CollectiveOp<string mnemonic, list<Trait> traits = []>
+    : Ernie_Op<mnemonic, !listconcat(
+          [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+           DeclareOpInterfaceMethods<Ernie_CostOpInterface,
+                                     ["getBytesAccessed"]>], traits)> {
+  let hasVerifier = 1;
+  code commonExtraClassDeclaration = [{
+    /// The ranks in one group: the product of the named axes' sizes.
+    int64_t getGroupSize(MeshOp mesh);
+  }];
+  let extraClassDeclaration = commonExtraClassDeclaration;
+}
+
+def Ernie_AllReduceOp : Ernie_CollectiveOp<"all_reduce",
+    [SameOperandsAndResultType]> {
+  let summary = "reduce over a group; every member gets the result";
+  let description = [{
+    ```mlir
+    %y = ernie.all_reduce %x over @mesh[mp] sum : tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes, Ernie_ReduceKindAttr:$kind);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) custom<ReduceKindKeyword>($kind)
+    attr-dict `:` type($result)
+  }];
+}
+
+def Ernie_AllGatherOp : Ernie_CollectiveOp<"all_gather"> {
+  let summary = "concatenate the group's pieces along one dimension";
+  let description = [{
+    ```mlir
+    %y = ernie.all_gather %x over @mesh[mp] dim = 1 : tensor<8x4xf32> -> tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim attr-dict `:`
+    type($input) `->` type($result)
+  }];
+}
+
+def Ernie_ReduceScatterOp : Ernie_CollectiveOp<"reduce_scatter"> {
+  let summary = "reduce over a group, each member keeping its piece";
+  let description = [{
+    Member `i` keeps piece `i` along `dim` of the reduced tensor.
+
+    ```mlir
+    %y = ernie.reduce_scatter %x over @mesh[mp] dim = 0 sum : tensor<8x16xf32> -> tensor<2x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim,
+                       Ernie_ReduceKindAttr:$kind);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim
+    custom<ReduceKindKeyword>($kind) attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+def Ernie_AllToAllOp : Ernie_CollectiveOp<"all_to_all"> {
+  let summary = "exchange pieces: split one dimension, concatenate another";
+  let description = [{
+    Each member cuts its tensor into group-size pieces along `split_dim`,
+    sends piece `j` to member `j`, and concatenates what it receives along
+    `concat_dim` in member order.
+
+    ```mlir
+    %y = ernie.all_to_all %x over @mesh[mp] split_dim = 1, concat_dim = 0 : tensor<2x16xf32> -> tensor<8x4xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$split_dim,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$concat_dim);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) `split_dim` `=` $split_dim `,`
+    `concat_dim` `=` $concat_dim attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice"> {
+  let summary = "keep this rank's piece of a replicated dimension";
+  let description = [{
+    No communication: member `i` of the group keeps piece `i` along `dim`.
+
+    ```mlir
+    %y = ernie.shard_slice %x over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim attr-dict `:`
+    type($input) `->` type($result)
+  }];
+}
+
+def Ernie_PartialInitOp : Ernie_CollectiveOp<"partial_init",
+    [SameOperandsAndResultType]> {
+  let summary = "turn a replicated value into a pending reduction";
+  let description = [{
+    No communication. For `sum` the first member of each group keeps the
+    value and the others hold zeros, so the group's sum is the value; for
+    `avg`, `max` and `min` every member keeps it.
+
+    ```mlir
+    %y = ernie.partial_init %x over @mesh[mp] sum : tensor<8x16xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes, Ernie_ReduceKindAttr:$kind);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) custom<ReduceKindKeyword>($kind)
+    attr-dict `:` type($result)
+  }];
+}
+
+def Ernie_AxisIndexOp : Ernie_CollectiveOp<"axis_index"> {
+  let summary = "this rank's coordinate along mesh axes";
+  let description = [{
+    The rank's linear index within its group over `axes` (row-major over the
+    named axes), as a scalar tensor. What a rank-dependent local computation
+    (a vocab-parallel lookup's row offset) starts from.
+
+    ```mlir
+    %i = ernie.axis_index over @mesh[mp] : tensor<i64>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$mesh, StrArrayAttr:$axes);
+  let results = (outs TensorOf<[I64]>:$result);
+  let assemblyFormat = [{
+    `over` custom<MeshAxes>($mesh, $axes) attr-dict `:` type($result)
+  }];
+}
+
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD

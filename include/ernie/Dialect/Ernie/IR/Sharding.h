@@ -14,6 +14,9 @@ namespace mlir::ernie {
 
 /// Function argument/result attribute holding a value's sharding.
 inline constexpr llvm::StringLiteral kShardingAttrName = "ernie.sharding";
+/// After partition: the global sharding a local argument or result is one
+/// rank's piece of.
+inline constexpr llvm::StringLiteral kShardOfAttrName = "ernie.shard_of";
 /// Op attribute: an array with one sharding per result.
 inline constexpr llvm::StringLiteral kResultShardingsAttrName =
     "ernie.shardings";

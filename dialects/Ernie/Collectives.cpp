@@ -1,0 +1,201 @@
+//===- Collectives.cpp - collective ops: verification and cost --------------===//
+//
+// Each collective names a mesh and some of its axes; its verifier checks the
+// shapes it promises (a gather multiplies a dimension by the group size, a
+// scatter divides it), and its cost is the bytes one rank sends with the
+// usual ring algorithms.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
+
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/StringSet.h"
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+/// Axes exist, are distinct, and `dims` are dimensions of `type`.
+template <typename OpTy>
+LogicalResult verifyGroup(OpTy op, MeshOp mesh) {
+  if (!mesh)
+    return op.emitOpError("names mesh ")
+           << op.getMesh() << ", which is not defined";
+  if (op.getAxes().empty())
+    return op.emitOpError("needs at least one mesh axis");
+  llvm::StringSet<> seen;
+  for (Attribute attr : op.getAxes()) {
+    StringRef axis = cast<StringAttr>(attr).getValue();
+    if (!mesh.getAxisSize(axis))
+      return op.emitOpError("mesh ")
+             << op.getMesh() << " has no axis '" << axis << "'";
+    if (!seen.insert(axis).second)
+      return op.emitOpError("axis '") << axis << "' is named twice";
+  }
+  return success();
+}
+
+int64_t groupSize(ArrayAttr axes, MeshOp mesh) {
+  int64_t size = 1;
+  for (Attribute axis : axes)
+    size *= mesh.getAxisSize(cast<StringAttr>(axis).getValue()).value_or(1);
+  return size;
+}
+
+int64_t bytesOf(Type type) {
+  auto shaped = cast<ShapedType>(type);
+  return shaped.getNumElements() *
+         std::max<int64_t>(1, (shaped.getElementTypeBitWidth() + 7) / 8);
+}
+
+LogicalResult checkDim(Operation *op, int64_t dim, int64_t rank,
+                       StringRef name) {
+  if (dim >= rank)
+    return op->emitOpError() << name << " " << dim
+                             << " is out of range for rank " << rank;
+  return success();
+}
+
+/// `result` equals `input` but for `dim`, which is `input`'s times `factor`
+/// (a gather) or divided by it (a scatter, `factor` < 0 means divide).
+LogicalResult checkResized(Operation *op, ShapedType input, ShapedType result,
+                           int64_t dim, int64_t multiply, int64_t divide) {
+  if (input.getElementType() != result.getElementType() ||
+      input.getRank() != result.getRank())
+    return op->emitOpError("result ")
+           << result << " must keep the input's rank and element type";
+  for (int64_t d = 0; d < input.getRank(); ++d) {
+    int64_t want = input.getDimSize(d);
+    if (d == dim) {
+      if (want % divide != 0)
+        return op->emitOpError("dimension ")
+               << d << " of size " << want << " does not divide over "
+               << divide << " ranks";
+      want = want * multiply / divide;
+    }
+    if (result.getDimSize(d) != want)
+      return op->emitOpError("result dimension ")
+             << d << " must be " << want << ", got " << result.getDimSize(d);
+  }
+  return success();
+}
+
+} // namespace
+
+#define ERNIE_COLLECTIVE_COMMON(OP)                                            \
+  LogicalResult OP::verifySymbolUses(SymbolTableCollection &symbols) {        \
+    return verifyGroup(*this,                                                  \
+                       symbols.lookupNearestSymbolFrom<MeshOp>(*this,         \
+                                                               getMeshAttr())); \
+  }                                                                            \
+  int64_t OP::getGroupSize(MeshOp mesh) { return groupSize(getAxes(), mesh); }
+ERNIE_COLLECTIVE_COMMON(AllReduceOp)
+ERNIE_COLLECTIVE_COMMON(AllGatherOp)
+ERNIE_COLLECTIVE_COMMON(ReduceScatterOp)
+ERNIE_COLLECTIVE_COMMON(AllToAllOp)
+ERNIE_COLLECTIVE_COMMON(ShardSliceOp)
+ERNIE_COLLECTIVE_COMMON(PartialInitOp)
+ERNIE_COLLECTIVE_COMMON(AxisIndexOp)
+#undef ERNIE_COLLECTIVE_COMMON
+
+/// The mesh for shape checks, when the op already sits in a module.
+template <typename OpTy>
+static MeshOp meshOf(OpTy op) {
+  return SymbolTable::lookupNearestSymbolFrom<MeshOp>(op, op.getMeshAttr());
+}
+
+LogicalResult AllReduceOp::verify() { return success(); }
+LogicalResult PartialInitOp::verify() { return success(); }
+LogicalResult AxisIndexOp::verify() {
+  if (cast<ShapedType>(getType()).getRank() != 0)
+    return emitOpError("result must be a scalar tensor<i64>");
+  return success();
+}
+
+LogicalResult AllGatherOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
+    return failure();
+  MeshOp mesh = meshOf(*this);
+  if (!mesh)
+    return success(); // verifySymbolUses reports it.
+  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(),
+                      getGroupSize(mesh), 1);
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
+    return failure();
+  MeshOp mesh = meshOf(*this);
+  if (!mesh)
+    return success();
+  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(), 1,
+                      getGroupSize(mesh));
+}
+
+LogicalResult ShardSliceOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
+    return failure();
+  MeshOp mesh = meshOf(*this);
+  if (!mesh)
+    return success();
+  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(), 1,
+                      getGroupSize(mesh));
+}
+
+LogicalResult AllToAllOp::verify() {
+  auto in = cast<ShapedType>(getInput().getType());
+  auto out = cast<ShapedType>(getType());
+  if (failed(checkDim(*this, getSplitDim(), in.getRank(), "split_dim")) ||
+      failed(checkDim(*this, getConcatDim(), in.getRank(), "concat_dim")))
+    return failure();
+  MeshOp mesh = meshOf(*this);
+  if (!mesh)
+    return success();
+  int64_t n = getGroupSize(mesh);
+  if (getSplitDim() == getConcatDim())
+    return checkResized(*this, in, out, getSplitDim(), 1, 1);
+  if (in.getDimSize(getSplitDim()) % n != 0)
+    return emitOpError("split_dim ")
+           << getSplitDim() << " of size " << in.getDimSize(getSplitDim())
+           << " does not divide over " << n << " ranks";
+  SmallVector<int64_t> shape(in.getShape());
+  shape[getSplitDim()] /= n;
+  shape[getConcatDim()] *= n;
+  if (out.getShape() != ArrayRef<int64_t>(shape) ||
+      out.getElementType() != in.getElementType())
+    return emitOpError("result must be ")
+           << RankedTensorType::get(shape, in.getElementType()) << ", got "
+           << out;
+  return success();
+}
+
+// Bytes one rank sends (ring algorithms): the quantity plans are judged by.
+int64_t AllReduceOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return 2 * bytesOf(getType()) * (n - 1) / n;
+}
+int64_t AllGatherOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return bytesOf(getType()) * (n - 1) / n;
+}
+int64_t ReduceScatterOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return bytesOf(getInput().getType()) * (n - 1) / n;
+}
+int64_t AllToAllOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return bytesOf(getType()) * (n - 1) / n;
+}
+int64_t ShardSliceOp::getBytesAccessed() { return 0; }
+int64_t PartialInitOp::getBytesAccessed() { return 0; }
+int64_t AxisIndexOp::getBytesAccessed() { return 0; }
