@@ -176,19 +176,18 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       relax(node.key, node.cost, done,
             {ReshardStep::Kind::AllReduce, axis, -1, -1, kind,
              2 * bytes * (n - 1) / n});
-      for (auto [e, target] : llvm::enumerate(goal.dims)) {
+      for (size_t e = 0; e < done.dims.size(); ++e) {
         State next = done;
         next.dims[e].push_back(axis);
-        if (!isPrefix(next.dims[e], target))
-          continue;
         relax(node.key, node.cost, next,
               {ReshardStep::Kind::ReduceScatter, axis,
                static_cast<int64_t>(e), -1, kind, bytes * (n - 1) / n});
       }
     }
     // Splits in the wrong place: the minor-most one leaves its dimension.
+    // (A split on the goal's path may leave too, to make room.)
     for (auto [d, axes] : llvm::enumerate(cur.dims)) {
-      if (axes.empty() || isPrefix(axes, goal.dims[d]))
+      if (axes.empty() || axes == goal.dims[d])
         continue;
       StringRef axis = axes.back();
       int64_t n = mesh.axisSize(axis);
@@ -197,13 +196,13 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       relax(node.key, node.cost, gathered,
             {ReshardStep::Kind::AllGather, axis, static_cast<int64_t>(d), -1,
              ReduceKind::sum, bytes * (n - 1)});
-      for (auto [e, target] : llvm::enumerate(goal.dims)) {
+      // Moving it to another dimension, even one the goal does not split
+      // by it, can free a dimension more cheaply than a gather.
+      for (size_t e = 0; e < cur.dims.size(); ++e) {
         if (e == d)
           continue;
         State moved = gathered;
         moved.dims[e].push_back(axis);
-        if (!isPrefix(moved.dims[e], target))
-          continue;
         relax(node.key, node.cost, moved,
               {ReshardStep::Kind::AllToAll, axis, static_cast<int64_t>(d),
                static_cast<int64_t>(e), ReduceKind::sum,
