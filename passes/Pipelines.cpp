@@ -14,3 +14,14 @@ void mlir::ernie::buildSimplifyPipeline(
   if (options.runCse)
     pm.addPass(createCSEPass());
 }
+
+void mlir::ernie::buildAutoParallelPipeline(
+    OpPassManager &pm, const AutoParallelPipelineOptions &options) {
+  pm.addPass(createCheckStaticProgramPass());
+  pm.addPass(createShardingPropagationPass());
+  if (options.partition)
+    pm.addPass(createSpmdPartitionPass());
+  pm.addPass(createCanonicalizerPass());
+  if (options.runCse)
+    pm.addPass(createCSEPass());
+}

@@ -12,4 +12,8 @@ void mlir::ernie::registerErniePassesAndPipelines() {
       "ernie-simplify-pipeline",
       "Check the program contract, canonicalize and CSE an ernie module",
       buildSimplifyPipeline);
+  PassPipelineRegistration<AutoParallelPipelineOptions>(
+      "ernie-auto-parallel-pipeline",
+      "Propagate shardings and partition into the per-rank SPMD program",
+      buildAutoParallelPipeline);
 }

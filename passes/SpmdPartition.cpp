@@ -196,6 +196,8 @@ LogicalResult Partitioner::expandEmbedding(EmbeddingOp op) {
   Value zeros = FullOp::create(
       b, loc, result, FloatAttr::get(result.getElementType(), 0.0));
   Value out = SelectOp::create(b, loc, ownedWide, rowsOut, zeros);
+  shardings[out] = shardings.lookup(op.getResult());
+  globalTypes[out] = globalTypes.lookup(op.getResult());
   op.getResult().replaceAllUsesWith(out);
   op.erase();
   return success();

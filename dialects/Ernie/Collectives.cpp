@@ -23,7 +23,7 @@ template <typename OpTy>
 LogicalResult verifyGroup(OpTy op, MeshOp mesh) {
   if (!mesh)
     return op.emitOpError("names mesh ")
-           << op.getMesh() << ", which is not defined";
+           << op.getMeshAttr() << ", which is not defined";
   if (op.getAxes().empty())
     return op.emitOpError("needs at least one mesh axis");
   llvm::StringSet<> seen;
@@ -31,7 +31,7 @@ LogicalResult verifyGroup(OpTy op, MeshOp mesh) {
     StringRef axis = cast<StringAttr>(attr).getValue();
     if (!mesh.getAxisSize(axis))
       return op.emitOpError("mesh ")
-             << op.getMesh() << " has no axis '" << axis << "'";
+             << op.getMeshAttr() << " has no axis '" << axis << "'";
     if (!seen.insert(axis).second)
       return op.emitOpError("axis '") << axis << "' is named twice";
   }

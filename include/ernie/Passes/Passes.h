@@ -30,6 +30,27 @@ struct SimplifyPipelineOptions
 void buildSimplifyPipeline(OpPassManager &pm,
                            const SimplifyPipelineOptions &options);
 
+/// Options of `--ernie-auto-parallel-pipeline`.
+struct AutoParallelPipelineOptions
+    : public PassPipelineOptions<AutoParallelPipelineOptions> {
+  Option<bool> partition{
+      *this, "partition",
+      llvm::cl::desc("Partition into the per-rank program (off: stop after "
+                     "propagation, every value annotated, for inspection)"),
+      llvm::cl::init(true)};
+  Option<bool> runCse{*this, "cse",
+                      llvm::cl::desc("Run common-subexpression elimination"),
+                      llvm::cl::init(true)};
+};
+
+/// The whole compiler, from a single-device module with a few placements to
+/// the SPMD program every rank runs: the program-contract check, sharding
+/// propagation, SPMD partition, then canonicalization and CSE. Later passes
+/// (autodiff, ZeRO, pipeline split, memory planning) slot in here as they
+/// land.
+void buildAutoParallelPipeline(OpPassManager &pm,
+                               const AutoParallelPipelineOptions &options);
+
 /// Registers every ernie pass and pipeline with the global registry.
 void registerErniePassesAndPipelines();
 

@@ -1,0 +1,79 @@
+// RUN: ernie-opt %s --split-input-file --verify-diagnostics
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @gather_size(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{result dimension 1 must be 64, got 32}}
+  %0 = ernie.all_gather %x over @mesh[mp] dim = 1 : tensor<8x16xf32> -> tensor<8x32xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @scatter_uneven(%x: tensor<6x16xf32>) {
+  // expected-error @+1 {{dimension 0 of size 6 does not divide over 4 ranks}}
+  %0 = ernie.reduce_scatter %x over @mesh[mp] dim = 0 sum : tensor<6x16xf32> -> tensor<1x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @unknown_axis(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{mesh @mesh has no axis 'tp'}}
+  %0 = ernie.all_reduce %x over @mesh[tp] sum : tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @axis_twice(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{axis 'mp' is named twice}}
+  %0 = ernie.all_reduce %x over @mesh[mp, mp] sum : tensor<8x16xf32>
+  return
+}
+
+// -----
+
+func.func @no_mesh(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{names mesh @nowhere, which is not defined}}
+  %0 = ernie.all_reduce %x over @nowhere[mp] sum : tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @dim_range(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{dim 2 is out of range for rank 2}}
+  %0 = ernie.shard_slice %x over @mesh[mp] dim = 2 : tensor<8x16xf32> -> tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @all_to_all_shape(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{result must be 'tensor<32x4xf32>', got 'tensor<8x16xf32>'}}
+  %0 = ernie.all_to_all %x over @mesh[mp] split_dim = 1, concat_dim = 0 : tensor<8x16xf32> -> tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @bad_kind(%x: tensor<8xf32>) {
+  // expected-error @+1 {{unknown reduce kind 'prod' (expected sum, avg, max or min)}}
+  %0 = ernie.all_reduce %x over @mesh[dp] prod : tensor<8xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @no_axes(%x: tensor<8xf32>) {
+  // expected-error @+1 {{needs at least one mesh axis}}
+  %0 = ernie.all_reduce %x over @mesh[] sum : tensor<8xf32>
+  return
+}
