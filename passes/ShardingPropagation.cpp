@@ -16,7 +16,9 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/SymbolTable.h"
-#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <deque>
 
 #define DEBUG_TYPE "ernie-sharding-propagation"
 
@@ -66,7 +68,30 @@ private:
     if (!sharding || !tensorType(v) || known.count(v))
       return false;
     known[v] = {sharding, level};
+    enqueueNeighbours(v);
     return true;
+  }
+
+  /// Queues every op that may learn something from `v` now having a
+  /// sharding: its producer, its users, and the calls it flows through.
+  void enqueueNeighbours(Value v) {
+    if (Operation *def = v.getDefiningOp())
+      enqueue(def);
+    else if (auto func = dyn_cast<func::FuncOp>(
+                 v.getParentBlock()->getParentOp()))
+      for (Operation *call : callers.lookup(func))
+        enqueue(call);
+    for (Operation *user : v.getUsers()) {
+      enqueue(user);
+      if (isa<func::ReturnOp>(user))
+        for (Operation *call :
+             callers.lookup(user->getParentOfType<func::FuncOp>()))
+          enqueue(call);
+    }
+  }
+  void enqueue(Operation *op) {
+    if (queued.insert(op).second)
+      worklist.push_back(op);
   }
   ShardingAttr lookup(Value v, int64_t level) const {
     auto it = known.find(v);
@@ -77,11 +102,19 @@ private:
   ShardingAttr get(Value v) const { return lookup(v, INT64_MAX); }
 
   bool visit(Operation *op, int64_t level);
+  /// Visits every op once, then whatever a new sharding may affect, until
+  /// nothing changes: linear in the program for chains in either direction.
   void propagateAt(int64_t level) {
-    bool changed = true;
-    while (changed) {
-      changed = false;
-      module.walk([&](Operation *op) { changed |= visit(op, level); });
+    // Program order first, so shardings flow forward before they are guessed
+    // backwards from a use.
+    worklist.clear();
+    queued.clear();
+    module.walk([&](Operation *op) { enqueue(op); });
+    while (!worklist.empty()) {
+      Operation *op = worklist.front();
+      worklist.pop_front();
+      queued.erase(op);
+      visit(op, level);
     }
   }
   void replicateTheRest();
@@ -92,12 +125,21 @@ private:
   MeshShape mesh;
   SymbolTableCollection symbols;
   llvm::DenseMap<Value, std::pair<ShardingAttr, int64_t>> known;
+  /// The calls of each function, for carrying shardings across call edges.
+  llvm::DenseMap<Operation *, SmallVector<Operation *>> callers;
+  std::deque<Operation *> worklist;
+  llvm::DenseSet<Operation *> queued;
   /// The user's sharding for each function's results.
   llvm::DenseMap<std::pair<Operation *, unsigned>, ShardingAttr> resultSpecs;
   std::set<int64_t> levels{0};
 };
 
 LogicalResult Propagator::seed() {
+  module.walk([&](func::CallOp call) {
+    if (auto callee = symbols.lookupNearestSymbolFrom<func::FuncOp>(
+            call, call.getCalleeAttr()))
+      callers[callee].push_back(call);
+  });
   auto check = [&](Operation *op, ShardingAttr s) -> LogicalResult {
     if (s.getMesh() != mesh.name)
       return op->emitError() << "sharding names mesh " << s.getMesh()
