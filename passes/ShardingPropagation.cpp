@@ -205,8 +205,22 @@ bool Propagator::visit(Operation *op, int64_t level) {
   if (auto call = dyn_cast<func::CallOp>(op)) {
     auto callee = symbols.lookupNearestSymbolFrom<func::FuncOp>(
         call, call.getCalleeAttr());
-    if (!callee || callee.isDeclaration())
+    if (!callee)
       return false;
+    if (callee.isDeclaration()) {
+      // An external function's signature says what crosses the call.
+      for (auto [i, operand] : llvm::enumerate(call.getOperands()))
+        changed |= offer(operand,
+                         callee.getArgAttrOfType<ShardingAttr>(
+                             i, kShardingAttrName),
+                         level);
+      for (auto [i, result] : llvm::enumerate(call.getResults()))
+        changed |= offer(result,
+                         callee.getResultAttrOfType<ShardingAttr>(
+                             i, kShardingAttrName),
+                         level);
+      return changed;
+    }
     for (auto [operand, arg] :
          llvm::zip(call.getOperands(), callee.getArguments())) {
       changed |= offer(arg, lookup(operand, level), level);

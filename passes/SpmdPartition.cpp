@@ -36,6 +36,7 @@ public:
 private:
   LogicalResult collectShardings();
   LogicalResult partitionFunction(func::FuncOp func);
+  LogicalResult partitionDeclaration(func::FuncOp func);
   LogicalResult setLocalType(Value value, Operation *where);
   FailureOr<Value> emitReshard(OpBuilder &builder, Location loc, Value input,
                                ShardingAttr from, ShardingAttr to,
@@ -292,11 +293,53 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   return success();
 }
 
+/// An external function: its signature becomes the local one its shardings
+/// say, so calls to it type-check after partition.
+LogicalResult Partitioner::partitionDeclaration(func::FuncOp func) {
+  auto localize = [&](Type type, ShardingAttr s) -> FailureOr<Type> {
+    auto tensor = dyn_cast<RankedTensorType>(type);
+    if (!tensor || !s)
+      return type;
+    FailureOr<RankedTensorType> local = getLocalType(tensor, s, mesh);
+    if (failed(local))
+      return func.emitError() << "signature type " << type
+                              << " cannot be split as " << s;
+    return Type(*local);
+  };
+  SmallVector<Type> inputs, results;
+  for (auto [i, type] : llvm::enumerate(func.getArgumentTypes())) {
+    auto s = func.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName);
+    FailureOr<Type> local = localize(type, s);
+    if (failed(local))
+      return failure();
+    inputs.push_back(*local);
+    if (s) {
+      func.removeArgAttr(i, kShardingAttrName);
+      func.setArgAttr(i, kShardOfAttrName, s);
+    }
+  }
+  for (auto [i, type] : llvm::enumerate(func.getResultTypes())) {
+    auto s = func.getResultAttrOfType<ShardingAttr>(i, kShardingAttrName);
+    FailureOr<Type> local = localize(type, s);
+    if (failed(local))
+      return failure();
+    results.push_back(*local);
+    if (s) {
+      func.removeResultAttr(
+          i, StringAttr::get(func.getContext(), kShardingAttrName));
+      func.setResultAttr(i, kShardOfAttrName, s);
+    }
+  }
+  func.setType(FunctionType::get(func.getContext(), inputs, results));
+  return success();
+}
+
 LogicalResult Partitioner::run() {
   if (failed(collectShardings()))
     return failure();
-  for (auto func : module.getOps<func::FuncOp>())
-    if (!func.isDeclaration() && failed(partitionFunction(func)))
+  for (auto func : llvm::make_early_inc_range(module.getOps<func::FuncOp>()))
+    if (failed(func.isDeclaration() ? partitionDeclaration(func)
+                                    : partitionFunction(func)))
       return failure();
   return success();
 }

@@ -297,3 +297,11 @@ OpFoldResult ConcatOp::fold(FoldAdaptor) {
     return getInputs().front();
   return {};
 }
+
+//===----------------------------------------------------------------------===//
+// Collectives: only the local ones fold.
+//===----------------------------------------------------------------------===//
+
+OpFoldResult ShardSliceOp::fold(FoldAdaptor adaptor) {
+  return reshapeSplat(adaptor.getInput(), getType());
+}

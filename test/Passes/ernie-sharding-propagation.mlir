@@ -188,3 +188,18 @@ func.func @unannotated(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   %0 = ernie.exp %x : tensor<4x4xf32>
   return %0 : tensor<4x4xf32>
 }
+
+// -----
+
+// An external function's signature is a placement like any other.
+ernie.mesh @mesh(dp = 2)
+func.func private @ext(tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) -> (tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>})
+// CHECK-LABEL: func.func @calls_external
+// CHECK: %[[R:.+]] = ernie.reshard %{{.*}} <@mesh, [{dp}, {}]>
+// CHECK: call @ext(%[[R]]) {ernie.shardings = [#ernie.sharding<@mesh, [{}, {dp}]>]}
+// CHECK: ernie.exp {{.*}}[#ernie.sharding<@mesh, [{}, {dp}]>]
+func.func @calls_external(%x: tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {}]>}) -> tensor<8x4xf32> {
+  %0 = func.call @ext(%x) : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %1 = ernie.exp %0 : tensor<8x4xf32>
+  return %1 : tensor<8x4xf32>
+}

@@ -96,3 +96,24 @@ func.func @vocab_parallel_embedding(%ids: tensor<2x3xi64> {ernie.sharding = #ern
   %1 = ernie.reshard %0 <@mesh, [{}, {}, {}]> : tensor<2x3x8xf32>
   return %1 : tensor<2x3x8xf32>
 }
+
+// -----
+
+// External functions take their local signature from their shardings; a
+// splat constant's piece is a local splat.
+ernie.mesh @mesh(dp = 2)
+// CHECK-LABEL: func.func private @ext
+// CHECK-SAME: (tensor<4x4xf32> {ernie.shard_of = #ernie.sharding<@mesh, [{dp}, {}]>}) -> (tensor<4x4xf32> {ernie.shard_of = #ernie.sharding<@mesh, [{dp}, {}]>})
+// CHECK-LABEL: func.func @calls_external
+// CHECK: %[[X:.+]] = ernie.shard_slice %{{.*}} over @mesh[dp] dim = 0 : tensor<8x4xf32> -> tensor<4x4xf32>
+// CHECK: %[[Y:.+]] = call @ext(%[[X]]) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.add %[[Y]], %{{.*}} : tensor<4x4xf32>
+func.func private @ext(tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) -> (tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>})
+func.func @calls_external(%x: tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {}]>}) -> (tensor<8x4xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) {
+  %0 = ernie.reshard %x <@mesh, [{dp}, {}]> : tensor<8x4xf32>
+  %1 = func.call @ext(%0) {ernie.shardings = [#ernie.sharding<@mesh, [{dp}, {}]>]} : (tensor<8x4xf32>) -> tensor<8x4xf32>
+  %2 = ernie.constant {ernie.shardings = [#ernie.sharding<@mesh, [{}, {}]>]} dense<1.0> : tensor<8x4xf32>
+  %3 = ernie.reshard %2 <@mesh, [{dp}, {}]> : tensor<8x4xf32>
+  %4 = ernie.add %1, %3 {ernie.shardings = [#ernie.sharding<@mesh, [{dp}, {}]>]} : tensor<8x4xf32>
+  return %4 : tensor<8x4xf32>
+}

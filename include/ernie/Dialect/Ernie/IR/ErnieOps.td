@@ -793,6 +793,8 @@ def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice"> {
     $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim attr-dict `:`
     type($input) `->` type($result)
   }];
+  // Every piece of a splat is the same splat.
+  let hasFolder = 1;
 }
 
 def Ernie_PartialInitOp : Ernie_CollectiveOp<"partial_init",
