@@ -18,6 +18,7 @@ void mlir::ernie::buildSimplifyPipeline(
 void mlir::ernie::buildAutoParallelPipeline(
     OpPassManager &pm, const AutoParallelPipelineOptions &options) {
   pm.addPass(createCheckStaticProgramPass());
+  pm.addPass(createExpandMeanLossPass());
   pm.addPass(createShardingPropagationPass());
   if (options.partition)
     pm.addPass(createSpmdPartitionPass());

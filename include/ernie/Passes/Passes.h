@@ -44,8 +44,9 @@ struct AutoParallelPipelineOptions
 };
 
 /// The whole compiler, from a single-device module with a few placements to
-/// the SPMD program every rank runs: the program-contract check, sharding
-/// propagation, SPMD partition, then canonicalization and CSE. Later passes
+/// the SPMD program every rank runs: the program-contract check, mean losses
+/// written as sum / count, sharding propagation, SPMD partition, then
+/// canonicalization and CSE. Later passes
 /// (autodiff, ZeRO, pipeline split, memory planning) slot in here as they
 /// land.
 void buildAutoParallelPipeline(OpPassManager &pm,

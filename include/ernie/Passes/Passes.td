@@ -28,6 +28,28 @@ def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def ExpandMeanLossPass : Pass<"ernie-expand-mean-loss"> {
+  let summary = "Write mean cross-entropy as a sum over a count";
+  let description = [{
+    `cross_entropy` with `reduction = mean` divides by the number of tokens
+    not ignored, a global count: its token dimensions could not be split
+    without changing the answer. Written as
+    `cross_entropy(sum) / count(labels != ignore_index)` both parts are sums,
+    so a data-parallel batch split leaves two pending sums that one small
+    all-reduce each completes, and the result is exactly the single-device
+    mean. The auto-parallel pipeline runs this before propagation.
+
+    ```mlir
+    %l = ernie.cross_entropy %logits, %labels : ... -> tensor<f32>
+    // becomes
+    %s = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction sum>} : ...
+    %n = ... reduce_sum(cast(compare ne, %labels, ignore_index)) ...
+    %l = ernie.div %s, %n : tensor<f32>
+    ```
+  }];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def ShardingPropagationPass
     : Pass<"ernie-sharding-propagation", "ModuleOp"> {
   let summary = "Give every tensor a sharding, from a few user annotations";
