@@ -12,6 +12,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/Interfaces/FunctionInterfaces.h"
+#include "mlir/Transforms/InliningUtils.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -23,7 +24,25 @@ using namespace mlir::ernie;
 #define GET_ATTRDEF_CLASSES
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
 
+namespace {
+/// Every ernie op may be inlined: they are value-semantic and region-free
+/// (autodiff and propagation inline calls to see whole computations).
+struct ErnieInlinerInterface : DialectInlinerInterface {
+  using DialectInlinerInterface::DialectInlinerInterface;
+  bool isLegalToInline(Operation *, Operation *, bool) const final {
+    return true;
+  }
+  bool isLegalToInline(Region *, Region *, bool, IRMapping &) const final {
+    return true;
+  }
+  bool isLegalToInline(Operation *, Region *, bool, IRMapping &) const final {
+    return true;
+  }
+};
+} // namespace
+
 void ErnieDialect::initialize() {
+  addInterfaces<ErnieInlinerInterface>();
   addOperations<
 #define GET_OP_LIST
 #include "ernie/Dialect/Ernie/IR/ErnieOps.cpp.inc"

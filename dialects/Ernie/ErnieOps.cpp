@@ -729,13 +729,13 @@ LogicalResult RopeOp::verify() {
   return success();
 }
 
-LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
-                                            std::optional<Location> loc,
-                                            Adaptor adaptor,
-                                            SmallVectorImpl<Type> &inferred) {
-  auto q = rankedOperand(loc, adaptor.getQuery(), "query");
-  auto k = rankedOperand(loc, adaptor.getKey(), "key");
-  auto v = rankedOperand(loc, adaptor.getValue(), "value");
+/// The result type of attention over `query`, `key`, `value`, or an error.
+static FailureOr<RankedTensorType>
+inferAttentionType(std::optional<Location> loc, Value query, Value key,
+                   Value value, bool causal, std::optional<APFloat> scale) {
+  auto q = rankedOperand(loc, query, "query");
+  auto k = rankedOperand(loc, key, "key");
+  auto v = rankedOperand(loc, value, "value");
   if (failed(q) || failed(k) || failed(v))
     return failure();
   if (q->getRank() != 4 || k->getRank() != 4 || v->getRank() != 4)
@@ -761,23 +761,51 @@ LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
     return emitOptionalError(loc, "query heads (", heads,
                              ") must be a multiple of key/value heads (",
                              kvHeads, ")");
-  if (adaptor.getCausal() && k->getDimSize(1) != seq)
+  if (causal && k->getDimSize(1) != seq)
     return emitOptionalError(loc, "causal attention needs query and key "
                                   "sequences of one length, got ",
                              seq, " and ", k->getDimSize(1));
-  if (auto scale = adaptor.getScale(); scale && !(scale->convertToDouble() > 0))
+  if (scale && !(scale->convertToDouble() > 0))
     return emitOptionalError(loc, "scale must be positive");
-  inferred.push_back(RankedTensorType::get({batch, seq, heads,
-                                            v->getDimSize(3)},
-                                           q->getElementType()));
+  return RankedTensorType::get({batch, seq, heads, v->getDimSize(3)},
+                               q->getElementType());
+}
+
+LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &inferred) {
+  FailureOr<RankedTensorType> type = inferAttentionType(
+      loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue(),
+      adaptor.getCausal(), adaptor.getScale());
+  if (failed(type))
+    return failure();
+  inferred.push_back(*type);
   return success();
 }
 
-LogicalResult CrossEntropyOp::inferReturnTypes(
+LogicalResult AttentionGradOp::inferReturnTypes(
     MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  auto logits = rankedOperand(loc, adaptor.getLogits(), "logits");
-  auto labels = rankedOperand(loc, adaptor.getLabels(), "labels");
+  FailureOr<RankedTensorType> out = inferAttentionType(
+      loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue(),
+      adaptor.getCausal(), adaptor.getScale());
+  if (failed(out))
+    return failure();
+  if (adaptor.getDout().getType() != *out)
+    return emitOptionalError(loc, "dout must have attention's result type ",
+                             *out, ", got ", adaptor.getDout().getType());
+  inferred.append({adaptor.getQuery().getType(), adaptor.getKey().getType(),
+                   adaptor.getValue().getType()});
+  return success();
+}
+
+/// The loss type of cross_entropy over `logits` and `labels`, or an error.
+static FailureOr<RankedTensorType>
+inferCrossEntropyType(std::optional<Location> loc, Value logitsValue,
+                      Value labelsValue, LossReduction reduction) {
+  auto logits = rankedOperand(loc, logitsValue, "logits");
+  auto labels = rankedOperand(loc, labelsValue, "labels");
   if (failed(logits) || failed(labels))
     return failure();
   if (logits->getRank() < 1)
@@ -788,9 +816,91 @@ LogicalResult CrossEntropyOp::inferReturnTypes(
                              "vocabulary dimension, ",
                              shapeStr(logits->getShape().drop_back()));
   ArrayRef<int64_t> shape;
-  if (adaptor.getReduction() == LossReduction::none)
+  if (reduction == LossReduction::none)
     shape = labels->getShape();
-  inferred.push_back(RankedTensorType::get(shape, logits->getElementType()));
+  return RankedTensorType::get(shape, logits->getElementType());
+}
+
+LogicalResult CrossEntropyOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  FailureOr<RankedTensorType> type = inferCrossEntropyType(
+      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction());
+  if (failed(type))
+    return failure();
+  inferred.push_back(*type);
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  FailureOr<RankedTensorType> loss = inferCrossEntropyType(
+      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction());
+  if (failed(loss))
+    return failure();
+  if (adaptor.getDloss().getType() != *loss)
+    return emitOptionalError(loc, "dloss must have the loss type ", *loss,
+                             ", got ", adaptor.getDloss().getType());
+  inferred.push_back(adaptor.getLogits().getType());
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// PadOp, IndexAddOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult PadOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> loc,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &inferred) {
+  auto type = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(type))
+    return failure();
+  ArrayRef<int64_t> low = adaptor.getLow(), high = adaptor.getHigh(),
+                    interior = adaptor.getInterior();
+  int64_t rank = type->getRank();
+  if (static_cast<int64_t>(low.size()) != rank ||
+      static_cast<int64_t>(high.size()) != rank ||
+      static_cast<int64_t>(interior.size()) != rank)
+    return emitOptionalError(loc, "pad needs low, high and interior for each "
+                                  "of the ",
+                             rank, " dimensions");
+  SmallVector<int64_t> shape;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (low[d] < 0 || high[d] < 0 || interior[d] < 0)
+      return emitOptionalError(loc, "padding of dimension ", d,
+                               " must be non-negative");
+    int64_t size = type->getDimSize(d);
+    shape.push_back(low[d] + size + std::max<int64_t>(size - 1, 0) * interior[d] +
+                    high[d]);
+  }
+  inferred.push_back(RankedTensorType::get(shape, type->getElementType()));
+  return success();
+}
+
+LogicalResult IndexAddOp::inferReturnTypes(MLIRContext *,
+                                           std::optional<Location> loc,
+                                           Adaptor adaptor,
+                                           SmallVectorImpl<Type> &inferred) {
+  auto base = rankedOperand(loc, adaptor.getBase(), "base");
+  auto indices = rankedOperand(loc, adaptor.getIndices(), "indices");
+  auto updates = rankedOperand(loc, adaptor.getUpdates(), "updates");
+  if (failed(base) || failed(indices) || failed(updates))
+    return failure();
+  int64_t axis = adaptor.getAxis();
+  if (failed(checkAxis(loc, axis, base->getRank())))
+    return failure();
+  SmallVector<int64_t> want(base->getShape().take_front(axis));
+  llvm::append_range(want, indices->getShape());
+  llvm::append_range(want, base->getShape().drop_front(axis + 1));
+  if (updates->getShape() != ArrayRef<int64_t>(want) ||
+      updates->getElementType() != base->getElementType())
+    return emitOptionalError(loc, "updates must be ",
+                             RankedTensorType::get(want,
+                                                   base->getElementType()),
+                             " (what gather would produce), got ", *updates);
+  inferred.push_back(*base);
   return success();
 }
 

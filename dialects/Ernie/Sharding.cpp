@@ -178,6 +178,13 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned regionIndex,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
+  if (attr.getName() == "ernie.grad_of") {
+    auto name = dyn_cast<StringAttr>(attr.getValue());
+    if (!name || name.getValue().empty())
+      return op->emitError() << "'ernie.grad_of' on result #" << resultIndex
+                             << " must name a parameter";
+    return success();
+  }
   if (attr.getName() == kShardOfAttrName) {
     if (!isa<ShardingAttr>(attr.getValue()))
       return op->emitError() << "'" << kShardOfAttrName

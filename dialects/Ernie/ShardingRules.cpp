@@ -426,3 +426,79 @@ OpShardingRule CrossEntropyOp::getShardingRule() {
   b.replicated(operand(0, rank - 1));
   return b.take();
 }
+
+//===----------------------------------------------------------------------===//
+// Gradient ops.
+//===----------------------------------------------------------------------===//
+
+/// Unpadded dimensions pass through; padded ones stay whole.
+OpShardingRule PadOp::getShardingRule() {
+  RuleBuilder b(*this);
+  for (int64_t d = 0, e = rankOf(getInput()); d < e; ++d) {
+    if (getLow()[d] == 0 && getHigh()[d] == 0 && getInterior()[d] == 0) {
+      b.parallel(operand(0, d), {result(0, d)});
+    } else {
+      b.replicated(operand(0, d));
+      b.replicated(result(0, d));
+    }
+  }
+  return b.take();
+}
+
+/// base and result share every dim but the indexed axis (whole); the
+/// indices' dims are summed into it: split, they leave partial sums.
+OpShardingRule IndexAddOp::getShardingRule() {
+  RuleBuilder b(*this);
+  int64_t axis = getAxis(), rank = rankOf(getBase()),
+          idxRank = rankOf(getIndices());
+  for (int64_t d = 0; d < axis; ++d)
+    b.parallel(operand(0, d), {operand(2, d), result(0, d)});
+  b.replicated({operand(0, axis), result(0, axis)});
+  for (int64_t d = 0; d < idxRank; ++d)
+    b.add(b.dimSize(operand(1, d)), FactorKind::Reduction,
+          {operand(1, d), operand(2, axis + d)}, ReduceKind::sum);
+  for (int64_t d = axis + 1; d < rank; ++d)
+    b.parallel(operand(0, d), {operand(2, d - 1 + idxRank), result(0, d)});
+  return b.take();
+}
+
+/// As attention: batch and key/value heads parallel. Query groups stay
+/// whole (the key/value gradients sum over them), as do sequences and head
+/// dims (contracted on both sides of the backward).
+OpShardingRule AttentionGradOp::getShardingRule() {
+  RuleBuilder b(*this);
+  auto q = cast<ShapedType>(getQuery().getType());
+  auto k = cast<ShapedType>(getKey().getType());
+  b.parallel(operand(0, 0), {operand(1, 0), operand(2, 0), operand(3, 0),
+                             result(0, 0), result(1, 0), result(2, 0)});
+  b.replicated({operand(0, 1), operand(3, 1), result(0, 1)});
+  b.replicated({operand(1, 1), operand(2, 1), result(1, 1), result(2, 1)});
+  int64_t kvHeads = k.getDimSize(2), group = q.getDimSize(2) / kvHeads;
+  b.add(kvHeads, FactorKind::Parallel,
+        {operand(0, 2), operand(1, 2), operand(2, 2), operand(3, 2),
+         result(0, 2), result(1, 2), result(2, 2)});
+  b.add(group, FactorKind::NeedReplication,
+        {operand(0, 2), operand(3, 2), result(0, 2)});
+  b.replicated({operand(0, 3), operand(1, 3), result(0, 3), result(1, 3)});
+  b.replicated({operand(2, 3), operand(3, 3), result(2, 3)});
+  return b.take();
+}
+
+/// Token dims parallel (dloss shares them when per-token); for a mean the
+/// count is global, so token dims stay whole; the vocabulary stays whole.
+OpShardingRule CrossEntropyGradOp::getShardingRule() {
+  RuleBuilder b(*this);
+  int64_t rank = rankOf(getLogits());
+  bool perToken = getReduction() == LossReduction::none;
+  for (int64_t d = 0; d < rank - 1; ++d) {
+    SmallVector<DimRef> refs{operand(0, d), operand(1, d), result(0, d)};
+    if (perToken)
+      refs.push_back(operand(2, d));
+    if (getReduction() == LossReduction::mean)
+      b.replicated(refs);
+    else
+      b.add(b.dimSize(operand(0, d)), FactorKind::Parallel, refs);
+  }
+  b.replicated({operand(0, rank - 1), result(0, rank - 1)});
+  return b.take();
+}

@@ -28,6 +28,38 @@ def CheckStaticProgramPass : Pass<"ernie-check-static-program", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
+  let summary = "Build the gradient of a loss function by reverse-mode AD";
+  let description = [{
+    For the function named by `function` (its one result a scalar float
+    loss), adds `@<function>_grad` with the same arguments, returning the
+    loss followed by one gradient per `ernie.param` argument, in argument
+    order (each result tagged `ernie.grad_of = "<param name>"`). Calls are
+    inlined first, so AD sees the whole computation.
+
+    Every op between a parameter and the loss contributes its
+    vector-Jacobian product through GradientOpInterface; gradients of a
+    value used several times add up; integer values and `stop_gradient`
+    results take none. A parameter the loss does not reach gets an explicit
+    zero gradient, so every rank later joins the same collectives.
+
+    Autodiff runs before sharding: gradients are values like any other, and
+    the gradient of a replicated weight used under a batch split comes out
+    of propagation as a pending sum over the batch axis, which partition
+    completes with an all-reduce. Data-parallel gradient synchronisation
+    needs no pass of its own.
+
+    Errors name the op: a result that is not a scalar float, a parameter
+    that is not a float tensor, an op without a gradient rule on the path.
+  }];
+  let options = [
+    Option<"function", "function", "std::string", /*default=*/"\"forward\"",
+           "The loss function to differentiate">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
 def ExpandMeanLossPass : Pass<"ernie-expand-mean-loss"> {
   let summary = "Write mean cross-entropy as a sum over a count";
   let description = [{

@@ -42,7 +42,8 @@ class Ernie_InferredOp<string mnemonic, list<Trait> traits = []>
 class Ernie_UnaryOp<string mnemonic, Type type, string math,
                     list<Trait> traits = []>
     : Ernie_PureOp<mnemonic, !listconcat(
-          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface], traits)> {
+          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface,
+           DeclareOpInterfaceMethods<Ernie_GradientOpInterface>], traits)> {
   let summary = "elementwise " # math;
   let description = [{
     Computes `}] # math # [{` for every element of the operand.
@@ -71,9 +72,26 @@ def Ernie_ReluOp : Ernie_UnaryOp<"relu", Ernie_NumericTensor, "max(x, 0)">;
 def Ernie_AbsOp : Ernie_UnaryOp<"abs", Ernie_NumericTensor, "|x|">;
 def Ernie_ReciprocalOp
     : Ernie_UnaryOp<"reciprocal", Ernie_FloatTensor, "1 / x">;
+def Ernie_ErfOp : Ernie_UnaryOp<"erf", Ernie_FloatTensor, "erf(x)">;
+
+def Ernie_StopGradientOp : Ernie_PureOp<"stop_gradient",
+    [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "the value, with no gradient flowing back through it";
+  let description = [{
+    The identity in the forward pass; autodiff treats its result as a
+    constant (Paddle's `stop_gradient`, PyTorch's `detach`).
+
+    ```mlir
+    %c = ernie.stop_gradient %x : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$operand);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
 
 def Ernie_GeluOp : Ernie_PureOp<"gelu",
-    [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface]> {
+    [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "elementwise GELU";
   let description = [{
     `x * Φ(x)` with the exact Gaussian CDF, or, with `approximate`, the tanh
@@ -90,7 +108,7 @@ def Ernie_GeluOp : Ernie_PureOp<"gelu",
 }
 
 def Ernie_CastOp : Ernie_PureOp<"cast",
-    [Elementwise, SameOperandsAndResultShape, Ernie_ShardingRuleOpInterface]> {
+    [Elementwise, SameOperandsAndResultShape, Ernie_ShardingRuleOpInterface, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "elementwise element-type conversion";
   let description = [{
     Converts every element to the result's element type: floats round to
@@ -115,7 +133,8 @@ def Ernie_CastOp : Ernie_PureOp<"cast",
 class Ernie_BinaryOp<string mnemonic, Type type, string math,
                      list<Trait> traits = []>
     : Ernie_PureOp<mnemonic, !listconcat(
-          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface], traits)> {
+          [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface,
+           DeclareOpInterfaceMethods<Ernie_GradientOpInterface>], traits)> {
   let summary = "elementwise " # math;
   let description = [{
     Computes `}] # math # [{` elementwise. The operands have one shape:
@@ -163,7 +182,7 @@ def Ernie_CompareOp : Ernie_InferredOp<"compare",
 
 def Ernie_SelectOp : Ernie_PureOp<"select",
     [Elementwise, AllTypesMatch<["on_true", "on_false", "result"]>,
-     AllShapesMatch<["cond", "result"]>, Ernie_ShardingRuleOpInterface]> {
+     AllShapesMatch<["cond", "result"]>, Ernie_ShardingRuleOpInterface, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "elementwise choice";
   let description = [{
     `cond ? on_true : on_false` for every element.
@@ -242,7 +261,7 @@ def Ernie_IotaOp : Ernie_PureOp<"iota", [DeclareOpInterfaceMethods<Ernie_Shardin
 //===----------------------------------------------------------------------===//
 
 def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
-    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "batched matrix product";
   let description = [{
     `lhs[..., m, k] x rhs[..., k, n] -> [..., m, n]`, where `transpose_a`
@@ -264,7 +283,7 @@ def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
 }
 
 class Ernie_ReduceOp<string mnemonic, Type type, string math>
-    : Ernie_InferredOp<mnemonic, [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    : Ernie_InferredOp<mnemonic, [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = math # " over the given axes";
   let description = [{
     Reduces the `axes` (sorted, distinct) with }] # math # [{. With
@@ -290,7 +309,7 @@ def Ernie_ReduceMeanOp : Ernie_ReduceOp<"reduce_mean", Ernie_FloatTensor, "the m
 def Ernie_ReduceMaxOp : Ernie_ReduceOp<"reduce_max", Ernie_NumericTensor, "the maximum">;
 
 class Ernie_SoftmaxOpBase<string mnemonic, string math>
-    : Ernie_PureOp<mnemonic, [SameOperandsAndResultType, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    : Ernie_PureOp<mnemonic, [SameOperandsAndResultType, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = math # " along one axis";
   let description = [{
     Numerically stable }] # math # [{ along `axis`.
@@ -314,7 +333,7 @@ def Ernie_LogSoftmaxOp : Ernie_SoftmaxOpBase<"log_softmax", "log-softmax">;
 //===----------------------------------------------------------------------===//
 
 def Ernie_RmsNormOp : Ernie_PureOp<"rms_norm",
-    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "root-mean-square normalisation over the last dimension";
   let description = [{
     `x / sqrt(mean(x^2, -1) + epsilon) * weight`, with `weight` of shape
@@ -337,7 +356,7 @@ def Ernie_RmsNormOp : Ernie_PureOp<"rms_norm",
 
 def Ernie_LayerNormOp : Ernie_PureOp<"layer_norm",
     [AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>,
-     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "layer normalisation over the last dimension";
   let description = [{
     `(x - mean) / sqrt(var + epsilon) * weight + bias` over the last dimension
@@ -362,7 +381,7 @@ def Ernie_LayerNormOp : Ernie_PureOp<"layer_norm",
 // Shape ops.
 //===----------------------------------------------------------------------===//
 
-def Ernie_ReshapeOp : Ernie_PureOp<"reshape", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_ReshapeOp : Ernie_PureOp<"reshape", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "the same elements in another shape";
   let description = [{
     Row-major reinterpretation of the elements; the element count is kept.
@@ -378,7 +397,7 @@ def Ernie_ReshapeOp : Ernie_PureOp<"reshape", [DeclareOpInterfaceMethods<Ernie_S
   let hasFolder = 1;
 }
 
-def Ernie_TransposeOp : Ernie_InferredOp<"transpose", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_TransposeOp : Ernie_InferredOp<"transpose", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "permute dimensions";
   let description = [{
     Result dimension `i` is input dimension `perm[i]`.
@@ -395,7 +414,7 @@ def Ernie_TransposeOp : Ernie_InferredOp<"transpose", [DeclareOpInterfaceMethods
   let hasFolder = 1;
 }
 
-def Ernie_BroadcastOp : Ernie_PureOp<"broadcast", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_BroadcastOp : Ernie_PureOp<"broadcast", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "expand a tensor to a larger shape";
   let description = [{
     Operand dimension `i` becomes result dimension `dims[i]` (strictly
@@ -416,7 +435,7 @@ def Ernie_BroadcastOp : Ernie_PureOp<"broadcast", [DeclareOpInterfaceMethods<Ern
   let hasCanonicalizer = 1;
 }
 
-def Ernie_SliceOp : Ernie_InferredOp<"slice", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_SliceOp : Ernie_InferredOp<"slice", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "a strided box of a tensor";
   let description = [{
     Per dimension `[start:limit:step]`, `0 <= start <= limit <= size`,
@@ -436,7 +455,29 @@ def Ernie_SliceOp : Ernie_InferredOp<"slice", [DeclareOpInterfaceMethods<Ernie_S
   let hasFolder = 1;
 }
 
-def Ernie_ConcatOp : Ernie_InferredOp<"concat", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_PadOp : Ernie_InferredOp<"pad",
+    [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "surround (and interleave) a tensor with zeros";
+  let description = [{
+    Per dimension, `low` zeros before, `high` zeros after and `interior`
+    zeros between consecutive elements (all non-negative). The result
+    dimension is `low + size + (size - 1) * interior + high`. The transpose
+    of a strided `slice`: its gradient.
+
+    ```mlir
+    %y = ernie.pad %x low = [0, 1], high = [0, 2], interior = [0, 1] : tensor<2x3xf32> -> tensor<2x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, DenseI64ArrayAttr:$low,
+                       DenseI64ArrayAttr:$high, DenseI64ArrayAttr:$interior);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `low` `=` $low `,` `high` `=` $high `,` `interior` `=` $interior
+    attr-dict `:` type($input) `->` type($result)
+  }];
+}
+
+def Ernie_ConcatOp : Ernie_InferredOp<"concat", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "join tensors along one axis";
   let description = [{
     The inputs have one element type and rank and agree on every dimension
@@ -455,7 +496,7 @@ def Ernie_ConcatOp : Ernie_InferredOp<"concat", [DeclareOpInterfaceMethods<Ernie
   let hasFolder = 1;
 }
 
-def Ernie_SplitOp : Ernie_InferredOp<"split", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_SplitOp : Ernie_InferredOp<"split", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "cut a tensor into pieces along one axis";
   let description = [{
     One result per entry of `sizes`, which add up to the size of `axis`.
@@ -474,7 +515,7 @@ def Ernie_SplitOp : Ernie_InferredOp<"split", [DeclareOpInterfaceMethods<Ernie_S
   }];
 }
 
-def Ernie_GatherOp : Ernie_InferredOp<"gather", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_GatherOp : Ernie_InferredOp<"gather", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "take entries along one axis by index";
   let description = [{
     `result[a..., i..., b...] = input[a..., indices[i...], b...]` where `a` are
@@ -495,7 +536,30 @@ def Ernie_GatherOp : Ernie_InferredOp<"gather", [DeclareOpInterfaceMethods<Ernie
   }];
 }
 
-def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_IndexAddOp : Ernie_InferredOp<"index_add",
+    [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "add slices into a tensor at indices along one axis";
+  let description = [{
+    `result = base`, then `result[a..., indices[i...], b...] +=
+    updates[a..., i..., b...]` for every `i` (repeated indices accumulate).
+    `updates` has the shape `gather` would produce. Paddle's `index_add`;
+    the gradient of `gather` and `embedding`.
+
+    ```mlir
+    %t = ernie.index_add %zeros, %ids, %rows axis = 0 : tensor<100x8xf32>, tensor<2x3xi64>, tensor<2x3x8xf32> -> tensor<100x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_NumericTensor:$base, Ernie_IndexTensor:$indices,
+                       Ernie_NumericTensor:$updates,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$axis);
+  let results = (outs Ernie_NumericTensor:$result);
+  let assemblyFormat = [{
+    $base `,` $indices `,` $updates `axis` `=` $axis attr-dict `:`
+    type($base) `,` type($indices) `,` type($updates) `->` type($result)
+  }];
+}
+
+def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "look up rows of a table";
   let description = [{
     `result[i..., :] = weight[indices[i...], :]` for a table `[vocab, hidden]`.
@@ -515,7 +579,7 @@ def Ernie_EmbeddingOp : Ernie_InferredOp<"embedding", [DeclareOpInterfaceMethods
   }];
 }
 
-def Ernie_TopkOp : Ernie_InferredOp<"topk", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_TopkOp : Ernie_InferredOp<"topk", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "the k largest (or smallest) entries along one axis";
   let description = [{
     Values sorted (descending when `largest`, the default), with their i64
@@ -542,7 +606,7 @@ def Ernie_TopkOp : Ernie_InferredOp<"topk", [DeclareOpInterfaceMethods<Ernie_Sha
 //===----------------------------------------------------------------------===//
 
 def Ernie_RopeOp : Ernie_PureOp<"rope",
-    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    [AllTypesMatch<["input", "result"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "rotary position embedding";
   let description = [{
     Rotates `input` `[batch, seq, heads, head_dim]` (head_dim even) by the
@@ -567,7 +631,7 @@ def Ernie_RopeOp : Ernie_PureOp<"rope",
 }
 
 def Ernie_AttentionOp : Ernie_InferredOp<"attention",
-    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "scaled dot-product attention with grouped-query heads";
   let description = [{
     `softmax(q k^T * scale [+ causal mask]) v` per head, on the layout
@@ -591,7 +655,57 @@ def Ernie_AttentionOp : Ernie_InferredOp<"attention",
   }];
 }
 
-def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+def Ernie_AttentionGradOp : Ernie_InferredOp<"attention_grad",
+    [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "the gradients of attention's query, key and value";
+  let description = [{
+    Given `attention`'s operands and attributes and the gradient `dout` of
+    its result, the gradients of `query`, `key` and `value` (each of its
+    operand's type). Kernels recompute the probabilities, as flash
+    attention does, so nothing of the forward is saved but its inputs.
+
+    ```mlir
+    %dq, %dk, %dv = ernie.attention_grad %q, %k, %v, %dout {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x8x32xf32> -> tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$query, Ernie_FloatTensor:$key,
+                       Ernie_FloatTensor:$value, Ernie_FloatTensor:$dout,
+                       UnitAttr:$causal, OptionalAttr<F64Attr>:$scale);
+  let results = (outs Ernie_FloatTensor:$dquery, Ernie_FloatTensor:$dkey,
+                      Ernie_FloatTensor:$dvalue);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $dout attr-dict `:` type($query) `,`
+    type($key) `,` type($value) `,` type($dout) `->` type($dquery) `,`
+    type($dkey) `,` type($dvalue)
+  }];
+}
+
+def Ernie_CrossEntropyGradOp : Ernie_InferredOp<"cross_entropy_grad",
+    [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "the gradient of cross_entropy with respect to its logits";
+  let description = [{
+    `(softmax(logits) - one_hot(labels)) * dloss`, with ignored tokens
+    zero and, for `reduction = mean`, divided by the count of tokens not
+    ignored. `dloss` has `cross_entropy`'s result type for the same
+    attributes.
+
+    ```mlir
+    %dl = ernie.cross_entropy_grad %logits, %labels, %dloss : tensor<2x16x100xf32>, tensor<2x16xi64>, tensor<f32> -> tensor<2x16x100xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$logits, Ernie_IndexTensor:$labels,
+                       Ernie_FloatTensor:$dloss,
+                       DefaultValuedAttr<I64Attr, "-100">:$ignore_index,
+                       DefaultValuedAttr<Ernie_LossReductionAttr,
+                                         "::mlir::ernie::LossReduction::mean">:$reduction);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels `,` $dloss attr-dict `:` type($logits) `,`
+    type($labels) `,` type($dloss) `->` type($result)
+  }];
+}
+
+def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "softmax cross-entropy against integer labels";
   let description = [{
     Per token `logsumexp(logits[t, :]) - logits[t, label[t]]` over the last
