@@ -169,6 +169,223 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward) {
   return gradFn;
 }
 
+struct StepOptions {
+  std::string optimizer;
+  double momentum, weightDecay, beta1, beta2, epsilon, clipNorm;
+  bool multiPrecision;
+};
+
+constexpr StringLiteral kOptStateAttrName = "ernie.opt_state";
+constexpr StringLiteral kUpdatesAttrName = "ernie.updates";
+
+/// Scales every gradient by min(1, clip / (global L2 norm + 1e-6)).
+void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
+                      double clip) {
+  auto scalar = RankedTensorType::get({}, b.getF32Type());
+  Value total = FullOp::create(b, loc, scalar, 0.0);
+  for (Value g : grads) {
+    auto t = cast<RankedTensorType>(g.getType());
+    Value g32 = g;
+    if (!t.getElementType().isF32())
+      g32 = CastOp::create(
+          b, loc, RankedTensorType::get(t.getShape(), b.getF32Type()), g);
+    Value sq = MulOp::create(b, loc, g32, g32);
+    auto all = llvm::to_vector(llvm::seq<int64_t>(0, t.getRank()));
+    Value s = all.empty() ? sq
+                          : ReduceSumOp::create(b, loc, sq,
+                                                b.getDenseI64ArrayAttr(all),
+                                                /*keepdim=*/false)
+                                .getResult();
+    total = AddOp::create(b, loc, total, s);
+  }
+  Value norm = SqrtOp::create(b, loc, total);
+  Value denom = AddOp::create(b, loc, norm, FullOp::create(b, loc, scalar, 1e-6));
+  Value ratio = DivOp::create(b, loc, FullOp::create(b, loc, scalar, clip), denom);
+  Value scale = MinimumOp::create(b, loc, ratio, FullOp::create(b, loc, scalar, 1.0));
+  for (Value &g : grads) {
+    auto t = cast<RankedTensorType>(g.getType());
+    Value s = scale;
+    if (!t.getElementType().isF32())
+      s = CastOp::create(b, loc, RankedTensorType::get({}, t.getElementType()),
+                         scale);
+    Value wide = BroadcastOp::create(b, loc, t, s, b.getDenseI64ArrayAttr({}));
+    g = MulOp::create(b, loc, g, wide);
+  }
+}
+
+/// Adds @train_step and @eval_step around `forward` and its gradient.
+LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
+                         const StepOptions &opts) {
+  MLIRContext *ctx = forward.getContext();
+  Location loc = forward.getLoc();
+  OpBuilder b(ctx);
+  bool sgd = opts.optimizer == "sgd";
+  SmallVector<unsigned> paramIdx, batchIdx;
+  for (unsigned i = 0; i < forward.getNumArguments(); ++i)
+    (forward.getArgAttr(i, ErnieDialect::kParamAttrName) ? paramIdx : batchIdx)
+        .push_back(i);
+  auto argType = [&](unsigned i) {
+    return cast<RankedTensorType>(forward.getArgumentTypes()[i]);
+  };
+  auto paramName = [&](unsigned i) {
+    return forward.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName)
+        .getValue();
+  };
+  auto f32Like = [&](RankedTensorType t) {
+    return RankedTensorType::get(t.getShape(), b.getF32Type());
+  };
+  auto hasMaster = [&](unsigned i) {
+    return opts.multiPrecision && !argType(i).getElementType().isF32();
+  };
+
+  // Signature: params, optimizer state, batch, lr, step.
+  SmallVector<Type> inputs;
+  SmallVector<DictionaryAttr> inputAttrs;
+  auto attrsOf = [&](unsigned i) { return forward.getArgAttrDict(i); };
+  for (unsigned i : paramIdx) {
+    inputs.push_back(argType(i));
+    inputAttrs.push_back(attrsOf(i));
+  }
+  struct Slot {
+    unsigned param;
+    std::string name;
+    RankedTensorType type;
+  };
+  SmallVector<Slot> slots;
+  for (unsigned i : paramIdx) {
+    RankedTensorType stateType = hasMaster(i) ? f32Like(argType(i)) : argType(i);
+    if (hasMaster(i))
+      slots.push_back({i, "master", stateType});
+    if (sgd) {
+      slots.push_back({i, "momentum", stateType});
+    } else {
+      slots.push_back({i, "moment1", stateType});
+      slots.push_back({i, "moment2", stateType});
+    }
+  }
+  for (const Slot &slot : slots) {
+    inputs.push_back(slot.type);
+    inputAttrs.push_back(b.getDictionaryAttr(b.getNamedAttr(
+        kOptStateAttrName,
+        b.getStringAttr(paramName(slot.param) + ":" + slot.name))));
+  }
+  for (unsigned i : batchIdx) {
+    inputs.push_back(argType(i));
+    inputAttrs.push_back(attrsOf(i));
+  }
+  auto scalarF32 = RankedTensorType::get({}, b.getF32Type());
+  auto scalarI64 = RankedTensorType::get({}, b.getI64Type());
+  inputs.push_back(scalarF32);
+  inputAttrs.push_back(b.getDictionaryAttr({}));
+  inputs.push_back(scalarI64);
+  inputAttrs.push_back(b.getDictionaryAttr({}));
+
+  b.setInsertionPointAfter(gradFn);
+  auto train = func::FuncOp::create(b, loc, "train_step",
+                                    b.getFunctionType(inputs, {}));
+  train.setAllArgAttrs(inputAttrs);
+  Block *entry = train.addEntryBlock();
+  b.setInsertionPointToEnd(entry);
+  unsigned nParams = paramIdx.size(), nSlots = slots.size();
+  auto paramArg = [&](unsigned k) { return entry->getArgument(k); };
+  auto slotArg = [&](unsigned s) { return entry->getArgument(nParams + s); };
+  Value lr = entry->getArgument(nParams + nSlots + batchIdx.size());
+  Value step = entry->getArgument(nParams + nSlots + batchIdx.size() + 1);
+
+  // The gradient, called with the forward's argument order.
+  SmallVector<Value> callArgs(forward.getNumArguments());
+  for (auto [k, i] : llvm::enumerate(paramIdx))
+    callArgs[i] = paramArg(k);
+  for (auto [k, i] : llvm::enumerate(batchIdx))
+    callArgs[i] = entry->getArgument(nParams + nSlots + k);
+  auto call = func::CallOp::create(b, loc, gradFn, callArgs);
+  Value loss = call.getResult(0);
+  SmallVector<Value> grads(call.getResults().drop_front());
+  // Master-weight updates work in f32 from here on, clipping included.
+  for (auto [k, i] : llvm::enumerate(paramIdx))
+    if (hasMaster(i))
+      grads[k] = CastOp::create(b, loc, f32Like(argType(i)), grads[k]);
+  if (opts.clipNorm > 0)
+    clipByGlobalNorm(b, loc, grads, opts.clipNorm);
+
+  SmallVector<Value> newParams, newSlots;
+  SmallVector<std::string> newSlotNames;
+  unsigned s = 0;
+  for (auto [k, i] : llvm::enumerate(paramIdx)) {
+    Value p = paramArg(k), g = grads[k];
+    bool master = hasMaster(i);
+    Value target = p;
+    if (master)
+      target = slotArg(s++);
+    Value updated;
+    if (sgd) {
+      Value buf = slotArg(s++);
+      auto op = SgdUpdateOp::create(
+          b, loc, target, g, buf, lr, b.getF64FloatAttr(opts.momentum),
+          b.getF64FloatAttr(opts.weightDecay), UnitAttr());
+      updated = op.getNewParam();
+      if (master)
+        newSlots.push_back(updated);
+      newSlots.push_back(op.getNewMomentumBuffer());
+    } else {
+      Value m = slotArg(s++), v = slotArg(s++);
+      auto op = AdamWUpdateOp::create(
+          b, loc, target, g, m, v, lr, step, b.getF64FloatAttr(opts.beta1),
+          b.getF64FloatAttr(opts.beta2), b.getF64FloatAttr(opts.epsilon),
+          b.getF64FloatAttr(opts.weightDecay));
+      updated = op.getNewParam();
+      if (master)
+        newSlots.push_back(updated);
+      newSlots.push_back(op.getNewMoment1());
+      newSlots.push_back(op.getNewMoment2());
+    }
+    newParams.push_back(master ? CastOp::create(b, loc, argType(i), updated)
+                                     .getResult()
+                               : updated);
+  }
+  SmallVector<Value> results{loss};
+  llvm::append_range(results, newParams);
+  llvm::append_range(results, newSlots);
+  func::ReturnOp::create(b, loc, results);
+  SmallVector<Type> resultTypes;
+  for (Value v : results)
+    resultTypes.push_back(v.getType());
+  train.setType(b.getFunctionType(inputs, resultTypes));
+  for (auto [k, i] : llvm::enumerate(paramIdx))
+    train.setResultAttr(1 + k, kUpdatesAttrName, b.getStringAttr(paramName(i)));
+  for (auto [k, slot] : llvm::enumerate(slots))
+    train.setResultAttr(1 + nParams + k, kUpdatesAttrName,
+                        b.getStringAttr(paramName(slot.param) + ":" +
+                                        slot.name));
+
+  // Evaluation: the forward alone.
+  SmallVector<Type> evalInputs;
+  SmallVector<DictionaryAttr> evalAttrs;
+  for (unsigned i : paramIdx) {
+    evalInputs.push_back(argType(i));
+    evalAttrs.push_back(attrsOf(i));
+  }
+  for (unsigned i : batchIdx) {
+    evalInputs.push_back(argType(i));
+    evalAttrs.push_back(attrsOf(i));
+  }
+  b.setInsertionPointAfter(train);
+  auto eval = func::FuncOp::create(
+      b, loc, "eval_step",
+      b.getFunctionType(evalInputs, forward.getResultTypes()));
+  eval.setAllArgAttrs(evalAttrs);
+  Block *evalEntry = eval.addEntryBlock();
+  b.setInsertionPointToEnd(evalEntry);
+  SmallVector<Value> evalArgs(forward.getNumArguments());
+  for (auto [k, i] : llvm::enumerate(paramIdx))
+    evalArgs[i] = evalEntry->getArgument(k);
+  for (auto [k, i] : llvm::enumerate(batchIdx))
+    evalArgs[i] = evalEntry->getArgument(nParams + k);
+  auto evalCall = func::CallOp::create(b, loc, forward, evalArgs);
+  func::ReturnOp::create(b, loc, evalCall.getResults());
+  return success();
+}
+
 struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
   using AutodiffPassBase::AutodiffPassBase;
 
@@ -185,7 +402,24 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
     inliner.addPass(createInlinerPass());
     if (failed(runPipeline(inliner, module)))
       return signalPassFailure();
-    if (failed(buildGradientFunction(forward)))
+    if (optimizer != "none" && optimizer != "sgd" && optimizer != "adamw") {
+      module.emitError() << "unknown optimizer '" << optimizer
+                         << "' (expected none, sgd or adamw)";
+      return signalPassFailure();
+    }
+    FailureOr<func::FuncOp> gradFn = buildGradientFunction(forward);
+    if (failed(gradFn))
+      return signalPassFailure();
+    if (optimizer == "none")
+      return;
+    for (StringRef taken : {"train_step", "eval_step"})
+      if (module.lookupSymbol(taken)) {
+        module.emitError() << "the module already has a @" << taken;
+        return signalPassFailure();
+      }
+    StepOptions opts{optimizer, momentum,  weightDecay, beta1,
+                     beta2,     epsilon,   clipNorm,    multiPrecision};
+    if (failed(buildSteps(forward, *gradFn, opts)))
       return signalPassFailure();
   }
 };

@@ -73,6 +73,13 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
     return verifySharding(op, sharding, func.getArgumentTypes()[argIndex],
                           ("argument #" + Twine(argIndex)).str());
   }
+  if (name == "ernie.opt_state") {
+    auto value = dyn_cast<StringAttr>(attr.getValue());
+    if (!value || !value.getValue().contains(':'))
+      return op->emitError() << "'ernie.opt_state' on argument #" << argIndex
+                             << " must be \"<param>:<slot>\"";
+    return success();
+  }
   if (name != kParamAttrName && name != kTiedAttrName)
     return op->emitError() << "unknown ernie argument attribute '" << name
                            << "' on argument #" << argIndex;

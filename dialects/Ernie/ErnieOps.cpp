@@ -904,5 +904,52 @@ LogicalResult IndexAddOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// Optimizer updates
+//===----------------------------------------------------------------------===//
+
+/// State has the parameter's shape; lr and step are scalars; hyperparameters
+/// are in range.
+static LogicalResult verifyOptimizer(Operation *op, Value param,
+                                     ValueRange state, ValueRange scalars,
+                                     ArrayRef<std::pair<StringRef, double>> unit,
+                                     ArrayRef<std::pair<StringRef, double>> nonNegative) {
+  auto shape = cast<ShapedType>(param.getType()).getShape();
+  for (Value s : state)
+    if (cast<ShapedType>(s.getType()).getShape() != shape)
+      return op->emitOpError("optimizer state must have the parameter's shape ")
+             << shapeStr(shape) << ", got "
+             << shapeStr(cast<ShapedType>(s.getType()).getShape());
+  for (Value s : scalars)
+    if (cast<ShapedType>(s.getType()).getRank() != 0)
+      return op->emitOpError("learning rate and step must be scalar tensors, "
+                             "got ")
+             << s.getType();
+  for (auto [name, value] : unit)
+    if (!(value >= 0.0 && value < 1.0))
+      return op->emitOpError() << name << " must be in [0, 1), got " << value;
+  for (auto [name, value] : nonNegative)
+    if (!(value >= 0.0))
+      return op->emitOpError() << name << " must be non-negative, got "
+                               << value;
+  return success();
+}
+
+LogicalResult SgdUpdateOp::verify() {
+  return verifyOptimizer(*this, getParam(), getMomentumBuffer(), getLr(),
+                         {{"momentum", getMomentum().convertToDouble()}},
+                         {{"weight_decay", getWeightDecay().convertToDouble()}});
+}
+
+LogicalResult AdamWUpdateOp::verify() {
+  return verifyOptimizer(
+      *this, getParam(), ValueRange{getMoment1(), getMoment2()},
+      ValueRange{getLr(), getStep()},
+      {{"beta1", getBeta1().convertToDouble()},
+       {"beta2", getBeta2().convertToDouble()}},
+      {{"epsilon", getEpsilon().convertToDouble()},
+       {"weight_decay", getWeightDecay().convertToDouble()}});
+}
+
 #define GET_OP_CLASSES
 #include "ernie/Dialect/Ernie/IR/ErnieOps.cpp.inc"

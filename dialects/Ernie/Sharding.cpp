@@ -178,10 +178,11 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned regionIndex,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
-  if (attr.getName() == "ernie.grad_of") {
+  if (attr.getName() == "ernie.grad_of" || attr.getName() == "ernie.updates") {
     auto name = dyn_cast<StringAttr>(attr.getValue());
     if (!name || name.getValue().empty())
-      return op->emitError() << "'ernie.grad_of' on result #" << resultIndex
+      return op->emitError() << "'" << attr.getName().strref()
+                             << "' on result #" << resultIndex
                              << " must name a parameter";
     return success();
   }

@@ -502,3 +502,25 @@ OpShardingRule CrossEntropyGradOp::getShardingRule() {
   b.replicated({operand(0, rank - 1), result(0, rank - 1)});
   return b.take();
 }
+
+//===----------------------------------------------------------------------===//
+// Optimizer updates: elementwise over the parameter; scalars take no part.
+//===----------------------------------------------------------------------===//
+
+static OpShardingRule optimizerRule(Operation *op) {
+  RuleBuilder b(op);
+  int64_t rank = rankOf(op->getOperand(0));
+  for (int64_t d = 0; d < rank; ++d) {
+    SmallVector<DimRef> refs;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      if (rankOf(op->getOperand(i)) == rank)
+        refs.push_back(operand(i, d));
+    for (unsigned i = 0; i < op->getNumResults(); ++i)
+      refs.push_back(result(i, d));
+    b.add(b.dimSize(refs.front()), FactorKind::Parallel, refs);
+  }
+  return b.take();
+}
+
+OpShardingRule SgdUpdateOp::getShardingRule() { return optimizerRule(*this); }
+OpShardingRule AdamWUpdateOp::getShardingRule() { return optimizerRule(*this); }

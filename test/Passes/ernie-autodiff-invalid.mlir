@@ -31,3 +31,4 @@ module {
     return %p : tensor<4xf32>
   }
 }
+

@@ -118,3 +118,19 @@ func.func @transformer(%q: tensor<2x16x8x32xf32>, %k: tensor<2x16x2x32xf32>, %po
   %4 = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction none>} : tensor<2x16x100xf32>, tensor<2x16xi64> -> tensor<2x16xf32>
   return
 }
+
+func.func @gradient_and_optimizer_ops(%x: tensor<2x3xf32>, %t: tensor<10x4xf32>, %ids: tensor<2x3xi64>, %rows: tensor<2x3x4xf32>,
+                                      %p: tensor<4x8xf32>, %lr: tensor<f32>, %step: tensor<i64>) {
+  // expected-remark @+1 {{sharding rule ([i, j]) -> ([i, k]) j:replicated k:replicated}}
+  %0 = ernie.pad %x low = [0, 1], high = [0, 2], interior = [0, 1] : tensor<2x3xf32> -> tensor<2x8xf32>
+  // Indices' dims are summed into the table: split, they leave partial sums.
+  // expected-remark @+1 {{sharding rule ([i, l], [j, k], [j, k, l]) -> ([i, l]) i:replicated j:reduction(sum) k:reduction(sum)}}
+  %1 = ernie.index_add %t, %ids, %rows axis = 0 : tensor<10x4xf32>, tensor<2x3xi64>, tensor<2x3x4xf32> -> tensor<10x4xf32>
+  // expected-remark @+1 {{sharding rule ([i, j], [i, j], [i, j], []) -> ([i, j], [i, j])}}
+  %2:2 = ernie.sgd_update %p, %p, %p, %lr : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>
+  // expected-remark @+1 {{sharding rule ([i, j], [i, j], [i, j], [i, j], [], []) -> ([i, j], [i, j], [i, j])}}
+  %3:3 = ernie.adamw_update %p, %p, %p, %p, %lr, %step : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>, tensor<i64>
+  // expected-remark @+1 {{sharding rule ([i, j]) -> ([i, j])}}
+  %4 = ernie.stop_gradient %x : tensor<2x3xf32>
+  return
+}

@@ -49,12 +49,42 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
     completes with an all-reduce. Data-parallel gradient synchronisation
     needs no pass of its own.
 
+    With `optimizer=sgd|adamw` it also adds the training step and the
+    evaluation step:
+
+    ```
+    @train_step(params..., opt_state..., batch..., lr: tensor<f32>,
+                step: tensor<i64>) -> (loss, params'..., opt_state'...)
+    @eval_step(params..., batch...) -> loss      // no backward, no update
+    ```
+    The step calls `@<function>_grad`, optionally clips the gradients to a
+    global norm, and applies `ernie.sgd_update` / `ernie.adamw_update` per
+    parameter. With `multi-precision`, parameters narrower than f32 keep an
+    f32 master copy in the optimizer state (Paddle's `multi_precision`):
+    the update runs on the master and the parameter is its rounding. State
+    arguments carry `ernie.opt_state = "<param>:<slot>"`, updated results
+    `ernie.updates = "<param>"` or `"<param>:<slot>"`.
+
     Errors name the op: a result that is not a scalar float, a parameter
     that is not a float tensor, an op without a gradient rule on the path.
   }];
   let options = [
     Option<"function", "function", "std::string", /*default=*/"\"forward\"",
            "The loss function to differentiate">,
+    Option<"optimizer", "optimizer", "std::string", /*default=*/"\"none\"",
+           "none (gradients only), sgd or adamw">,
+    Option<"momentum", "momentum", "double", /*default=*/"0.0",
+           "SGD momentum">,
+    Option<"weightDecay", "weight-decay", "double", /*default=*/"0.0",
+           "Weight decay (decoupled for AdamW)">,
+    Option<"beta1", "beta1", "double", /*default=*/"0.9", "AdamW beta1">,
+    Option<"beta2", "beta2", "double", /*default=*/"0.999", "AdamW beta2">,
+    Option<"epsilon", "epsilon", "double", /*default=*/"1.0e-8",
+           "AdamW epsilon">,
+    Option<"clipNorm", "clip-norm", "double", /*default=*/"0.0",
+           "Clip gradients to this global L2 norm (0: no clipping)">,
+    Option<"multiPrecision", "multi-precision", "bool", /*default=*/"false",
+           "Keep f32 master weights for narrower parameters">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect",
                            "::mlir::func::FuncDialect"];

@@ -687,3 +687,75 @@ func.func @param_typo(%w: tensor<4xf32> {ernie.parm = "w"}) {
 func.func @tied_without_param(%w: tensor<4xf32> {ernie.tied = "embed"}) {
   return
 }
+
+// -----
+
+func.func @pad_negative(%x: tensor<2x3xf32>) {
+  // expected-error @+1 {{padding of dimension 1 must be non-negative}}
+  %0 = ernie.pad %x low = [0, -1], high = [0, 0], interior = [0, 0] : tensor<2x3xf32> -> tensor<2x2xf32>
+  return
+}
+
+// -----
+
+func.func @pad_rank(%x: tensor<2x3xf32>) {
+  // expected-error @+1 {{pad needs low, high and interior for each of the 2 dimensions}}
+  %0 = ernie.pad %x low = [0], high = [0], interior = [0] : tensor<2x3xf32> -> tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @index_add_updates(%t: tensor<10x4xf32>, %ids: tensor<3xi64>, %u: tensor<3x5xf32>) {
+  // expected-error @+1 {{updates must be 'tensor<3x4xf32>' (what gather would produce), got 'tensor<3x5xf32>'}}
+  %0 = ernie.index_add %t, %ids, %u axis = 0 : tensor<10x4xf32>, tensor<3xi64>, tensor<3x5xf32> -> tensor<10x4xf32>
+  return
+}
+
+// -----
+
+func.func @attention_grad_dout(%q: tensor<2x16x4x8xf32>, %d: tensor<2x16x4x4xf32>) {
+  // expected-error @+1 {{dout must have attention's result type 'tensor<2x16x4x8xf32>', got 'tensor<2x16x4x4xf32>'}}
+  %0:3 = ernie.attention_grad %q, %q, %q, %d : tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x4xf32> -> tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @cross_entropy_grad_dloss(%l: tensor<2x100xf32>, %y: tensor<2xi64>, %d: tensor<2xf32>) {
+  // expected-error @+1 {{dloss must have the loss type 'tensor<f32>', got 'tensor<2xf32>'}}
+  %0 = ernie.cross_entropy_grad %l, %y, %d : tensor<2x100xf32>, tensor<2xi64>, tensor<2xf32> -> tensor<2x100xf32>
+  return
+}
+
+// -----
+
+func.func @sgd_state_shape(%p: tensor<4xf32>, %m: tensor<8xf32>, %lr: tensor<f32>) {
+  // expected-error @+1 {{optimizer state must have the parameter's shape [4], got [8]}}
+  %0:2 = ernie.sgd_update %p, %p, %m, %lr : tensor<4xf32>, tensor<8xf32>, tensor<f32>
+  return
+}
+
+// -----
+
+func.func @adamw_lr_scalar(%p: tensor<4xf32>, %lr: tensor<1xf32>, %t: tensor<i64>) {
+  // expected-error @+1 {{learning rate and step must be scalar tensors, got 'tensor<1xf32>'}}
+  %0:3 = ernie.adamw_update %p, %p, %p, %p, %lr, %t : tensor<4xf32>, tensor<4xf32>, tensor<1xf32>, tensor<i64>
+  return
+}
+
+// -----
+
+func.func @adamw_beta(%p: tensor<4xf32>, %lr: tensor<f32>, %t: tensor<i64>) {
+  // expected-error @+1 {{beta1 must be in [0, 1), got 1}}
+  %0:3 = ernie.adamw_update %p, %p, %p, %p, %lr, %t {beta1 = 1.0 : f64} : tensor<4xf32>, tensor<4xf32>, tensor<f32>, tensor<i64>
+  return
+}
+
+// -----
+
+func.func @sgd_decay(%p: tensor<4xf32>, %lr: tensor<f32>) {
+  // expected-error @+1 {{weight_decay must be non-negative, got -1}}
+  %0:2 = ernie.sgd_update %p, %p, %p, %lr {weight_decay = -1.0 : f64} : tensor<4xf32>, tensor<4xf32>, tensor<f32>
+  return
+}

@@ -197,3 +197,31 @@ func.func @transformer(%q: tensor<2x16x8x32xf32>, %k: tensor<2x16x2x32xf32>, %v:
   %5 = ernie.cross_entropy %logits, %labels {ignore_index = 0 : i64, reduction = #ernie<loss_reduction none>} : tensor<2x16x100xf32>, tensor<2x16xi64> -> tensor<2x16xf32>
   return
 }
+
+// CHECK-LABEL: func.func @gradient_ops
+func.func @gradient_ops(%x: tensor<2x3xf32>, %t: tensor<10x4xf32>, %ids: tensor<2x3xi64>, %rows: tensor<2x3x4xf32>,
+                        %q: tensor<2x16x8x32xf32>, %k: tensor<2x16x2x32xf32>, %logits: tensor<2x16x100xf32>,
+                        %labels: tensor<2x16xi64>, %dl: tensor<f32>) {
+  // CHECK: ernie.erf %{{.*}} : tensor<2x3xf32>
+  %0 = ernie.erf %x : tensor<2x3xf32>
+  // CHECK: ernie.stop_gradient %{{.*}} : tensor<2x3xf32>
+  %1 = ernie.stop_gradient %x : tensor<2x3xf32>
+  // CHECK: ernie.pad %{{.*}} low = [0, 1], high = [0, 2], interior = [0, 1] : tensor<2x3xf32> -> tensor<2x8xf32>
+  %2 = ernie.pad %x low = [0, 1], high = [0, 2], interior = [0, 1] : tensor<2x3xf32> -> tensor<2x8xf32>
+  // CHECK: ernie.index_add %{{.*}}, %{{.*}}, %{{.*}} axis = 0 : tensor<10x4xf32>, tensor<2x3xi64>, tensor<2x3x4xf32> -> tensor<10x4xf32>
+  %3 = ernie.index_add %t, %ids, %rows axis = 0 : tensor<10x4xf32>, tensor<2x3xi64>, tensor<2x3x4xf32> -> tensor<10x4xf32>
+  // CHECK: ernie.attention_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x8x32xf32> -> tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>
+  %4:3 = ernie.attention_grad %q, %k, %k, %q {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x8x32xf32> -> tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32>
+  // CHECK: ernie.cross_entropy_grad %{{.*}}, %{{.*}}, %{{.*}} : tensor<2x16x100xf32>, tensor<2x16xi64>, tensor<f32> -> tensor<2x16x100xf32>
+  %5 = ernie.cross_entropy_grad %logits, %labels, %dl : tensor<2x16x100xf32>, tensor<2x16xi64>, tensor<f32> -> tensor<2x16x100xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @optimizers
+func.func @optimizers(%p: tensor<4x8xf32>, %g: tensor<4x8xf32>, %m: tensor<4x8xf32>, %v: tensor<4x8xf32>, %lr: tensor<f32>, %step: tensor<i64>) {
+  // CHECK: ernie.sgd_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {momentum = 9.000000e-01 : f64, nesterov} : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>
+  %0:2 = ernie.sgd_update %p, %g, %m, %lr {momentum = 0.9 : f64, nesterov} : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>
+  // CHECK: ernie.adamw_update %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {beta2 = 0.94999999999999996 : f64} : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>, tensor<i64>
+  %1:3 = ernie.adamw_update %p, %g, %m, %v, %lr, %step {beta2 = 0.95 : f64} : tensor<4x8xf32>, tensor<4x8xf32>, tensor<f32>, tensor<i64>
+  return
+}

@@ -730,6 +730,79 @@ def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy", [DeclareOpInterface
 }
 
 //===----------------------------------------------------------------------===//
+// Optimizer updates: each optimizer's math in one op. The learning rate and
+// step are inputs (scalar tensors), so a schedule needs no recompilation.
+//===----------------------------------------------------------------------===//
+
+class Ernie_OptimizerOp<string mnemonic, list<Trait> traits = []>
+    : Ernie_PureOp<mnemonic, !listconcat(
+          [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface,
+                                     ["getShardingRule"]>], traits)> {
+  let hasVerifier = 1;
+}
+
+def Ernie_SgdUpdateOp : Ernie_OptimizerOp<"sgd_update",
+    [AllTypesMatch<["param", "grad", "new_param"]>,
+     AllTypesMatch<["momentum_buffer", "new_momentum_buffer"]>]> {
+  let summary = "one SGD step with momentum and weight decay";
+  let description = [{
+    `g' = grad + weight_decay * param`; `buf' = momentum * buf + g'`;
+    `param' = param - lr * (nesterov ? g' + momentum * buf' : buf')`
+    (PyTorch's and Paddle's `SGD`/`Momentum`; with `momentum = 0`,
+    `buf' = g'`). Computed in the buffer's (f32) precision; the buffer has
+    the parameter's shape.
+
+    ```mlir
+    %p2, %b2 = ernie.sgd_update %p, %g, %buf, %lr {momentum = 9.000000e-01 : f64} : tensor<64x64xf32>, tensor<64x64xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$param, Ernie_FloatTensor:$grad,
+                       Ernie_FloatTensor:$momentum_buffer,
+                       Ernie_FloatTensor:$lr,
+                       DefaultValuedAttr<F64Attr, "0.0">:$momentum,
+                       DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                       UnitAttr:$nesterov);
+  let results = (outs Ernie_FloatTensor:$new_param,
+                      Ernie_FloatTensor:$new_momentum_buffer);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $momentum_buffer `,` $lr attr-dict `:`
+    type($param) `,` type($momentum_buffer) `,` type($lr)
+  }];
+}
+
+def Ernie_AdamWUpdateOp : Ernie_OptimizerOp<"adamw_update",
+    [AllTypesMatch<["param", "grad", "new_param"]>,
+     AllTypesMatch<["moment1", "moment2", "new_moment1", "new_moment2"]>]> {
+  let summary = "one AdamW step with bias correction and decoupled decay";
+  let description = [{
+    With `t = step` (1 for the first update):
+    `m' = b1 m + (1 - b1) g`, `v' = b2 v + (1 - b2) g^2`,
+    `m^ = m' / (1 - b1^t)`, `v^ = v' / (1 - b2^t)`,
+    `param' = param - lr * (m^ / (sqrt(v^) + epsilon) + weight_decay * param)`
+    (Loshchilov & Hutter; PyTorch's `AdamW`, Paddle's `AdamW`). Moments are
+    kept in their own (f32) precision.
+
+    ```mlir
+    %p2, %m2, %v2 = ernie.adamw_update %p, %g, %m, %v, %lr, %t {weight_decay = 1.000000e-02 : f64} : tensor<64xf32>, tensor<64xf32>, tensor<f32>, tensor<i64>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$param, Ernie_FloatTensor:$grad,
+                       Ernie_FloatTensor:$moment1, Ernie_FloatTensor:$moment2,
+                       Ernie_FloatTensor:$lr, Ernie_IndexTensor:$step,
+                       DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                       DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                       DefaultValuedAttr<F64Attr, "1.0e-8">:$epsilon,
+                       DefaultValuedAttr<F64Attr, "0.01">:$weight_decay);
+  let results = (outs Ernie_FloatTensor:$new_param,
+                      Ernie_FloatTensor:$new_moment1,
+                      Ernie_FloatTensor:$new_moment2);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $moment1 `,` $moment2 `,` $lr `,` $step attr-dict `:`
+    type($param) `,` type($moment1) `,` type($lr) `,` type($step)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
 // Meshes and sharding annotations.
 //===----------------------------------------------------------------------===//
 
