@@ -50,11 +50,17 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward) {
                              "float tensor (tensor<f32>), got ")
            << forward.getFunctionType();
 
+  std::string gradName = (forward.getSymName() + "_grad").str();
+  if (SymbolTable::lookupNearestSymbolFrom(forward, StringAttr::get(
+                                                         forward.getContext(),
+                                                         gradName)))
+    return forward.emitError("the module already has a @") << gradName;
+
   // The gradient function starts as a clone of the forward.
   OpBuilder builder(forward);
   builder.setInsertionPointAfter(forward);
   auto gradFn = cast<func::FuncOp>(builder.clone(*forward));
-  gradFn.setSymName((forward.getSymName() + "_grad").str());
+  gradFn.setSymName(gradName);
   Block &body = gradFn.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   Value loss = ret.getOperand(0);

@@ -1,0 +1,423 @@
+"""An independent numpy interpreter of ernie IR, for checking the compiler.
+
+It reads a module in MLIR's generic form (``ernie-opt --mlir-print-op-generic``)
+and evaluates functions with numpy, every op written from its definition in
+ErnieOps.td, not from the compiler's code. Floats are computed in float64
+whatever their declared type (rounding to narrower types is not modelled), so
+it is the reference for gradient checks by finite differences and for the
+optimizer semantics. It is a test oracle, not a runtime.
+"""
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# --------------------------------------------------------------------------
+# Parsing the generic form.
+# --------------------------------------------------------------------------
+
+_TYPE = re.compile(r"tensor<([0-9x]*?)x?([a-zA-Z0-9]+)>")
+
+
+def parse_type(text):
+    """'tensor<4x8xf32>' -> ((4, 8), 'f32'); 'tensor<f32>' -> ((), 'f32')."""
+    body = text.strip()[len("tensor<"):-1]
+    parts = body.split("x")
+    dims = tuple(int(p) for p in parts[:-1] if p.isdigit())
+    return dims, parts[-1]
+
+
+def split_top(text, sep=","):
+    """Splits at `sep` outside (), [], {}, <>."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+def parse_value(text):
+    text = text.strip()
+    if text.startswith("array<"):
+        inner = text[len("array<"):-1]
+        if ":" not in inner:
+            return []
+        return [int(v) for v in inner.split(":", 1)[1].split(",") if v.strip()]
+    if text.startswith("#ernie<"):
+        return text[len("#ernie<"):-1].split()[-1]
+    if text.startswith("dense<"):
+        body, ty = text.rsplit(":", 1)
+        data = body.strip()[len("dense<"):-1]
+        data = data.replace("true", "1").replace("false", "0")
+        shape, dtype = parse_type(ty)
+        values = np.array(eval(data), dtype=np.float64 if dtype.startswith(("f", "bf")) else np.int64)
+        return np.broadcast_to(values, shape).copy() if values.shape != shape else values
+    if text.startswith("@"):
+        return text[1:]
+    if text.startswith('"'):
+        return text.strip('"')
+    if ":" in text:
+        number, ty = (t.strip() for t in text.rsplit(":", 1))
+        if number in ("true", "false"):
+            return number == "true"
+        if number.startswith("0x") and ty.startswith(("f", "bf")):
+            bits = int(number, 16)
+            return float(np.array([bits], dtype=np.uint32).view(np.float32)[0]) if ty == "f32" else float("nan")
+        return int(number) if ty.startswith("i") else float(number)
+    if text in ("true", "false"):
+        return text == "true"
+    return text
+
+
+def parse_props(text):
+    props = {}
+    for item in split_top(text):
+        if "=" in item:
+            key, value = item.split("=", 1)
+            props[key.strip()] = parse_value(value)
+        else:
+            props[item.strip()] = True
+    return props
+
+
+@dataclass
+class Op:
+    name: str
+    results: list
+    operands: list
+    props: dict
+    result_types: list
+
+
+@dataclass
+class Function:
+    name: str
+    args: list
+    arg_types: list
+    ops: list = field(default_factory=list)
+
+
+_OP = re.compile(r'^\s*(?:(%[\w]+)(?::(\d+))?\s*=\s*)?"([\w.]+)"\((.*?)\)\s*(<\{(.*)\}>)?\s*(\{.*\})?\s*:\s*\((.*?)\)\s*->\s*(.*)$')
+
+
+def parse_module(text):
+    functions = {}
+    current = None
+    for line in text.splitlines():
+        if '"func.func"' in line:
+            name = re.search(r'sym_name = "([^"]+)"', line).group(1)
+            current = Function(name, [], [])
+            functions[name] = current
+            continue
+        if line.strip().startswith("^bb0(") and current is not None:
+            for arg in split_top(line.strip()[len("^bb0("):-2]):
+                name, ty = arg.split(":", 1)
+                current.args.append(name.strip())
+                current.arg_types.append(parse_type(ty))
+            continue
+        m = _OP.match(line)
+        if not m or current is None:
+            continue
+        result, count, opname, operands, _, props, _, _, rtypes = m.groups()
+        n = int(count) if count else (1 if result else 0)
+        results = [result] if n == 1 else [f"{result}#{i}" for i in range(n)]
+        rtypes = rtypes.strip()
+        if rtypes.startswith("("):
+            rtypes = rtypes[1:-1]
+        types = [parse_type(t) for t in split_top(rtypes) if t.startswith("tensor")]
+        current.ops.append(Op(opname, results,
+                              [o.strip() for o in split_top(operands)],
+                              parse_props(props) if props else {}, types))
+    return functions
+
+
+# --------------------------------------------------------------------------
+# Op semantics.
+# --------------------------------------------------------------------------
+
+_erf = np.vectorize(math.erf)
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _rope(x, pos, theta, interleaved):
+    d = x.shape[-1]
+    half = d // 2
+    freq = theta ** (-2.0 * np.arange(half) / d)
+    pos = np.asarray(pos, dtype=np.float64)
+    if pos.ndim == 1:
+        pos = pos[None, :]
+    angle = pos[:, :, None, None] * freq  # [B|1, S, 1, half]
+    cos, sin = np.cos(angle), np.sin(angle)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def _attention_probs(q, k, causal, scale):
+    hq, hkv = q.shape[2], k.shape[2]
+    group = hq // hkv
+    d = q.shape[3]
+    scale = scale if scale else 1.0 / math.sqrt(d)
+    probs = []
+    for h in range(hq):
+        s = np.einsum("bsd,btd->bst", q[:, :, h], k[:, :, h // group]) * scale
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[1:], bool)), s, -np.inf)
+        probs.append(_softmax(s, -1))
+    return probs, group, scale
+
+
+def _attention(q, k, v, causal, scale):
+    probs, group, _ = _attention_probs(q, k, causal, scale)
+    return np.stack([np.einsum("bst,btd->bsd", p, v[:, :, h // group])
+                     for h, p in enumerate(probs)], axis=2)
+
+
+def _attention_grad(q, k, v, dout, causal, scale):
+    probs, group, scale = _attention_probs(q, k, causal, scale)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for h, p in enumerate(probs):
+        kv = h // group
+        do = dout[:, :, h]
+        dv[:, :, kv] += np.einsum("bst,bsd->btd", p, do)
+        dp = np.einsum("bsd,btd->bst", do, v[:, :, kv])
+        ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+        dq[:, :, h] = np.einsum("bst,btd->bsd", ds, k[:, :, kv]) * scale
+        dk[:, :, kv] += np.einsum("bst,bsd->btd", ds, q[:, :, h]) * scale
+    return dq, dk, dv
+
+
+def _cross_entropy_parts(logits, labels, ignore):
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    keep = labels != ignore
+    safe = np.where(keep, labels, 0)
+    picked = np.take_along_axis(logits, safe[..., None], -1)[..., 0]
+    return np.where(keep, lse - picked, 0.0), keep, safe
+
+
+def _cross_entropy(logits, labels, ignore, reduction):
+    loss, keep, _ = _cross_entropy_parts(logits, labels, ignore)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return np.array(loss.sum())
+    return np.array(loss.sum() / keep.sum())
+
+
+def _cross_entropy_grad(logits, labels, dloss, ignore, reduction):
+    _, keep, safe = _cross_entropy_parts(logits, labels, ignore)
+    g = _softmax(logits, -1)
+    np.put_along_axis(g, safe[..., None], np.take_along_axis(g, safe[..., None], -1) - 1, -1)
+    g = g * keep[..., None]
+    if reduction == "none":
+        return g * dloss[..., None]
+    if reduction == "mean":
+        return g * dloss / keep.sum()
+    return g * dloss
+
+
+def _pad(x, low, high, interior):
+    shape = [lo + n + max(n - 1, 0) * it + hi for n, lo, hi, it in zip(x.shape, low, high, interior)]
+    out = np.zeros(shape, x.dtype)
+    idx = tuple(slice(lo, lo + (n - 1) * (it + 1) + 1, it + 1) for n, lo, it in zip(x.shape, low, interior))
+    out[idx] = x
+    return out
+
+
+def _index_add(base, indices, updates, axis):
+    out = base.copy()
+    for ii in np.ndindex(indices.shape):
+        src = (slice(None),) * axis + ii
+        dst = (slice(None),) * axis + (indices[ii],)
+        out[dst] += updates[src]
+    return out
+
+
+def _topk(x, k, axis, largest):
+    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis), idx.astype(np.int64)
+
+
+def _gelu(x, approximate):
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def _matmul(a, b, ta, tb):
+    if ta:
+        a = np.swapaxes(a, -1, -2)
+    if tb:
+        b = np.swapaxes(b, -1, -2)
+    return a @ b
+
+
+def _reduce(fn, x, axes, keepdim):
+    return np.asarray(fn(x, axis=tuple(axes), keepdims=keepdim))
+
+
+def _norm_weight(w, x):
+    return np.asarray(w, dtype=x.dtype)
+
+
+def _dtype(element):
+    if element == "i1":
+        return np.bool_
+    if element.startswith("i"):
+        return np.int64
+    return np.float64
+
+
+def evaluate_op(op, args):
+    p = op.props
+    n = op.name.split(".", 1)[1]
+    rt = op.result_types
+    unary = {
+        "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+        "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh,
+        "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "silu": lambda x: x / (1 + np.exp(-x)),
+        "relu": lambda x: np.maximum(x, 0), "abs": np.abs, "reciprocal": lambda x: 1 / x,
+        "erf": _erf, "stop_gradient": lambda x: x,
+    }
+    binary = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+              "maximum": np.maximum, "minimum": np.minimum, "pow": np.power}
+    if n in unary:
+        return [np.asarray(unary[n](args[0]))]
+    if n in binary:
+        if n == "div" and args[0].dtype == np.int64:
+            return [np.asarray(np.trunc(args[0] / args[1]).astype(np.int64))]
+        return [np.asarray(binary[n](args[0], args[1]))]
+    if n == "gelu":
+        return [_gelu(args[0], p.get("approximate", False))]
+    if n == "cast":
+        return [args[0].astype(_dtype(rt[0][1]))]
+    if n == "compare":
+        fn = [np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal][p["direction"]]
+        return [fn(args[0], args[1])]
+    if n == "select":
+        return [np.where(args[0], args[1], args[2])]
+    if n == "constant":
+        return [np.asarray(p["value"], dtype=_dtype(rt[0][1]))]
+    if n == "full":
+        return [np.full(rt[0][0], p["value"], dtype=_dtype(rt[0][1]))]
+    if n == "iota":
+        shape, dim = rt[0][0], p["dimension"]
+        view = [1] * len(shape)
+        view[dim] = shape[dim]
+        return [np.broadcast_to(np.arange(shape[dim]).reshape(view), shape).astype(_dtype(rt[0][1]))]
+    if n == "matmul":
+        return [_matmul(args[0], args[1], p.get("transpose_a"), p.get("transpose_b"))]
+    if n == "reduce_sum":
+        return [_reduce(np.sum, args[0], p["axes"], p.get("keepdim", False))]
+    if n == "reduce_mean":
+        return [_reduce(np.mean, args[0], p["axes"], p.get("keepdim", False))]
+    if n == "reduce_max":
+        return [_reduce(np.max, args[0], p["axes"], p.get("keepdim", False))]
+    if n == "softmax":
+        return [_softmax(args[0], p["axis"])]
+    if n == "log_softmax":
+        x = args[0]
+        return [x - x.max(p["axis"], keepdims=True) - np.log(np.exp(x - x.max(p["axis"], keepdims=True)).sum(p["axis"], keepdims=True))]
+    if n == "rms_norm":
+        x, w = args
+        eps = p.get("epsilon", 1e-6)
+        return [x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * _norm_weight(w, x)]
+    if n == "layer_norm":
+        x, w, b = args
+        eps = p.get("epsilon", 1e-5)
+        c = x - x.mean(-1, keepdims=True)
+        return [c / np.sqrt((c * c).mean(-1, keepdims=True) + eps) * w + b]
+    if n == "reshape":
+        return [args[0].reshape(rt[0][0])]
+    if n == "transpose":
+        return [np.transpose(args[0], p["perm"])]
+    if n == "broadcast":
+        x, dims, shape = args[0], p["dims"], rt[0][0]
+        view = [1] * len(shape)
+        for i, d in enumerate(dims):
+            view[d] = x.shape[i]
+        return [np.broadcast_to(x.reshape(view), shape).copy()]
+    if n == "slice":
+        return [args[0][tuple(slice(s, l, st) for s, l, st in zip(p["start"], p["limit"], p["step"]))]]
+    if n == "pad":
+        return [_pad(args[0], p["low"], p["high"], p["interior"])]
+    if n == "concat":
+        return [np.concatenate(args, axis=p["axis"])]
+    if n == "split":
+        cuts = np.cumsum(p["sizes"])[:-1]
+        return np.split(args[0], cuts, axis=p["axis"])
+    if n == "gather":
+        return [np.take(args[0], args[1], axis=p["axis"])]
+    if n == "index_add":
+        return [_index_add(args[0], args[1], args[2], p["axis"])]
+    if n == "embedding":
+        return [args[1][args[0]]]
+    if n == "topk":
+        return list(_topk(args[0], p["k"], p["axis"], p.get("largest", True)))
+    if n == "rope":
+        return [_rope(args[0], args[1], p.get("theta", 10000.0), p.get("interleaved", False))]
+    if n == "attention":
+        return [_attention(*args, p.get("causal", False), p.get("scale"))]
+    if n == "attention_grad":
+        return list(_attention_grad(*args, p.get("causal", False), p.get("scale")))
+    if n == "cross_entropy":
+        return [_cross_entropy(args[0], args[1], p.get("ignore_index", -100), p.get("reduction", "mean"))]
+    if n == "cross_entropy_grad":
+        return [_cross_entropy_grad(*args, p.get("ignore_index", -100), p.get("reduction", "mean"))]
+    if n == "sgd_update":
+        param, grad, buf, lr = args
+        mom, wd = p.get("momentum", 0.0), p.get("weight_decay", 0.0)
+        g = grad + wd * param
+        nbuf = mom * buf + g
+        step = g + mom * nbuf if p.get("nesterov") else nbuf
+        return [param - lr * step, nbuf]
+    if n == "adamw_update":
+        param, grad, m, v, lr, t = args
+        b1, b2 = p.get("beta1", 0.9), p.get("beta2", 0.999)
+        eps, wd = p.get("epsilon", 1e-8), p.get("weight_decay", 0.01)
+        m2 = b1 * m + (1 - b1) * grad
+        v2 = b2 * v + (1 - b2) * grad * grad
+        mh, vh = m2 / (1 - b1 ** float(t)), v2 / (1 - b2 ** float(t))
+        return [param - lr * (mh / (np.sqrt(vh) + eps) + wd * param), m2, v2]
+    raise NotImplementedError(op.name)
+
+
+class Interpreter:
+    def __init__(self, module_text):
+        self.functions = parse_module(module_text)
+
+    def run(self, name, *inputs):
+        fn = self.functions[name]
+        env = {a: np.asarray(x) for a, x in zip(fn.args, inputs)}
+        for op in fn.ops:
+            args = [env[o] for o in op.operands if o]
+            if op.name == "func.return":
+                return [np.asarray(a) for a in args]
+            if op.name == "func.call":
+                outs = self.run(op.props["callee"], *args)
+            else:
+                outs = evaluate_op(op, args)
+            for r, v in zip(op.results, outs):
+                env[r] = np.asarray(v)
+        raise ValueError(f"@{name} has no return")
