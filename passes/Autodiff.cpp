@@ -38,7 +38,8 @@ bool isFloatTensor(Type type) {
 }
 
 /// Builds `@<name>_grad` next to `forward`.
-FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward) {
+FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
+                                               double lossScale) {
   if (forward.isDeclaration())
     return forward.emitError("cannot differentiate a declaration");
   if (!forward.getBody().hasOneBlock())
@@ -106,7 +107,8 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward) {
   builder.setInsertionPoint(ret);
   llvm::DenseMap<Value, Value> grads;
   grads[loss] = FullOp::create(builder, ret.getLoc(),
-                               cast<RankedTensorType>(loss.getType()), 1.0);
+                               cast<RankedTensorType>(loss.getType()),
+                               lossScale);
   auto accumulate = [&](Value v, Value g) {
     if (!g || !varied.contains(v))
       return;
@@ -157,9 +159,15 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward) {
   SmallVector<Value> results{loss};
   for (BlockArgument p : params) {
     Value g = grads.lookup(p);
-    if (!g)
+    if (!g) {
       g = FullOp::create(builder, ret.getLoc(),
                          cast<RankedTensorType>(p.getType()), 0.0);
+    } else if (lossScale != 1.0) {
+      auto type = cast<RankedTensorType>(p.getType());
+      g = DivOp::create(builder, ret.getLoc(), g,
+                        FullOp::create(builder, ret.getLoc(), type,
+                                       lossScale));
+    }
     results.push_back(g);
   }
   func::ReturnOp::create(builder, ret.getLoc(), results);
@@ -240,8 +248,10 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   auto f32Like = [&](RankedTensorType t) {
     return RankedTensorType::get(t.getShape(), b.getF32Type());
   };
+  // Only types narrower than f32 get a master copy (f64 is kept as is).
   auto hasMaster = [&](unsigned i) {
-    return opts.multiPrecision && !argType(i).getElementType().isF32();
+    return opts.multiPrecision &&
+           argType(i).getElementType().getIntOrFloatBitWidth() < 32;
   };
 
   // Signature: params, optimizer state, batch, lr, step.
@@ -413,7 +423,11 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
                          << "' (expected none, sgd or adamw)";
       return signalPassFailure();
     }
-    FailureOr<func::FuncOp> gradFn = buildGradientFunction(forward);
+    if (!(lossScale > 0)) {
+      module.emitError() << "loss-scale must be positive, got " << lossScale;
+      return signalPassFailure();
+    }
+    FailureOr<func::FuncOp> gradFn = buildGradientFunction(forward, lossScale);
     if (failed(gradFn))
       return signalPassFailure();
     if (optimizer == "none")

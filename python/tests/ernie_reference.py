@@ -281,6 +281,13 @@ def _norm_weight(w, x):
     return np.asarray(w, dtype=x.dtype)
 
 
+def round_bf16(x):
+    """Rounds to the nearest bfloat16 (ties to even), kept in float64."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def _dtype(element):
     if element == "i1":
         return np.bool_
@@ -311,7 +318,12 @@ def evaluate_op(op, args):
     if n == "gelu":
         return [_gelu(args[0], p.get("approximate", False))]
     if n == "cast":
-        return [args[0].astype(_dtype(rt[0][1]))]
+        out = args[0].astype(_dtype(rt[0][1]))
+        if rt[0][1] == "bf16":
+            out = round_bf16(out)
+        elif rt[0][1] == "f32" and out.dtype == np.float64:
+            out = out.astype(np.float32).astype(np.float64)
+        return [out]
     if n == "compare":
         fn = [np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal][p["direction"]]
         return [fn(args[0], args[1])]

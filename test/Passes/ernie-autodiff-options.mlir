@@ -1,5 +1,16 @@
-// RUN: not ernie-opt %s --ernie-autodiff=optimizer=lamb 2>&1 | FileCheck %s
-// CHECK: unknown optimizer 'lamb' (expected none, sgd or adamw)
+// RUN: not ernie-opt %s --ernie-autodiff=optimizer=lamb 2>&1 | FileCheck %s --check-prefix=OPT
+// RUN: not ernie-opt %s --ernie-autodiff=loss-scale=0 2>&1 | FileCheck %s --check-prefix=SCALE
+// RUN: not ernie-opt %s --ernie-autodiff=function=nothing 2>&1 | FileCheck %s --check-prefix=FN
+// RUN: ernie-opt %s --ernie-autodiff=loss-scale=128 | FileCheck %s
+// OPT: unknown optimizer 'lamb' (expected none, sgd or adamw)
+// SCALE: loss-scale must be positive, got 0
+// FN: no function @nothing to differentiate
+// The backward starts from the scale and the gradient is divided by it.
+// CHECK-LABEL: func.func @forward_grad
+// CHECK-DAG: ernie.full 1.280000e+02 : tensor<f32>
+// CHECK-DAG: %[[S:.+]] = ernie.full 1.280000e+02 : tensor<4xf32>
+// CHECK: %[[G:.+]] = ernie.div %{{.*}}, %[[S]] : tensor<4xf32>
+// CHECK: return %{{.*}}, %[[G]]
 func.func @forward(%p: tensor<4xf32> {ernie.param = "p"}) -> tensor<f32> {
   %0 = ernie.reduce_sum %p axes = [0] : tensor<4xf32> -> tensor<f32>
   return %0 : tensor<f32>

@@ -63,7 +63,9 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
     f32 master copy in the optimizer state (Paddle's `multi_precision`):
     the update runs on the master and the parameter is its rounding. State
     arguments carry `ernie.opt_state = "<param>:<slot>"`, updated results
-    `ernie.updates = "<param>"` or `"<param>:<slot>"`.
+    `ernie.updates = "<param>"` or `"<param>:<slot>"`. A `loss-scale`
+    other than 1 seeds the backward with that value and divides every
+    gradient by it before it is returned.
 
     Errors name the op: a result that is not a scalar float, a parameter
     that is not a float tensor, an op without a gradient rule on the path.
@@ -85,6 +87,10 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
            "Clip gradients to this global L2 norm (0: no clipping)">,
     Option<"multiPrecision", "multi-precision", "bool", /*default=*/"false",
            "Keep f32 master weights for narrower parameters">,
+    Option<"lossScale", "loss-scale", "double", /*default=*/"1.0",
+           "Static loss scale: the backward starts from this instead of 1 "
+           "and the gradients are divided by it (keeps small bf16/f16 "
+           "gradients representable)">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect",
                            "::mlir::func::FuncDialect"];
