@@ -46,6 +46,25 @@ ShardingAttr dropPartial(ShardingAttr s) {
   return ShardingAttr::get(s.getContext(), s.getMesh(), dims);
 }
 
+/// An op's operand and result shardings (null: unknown) and types.
+struct OpState {
+  SmallVector<ShardingAttr> operands, results;
+  SmallVector<RankedTensorType> operandTypes, resultTypes;
+};
+
+OpState stateOf(Operation *op, function_ref<ShardingAttr(Value)> shardingOf) {
+  OpState state;
+  for (Value v : op->getOperands()) {
+    state.operands.push_back(shardingOf(v));
+    state.operandTypes.push_back(tensorType(v));
+  }
+  for (Value v : op->getResults()) {
+    state.results.push_back(shardingOf(v));
+    state.resultTypes.push_back(tensorType(v));
+  }
+  return state;
+}
+
 class Propagator {
 public:
   Propagator(ModuleOp module, const MeshShape &mesh)
@@ -244,26 +263,18 @@ bool Propagator::visit(Operation *op, int64_t level) {
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
     return false;
-  SmallVector<ShardingAttr> operands, results;
-  SmallVector<RankedTensorType> operandTypes, resultTypes;
-  bool any = false;
-  for (Value v : op->getOperands()) {
-    operands.push_back(lookup(v, level));
-    operandTypes.push_back(tensorType(v));
-    any |= bool(operands.back());
-  }
-  for (Value v : op->getResults()) {
-    results.push_back(lookup(v, level));
-    resultTypes.push_back(tensorType(v));
-    any |= bool(results.back());
-  }
-  bool open = llvm::any_of(operands, [](ShardingAttr s) { return !s; }) ||
-              llvm::any_of(results, [](ShardingAttr s) { return !s; });
+  OpState state = stateOf(op, [&](Value v) { return lookup(v, level); });
+  auto known = [](ShardingAttr s) { return bool(s); };
+  auto unknown = [](ShardingAttr s) { return !s; };
+  bool any = llvm::any_of(state.operands, known) ||
+             llvm::any_of(state.results, known);
+  bool open = llvm::any_of(state.operands, unknown) ||
+              llvm::any_of(state.results, unknown);
   if (!any || !open)
     return false;
-  OpShardings resolved =
-      resolveShardings(op->getContext(), ruleOp.getShardingRule(), operands,
-                       results, operandTypes, resultTypes, mesh);
+  OpShardings resolved = resolveShardings(
+      op->getContext(), ruleOp.getShardingRule(), state.operands,
+      state.results, state.operandTypes, state.resultTypes, mesh);
   for (auto [v, s] : llvm::zip(op->getOperands(), resolved.operands))
     changed |= offer(v, s, level);
   for (auto [v, s] : llvm::zip(op->getResults(), resolved.results))
@@ -320,29 +331,20 @@ SmallVector<ShardingAttr> Propagator::requiredOperands(Operation *op) {
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
     return required;
-  SmallVector<ShardingAttr> operands, results;
-  SmallVector<RankedTensorType> operandTypes, resultTypes;
-  for (Value v : op->getOperands()) {
-    operands.push_back(get(v));
-    operandTypes.push_back(tensorType(v));
-  }
-  for (Value v : op->getResults()) {
-    results.push_back(get(v));
-    resultTypes.push_back(tensorType(v));
-  }
+  OpState state = stateOf(op, [&](Value v) { return get(v); });
   // Results are settled: the operands must be what the results' factors say.
   OpShardingRule rule = ruleOp.getShardingRule();
   SmallVector<ShardingAttr> noOperands(op->getNumOperands());
   OpShardings fromResults = resolveShardings(
-      op->getContext(), rule, noOperands, results, operandTypes, resultTypes,
-      mesh);
+      op->getContext(), rule, noOperands, state.results, state.operandTypes,
+      state.resultTypes, mesh);
   // Operand-only factors (contractions, a gathered axis) keep the operands'
   // own choice where the results say nothing about them.
-  OpShardings fromAll = resolveShardings(op->getContext(), rule, operands,
-                                         results, operandTypes, resultTypes,
-                                         mesh);
+  OpShardings fromAll = resolveShardings(
+      op->getContext(), rule, state.operands, state.results,
+      state.operandTypes, state.resultTypes, mesh);
   for (unsigned i = 0; i < op->getNumOperands(); ++i) {
-    if (fromAll.results == SmallVector<ShardingAttr>(results))
+    if (fromAll.results == state.results)
       required[i] = fromAll.operands[i];
     else
       required[i] = fromResults.operands[i];

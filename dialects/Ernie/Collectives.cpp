@@ -115,37 +115,31 @@ LogicalResult AxisIndexOp::verify() {
   return success();
 }
 
-LogicalResult AllGatherOp::verify() {
-  auto in = cast<ShapedType>(getInput().getType());
-  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
+/// One dimension multiplied (a gather) or divided (a scatter, a slice) by
+/// the group size, every other one kept.
+template <typename OpTy>
+static LogicalResult verifyResizedDim(OpTy op, bool gathers) {
+  auto in = cast<ShapedType>(op.getInput().getType());
+  if (failed(checkDim(op, op.getDim(), in.getRank(), "dim")))
     return failure();
-  MeshOp mesh = meshOf(*this);
+  MeshOp mesh = meshOf(op);
   if (!mesh)
     return success(); // verifySymbolUses reports it.
-  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(),
-                      getGroupSize(mesh), 1);
+  int64_t n = op.getGroupSize(mesh);
+  return checkResized(op, in, cast<ShapedType>(op.getType()), op.getDim(),
+                      gathers ? n : 1, gathers ? 1 : n);
+}
+
+LogicalResult AllGatherOp::verify() {
+  return verifyResizedDim(*this, /*gathers=*/true);
 }
 
 LogicalResult ReduceScatterOp::verify() {
-  auto in = cast<ShapedType>(getInput().getType());
-  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
-    return failure();
-  MeshOp mesh = meshOf(*this);
-  if (!mesh)
-    return success();
-  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(), 1,
-                      getGroupSize(mesh));
+  return verifyResizedDim(*this, /*gathers=*/false);
 }
 
 LogicalResult ShardSliceOp::verify() {
-  auto in = cast<ShapedType>(getInput().getType());
-  if (failed(checkDim(*this, getDim(), in.getRank(), "dim")))
-    return failure();
-  MeshOp mesh = meshOf(*this);
-  if (!mesh)
-    return success();
-  return checkResized(*this, in, cast<ShapedType>(getType()), getDim(), 1,
-                      getGroupSize(mesh));
+  return verifyResizedDim(*this, /*gathers=*/false);
 }
 
 LogicalResult AllToAllOp::verify() {
