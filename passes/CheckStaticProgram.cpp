@@ -35,8 +35,8 @@ bool isProgramElement(Type type) {
 
 bool isProgramType(Type type) {
   if (auto shaped = dyn_cast<RankedTensorType>(type))
-    return hasAddressableSize(shaped) &&
-           isProgramElement(shaped.getElementType());
+    return isProgramElement(shaped.getElementType()) &&
+           hasAddressableSize(shaped);
   return isProgramElement(type);
 }
 

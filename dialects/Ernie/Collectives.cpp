@@ -48,7 +48,7 @@ int64_t groupSize(ArrayAttr axes, MeshOp mesh) {
 int64_t bytesOf(Type type) {
   auto shaped = cast<ShapedType>(type);
   return shaped.getNumElements() *
-         std::max<int64_t>(1, (shaped.getElementTypeBitWidth() + 7) / 8);
+         getElementByteSize(shaped.getElementType());
 }
 
 LogicalResult checkDim(Operation *op, int64_t dim, int64_t rank,

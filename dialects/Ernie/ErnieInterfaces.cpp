@@ -18,7 +18,7 @@ static int64_t tensorBytes(Type type) {
   if (!shaped || !shaped.hasStaticShape())
     return 0;
   return shaped.getNumElements() *
-         std::max<int64_t>(1, (shaped.getElementTypeBitWidth() + 7) / 8);
+         getElementByteSize(shaped.getElementType());
 }
 
 int64_t mlir::ernie::detail::countResultElements(Operation *op) {

@@ -23,11 +23,19 @@ using namespace mlir::ernie;
 // Shared helpers.
 //===----------------------------------------------------------------------===//
 
+int64_t mlir::ernie::getElementByteSize(Type element) {
+  if (!element.isIntOrFloat())
+    return 0;
+  return std::max<int64_t>(1,
+                           llvm::divideCeil(element.getIntOrFloatBitWidth(), 8));
+}
+
 bool mlir::ernie::hasAddressableSize(ShapedType type) {
   if (!type.hasStaticShape())
     return false;
-  int64_t bytes = std::max<int64_t>(
-      1, llvm::divideCeil(type.getElementTypeBitWidth(), 8));
+  int64_t bytes = getElementByteSize(type.getElementType());
+  if (bytes == 0)
+    return false;
   for (int64_t dim : type.getShape())
     if (dim < 0 || llvm::MulOverflow(bytes, dim, bytes))
       return false;

@@ -86,8 +86,7 @@ ShardingAttr mlir::ernie::projectSharding(MLIRContext *context,
 /// Bytes of one rank's piece of `type` under `sharding`.
 static int64_t localBytes(ShardingAttr sharding, RankedTensorType type,
                           const MeshShape &mesh) {
-  int64_t bytes = std::max<int64_t>(
-      1, (type.getElementTypeBitWidth() + 7) / 8);
+  int64_t bytes = getElementByteSize(type.getElementType());
   for (int64_t d = 0; d < type.getRank(); ++d) {
     int64_t parts = sharding ? mesh.product(sharding.getDimAxes(d)) : 1;
     bytes *= type.getDimSize(d) / std::max<int64_t>(parts, 1);

@@ -106,7 +106,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
     return failure();
 
   int64_t elementBytes =
-      std::max<int64_t>(1, (type.getElementTypeBitWidth() + 7) / 8);
+      getElementByteSize(type.getElementType());
   // Bytes of one rank's piece, or -1 when a dimension does not divide.
   auto localBytes = [&](const State &s) -> int64_t {
     int64_t bytes = elementBytes;

@@ -68,3 +68,17 @@ func.func @index_scalar(%x: index) {
 
 // expected-error @+1 {{signature type 'tensor<?xf32>' is not a statically shaped ernie tensor or scalar}}
 func.func private @dynamic_declaration(tensor<?xf32>) -> tensor<4xf32>
+
+// -----
+
+// expected-error @+1 {{block argument #0 has type 'tensor<4xindex>'; ernie programs need statically shaped ernie tensors or scalars}}
+func.func @index_tensor(%x: tensor<4xindex>) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{block argument #0 has type 'tensor<2xcomplex<f32>>'; ernie programs need statically shaped ernie tensors or scalars}}
+func.func @complex_tensor(%x: tensor<2xcomplex<f32>>) {
+  return
+}

@@ -114,6 +114,10 @@ TEST_F(ErnieDialectTest, AddressableSizeRejectsOverflow) {
   EXPECT_TRUE(hasAddressableSize(tensor({1 << 20, 1 << 10})));
   EXPECT_FALSE(hasAddressableSize(tensor({int64_t(1) << 40, int64_t(1) << 30})));
   EXPECT_TRUE(hasAddressableSize(tensor({0, 5})));
+  // Element types without a byte size are never addressable (no crash).
+  EXPECT_FALSE(hasAddressableSize(tensor({4}, IndexType::get(&context))));
+  EXPECT_EQ(getElementByteSize(IntegerType::get(&context, 1)), 1);
+  EXPECT_EQ(getElementByteSize(BFloat16Type::get(&context)), 2);
 }
 
 TEST_F(ErnieDialectTest, InvalidMatmulFailsInferenceWithoutCrashing) {

@@ -19,6 +19,9 @@ namespace mlir::ernie {
 /// True when the shape's byte size fits in an int64: the bound every buffer
 /// the runtime allocates must respect.
 bool hasAddressableSize(ShapedType type);
+/// Bytes one element of `element` occupies in a buffer (i1 takes a byte);
+/// 0 for types that are not integers or floats.
+int64_t getElementByteSize(Type element);
 
 namespace detail {
 /// Runs an op's inferReturnTypes as its verifier: the shape rules of ops with
