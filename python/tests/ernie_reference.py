@@ -32,10 +32,10 @@ def parse_type(text):
 def split_top(text, sep=","):
     """Splits at `sep` outside (), [], {}, <>."""
     out, depth, cur = [], 0, []
-    for ch in text:
+    for i, ch in enumerate(text):
         if ch in "([{<":
             depth += 1
-        elif ch in ")]}>":
+        elif ch in ")]}>" and not (ch == ">" and i and text[i - 1] == "-"):
             depth -= 1
         if ch == sep and depth == 0:
             out.append("".join(cur).strip())
@@ -47,8 +47,27 @@ def split_top(text, sep=","):
     return out
 
 
+_SHARDING = re.compile(r"#ernie\.sharding<@(\w+), \[(.*?)\](?:, partial = \{(.*)\})?>$")
+
+
+def parse_sharding(text):
+    """'#ernie.sharding<@m, [{dp}, {}], partial = {mp = sum}>' ->
+    ([['dp'], []], [('mp', 'sum')])."""
+    m = _SHARDING.match(text.strip())
+    dims = [[a.strip() for a in d.strip()[1:-1].split(",") if a.strip()]
+            for d in split_top(m.group(2))] if m.group(2).strip() else []
+    partial = [tuple(x.strip() for x in item.split("=")) for item in split_top(m.group(3))] if m.group(3) else []
+    return dims, partial
+
+
 def parse_value(text):
     text = text.strip()
+    if text.startswith("#ernie.sharding<"):
+        return parse_sharding(text)
+    if text.startswith("[") and text.endswith("]"):
+        return [parse_value(v) for v in split_top(text[1:-1])]
+    if text.startswith("{") and text.endswith("}"):
+        return parse_props(text[1:-1])
     if text.startswith("array<"):
         inner = text[len("array<"):-1]
         if ":" not in inner:
@@ -106,19 +125,27 @@ class Function:
     args: list
     arg_types: list
     ops: list = field(default_factory=list)
+    arg_attrs: list = field(default_factory=list)
+    res_attrs: list = field(default_factory=list)
 
 
 _OP = re.compile(r'^\s*(?:(%[\w]+)(?::(\d+))?\s*=\s*)?"([\w.]+)"\((.*?)\)\s*(<\{(.*)\}>)?\s*(\{.*\})?\s*:\s*\((.*?)\)\s*->\s*(.*)$')
 
 
-def parse_module(text):
+def parse_module(text, meshes=None):
     functions = {}
     current = None
     for line in text.splitlines():
+        if '"ernie.mesh"' in line and meshes is not None:
+            props = parse_props(re.search(r"<\{(.*)\}>", line).group(1))
+            meshes[props["sym_name"]] = (props["axis_names"], props["axis_sizes"])
+            continue
         if '"func.func"' in line:
-            name = re.search(r'sym_name = "([^"]+)"', line).group(1)
-            current = Function(name, [], [])
-            functions[name] = current
+            props = parse_props(re.search(r"<\{(.*)\}>", line).group(1))
+            current = Function(props["sym_name"], [], [],
+                               arg_attrs=props.get("arg_attrs", []),
+                               res_attrs=props.get("res_attrs", []))
+            functions[current.name] = current
             continue
         if line.strip().startswith("^bb0(") and current is not None:
             for arg in split_top(line.strip()[len("^bb0("):-2]):
@@ -433,3 +460,168 @@ class Interpreter:
             for r, v in zip(op.results, outs):
                 env[r] = np.asarray(v)
         raise ValueError(f"@{name} has no return")
+
+
+# --------------------------------------------------------------------------
+# Many ranks: a partitioned (SPMD) program run on a simulated mesh.
+# --------------------------------------------------------------------------
+
+class Mesh:
+    def __init__(self, names, sizes):
+        self.names, self.sizes = list(names), list(sizes)
+        self.ranks = int(np.prod(self.sizes))
+
+    def coords(self, rank):
+        out = {}
+        for name, size in reversed(list(zip(self.names, self.sizes))):
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def rank_of(self, coords):
+        rank = 0
+        for name, size in zip(self.names, self.sizes):
+            rank = rank * size + coords[name]
+        return rank
+
+    def index(self, rank, axes):
+        """Linear coordinate of `rank` over `axes` (major to minor)."""
+        c, i = self.coords(rank), 0
+        for a in axes:
+            i = i * self.sizes[self.names.index(a)] + c[a]
+        return i
+
+    def group(self, rank, axes):
+        """The ranks differing from `rank` only along `axes`, in order."""
+        sizes = [self.sizes[self.names.index(a)] for a in axes]
+        members = []
+        for flat in range(int(np.prod(sizes))):
+            c = dict(self.coords(rank))
+            for a, s in reversed(list(zip(axes, sizes))):
+                c[a] = flat % s
+                flat //= s
+            members.append(self.rank_of(c))
+        return members
+
+    def piece(self, value, sharding, rank):
+        """`rank`'s block of the global `value` under `sharding`."""
+        dims, _ = sharding
+        index = []
+        for d, axes in enumerate(dims):
+            parts = int(np.prod([self.sizes[self.names.index(a)] for a in axes])) if axes else 1
+            size = value.shape[d] // parts
+            start = self.index(rank, axes) * size if axes else 0
+            index.append(slice(start, start + size))
+        return value[tuple(index)]
+
+    def whole(self, pieces, sharding):
+        """The global value from every rank's piece (pending sums added)."""
+        dims, partial = sharding
+        sample = pieces[0]
+        shape = [n * (int(np.prod([self.sizes[self.names.index(a)] for a in axes])) if axes else 1)
+                 for n, axes in zip(sample.shape, dims)]
+        out = np.zeros(shape, dtype=sample.dtype)
+        seen = np.zeros(shape, dtype=bool)
+        partial_axes = [a for a, _ in partial]
+        for rank, piece in enumerate(pieces):
+            if any(self.coords(rank)[a] != 0 for a in partial_axes):
+                continue
+            total = sum(pieces[r] for r in self.group(rank, partial_axes)) if partial_axes else piece
+            index = []
+            for d, axes in enumerate(dims):
+                size = sample.shape[d]
+                start = self.index(rank, axes) * size if axes else 0
+                index.append(slice(start, start + size))
+            index = tuple(index)
+            if seen[index].any():
+                assert np.allclose(out[index], total), "replicas disagree"
+            out[index] = total
+            seen[index] = True
+        return out
+
+
+def _reduce_group(values, kind):
+    stacked = np.stack(values)
+    return {"sum": stacked.sum(0), "avg": stacked.mean(0),
+            "max": stacked.max(0), "min": stacked.min(0)}[kind]
+
+
+def _block(x, dim, index, n):
+    size = x.shape[dim] // n
+    sl = [slice(None)] * x.ndim
+    sl[dim] = slice(index * size, (index + 1) * size)
+    return x[tuple(sl)]
+
+
+class SpmdSimulator(Interpreter):
+    """Runs a partitioned module on every rank of its mesh in lockstep."""
+
+    def __init__(self, module_text):
+        meshes = {}
+        self.functions = parse_module(module_text, meshes)
+        (names, sizes), = meshes.values()
+        self.mesh = Mesh(names, sizes)
+
+    def run_ranks(self, name, per_rank_inputs):
+        fn = self.functions[name]
+        mesh = self.mesh
+        envs = [{a: np.asarray(x) for a, x in zip(fn.args, inputs)} for inputs in per_rank_inputs]
+        for op in fn.ops:
+            args = [[env[o] for o in op.operands if o] for env in envs]
+            if op.name == "func.return":
+                # One list per result, each over the ranks.
+                return [[np.asarray(args[r][i]) for r in range(mesh.ranks)]
+                        for i in range(len(args[0]))]
+            outs = self._step(op, args)
+            for env, values in zip(envs, outs):
+                for r, v in zip(op.results, values):
+                    env[r] = np.asarray(v)
+        raise ValueError(f"@{name} has no return")
+
+    def _step(self, op, args):
+        mesh, p = self.mesh, op.props
+        kind = op.name.split(".", 1)[1]
+        if op.name == "func.call":
+            per_rank = self.run_ranks(p["callee"], args)
+            return [[per_rank[i][r] for i in range(len(per_rank))] for r in range(mesh.ranks)]
+        if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                        "shard_slice", "partial_init", "axis_index"):
+            return [evaluate_op(op, a) for a in args]
+        axes = p["axes"]
+        outs = []
+        for rank in range(mesh.ranks):
+            group = mesh.group(rank, axes)
+            me, n = mesh.index(rank, axes), len(group)
+            inputs = [args[g][0] for g in group] if args[rank] else []
+            if kind == "all_reduce":
+                outs.append([_reduce_group(inputs, p["kind"])])
+            elif kind == "reduce_scatter":
+                outs.append([_block(_reduce_group(inputs, p["kind"]), p["dim"], me, n)])
+            elif kind == "all_gather":
+                outs.append([np.concatenate(inputs, axis=p["dim"])])
+            elif kind == "all_to_all":
+                outs.append([np.concatenate([_block(x, p["split_dim"], me, n) for x in inputs],
+                                            axis=p["concat_dim"])])
+            elif kind == "shard_slice":
+                outs.append([_block(args[rank][0], p["dim"], me, n)])
+            elif kind == "partial_init":
+                x = args[rank][0]
+                outs.append([x if p["kind"] != "sum" or me == 0 else np.zeros_like(x)])
+            else:  # axis_index
+                outs.append([np.array(me, dtype=np.int64)])
+        return outs
+
+    def run_global(self, name, *inputs):
+        """Splits global inputs by the arguments' `ernie.shard_of`, runs every
+        rank, and reassembles each result from its `ernie.shard_of`."""
+        fn = self.functions[name]
+        shardings = [attrs.get("ernie.shard_of") for attrs in fn.arg_attrs]
+        per_rank = [[self.mesh.piece(np.asarray(x), s, r) if s else np.asarray(x)
+                     for x, s in zip(inputs, shardings)] for r in range(self.mesh.ranks)]
+        outs = self.run_ranks(name, per_rank)
+        results = []
+        for i, ranks in enumerate(outs):
+            attrs = fn.res_attrs[i] if i < len(fn.res_attrs) else {}
+            s = attrs.get("ernie.shard_of")
+            results.append(self.mesh.whole(ranks, s) if s else ranks[0])
+        return results
