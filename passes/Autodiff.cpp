@@ -413,10 +413,13 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
                          << " to differentiate";
       return signalPassFailure();
     }
-    // AD sees the whole computation: inline every call first.
-    OpPassManager inliner(ModuleOp::getOperationName());
-    inliner.addPass(createInlinerPass());
-    if (failed(runPipeline(inliner, module)))
+    // AD sees the whole computation: inline every call first. Mean losses
+    // become sum / count first too, so that their gradients (like the loss
+    // itself) shard over the batch instead of needing the whole of it.
+    OpPassManager prepare(ModuleOp::getOperationName());
+    prepare.addPass(createInlinerPass());
+    prepare.addPass(createExpandMeanLossPass());
+    if (failed(runPipeline(prepare, module)))
       return signalPassFailure();
     if (optimizer != "none" && optimizer != "sgd" && optimizer != "adamw") {
       module.emitError() << "unknown optimizer '" << optimizer

@@ -42,6 +42,7 @@ private:
                                ShardingAttr from, ShardingAttr to,
                                RankedTensorType globalType);
   LogicalResult expandEmbedding(EmbeddingOp op);
+  LogicalResult expandCrossEntropy(Operation *op);
 
   ArrayAttr axesAttr(StringRef axis) {
     return ArrayAttr::get(module.getContext(),
@@ -204,6 +205,150 @@ LogicalResult Partitioner::expandEmbedding(EmbeddingOp op) {
   return success();
 }
 
+/// A vocabulary-split cross-entropy (Megatron's vocab-parallel loss): the
+/// log-sum-exp is completed with a max and a sum all-reduce over the
+/// vocabulary axes; each rank picks the label logits it owns. The loss
+/// contributes `lse / n - picked` per rank (a pending sum, as the result's
+/// sharding says); the gradient is `softmax - one_hot` on the local columns.
+LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
+  bool isGrad = isa<CrossEntropyGradOp>(op);
+  Value logits = op->getOperand(0), labels = op->getOperand(1);
+  SmallVector<StringRef> vocabAxes = shardings.lookup(logits).getDimAxes(
+      cast<RankedTensorType>(globalTypes.lookup(logits)).getRank() - 1);
+  int64_t ignore = isGrad ? static_cast<int64_t>(
+                                cast<CrossEntropyGradOp>(op).getIgnoreIndex())
+                          : static_cast<int64_t>(
+                                cast<CrossEntropyOp>(op).getIgnoreIndex());
+  LossReduction reduction = isGrad ? cast<CrossEntropyGradOp>(op).getReduction()
+                                   : cast<CrossEntropyOp>(op).getReduction();
+  OpBuilder b(op);
+  Location loc = op->getLoc();
+  MLIRContext *ctx = op->getContext();
+  auto lt = cast<RankedTensorType>(logits.getType());
+  auto yt = cast<RankedTensorType>(labels.getType());
+  Type f = lt.getElementType(), id = yt.getElementType();
+  int64_t rank = lt.getRank(), vocab = lt.getShape().back(), parts = 1;
+  for (StringRef axis : vocabAxes)
+    parts *= mesh.axisSize(axis);
+  auto scalarOf = [&](Type t) { return RankedTensorType::get({}, t); };
+  auto ones = [&](RankedTensorType t, bool v) {
+    return FullOp::create(b, loc, t, IntegerAttr::get(b.getI1Type(), v));
+  };
+  SmallVector<Attribute> names;
+  for (StringRef axis : vocabAxes)
+    names.push_back(b.getStringAttr(axis));
+  ArrayAttr axes = b.getArrayAttr(names);
+  auto allReduce = [&](Value v, ReduceKind kind) -> Value {
+    return AllReduceOp::create(b, loc, v.getType(), v, mesh.name, axes,
+                               ReduceKindAttr::get(ctx, kind));
+  };
+  auto leading = llvm::to_vector(llvm::seq<int64_t>(0, rank - 1));
+  auto keepShape = [&](Type t) {
+    SmallVector<int64_t> shape(lt.getShape());
+    shape.back() = 1;
+    return RankedTensorType::get(shape, t);
+  };
+  auto spread = [&](Value v) -> Value { // [..., 1] -> logits shape
+    auto dims = llvm::to_vector(llvm::seq<int64_t>(0, rank));
+    return BroadcastOp::create(b, loc, lt, v, b.getDenseI64ArrayAttr(dims));
+  };
+
+  // Which label each rank owns, as a local column.
+  Value index = AxisIndexOp::create(b, loc, scalarOf(b.getI64Type()),
+                                    mesh.name, axes);
+  if (id != b.getI64Type())
+    index = CastOp::create(b, loc, scalarOf(id), index);
+  Value first = MulOp::create(
+      b, loc, index, FullOp::create(b, loc, scalarOf(id), IntegerAttr::get(id, vocab)));
+  Value local = SubOp::create(
+      b, loc, labels,
+      BroadcastOp::create(b, loc, yt, first, b.getDenseI64ArrayAttr({})));
+  Value zero = FullOp::create(b, loc, yt, IntegerAttr::get(id, 0));
+  Value keep = CompareOp::create(b, loc, CompareDirection::ne, labels,
+                                 FullOp::create(b, loc, yt, IntegerAttr::get(id, ignore)));
+  auto maskType = cast<RankedTensorType>(keep.getType());
+  Value inRange = SelectOp::create(
+      b, loc, CompareOp::create(b, loc, CompareDirection::ge, local, zero),
+      CompareOp::create(b, loc, CompareDirection::lt, local,
+                        FullOp::create(b, loc, yt, IntegerAttr::get(id, vocab))),
+      ones(maskType, false));
+  Value owned = SelectOp::create(b, loc, keep, inRange, ones(maskType, false));
+  Value safe = SelectOp::create(b, loc, owned, local, zero);
+  auto wideIds = RankedTensorType::get(lt.getShape(), id);
+  Value column = IotaOp::create(b, loc, wideIds, rank - 1);
+  Value labelWide = BroadcastOp::create(b, loc, wideIds, safe,
+                                        b.getDenseI64ArrayAttr(leading));
+  auto wideMask = RankedTensorType::get(lt.getShape(), b.getI1Type());
+  Value ownedWide = BroadcastOp::create(b, loc, wideMask, owned,
+                                        b.getDenseI64ArrayAttr(leading));
+  Value hit = SelectOp::create(
+      b, loc, ownedWide,
+      CompareOp::create(b, loc, CompareDirection::eq, column, labelWide),
+      ones(wideMask, false));
+
+  // The softmax normaliser across the split.
+  Value localMax = ReduceMaxOp::create(b, loc, logits,
+                                       b.getDenseI64ArrayAttr({rank - 1}), true);
+  Value globalMax = allReduce(localMax, ReduceKind::max);
+  Value shifted = ExpOp::create(b, loc, SubOp::create(b, loc, logits, spread(globalMax)));
+  Value sumExp = allReduce(
+      ReduceSumOp::create(b, loc, shifted, b.getDenseI64ArrayAttr({rank - 1}), true),
+      ReduceKind::sum);
+  auto tokens = RankedTensorType::get(yt.getShape(), f);
+  Value keepF = CastOp::create(b, loc, tokens, keep);
+  Value count;
+  if (reduction == LossReduction::mean)
+    count = ReduceSumOp::create(b, loc, keepF, b.getDenseI64ArrayAttr(leading),
+                                false);
+  Value result;
+  if (!isGrad) {
+    Value lse = ReshapeOp::create(
+        b, loc, tokens,
+        AddOp::create(b, loc, LogOp::create(b, loc, sumExp), globalMax));
+    Value zeroF = FullOp::create(b, loc, lt, FloatAttr::get(f, 0.0));
+    Value picked = ReduceSumOp::create(
+        b, loc, SelectOp::create(b, loc, hit, logits, zeroF),
+        b.getDenseI64ArrayAttr({rank - 1}), false);
+    Value share = MulOp::create(
+        b, loc, lse, FullOp::create(b, loc, tokens, FloatAttr::get(f, 1.0 / parts)));
+    Value contribution = SubOp::create(
+        b, loc,
+        SelectOp::create(b, loc, keep, share,
+                         FullOp::create(b, loc, tokens, FloatAttr::get(f, 0.0))),
+        picked);
+    if (reduction == LossReduction::none) {
+      result = contribution;
+    } else {
+      result = ReduceSumOp::create(b, loc, contribution,
+                                   b.getDenseI64ArrayAttr(leading), false);
+      if (count)
+        result = DivOp::create(b, loc, result, count);
+    }
+  } else {
+    Value dloss = op->getOperand(2);
+    Value probs = DivOp::create(b, loc, shifted, spread(sumExp));
+    Value onehot = CastOp::create(b, loc, lt, hit);
+    Value keepWide = CastOp::create(
+        b, loc, lt,
+        BroadcastOp::create(b, loc, wideMask, keep, b.getDenseI64ArrayAttr(leading)));
+    Value g = MulOp::create(b, loc, SubOp::create(b, loc, probs, onehot), keepWide);
+    Value scale = dloss;
+    if (count)
+      scale = DivOp::create(b, loc, dloss, count);
+    SmallVector<int64_t> dims =
+        reduction == LossReduction::none ? leading : SmallVector<int64_t>{};
+    result = MulOp::create(
+        b, loc, g,
+        BroadcastOp::create(b, loc, lt, scale, b.getDenseI64ArrayAttr(dims)));
+  }
+  Value old = op->getResult(0);
+  shardings[result] = shardings.lookup(old);
+  globalTypes[result] = globalTypes.lookup(old);
+  old.replaceAllUsesWith(result);
+  op->erase();
+  return success();
+}
+
 LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   if (!func.getBody().hasOneBlock())
     return func.emitError("partition handles single-block functions");
@@ -250,6 +395,12 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
             limit[d] == globalTypes.lookup(slice.getInput()).getDimSize(d))
           limit[d] = in.getDimSize(d);
       slice.setLimit(limit);
+    } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
+      Value logits = op->getOperand(0);
+      int64_t last = globalTypes.lookup(logits).getRank() - 1;
+      if (!shardings.lookup(logits).getDimAxes(last).empty() &&
+          failed(expandCrossEntropy(op)))
+        return failure();
     } else if (auto embedding = dyn_cast<EmbeddingOp>(op)) {
       if (!shardings.lookup(embedding.getWeight()).getDimAxes(0).empty() &&
           failed(expandEmbedding(embedding)))

@@ -404,8 +404,9 @@ OpShardingRule AttentionOp::getShardingRule() {
 
 /// Token dims are parallel with reduction = none and sum reductions otherwise
 /// (mean divides by a global count, so its token dims stay whole until the
-/// loss is expanded into sum / count). The vocabulary stays whole: a
-/// vocab-parallel loss is lowered by the partitioner's own expansion.
+/// loss is expanded into sum / count). A vocabulary split is a sum
+/// reduction: partition computes the vocab-parallel loss (Megatron's), in
+/// which each rank contributes its share of every token's loss.
 OpShardingRule CrossEntropyOp::getShardingRule() {
   RuleBuilder b(*this);
   int64_t rank = rankOf(getLogits());
@@ -423,7 +424,8 @@ OpShardingRule CrossEntropyOp::getShardingRule() {
       break;
     }
   }
-  b.replicated(operand(0, rank - 1));
+  b.add(b.dimSize(operand(0, rank - 1)), FactorKind::Reduction,
+        {operand(0, rank - 1)}, ReduceKind::sum);
   return b.take();
 }
 
@@ -485,7 +487,8 @@ OpShardingRule AttentionGradOp::getShardingRule() {
 }
 
 /// Token dims parallel (dloss shares them when per-token); for a mean the
-/// count is global, so token dims stay whole; the vocabulary stays whole.
+/// count is global, so token dims stay whole. The vocabulary splits with
+/// the logits (partition normalises the softmax across the split).
 OpShardingRule CrossEntropyGradOp::getShardingRule() {
   RuleBuilder b(*this);
   int64_t rank = rankOf(getLogits());
@@ -499,7 +502,7 @@ OpShardingRule CrossEntropyGradOp::getShardingRule() {
     else
       b.add(b.dimSize(operand(0, d)), FactorKind::Parallel, refs);
   }
-  b.replicated({operand(0, rank - 1), result(0, rank - 1)});
+  b.parallel(operand(0, rank - 1), {result(0, rank - 1)});
   return b.take();
 }
 

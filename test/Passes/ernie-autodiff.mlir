@@ -9,7 +9,7 @@
 // CHECK-DAG: %[[ONE:.+]] = ernie.full 1.000000e+00 : tensor<f32>
 // CHECK: %[[A:.+]] = ernie.tanh
 // CHECK: %[[LOSS:.+]] = ernie.cross_entropy %[[A]]
-// CHECK: %[[DA:.+]] = ernie.cross_entropy_grad %[[A]], %{{.*}}, %[[ONE]]
+// CHECK: %[[DA:.+]] = ernie.cross_entropy_grad %[[A]], %{{.*}}, %[[ONE]] {reduction = #ernie<loss_reduction sum>}
 // CHECK: %[[DZ:.+]] = ernie.mul %[[DA]], %{{.*}} : tensor<4x3xf32>
 // CHECK: %[[DB1:.+]] = ernie.reduce_sum %[[DZ]] axes = [0] keepdim
 // CHECK: %[[DB:.+]] = ernie.reshape %[[DB1]] : tensor<1x3xf32> -> tensor<3xf32>
@@ -21,6 +21,21 @@ func.func @forward(%x: tensor<4x8xf32>, %w: tensor<8x3xf32> {ernie.param = "w"},
   %bb = ernie.broadcast %b, dims = [1] : tensor<3xf32> -> tensor<4x3xf32>
   %z = ernie.add %h, %bb : tensor<4x3xf32>
   %a = ernie.tanh %z : tensor<4x3xf32>
+  %l = ernie.cross_entropy %a, %y {reduction = #ernie<loss_reduction sum>} : tensor<4x3xf32>, tensor<4xi64> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A mean loss is differentiated as sum / count, so its gradient shards over
+// the batch like the loss: the sum's gradient is 1 / count.
+// CHECK-LABEL: func.func @forward_grad
+// CHECK: %[[N:.+]] = ernie.reduce_sum %{{.*}} axes = [0] : tensor<4xf32> -> tensor<f32>
+// CHECK: %[[LOSS:.+]] = ernie.div %{{.*}}, %[[N]] : tensor<f32>
+// CHECK: %[[DS:.+]] = ernie.div %{{.*}}, %[[N]] : tensor<f32>
+// CHECK: ernie.cross_entropy_grad %{{.*}}, %{{.*}}, %[[DS]] {reduction = #ernie<loss_reduction sum>}
+// CHECK-NOT: loss_reduction mean
+func.func @forward(%a: tensor<4x3xf32> {ernie.param = "logits"}, %y: tensor<4xi64>) -> tensor<f32> {
   %l = ernie.cross_entropy %a, %y : tensor<4x3xf32>, tensor<4xi64> -> tensor<f32>
   return %l : tensor<f32>
 }

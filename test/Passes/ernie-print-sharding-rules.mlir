@@ -110,11 +110,12 @@ func.func @transformer(%q: tensor<2x16x8x32xf32>, %k: tensor<2x16x2x32xf32>, %po
   // Query heads are (kv heads l, group m): splitting m splits key/value too.
   // expected-remark @+1 {{sharding rule ([i, j, lm, n], [i, k, l, n], [i, k, l, o]) -> ([i, j, lm, o]) j:replicated k:replicated n:replicated}}
   %1 = ernie.attention %q, %k, %k {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32> -> tensor<2x16x8x32xf32>
-  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([]) i:replicated j:replicated k:replicated}}
+  // The vocabulary is a sum reduction: the vocab-parallel loss.
+  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([]) i:replicated j:replicated k:reduction(sum)}}
   %2 = ernie.cross_entropy %logits, %labels : tensor<2x16x100xf32>, tensor<2x16xi64> -> tensor<f32>
-  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([]) i:reduction(sum) j:reduction(sum) k:replicated}}
+  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([]) i:reduction(sum) j:reduction(sum) k:reduction(sum)}}
   %3 = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction sum>} : tensor<2x16x100xf32>, tensor<2x16xi64> -> tensor<f32>
-  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([i, j]) k:replicated}}
+  // expected-remark @+1 {{sharding rule ([i, j, k], [i, j]) -> ([i, j]) k:reduction(sum)}}
   %4 = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction none>} : tensor<2x16x100xf32>, tensor<2x16xi64> -> tensor<2x16xf32>
   return
 }

@@ -35,7 +35,9 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
     loss), adds `@<function>_grad` with the same arguments, returning the
     loss followed by one gradient per `ernie.param` argument, in argument
     order (each result tagged `ernie.grad_of = "<param name>"`). Calls are
-    inlined first, so AD sees the whole computation.
+    inlined first, so AD sees the whole computation, and mean cross-entropy
+    losses are written as sum / count (`--ernie-expand-mean-loss`), so their
+    gradients shard over the batch like the loss does.
 
     Every op between a parameter and the loss contributes its
     vector-Jacobian product through GradientOpInterface; gradients of a
