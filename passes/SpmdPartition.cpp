@@ -243,11 +243,7 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
                                ReduceKindAttr::get(ctx, kind));
   };
   auto leading = llvm::to_vector(llvm::seq<int64_t>(0, rank - 1));
-  auto keepShape = [&](Type t) {
-    SmallVector<int64_t> shape(lt.getShape());
-    shape.back() = 1;
-    return RankedTensorType::get(shape, t);
-  };
+
   auto spread = [&](Value v) -> Value { // [..., 1] -> logits shape
     auto dims = llvm::to_vector(llvm::seq<int64_t>(0, rank));
     return BroadcastOp::create(b, loc, lt, v, b.getDenseI64ArrayAttr(dims));

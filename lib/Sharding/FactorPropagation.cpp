@@ -2,6 +2,7 @@
 
 #include "ernie/Sharding/FactorPropagation.h"
 
+#include "ernie/Sharding/Resharding.h"
 #include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
@@ -83,58 +84,24 @@ ShardingAttr mlir::ernie::projectSharding(MLIRContext *context,
   return ShardingAttr::get(context, mesh.name, dimAxes, partial);
 }
 
-/// Bytes of one rank's piece of `type` under `sharding`.
-static int64_t localBytes(ShardingAttr sharding, RankedTensorType type,
-                          const MeshShape &mesh) {
-  int64_t bytes = getElementByteSize(type.getElementType());
-  for (int64_t d = 0; d < type.getRank(); ++d) {
-    int64_t parts = sharding ? mesh.product(sharding.getDimAxes(d)) : 1;
-    bytes *= type.getDimSize(d) / std::max<int64_t>(parts, 1);
-  }
-  return bytes;
-}
-
-int64_t mlir::ernie::estimateReshardBytes(ShardingAttr from, ShardingAttr to,
-                                          RankedTensorType type,
-                                          const MeshShape &mesh) {
+int64_t mlir::ernie::reshardBytes(ShardingAttr from, ShardingAttr to,
+                                  RankedTensorType type,
+                                  const MeshShape &mesh) {
   if (!from || !to || from == to)
     return 0;
-  int64_t fromBytes = localBytes(from, type, mesh);
-  int64_t toBytes = localBytes(to, type, mesh);
-  llvm::StringMap<int64_t> toDim;
-  for (int64_t d = 0; d < to.getRank(); ++d)
-    for (StringRef axis : to.getDimAxes(d))
-      toDim[axis] = d;
-  llvm::StringSet<> toPartial;
-  for (auto [axis, kind] : to.getPartials())
-    toPartial.insert(axis);
-
-  int64_t bytes = 0;
-  // Pending reductions that must complete.
-  for (auto [axis, kind] : from.getPartials()) {
-    if (toPartial.contains(axis))
-      continue;
-    int64_t n = mesh.axisSize(axis);
-    if (toDim.count(axis)) // reduce-scatter
-      bytes += fromBytes * (n - 1) / n;
-    else // all-reduce: reduce-scatter then all-gather
-      bytes += 2 * fromBytes * (n - 1) / n;
+  MeshShape::CostKey key{from, to, type};
+  auto it = mesh.costCache->find(key);
+  if (it != mesh.costCache->end())
+    return it->second;
+  int64_t bytes = std::numeric_limits<int64_t>::max() / 4;
+  if (FailureOr<SmallVector<ReshardStep>> plan =
+          planReshard(from, to, type, mesh);
+      succeeded(plan)) {
+    bytes = 0;
+    for (const ReshardStep &step : *plan)
+      bytes += step.bytes;
   }
-  // Splits that leave their dimension (or change place within it).
-  for (int64_t d = 0; d < from.getRank(); ++d) {
-    SmallVector<StringRef> axes = from.getDimAxes(d);
-    SmallVector<StringRef> target =
-        d < to.getRank() ? to.getDimAxes(d) : SmallVector<StringRef>{};
-    for (auto [i, axis] : llvm::enumerate(axes)) {
-      bool kept = i < target.size() && target[i] == axis &&
-                  llvm::equal(ArrayRef(axes).take_front(i),
-                              ArrayRef(target).take_front(i));
-      if (kept)
-        continue;
-      int64_t n = mesh.axisSize(axis);
-      bytes += std::max(fromBytes, toBytes) * (n - 1) / n;
-    }
-  }
+  (*mesh.costCache)[key] = bytes;
   return bytes;
 }
 
@@ -213,12 +180,12 @@ OpShardings mlir::ernie::resolveShardings(
       RankedTensorType type =
           isResult ? resultTypes[index] : operandTypes[index];
       // A result's known sharding is what its users want: reshard after.
-      bytes += isResult ? estimateReshardBytes(want, have, type, mesh)
-                        : estimateReshardBytes(have, want, type, mesh);
+      bytes += isResult ? reshardBytes(want, have, type, mesh)
+                        : reshardBytes(have, want, type, mesh);
     }
     for (auto [index, sharding] : llvm::enumerate(choice.results))
       if (sharding.isPartial() && !results[index])
-        bytes += estimateReshardBytes(
+        bytes += reshardBytes(
             sharding,
             ShardingAttr::get(context, mesh.name,
                               SmallVector<SmallVector<StringRef>>(

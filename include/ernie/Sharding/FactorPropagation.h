@@ -12,6 +12,10 @@
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/ShardingRule.h"
+#include "llvm/ADT/DenseMap.h"
+
+#include <memory>
+#include <tuple>
 
 namespace mlir::ernie {
 
@@ -26,6 +30,11 @@ struct MeshShape {
   int64_t axisSize(StringRef axis) const;
   /// The product of the sizes of `axes`.
   int64_t product(ArrayRef<StringRef> axes) const;
+
+  /// Reshard costs already planned on this mesh, by (from, to, type).
+  using CostKey = std::tuple<Attribute, Attribute, Type>;
+  std::shared_ptr<llvm::DenseMap<CostKey, int64_t>> costCache =
+      std::make_shared<llvm::DenseMap<CostKey, int64_t>>();
 };
 
 /// For every factor of a rule, the mesh axes that shard it, major to minor.
@@ -53,12 +62,12 @@ ShardingAttr projectSharding(MLIRContext *context, const OpShardingRule &rule,
                              const FactorAxes &factorAxes,
                              const MeshShape &mesh, bool isResult);
 
-/// Bytes one rank sends to move a tensor of `type` from `from` to `to`: an
-/// all-reduce for pending sums that are dropped, a reduce-scatter for sums
-/// that become splits, an all-gather (or all-to-all) for splits that go, and
-/// nothing for splits that are added (a local slice).
-int64_t estimateReshardBytes(ShardingAttr from, ShardingAttr to,
-                             RankedTensorType type, const MeshShape &mesh);
+/// Bytes one rank sends to move a tensor of `type` from `from` to `to`: the
+/// total of the cheapest resharding plan (Resharding.h), i.e. the
+/// CostOpInterface bytes of the collectives partition would emit. Cached per
+/// mesh; a sharding the tensor cannot take costs "infinitely" much.
+int64_t reshardBytes(ShardingAttr from, ShardingAttr to, RankedTensorType type,
+                     const MeshShape &mesh);
 
 /// Decides the factor axes of `rule` from the known shardings (null entries
 /// are open) and projects them onto every operand and result. Each known
