@@ -1,0 +1,280 @@
+//===- ThreadCommunicator.cpp - every rank a thread of one process ----------===//
+//
+// A collective is a rendezvous keyed by (kind, group, sequence number): each
+// member posts its input pointer, waits until all members have, computes its
+// own output from all inputs (in group order), then waits until every member
+// is done reading before its buffers may be reused.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/runtime/ThreadCommunicator.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace ernie::runtime {
+
+namespace {
+std::string describe(const Axes &axes) {
+  std::string s = "[";
+  for (size_t i = 0; i < axes.size(); ++i)
+    s += (i ? ", " : "") + axes[i];
+  return s + "]";
+}
+} // namespace
+
+struct ThreadWorld::State {
+  State(Mesh mesh, std::chrono::milliseconds timeout)
+      : mesh(std::move(mesh)), timeout(timeout) {}
+
+  struct Rendezvous {
+    std::vector<const void *> inputs;
+    int64_t arrived = 0;
+    int64_t departed = 0;
+  };
+
+  Mesh mesh;
+  std::chrono::milliseconds timeout;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::string, Rendezvous> rendezvous;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<std::vector<char>>>
+      mailbox;
+  bool aborted = false;
+  std::string abortReason;
+
+  /// Waits for `ready` under the lock, failing on abort or deadline.
+  template <typename Pred>
+  void waitFor(std::unique_lock<std::mutex> &lock, Pred ready,
+               const std::string &what) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!ready()) {
+      if (aborted)
+        throw CommunicationError(what + ": aborted: " + abortReason);
+      if (changed.wait_until(lock, deadline) == std::cv_status::timeout &&
+          !ready()) {
+        if (aborted)
+          throw CommunicationError(what + ": aborted: " + abortReason);
+        throw CommunicationError(
+            what + ": timed out after " + std::to_string(timeout.count()) +
+            " ms waiting for the other members");
+      }
+    }
+  }
+};
+
+namespace {
+
+class ThreadCommunicator final : public Communicator {
+public:
+  ThreadCommunicator(std::shared_ptr<ThreadWorld::State> state, int64_t rank)
+      : state_(std::move(state)), rank_(rank) {}
+
+  int64_t rank() const override { return rank_; }
+  const Mesh &mesh() const override { return state_->mesh; }
+
+  void allReduce(const void *in, void *out, size_t count, DType type,
+                 ReduceOp op, const Axes &axes) override {
+    size_t bytes = count * byteSize(type);
+    collective("all_reduce", axes, in, [&](const std::vector<const void *> &all,
+                                           int64_t) {
+      std::vector<char> acc(static_cast<const char *>(all[0]),
+                            static_cast<const char *>(all[0]) + bytes);
+      for (size_t i = 1; i < all.size(); ++i)
+        reduceInto(acc.data(), all[i], count, type, op);
+      if (op == ReduceOp::Avg)
+        divide(acc.data(), count, type, all.size());
+      std::memcpy(out, acc.data(), bytes);
+    });
+  }
+
+  void allGather(const void *in, void *out, size_t bytes,
+                 const Axes &axes) override {
+    collective("all_gather", axes, in,
+               [&](const std::vector<const void *> &all, int64_t) {
+                 for (size_t i = 0; i < all.size(); ++i)
+                   std::memcpy(static_cast<char *>(out) + i * bytes, all[i],
+                               bytes);
+               });
+  }
+
+  void reduceScatter(const void *in, void *out, size_t count, DType type,
+                     ReduceOp op, const Axes &axes) override {
+    size_t bytes = count * byteSize(type);
+    collective("reduce_scatter", axes, in,
+               [&](const std::vector<const void *> &all, int64_t me) {
+                 auto chunk = [&](size_t i) {
+                   return static_cast<const char *>(all[i]) + me * bytes;
+                 };
+                 std::vector<char> acc(chunk(0), chunk(0) + bytes);
+                 for (size_t i = 1; i < all.size(); ++i)
+                   reduceInto(acc.data(), chunk(i), count, type, op);
+                 if (op == ReduceOp::Avg)
+                   divide(acc.data(), count, type, all.size());
+                 std::memcpy(out, acc.data(), bytes);
+               });
+  }
+
+  void allToAll(const void *in, void *out, size_t bytes,
+                const Axes &axes) override {
+    collective("all_to_all", axes, in,
+               [&](const std::vector<const void *> &all, int64_t me) {
+                 for (size_t i = 0; i < all.size(); ++i)
+                   std::memcpy(static_cast<char *>(out) + i * bytes,
+                               static_cast<const char *>(all[i]) + me * bytes,
+                               bytes);
+               });
+  }
+
+  void broadcast(void *data, size_t bytes, int64_t rootIndex,
+                 const Axes &axes) override {
+    collective("broadcast", axes, data,
+               [&](const std::vector<const void *> &all, int64_t me) {
+                 if (rootIndex < 0 ||
+                     rootIndex >= static_cast<int64_t>(all.size()))
+                   throw CommunicationError("broadcast root out of range");
+                 if (me != rootIndex)
+                   std::memcpy(data, all[rootIndex], bytes);
+               });
+  }
+
+  void barrier(const Axes &axes) override {
+    collective("barrier", axes, nullptr,
+               [](const std::vector<const void *> &, int64_t) {});
+  }
+
+  void send(const void *data, size_t bytes, int64_t peer,
+            int64_t tag) override {
+    checkPeer(peer, "send");
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const char *p = static_cast<const char *>(data);
+    state_->mailbox[{rank_, peer, tag}].emplace_back(p, p + bytes);
+    state_->changed.notify_all();
+  }
+
+  void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
+    checkPeer(peer, "recv");
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    auto key = std::make_tuple(peer, rank_, tag);
+    state_->waitFor(
+        lock, [&] { return !state_->mailbox[key].empty(); },
+        "rank " + std::to_string(rank_) + ": recv from rank " +
+            std::to_string(peer) + " (tag " + std::to_string(tag) + ")");
+    std::vector<char> message = std::move(state_->mailbox[key].front());
+    state_->mailbox[key].pop_front();
+    if (message.size() != bytes)
+      throw CommunicationError("rank " + std::to_string(rank_) +
+                               ": recv expected " + std::to_string(bytes) +
+                               " bytes, rank " + std::to_string(peer) +
+                               " sent " + std::to_string(message.size()));
+    std::memcpy(data, message.data(), bytes);
+  }
+
+  void abort(const std::string &reason) override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->aborted) {
+      state_->aborted = true;
+      state_->abortReason = "rank " + std::to_string(rank_) + ": " + reason;
+    }
+    state_->changed.notify_all();
+  }
+
+private:
+  static void divide(void *data, size_t count, DType type, size_t n) {
+    switch (type) {
+    case DType::F64:
+      for (size_t i = 0; i < count; ++i)
+        static_cast<double *>(data)[i] /= static_cast<double>(n);
+      return;
+    case DType::F32:
+      for (size_t i = 0; i < count; ++i)
+        static_cast<float *>(data)[i] /= static_cast<float>(n);
+      return;
+    default:
+      throw CommunicationError("avg reductions need a float type");
+    }
+  }
+
+  void checkPeer(int64_t peer, const char *what) const {
+    if (peer < 0 || peer >= state_->mesh.numRanks() || peer == rank_)
+      throw CommunicationError("rank " + std::to_string(rank_) + ": " + what +
+                               " to invalid peer " + std::to_string(peer));
+  }
+
+  /// The rendezvous: post `in`, wait for the group, `compute` this rank's
+  /// output from every member's input, wait until all have read.
+  template <typename Fn>
+  void collective(const char *kind, const Axes &axes, const void *in,
+                  Fn compute) {
+    std::vector<int64_t> group = state_->mesh.group(rank_, axes);
+    int64_t me = state_->mesh.indexInGroup(rank_, axes);
+    int64_t n = group.size();
+    std::ostringstream key;
+    key << kind;
+    for (int64_t r : group)
+      key << ',' << r;
+    std::string groupKey = key.str();
+    uint64_t sequence;
+    {
+      std::lock_guard<std::mutex> lock(sequenceMutex_);
+      sequence = sequences_[groupKey]++;
+    }
+    std::string id = groupKey + '#' + std::to_string(sequence);
+    std::string what = "rank " + std::to_string(rank_) + ": " + kind +
+                       " over " + describe(axes);
+
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    auto &slot = state_->rendezvous[id];
+    if (slot.inputs.empty())
+      slot.inputs.assign(n, nullptr);
+    slot.inputs[me] = in;
+    ++slot.arrived;
+    state_->changed.notify_all();
+    state_->waitFor(lock, [&] { return state_->rendezvous[id].arrived == n; },
+                    what);
+    std::vector<const void *> inputs = state_->rendezvous[id].inputs;
+    lock.unlock();
+    compute(inputs, me);
+    lock.lock();
+    auto &done = state_->rendezvous[id];
+    ++done.departed;
+    state_->changed.notify_all();
+    state_->waitFor(
+        lock,
+        [&] {
+          auto it = state_->rendezvous.find(id);
+          return it == state_->rendezvous.end() || it->second.departed == n;
+        },
+        what);
+    auto it = state_->rendezvous.find(id);
+    if (it != state_->rendezvous.end() && it->second.departed == n)
+      state_->rendezvous.erase(it);
+  }
+
+  std::shared_ptr<ThreadWorld::State> state_;
+  int64_t rank_;
+  std::mutex sequenceMutex_;
+  std::map<std::string, uint64_t> sequences_;
+};
+
+} // namespace
+
+ThreadWorld::ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>(std::move(mesh), timeout)) {}
+
+ThreadWorld::~ThreadWorld() = default;
+
+std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t rank) {
+  if (rank < 0 || rank >= state_->mesh.numRanks())
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " is outside the mesh");
+  return std::make_unique<ThreadCommunicator>(state_, rank);
+}
+
+const Mesh &ThreadWorld::mesh() const { return state_->mesh; }
+
+} // namespace ernie::runtime

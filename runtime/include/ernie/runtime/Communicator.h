@@ -1,0 +1,95 @@
+//===- Communicator.h - collectives behind one interface ---------*- C++ -*-===//
+//
+// What the executor asks of a collective engine, whatever carries the bytes:
+// threads in one process, Gloo over TCP, NCCL on GPUs. Groups are named by
+// mesh axes (Mesh.h), never by rank lists, and every engine reduces in group
+// order so results are bitwise identical across engines and runs. Blocking
+// calls have async forms that run on a communication thread.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_COMMUNICATOR_H
+#define ERNIE_RUNTIME_COMMUNICATOR_H
+
+#include "ernie/runtime/DType.h"
+#include "ernie/runtime/Mesh.h"
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ernie::runtime {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+using Axes = std::vector<std::string>;
+
+/// A collective failed: a peer never arrived, another rank aborted, or the
+/// arguments disagree. The message names the rank and the collective.
+struct CommunicationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A collective running on a communication thread.
+class AsyncHandle {
+public:
+  AsyncHandle() = default;
+  explicit AsyncHandle(std::future<void> future) : future_(std::move(future)) {}
+  /// Blocks until the collective is done; rethrows its error.
+  void wait();
+  bool valid() const { return future_.valid(); }
+
+private:
+  std::future<void> future_;
+};
+
+class Communicator {
+public:
+  virtual ~Communicator() = default;
+
+  virtual int64_t rank() const = 0;
+  virtual const Mesh &mesh() const = 0;
+
+  /// out = reduce over the group of `in` (count elements of `type`).
+  virtual void allReduce(const void *in, void *out, size_t count, DType type,
+                         ReduceOp op, const Axes &axes) = 0;
+  /// out = the members' `bytes`-long inputs, concatenated in group order.
+  virtual void allGather(const void *in, void *out, size_t bytes,
+                         const Axes &axes) = 0;
+  /// in holds group-size chunks of `count` elements; out = the reduction of
+  /// every member's chunk at this rank's group index.
+  virtual void reduceScatter(const void *in, void *out, size_t count,
+                             DType type, ReduceOp op, const Axes &axes) = 0;
+  /// in holds group-size chunks of `bytes`; chunk j goes to member j; out
+  /// holds what member i sent, in order i.
+  virtual void allToAll(const void *in, void *out, size_t bytes,
+                        const Axes &axes) = 0;
+  /// Every member's `data` becomes the data of the member at `rootIndex`.
+  virtual void broadcast(void *data, size_t bytes, int64_t rootIndex,
+                         const Axes &axes) = 0;
+  virtual void send(const void *data, size_t bytes, int64_t peer,
+                    int64_t tag) = 0;
+  virtual void recv(void *data, size_t bytes, int64_t peer, int64_t tag) = 0;
+  virtual void barrier(const Axes &axes) = 0;
+
+  /// Runs `collective` (a call of the methods above) on a communication
+  /// thread. Collectives on one group must be started in the same order on
+  /// every member; the engine pairs them by that order.
+  AsyncHandle start(std::function<void()> collective);
+
+  /// Stops every rank: their pending and later collectives fail with
+  /// `reason` instead of waiting for a peer that will never come.
+  virtual void abort(const std::string &reason) = 0;
+};
+
+/// Applies `op` to `count` elements of `type`: dst = dst (op) src.
+void reduceInto(void *dst, const void *src, size_t count, DType type,
+                ReduceOp op);
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_COMMUNICATOR_H

@@ -1,0 +1,38 @@
+//===- ThreadCommunicator.h - every rank a thread of one process -*- C++ -*-===//
+//
+// The embedded default (`ernie-run --ranks N`): ranks are threads sharing a
+// ThreadWorld; a collective is a rendezvous where each member reads the
+// others' buffers directly (no copies beyond the result). Reductions run in
+// group order, so every rank computes the same bits. Waits have a deadline:
+// a peer that never arrives is a CommunicationError, not a hang.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_THREADCOMMUNICATOR_H
+#define ERNIE_RUNTIME_THREADCOMMUNICATOR_H
+
+#include "ernie/runtime/Communicator.h"
+
+#include <memory>
+
+namespace ernie::runtime {
+
+class ThreadWorld {
+public:
+  ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout =
+                             std::chrono::seconds(60));
+  ~ThreadWorld();
+
+  /// The communicator of `rank`, for the thread that runs that rank.
+  std::unique_ptr<Communicator> communicator(int64_t rank);
+  const Mesh &mesh() const;
+
+  struct State;
+
+private:
+  std::shared_ptr<State> state_;
+};
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_THREADCOMMUNICATOR_H

@@ -1,0 +1,62 @@
+//===- Communicator.cpp - shared pieces of every collective engine ----------===//
+
+#include "ernie/runtime/Communicator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace ernie::runtime {
+
+void AsyncHandle::wait() {
+  if (future_.valid())
+    future_.get();
+}
+
+AsyncHandle Communicator::start(std::function<void()> collective) {
+  return AsyncHandle(std::async(std::launch::async, std::move(collective)));
+}
+
+namespace {
+template <typename T>
+void reduceTyped(T *dst, const T *src, size_t count, ReduceOp op) {
+  for (size_t i = 0; i < count; ++i) {
+    switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: // Divided once all terms are in (see the engines).
+      dst[i] = dst[i] + src[i];
+      break;
+    case ReduceOp::Max:
+      dst[i] = std::max(dst[i], src[i]);
+      break;
+    case ReduceOp::Min:
+      dst[i] = std::min(dst[i], src[i]);
+      break;
+    }
+  }
+}
+} // namespace
+
+void reduceInto(void *dst, const void *src, size_t count, DType type,
+                ReduceOp op) {
+  switch (type) {
+  case DType::F64:
+    return reduceTyped(static_cast<double *>(dst),
+                       static_cast<const double *>(src), count, op);
+  case DType::F32:
+    return reduceTyped(static_cast<float *>(dst),
+                       static_cast<const float *>(src), count, op);
+  case DType::I64:
+    return reduceTyped(static_cast<int64_t *>(dst),
+                       static_cast<const int64_t *>(src), count, op);
+  case DType::I32:
+    return reduceTyped(static_cast<int32_t *>(dst),
+                       static_cast<const int32_t *>(src), count, op);
+  default:
+    throw CommunicationError(std::string("reductions of ") +
+                             std::string(name(type)) +
+                             " are not supported; reduce in f32");
+  }
+}
+
+} // namespace ernie::runtime
