@@ -1,0 +1,249 @@
+//===- GlooCommunicator.cpp - one process per rank over TCP ------------------===//
+
+#include "ernie/runtime/GlooCommunicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace ernie::runtime {
+
+namespace {
+
+std::string describe(const Axes &axes) {
+  std::string s = "[";
+  for (size_t i = 0; i < axes.size(); ++i)
+    s += (i ? ", " : "") + axes[i];
+  return s + "]";
+}
+
+void divideInPlace(void *data, size_t count, DType type, size_t n) {
+  if (type == DType::F64) {
+    for (size_t i = 0; i < count; ++i)
+      static_cast<double *>(data)[i] /= static_cast<double>(n);
+  } else if (type == DType::F32) {
+    for (size_t i = 0; i < count; ++i)
+      static_cast<float *>(data)[i] /= static_cast<float>(n);
+  } else {
+    throw CommunicationError("avg reductions need a float type");
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+public:
+  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
+      : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)),
+        store_(options_.storePath) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options_.hostname;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+  }
+
+  int64_t rank() const override { return rank_; }
+  const Mesh &mesh() const override { return mesh_; }
+
+  void allReduce(const void *in, void *out, size_t count, DType type,
+                 ReduceOp op, const Axes &axes) override {
+    run("all_reduce", axes, [&](gloo::Context &ctx) {
+      size_t bytes = count * byteSize(type);
+      std::vector<char> all(bytes * ctx.size);
+      gather(ctx, in, all.data(), bytes);
+      std::vector<char> acc(all.begin(), all.begin() + bytes);
+      for (int i = 1; i < ctx.size; ++i)
+        reduceInto(acc.data(), all.data() + i * bytes, count, type, op);
+      if (op == ReduceOp::Avg)
+        divideInPlace(acc.data(), count, type, ctx.size);
+      std::memcpy(out, acc.data(), bytes);
+    });
+  }
+
+  void allGather(const void *in, void *out, size_t bytes,
+                 const Axes &axes) override {
+    run("all_gather", axes,
+        [&](gloo::Context &ctx) { gather(ctx, in, out, bytes); });
+  }
+
+  void reduceScatter(const void *in, void *out, size_t count, DType type,
+                     ReduceOp op, const Axes &axes) override {
+    run("reduce_scatter", axes, [&](gloo::Context &ctx) {
+      size_t bytes = count * byteSize(type);
+      std::vector<char> mine(bytes * ctx.size);
+      exchange(ctx, in, mine.data(), bytes);
+      std::vector<char> acc(mine.begin(), mine.begin() + bytes);
+      for (int i = 1; i < ctx.size; ++i)
+        reduceInto(acc.data(), mine.data() + i * bytes, count, type, op);
+      if (op == ReduceOp::Avg)
+        divideInPlace(acc.data(), count, type, ctx.size);
+      std::memcpy(out, acc.data(), bytes);
+    });
+  }
+
+  void allToAll(const void *in, void *out, size_t bytes,
+                const Axes &axes) override {
+    run("all_to_all", axes,
+        [&](gloo::Context &ctx) { exchange(ctx, in, out, bytes); });
+  }
+
+  void broadcast(void *data, size_t bytes, int64_t rootIndex,
+                 const Axes &axes) override {
+    run("broadcast", axes, [&](gloo::Context &ctx) {
+      if (rootIndex < 0 || rootIndex >= ctx.size)
+        throw CommunicationError("broadcast root out of range");
+      gloo::BroadcastOptions opts(shared(ctx));
+      opts.setOutput(static_cast<char *>(data), bytes);
+      opts.setRoot(static_cast<int>(rootIndex));
+      opts.setTimeout(options_.timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier(const Axes &axes) override {
+    run("barrier", axes, [&](gloo::Context &ctx) {
+      gloo::BarrierOptions opts(shared(ctx));
+      opts.setTimeout(options_.timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+  void send(const void *data, size_t bytes, int64_t peer,
+            int64_t tag) override {
+    pointToPoint("send", peer, tag, [&](gloo::Context &ctx, int other) {
+      auto buf = ctx.createUnboundBuffer(const_cast<void *>(data), bytes);
+      buf->send(other, static_cast<uint64_t>(tag));
+      if (!buf->waitSend(nullptr, options_.timeout))
+        throw CommunicationError("send did not complete");
+    });
+  }
+
+  void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
+    pointToPoint("recv", peer, tag, [&](gloo::Context &ctx, int other) {
+      auto buf = ctx.createUnboundBuffer(data, bytes);
+      buf->recv(other, static_cast<uint64_t>(tag));
+      if (!buf->waitRecv(nullptr, options_.timeout))
+        throw CommunicationError("recv did not complete");
+    });
+  }
+
+  void abort(const std::string &reason) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
+  }
+
+private:
+  std::shared_ptr<gloo::Context> shared(gloo::Context &ctx) {
+    for (auto &[key, c] : contexts_)
+      if (c.get() == &ctx)
+        return c;
+    throw CommunicationError("unknown context");
+  }
+
+  void gather(gloo::Context &ctx, const void *in, void *out, size_t bytes) {
+    gloo::AllgatherOptions opts(shared(ctx));
+    opts.setInput(const_cast<char *>(static_cast<const char *>(in)), bytes);
+    opts.setOutput(static_cast<char *>(out), bytes * ctx.size);
+    opts.setTimeout(options_.timeout);
+    gloo::allgather(opts);
+  }
+
+  void exchange(gloo::Context &ctx, const void *in, void *out, size_t bytes) {
+    gloo::AlltoallOptions opts(shared(ctx));
+    opts.setInput(const_cast<char *>(static_cast<const char *>(in)),
+                  bytes * ctx.size);
+    opts.setOutput(static_cast<char *>(out), bytes * ctx.size);
+    opts.setTimeout(options_.timeout);
+    gloo::alltoall(opts);
+  }
+
+  /// The context of `members` (this rank included), made on first use.
+  gloo::Context &contextFor(const std::vector<int64_t> &members) {
+    std::string key = "g";
+    for (int64_t r : members)
+      key += "." + std::to_string(r);
+    auto it = contexts_.find(key);
+    if (it != contexts_.end())
+      return *it->second;
+    int me = 0;
+    while (members[me] != rank_)
+      ++me;
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(
+        me, static_cast<int>(members.size()));
+    ctx->setTimeout(options_.timeout);
+    gloo::rendezvous::PrefixStore prefixed(key, store_);
+    ctx->connectFullMesh(prefixed, device_);
+    contexts_[key] = ctx;
+    return *ctx;
+  }
+
+  template <typename Fn>
+  void run(const char *kind, const Axes &axes, Fn body) {
+    std::string what = "rank " + std::to_string(rank_) + ": " + kind +
+                       " over " + describe(axes);
+    checkAborted(what);
+    try {
+      std::lock_guard<std::mutex> lock(contextMutex_);
+      body(contextFor(mesh_.group(rank_, axes)));
+    } catch (const CommunicationError &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw CommunicationError(what + ": " + e.what());
+    }
+  }
+
+  template <typename Fn>
+  void pointToPoint(const char *kind, int64_t peer, int64_t tag, Fn body) {
+    std::string what = "rank " + std::to_string(rank_) + ": " + kind +
+                       " with rank " + std::to_string(peer) + " (tag " +
+                       std::to_string(tag) + ")";
+    checkAborted(what);
+    if (peer < 0 || peer >= mesh_.numRanks() || peer == rank_)
+      throw CommunicationError(what + ": invalid peer");
+    try {
+      std::lock_guard<std::mutex> lock(contextMutex_);
+      std::vector<int64_t> pair{std::min(rank_, peer), std::max(rank_, peer)};
+      body(contextFor(pair), rank_ < peer ? 1 : 0);
+    } catch (const CommunicationError &e) {
+      throw CommunicationError(what + ": " + e.what());
+    } catch (const std::exception &e) {
+      throw CommunicationError(what + ": " + e.what());
+    }
+  }
+
+  void checkAborted(const std::string &what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty())
+      throw CommunicationError(what + ": aborted: " + aborted_);
+  }
+
+  Mesh mesh_;
+  int64_t rank_;
+  GlooOptions options_;
+  gloo::rendezvous::FileStore store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::map<std::string, std::shared_ptr<gloo::Context>> contexts_;
+  std::mutex contextMutex_, mutex_;
+  std::string aborted_;
+};
+
+} // namespace
+
+std::unique_ptr<Communicator> createGlooCommunicator(Mesh mesh, int64_t rank,
+                                                     GlooOptions options) {
+  if (rank < 0 || rank >= mesh.numRanks())
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " is outside the mesh");
+  if (options.storePath.empty())
+    throw std::invalid_argument("the Gloo communicator needs a store path");
+  return std::make_unique<GlooCommunicator>(std::move(mesh), rank,
+                                            std::move(options));
+}
+
+} // namespace ernie::runtime
