@@ -527,6 +527,10 @@ LogicalResult PadOp::buildGradient(OpBuilder &builder, ValueRange grads,
                                    SmallVectorImpl<Value> &out) {
   return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
     auto in = typeOf(getInput());
+    if (llvm::is_contained(in.getShape(), 0)) {
+      out.push_back(h.zerosLike(getInput()));
+      return;
+    }
     SmallVector<int64_t> start, limit, step;
     for (int64_t d = 0; d < in.getRank(); ++d) {
       int64_t s = getInterior()[d] + 1;

@@ -59,4 +59,33 @@ void reduceInto(void *dst, const void *src, size_t count, DType type,
   }
 }
 
+void reduceInOrder(const std::vector<const void *> &inputs, void *out,
+                   size_t count, DType type, ReduceOp op) {
+  size_t bytes = count * byteSize(type);
+  std::vector<char> acc(static_cast<const char *>(inputs[0]),
+                        static_cast<const char *>(inputs[0]) + bytes);
+  for (size_t i = 1; i < inputs.size(); ++i)
+    reduceInto(acc.data(), inputs[i], count, type, op);
+  if (op == ReduceOp::Avg) {
+    double n = static_cast<double>(inputs.size());
+    if (type == DType::F64) {
+      for (size_t i = 0; i < count; ++i)
+        reinterpret_cast<double *>(acc.data())[i] /= n;
+    } else if (type == DType::F32) {
+      for (size_t i = 0; i < count; ++i)
+        reinterpret_cast<float *>(acc.data())[i] /= static_cast<float>(n);
+    } else {
+      throw CommunicationError("avg reductions need a float type");
+    }
+  }
+  std::memcpy(out, acc.data(), bytes);
+}
+
+std::string describeAxes(const Axes &axes) {
+  std::string s = "[";
+  for (size_t i = 0; i < axes.size(); ++i)
+    s += (i ? ", " : "") + axes[i];
+  return s + "]";
+}
+
 } // namespace ernie::runtime

@@ -13,8 +13,30 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 namespace ernie::runtime::testing {
+
+/// Runs `body(rank)` on `ranks` threads; rethrows the first failure.
+template <typename Fn>
+void onThreads(int64_t ranks, Fn body) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(ranks);
+  for (int64_t r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto &t : threads)
+    t.join();
+  for (auto &e : errors)
+    if (e)
+      std::rethrow_exception(e);
+}
 
 /// Rank r's input element i: distinct per rank and element.
 inline double value(int64_t rank, size_t i) { return 100.0 * rank + i + 0.25; }

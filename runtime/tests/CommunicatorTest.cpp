@@ -24,25 +24,13 @@ using namespace ernie::runtime::testing;
 
 namespace {
 
-/// Runs `body(comm)` on every rank of `mesh`, one thread each.
+/// Runs `body(comm)` on every rank of the world, one thread each.
 template <typename Fn>
 void onAllRanks(ThreadWorld &world, Fn body) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world.mesh().numRanks());
-  for (int64_t r = 0; r < world.mesh().numRanks(); ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = world.communicator(r);
-        body(*comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto &t : threads)
-    t.join();
-  for (auto &e : errors)
-    if (e)
-      std::rethrow_exception(e);
+  onThreads(world.mesh().numRanks(), [&](int64_t r) {
+    auto comm = world.communicator(r);
+    body(*comm);
+  });
 }
 
 class Collectives : public ::testing::TestWithParam<std::vector<int64_t>> {

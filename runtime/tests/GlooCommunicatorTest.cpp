@@ -32,25 +32,13 @@ std::string freshStore(const std::string &name) {
 
 template <typename Fn>
 void onGlooRanks(const Mesh &mesh, const std::string &store, Fn body) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(mesh.numRanks());
-  for (int64_t r = 0; r < mesh.numRanks(); ++r)
-    threads.emplace_back([&, r] {
-      try {
-        GlooOptions options;
-        options.storePath = store;
-        options.timeout = std::chrono::seconds(30);
-        auto comm = createGlooCommunicator(mesh, r, options);
-        body(*comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto &t : threads)
-    t.join();
-  for (auto &e : errors)
-    if (e)
-      std::rethrow_exception(e);
+  onThreads(mesh.numRanks(), [&](int64_t r) {
+    GlooOptions options;
+    options.storePath = store;
+    options.timeout = std::chrono::seconds(30);
+    auto comm = createGlooCommunicator(mesh, r, options);
+    body(*comm);
+  });
 }
 
 TEST(GlooCommunicator, EveryCollectiveOnEveryAxisSubset) {

@@ -19,25 +19,6 @@ namespace ernie::runtime {
 
 namespace {
 
-std::string describe(const Axes &axes) {
-  std::string s = "[";
-  for (size_t i = 0; i < axes.size(); ++i)
-    s += (i ? ", " : "") + axes[i];
-  return s + "]";
-}
-
-void divideInPlace(void *data, size_t count, DType type, size_t n) {
-  if (type == DType::F64) {
-    for (size_t i = 0; i < count; ++i)
-      static_cast<double *>(data)[i] /= static_cast<double>(n);
-  } else if (type == DType::F32) {
-    for (size_t i = 0; i < count; ++i)
-      static_cast<float *>(data)[i] /= static_cast<float>(n);
-  } else {
-    throw CommunicationError("avg reductions need a float type");
-  }
-}
-
 class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
@@ -57,12 +38,7 @@ public:
       size_t bytes = count * byteSize(type);
       std::vector<char> all(bytes * ctx.size);
       gather(ctx, in, all.data(), bytes);
-      std::vector<char> acc(all.begin(), all.begin() + bytes);
-      for (int i = 1; i < ctx.size; ++i)
-        reduceInto(acc.data(), all.data() + i * bytes, count, type, op);
-      if (op == ReduceOp::Avg)
-        divideInPlace(acc.data(), count, type, ctx.size);
-      std::memcpy(out, acc.data(), bytes);
+      reduceInOrder(chunks(all, bytes, ctx.size), out, count, type, op);
     });
   }
 
@@ -78,12 +54,7 @@ public:
       size_t bytes = count * byteSize(type);
       std::vector<char> mine(bytes * ctx.size);
       exchange(ctx, in, mine.data(), bytes);
-      std::vector<char> acc(mine.begin(), mine.begin() + bytes);
-      for (int i = 1; i < ctx.size; ++i)
-        reduceInto(acc.data(), mine.data() + i * bytes, count, type, op);
-      if (op == ReduceOp::Avg)
-        divideInPlace(acc.data(), count, type, ctx.size);
-      std::memcpy(out, acc.data(), bytes);
+      reduceInOrder(chunks(mine, bytes, ctx.size), out, count, type, op);
     });
   }
 
@@ -139,6 +110,15 @@ public:
   }
 
 private:
+  /// Pointers to the `n` consecutive `bytes`-long pieces of `all`.
+  static std::vector<const void *> chunks(const std::vector<char> &all,
+                                          size_t bytes, int n) {
+    std::vector<const void *> out;
+    for (int i = 0; i < n; ++i)
+      out.push_back(all.data() + i * bytes);
+    return out;
+  }
+
   std::shared_ptr<gloo::Context> shared(gloo::Context &ctx) {
     for (auto &[key, c] : contexts_)
       if (c.get() == &ctx)
@@ -186,7 +166,7 @@ private:
   template <typename Fn>
   void run(const char *kind, const Axes &axes, Fn body) {
     std::string what = "rank " + std::to_string(rank_) + ": " + kind +
-                       " over " + describe(axes);
+                       " over " + describeAxes(axes);
     checkAborted(what);
     try {
       std::lock_guard<std::mutex> lock(contextMutex_);

@@ -18,15 +18,6 @@
 
 namespace ernie::runtime {
 
-namespace {
-std::string describe(const Axes &axes) {
-  std::string s = "[";
-  for (size_t i = 0; i < axes.size(); ++i)
-    s += (i ? ", " : "") + axes[i];
-  return s + "]";
-}
-} // namespace
-
 struct ThreadWorld::State {
   State(Mesh mesh, std::chrono::milliseconds timeout)
       : mesh(std::move(mesh)), timeout(timeout) {}
@@ -79,17 +70,10 @@ public:
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
-    size_t bytes = count * byteSize(type);
-    collective("all_reduce", axes, in, [&](const std::vector<const void *> &all,
-                                           int64_t) {
-      std::vector<char> acc(static_cast<const char *>(all[0]),
-                            static_cast<const char *>(all[0]) + bytes);
-      for (size_t i = 1; i < all.size(); ++i)
-        reduceInto(acc.data(), all[i], count, type, op);
-      if (op == ReduceOp::Avg)
-        divide(acc.data(), count, type, all.size());
-      std::memcpy(out, acc.data(), bytes);
-    });
+    collective("all_reduce", axes, in,
+               [&](const std::vector<const void *> &all, int64_t) {
+                 reduceInOrder(all, out, count, type, op);
+               });
   }
 
   void allGather(const void *in, void *out, size_t bytes,
@@ -107,15 +91,11 @@ public:
     size_t bytes = count * byteSize(type);
     collective("reduce_scatter", axes, in,
                [&](const std::vector<const void *> &all, int64_t me) {
-                 auto chunk = [&](size_t i) {
-                   return static_cast<const char *>(all[i]) + me * bytes;
-                 };
-                 std::vector<char> acc(chunk(0), chunk(0) + bytes);
-                 for (size_t i = 1; i < all.size(); ++i)
-                   reduceInto(acc.data(), chunk(i), count, type, op);
-                 if (op == ReduceOp::Avg)
-                   divide(acc.data(), count, type, all.size());
-                 std::memcpy(out, acc.data(), bytes);
+                 std::vector<const void *> chunks;
+                 for (const void *member : all)
+                   chunks.push_back(static_cast<const char *>(member) +
+                                    me * bytes);
+                 reduceInOrder(chunks, out, count, type, op);
                });
   }
 
@@ -184,21 +164,6 @@ public:
   }
 
 private:
-  static void divide(void *data, size_t count, DType type, size_t n) {
-    switch (type) {
-    case DType::F64:
-      for (size_t i = 0; i < count; ++i)
-        static_cast<double *>(data)[i] /= static_cast<double>(n);
-      return;
-    case DType::F32:
-      for (size_t i = 0; i < count; ++i)
-        static_cast<float *>(data)[i] /= static_cast<float>(n);
-      return;
-    default:
-      throw CommunicationError("avg reductions need a float type");
-    }
-  }
-
   void checkPeer(int64_t peer, const char *what) const {
     if (peer < 0 || peer >= state_->mesh.numRanks() || peer == rank_)
       throw CommunicationError("rank " + std::to_string(rank_) + ": " + what +
@@ -225,7 +190,7 @@ private:
     }
     std::string id = groupKey + '#' + std::to_string(sequence);
     std::string what = "rank " + std::to_string(rank_) + ": " + kind +
-                       " over " + describe(axes);
+                       " over " + describeAxes(axes);
 
     std::unique_lock<std::mutex> lock(state_->mutex);
     auto &slot = state_->rendezvous[id];

@@ -89,6 +89,13 @@ public:
 /// Applies `op` to `count` elements of `type`: dst = dst (op) src.
 void reduceInto(void *dst, const void *src, size_t count, DType type,
                 ReduceOp op);
+/// Reduces `n` equally long inputs in order into `out` (`avg` divides the
+/// sum once at the end): the one reduction every engine uses, so engines
+/// agree bit for bit.
+void reduceInOrder(const std::vector<const void *> &inputs, void *out,
+                   size_t count, DType type, ReduceOp op);
+/// "[dp, mp]", for messages.
+std::string describeAxes(const Axes &axes);
 
 } // namespace ernie::runtime
 
