@@ -238,9 +238,11 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   for (unsigned i = 0; i < forward.getNumArguments(); ++i)
     (forward.getArgAttr(i, ErnieDialect::kParamAttrName) ? paramIdx : batchIdx)
         .push_back(i);
+  // Parameters are float tensors (checked); batch arguments may be anything.
   auto argType = [&](unsigned i) {
     return cast<RankedTensorType>(forward.getArgumentTypes()[i]);
   };
+  auto anyType = [&](unsigned i) { return forward.getArgumentTypes()[i]; };
   auto paramName = [&](unsigned i) {
     return forward.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName)
         .getValue();
@@ -286,7 +288,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
         b.getStringAttr(paramName(slot.param) + ":" + slot.name))));
   }
   for (unsigned i : batchIdx) {
-    inputs.push_back(argType(i));
+    inputs.push_back(anyType(i));
     inputAttrs.push_back(attrsOf(i));
   }
   auto scalarF32 = RankedTensorType::get({}, b.getF32Type());
@@ -382,7 +384,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     evalAttrs.push_back(attrsOf(i));
   }
   for (unsigned i : batchIdx) {
-    evalInputs.push_back(argType(i));
+    evalInputs.push_back(anyType(i));
     evalAttrs.push_back(attrsOf(i));
   }
   b.setInsertionPointAfter(train);
@@ -413,6 +415,10 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
                          << " to differentiate";
       return signalPassFailure();
     }
+    // The inliner drops private functions nobody calls: keep the loss
+    // function alive through it, whatever its visibility.
+    SymbolTable::Visibility visibility = forward.getVisibility();
+    forward.setVisibility(SymbolTable::Visibility::Public);
     // AD sees the whole computation: inline every call first. Mean losses
     // become sum / count first too, so that their gradients (like the loss
     // itself) shard over the batch instead of needing the whole of it.
@@ -421,6 +427,7 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
     prepare.addPass(createExpandMeanLossPass());
     if (failed(runPipeline(prepare, module)))
       return signalPassFailure();
+    forward.setVisibility(visibility);
     if (optimizer != "none" && optimizer != "sgd" && optimizer != "adamw") {
       module.emitError() << "unknown optimizer '" << optimizer
                          << "' (expected none, sgd or adamw)";

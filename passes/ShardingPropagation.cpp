@@ -65,6 +65,13 @@ OpState stateOf(Operation *op, function_ref<ShardingAttr(Value)> shardingOf) {
   return state;
 }
 
+/// What an op needs of each operand and what it produces; where it cannot
+/// produce what its users were promised, a reshard follows it.
+struct OpPlan {
+  SmallVector<ShardingAttr> operands;
+  SmallVector<ShardingAttr> produced;
+};
+
 class Propagator {
 public:
   Propagator(ModuleOp module, const MeshShape &mesh)
@@ -137,8 +144,9 @@ private:
     }
   }
   void replicateTheRest();
-  /// What `op` needs of each operand, given every value's sharding.
-  SmallVector<ShardingAttr> requiredOperands(Operation *op);
+  /// What `op` needs of its operands and yields, given every value's
+  /// sharding.
+  OpPlan planOp(Operation *op);
 
   ModuleOp module;
   MeshShape mesh;
@@ -300,85 +308,105 @@ void Propagator::replicateTheRest() {
   });
 }
 
-SmallVector<ShardingAttr> Propagator::requiredOperands(Operation *op) {
-  SmallVector<ShardingAttr> required(op->getNumOperands());
+OpPlan Propagator::planOp(Operation *op) {
+  OpPlan plan;
+  plan.operands.resize(op->getNumOperands());
+  for (Value v : op->getResults())
+    plan.produced.push_back(get(v));
   if (auto ret = dyn_cast<func::ReturnOp>(op)) {
     auto func = ret->getParentOfType<func::FuncOp>();
     for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
       auto spec = resultSpecs.find({func, i});
       ShardingAttr s = get(ret.getOperand(i));
-      required[i] = spec != resultSpecs.end() ? spec->second : dropPartial(s);
+      plan.operands[i] =
+          spec != resultSpecs.end() ? spec->second : dropPartial(s);
     }
-    return required;
+    return plan;
   }
   if (auto call = dyn_cast<func::CallOp>(op)) {
+    // A call takes what its callee's arguments have and yields what its
+    // callee returns, whatever the caller's values want.
     auto callee = symbols.lookupNearestSymbolFrom<func::FuncOp>(
         call, call.getCalleeAttr());
-    for (unsigned i = 0; i < call.getNumOperands(); ++i) {
-      ShardingAttr s;
-      if (callee && !callee.isDeclaration())
-        s = get(callee.getArgument(i));
-      else if (callee)
-        s = callee.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName);
-      required[i] = s;
+    if (!callee)
+      return plan;
+    for (unsigned i = 0; i < call.getNumOperands(); ++i)
+      plan.operands[i] =
+          callee.isDeclaration()
+              ? callee.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName)
+              : get(callee.getArgument(i));
+    for (unsigned i = 0; i < call.getNumResults(); ++i) {
+      ShardingAttr returned;
+      if (auto spec = resultSpecs.find({callee, i}); spec != resultSpecs.end())
+        returned = spec->second;
+      else if (callee.isDeclaration())
+        returned = callee.getResultAttrOfType<ShardingAttr>(i,
+                                                            kShardingAttrName);
+      else
+        returned = dropPartial(get(
+            callee.getBody().back().getTerminator()->getOperand(i)));
+      if (!returned)
+        if (auto type = tensorType(call.getResult(i)))
+          returned = ShardingAttr::getReplicated(op->getContext(), mesh.name,
+                                                 type.getRank());
+      plan.produced[i] = returned;
     }
-    return required;
+    return plan;
   }
   if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
-    required[0] = constraint.getSharding();
-    return required;
+    plan.operands[0] = constraint.getSharding();
+    return plan;
   }
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
-    return required;
+    return plan;
   OpState state = stateOf(op, [&](Value v) { return get(v); });
-  // Results are settled: the operands must be what the results' factors say.
   OpShardingRule rule = ruleOp.getShardingRule();
-  SmallVector<ShardingAttr> noOperands(op->getNumOperands());
-  OpShardings fromResults = resolveShardings(
-      op->getContext(), rule, noOperands, state.results, state.operandTypes,
-      state.resultTypes, mesh);
-  // Operand-only factors (contractions, a gathered axis) keep the operands'
-  // own choice where the results say nothing about them.
-  OpShardings fromAll = resolveShardings(
-      op->getContext(), rule, state.operands, state.results,
-      state.operandTypes, state.resultTypes, mesh);
-  for (unsigned i = 0; i < op->getNumOperands(); ++i) {
-    if (fromAll.results == state.results)
-      required[i] = fromAll.operands[i];
-    else
-      required[i] = fromResults.operands[i];
+  // Everything known, reconciled: fine when the op can produce what its
+  // results were given.
+  OpShardings joint = resolveShardings(op->getContext(), rule, state.operands,
+                                       state.results, state.operandTypes,
+                                       state.resultTypes, mesh);
+  if (joint.results == state.results) {
+    plan.operands = joint.operands;
+    return plan;
   }
-  return required;
+  // Else bring the operands to what the results' factors say, if that yields
+  // the results' shardings.
+  SmallVector<ShardingAttr> noOperands(op->getNumOperands());
+  OpShardings fromResults =
+      resolveShardings(op->getContext(), rule, noOperands, state.results,
+                       state.operandTypes, state.resultTypes, mesh);
+  if (fromResults.results == state.results) {
+    plan.operands = fromResults.operands;
+    return plan;
+  }
+  // The results were given a sharding this op cannot produce (a sliced or
+  // normalised dimension split, a Partial on an op that reduces nothing):
+  // produce what the rule allows and reshard after.
+  plan.operands = joint.operands;
+  plan.produced = joint.results;
+  return plan;
 }
 
 LogicalResult Propagator::materialize() {
   MLIRContext *context = module.getContext();
-  // Results of ops, and function signatures.
-  module.walk([&](Operation *op) {
-    if (auto func = dyn_cast<func::FuncOp>(op)) {
-      if (func.isDeclaration())
-        return;
-      for (unsigned i = 0; i < func.getNumArguments(); ++i)
-        if (ShardingAttr s = get(func.getArgument(i)))
-          func.setArgAttr(i, kShardingAttrName, s);
-      return;
-    }
-    if (op->getNumResults() == 0 || isa<ShardingConstraintOp, ReshardOp>(op))
-      return;
-    if (!llvm::all_of(op->getResults(),
-                      [&](Value v) { return bool(get(v)); }))
-      return;
-    SmallVector<Attribute> shardings;
-    for (Value v : op->getResults())
-      shardings.push_back(get(v));
-    op->setAttr(kResultShardingsAttrName, ArrayAttr::get(context, shardings));
-  });
-  // Function results: the user's, else the returned values' without pending
-  // reductions (a returned value is complete).
+  // Plans first, while `known` still describes every value.
+  SmallVector<Operation *> ops;
+  module.walk([&](Operation *op) { ops.push_back(op); });
+  llvm::DenseMap<Operation *, OpPlan> plans;
+  for (Operation *op : ops)
+    plans[op] = planOp(op);
+
+  // Function signatures: arguments as known; results the user's, else the
+  // returned values' without pending reductions (a returned value is
+  // complete).
   module.walk([&](func::FuncOp func) {
     if (func.isDeclaration())
       return;
+    for (unsigned i = 0; i < func.getNumArguments(); ++i)
+      if (ShardingAttr s = get(func.getArgument(i)))
+        func.setArgAttr(i, kShardingAttrName, s);
     auto ret = cast<func::ReturnOp>(func.getBody().back().getTerminator());
     for (unsigned i = 0; i < func.getNumResults(); ++i) {
       if (resultSpecs.count({func, i}))
@@ -388,20 +416,38 @@ LogicalResult Propagator::materialize() {
     }
   });
 
-  // Explicit reshards wherever a use needs another sharding.
-  SmallVector<Operation *> users;
-  module.walk([&](Operation *op) { users.push_back(op); });
   OpBuilder builder(context);
-  for (Operation *op : users) {
-    SmallVector<ShardingAttr> required = requiredOperands(op);
-    for (auto [i, want] : llvm::enumerate(required)) {
+  for (Operation *op : ops) {
+    if (isa<func::FuncOp, ModuleOp>(op))
+      continue;
+    const OpPlan &plan = plans[op];
+    // What the op produces, and a reshard after it where its users were
+    // promised something else.
+    if (op->getNumResults() != 0 &&
+        !isa<ShardingConstraintOp, ReshardOp>(op) &&
+        llvm::all_of(plan.produced, [](ShardingAttr s) { return bool(s); })) {
+      op->setAttr(kResultShardingsAttrName,
+                  ArrayAttr::get(context, SmallVector<Attribute>(
+                                              plan.produced.begin(),
+                                              plan.produced.end())));
+      builder.setInsertionPointAfter(op);
+      for (auto [result, produced] : llvm::zip(op->getResults(), plan.produced)) {
+        ShardingAttr promised = get(result);
+        if (!promised || promised == produced)
+          continue;
+        auto after = ReshardOp::create(builder, op->getLoc(), result, promised);
+        result.replaceAllUsesExcept(after.getResult(), after);
+        known[after.getResult()] = {promised, 0};
+      }
+    }
+    // Explicit reshards wherever this op needs another sharding.
+    for (auto [i, want] : llvm::enumerate(plan.operands)) {
       Value value = op->getOperand(i);
       ShardingAttr have = get(value);
       if (!want || !have || want == have)
         continue;
       builder.setInsertionPoint(op);
-      auto reshard =
-          ReshardOp::create(builder, op->getLoc(), value, want);
+      auto reshard = ReshardOp::create(builder, op->getLoc(), value, want);
       op->setOperand(i, reshard.getResult());
     }
   }

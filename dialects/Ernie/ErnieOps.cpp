@@ -811,11 +811,17 @@ LogicalResult AttentionGradOp::inferReturnTypes(
 /// The loss type of cross_entropy over `logits` and `labels`, or an error.
 static FailureOr<RankedTensorType>
 inferCrossEntropyType(std::optional<Location> loc, Value logitsValue,
-                      Value labelsValue, LossReduction reduction) {
+                      Value labelsValue, LossReduction reduction,
+                      int64_t ignoreIndex) {
   auto logits = rankedOperand(loc, logitsValue, "logits");
   auto labels = rankedOperand(loc, labelsValue, "labels");
   if (failed(logits) || failed(labels))
     return failure();
+  unsigned width = labels->getElementType().getIntOrFloatBitWidth();
+  if (!llvm::isIntN(width, ignoreIndex))
+    return emitOptionalError(loc, "ignore_index ", ignoreIndex,
+                             " does not fit in the labels' type ",
+                             labels->getElementType());
   if (logits->getRank() < 1)
     return emitOptionalError(loc, "logits need a vocabulary dimension");
   if (labels->getShape() != logits->getShape().drop_back())
@@ -833,7 +839,8 @@ LogicalResult CrossEntropyOp::inferReturnTypes(
     MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   FailureOr<RankedTensorType> type = inferCrossEntropyType(
-      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction());
+      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction(),
+      static_cast<int64_t>(adaptor.getIgnoreIndex()));
   if (failed(type))
     return failure();
   inferred.push_back(*type);
@@ -844,7 +851,8 @@ LogicalResult CrossEntropyGradOp::inferReturnTypes(
     MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   FailureOr<RankedTensorType> loss = inferCrossEntropyType(
-      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction());
+      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction(),
+      static_cast<int64_t>(adaptor.getIgnoreIndex()));
   if (failed(loss))
     return failure();
   if (adaptor.getDloss().getType() != *loss)

@@ -105,6 +105,35 @@ int64_t mlir::ernie::reshardBytes(ShardingAttr from, ShardingAttr to,
   return bytes;
 }
 
+/// Blocks of a dimension made of several factors line up with a minor
+/// factor's blocks only when every more major factor in it is fully split:
+/// otherwise a rank's piece would be strided, which no sharding says. Such
+/// minor factors lose their axes (in every tensor, so the op's local form
+/// stays consistent), until nothing changes.
+static void legalizeFactorAxes(const OpShardingRule &rule, FactorAxes &axes,
+                               const MeshShape &mesh) {
+  auto fullySplit = [&](int64_t factor) {
+    SmallVector<StringRef> names(axes[factor].begin(), axes[factor].end());
+    return mesh.product(names) == rule.factors[factor].size;
+  };
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (const auto *tensors : {&rule.operands, &rule.results})
+      for (const TensorFactors &dims : *tensors)
+        for (const DimFactors &factors : dims) {
+          bool majorFull = true;
+          for (int64_t factor : factors) {
+            if (!majorFull && !axes[factor].empty()) {
+              axes[factor].clear();
+              changed = true;
+            }
+            majorFull = majorFull && fullySplit(factor);
+          }
+        }
+  }
+}
+
 /// The factor choice seeded by tensor `seed` (an index into `known`).
 static FactorAxes chooseFactors(const OpShardingRule &rule,
                                 ArrayRef<FactorAxes> known, size_t seed,
@@ -132,7 +161,7 @@ static FactorAxes chooseFactors(const OpShardingRule &rule,
   for (auto [i, candidate] : llvm::enumerate(known))
     if (i != seed)
       offer(candidate);
-  (void)mesh;
+  legalizeFactorAxes(rule, chosen, mesh);
   return chosen;
 }
 

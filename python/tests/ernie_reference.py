@@ -333,6 +333,8 @@ def evaluate_op(op, args):
         "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "silu": lambda x: x / (1 + np.exp(-x)),
         "relu": lambda x: np.maximum(x, 0), "abs": np.abs, "reciprocal": lambda x: 1 / x,
         "erf": _erf, "stop_gradient": lambda x: x,
+        # Layout annotations: the global value is unchanged.
+        "sharding_constraint": lambda x: x, "reshard": lambda x: x,
     }
     binary = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
               "maximum": np.maximum, "minimum": np.minimum, "pow": np.power}

@@ -150,3 +150,63 @@ func.func @forward(%h: tensor<4x6x8xf64> {{ernie.sharding = #ernie.sharding<@mes
     partitioned = compile_module(ernie_opt, source, "--ernie-autodiff", "--ernie-auto-parallel-pipeline")
     assert "ernie.all_gather" not in partitioned
     assert "ernie.axis_index" in partitioned
+
+
+# Shardings a consumer asks for that the producer cannot make: the compiler
+# produces what the producer's rule allows and reshards after (found by
+# review; each was wrong values or invalid IR before).
+PRODUCER_CASES = {
+    "sequence_split_rope_positions": """
+ernie.mesh @mesh(sp = 2)
+func.func @f(%q: tensor<2x16x4x8xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {sp}, {}, {}]>}) -> tensor<2x16x4x8xf64> {
+  %pos = ernie.iota dim = 0 : tensor<16xi64>
+  %r = ernie.rope %q, %pos, theta = 10000.0 : tensor<2x16x4x8xf64>, tensor<16xi64>
+  return %r : tensor<2x16x4x8xf64>
+}""",
+    "partial_constraint_on_exp": """
+ernie.mesh @mesh(mp = 4)
+func.func @f(%x: tensor<8xf64>) -> tensor<8xf64> {
+  %0 = ernie.exp %x : tensor<8xf64>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}], partial = {mp = sum}> : tensor<8xf64>
+  return %1 : tensor<8xf64>
+}""",
+    "sliced_result_split": """
+ernie.mesh @mesh(dp = 2)
+func.func @f(%x: tensor<8xf64>) -> (tensor<4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}]>}) {
+  %0 = ernie.slice %x [1:5] : tensor<8xf64> -> tensor<4xf64>
+  return %0 : tensor<4xf64>
+}""",
+    "softmax_axis_constrained": """
+ernie.mesh @mesh(mp = 2)
+func.func @f(%x: tensor<4x8xf64>) -> tensor<4x8xf64> {
+  %0 = ernie.softmax %x, axis = 1 : tensor<4x8xf64>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}, {mp}]> : tensor<4x8xf64>
+  return %1 : tensor<4x8xf64>
+}""",
+    "merge_with_split_minor_dim": """
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @f(%x: tensor<8x16xf64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}) -> tensor<128xf64> {
+  %0 = ernie.reshape %x : tensor<8x16xf64> -> tensor<128xf64>
+  return %0 : tensor<128xf64>
+}""",
+    "callers_disagree": """
+ernie.mesh @mesh(dp = 2)
+func.func @f(%x: tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) -> (tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) {
+  %0 = func.call @callee(%x) : (tensor<4x4xf64>) -> tensor<4x4xf64>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}, {dp}]> : tensor<4x4xf64>
+  return %1 : tensor<4x4xf64>
+}
+func.func @g(%x: tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) -> tensor<4x4xf64> {
+  %0 = func.call @callee(%x) : (tensor<4x4xf64>) -> tensor<4x4xf64>
+  return %0 : tensor<4x4xf64>
+}
+func.func @callee(%y: tensor<4x4xf64>) -> tensor<4x4xf64> {
+  %0 = ernie.sigmoid %y : tensor<4x4xf64>
+  return %0 : tensor<4x4xf64>
+}""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRODUCER_CASES))
+def test_consumer_asks_what_producer_cannot_make(ernie_opt, case):
+    check_same_as_single_device(ernie_opt, PRODUCER_CASES[case], "f")

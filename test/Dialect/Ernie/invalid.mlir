@@ -759,3 +759,11 @@ func.func @sgd_decay(%p: tensor<4xf32>, %lr: tensor<f32>) {
   %0:2 = ernie.sgd_update %p, %p, %p, %lr {weight_decay = -1.0 : f64} : tensor<4xf32>, tensor<4xf32>, tensor<f32>
   return
 }
+
+// -----
+
+func.func @ignore_index_too_wide(%l: tensor<4x16xf32>, %y: tensor<4xi32>) {
+  // expected-error @+1 {{ignore_index 4294967296 does not fit in the labels' type 'i32'}}
+  %0 = ernie.cross_entropy %l, %y {ignore_index = 4294967296 : i64} : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
+  return
+}
