@@ -1,0 +1,83 @@
+//===- Kernel.h - the kernels an executor dispatches to ----------*- C++ -*-===//
+//
+// A kernel computes one ernie op on local (per-rank) buffers: inputs and
+// outputs are views of planned memory, attributes come from the program
+// file. Kernels are found by op name ("ernie.matmul"); each backend (CPU
+// now, CUDA later) registers its own table behind the same signature.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_KERNEL_H
+#define ERNIE_RUNTIME_KERNEL_H
+
+#include "ernie/runtime/DType.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace ernie::runtime {
+
+/// A buffer and what it holds; row-major, contiguous.
+struct TensorView {
+  void *data = nullptr;
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+
+  int64_t numElements() const {
+    int64_t n = 1;
+    for (int64_t d : shape)
+      n *= d;
+    return n;
+  }
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  template <typename T> T *as() const { return static_cast<T *>(data); }
+};
+
+/// A kernel failed on its inputs (bad attributes, an index out of range):
+/// the executor adds the rank and the instruction.
+struct KernelError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// An op's attributes, as the program file carries them.
+class Attrs {
+public:
+  using Value = std::variant<int64_t, double, bool, std::string,
+                             std::vector<int64_t>>;
+  Attrs() = default;
+  Attrs(std::initializer_list<std::pair<const std::string, Value>> values)
+      : values_(values) {}
+
+  void set(const std::string &name, Value value) { values_[name] = value; }
+  bool has(const std::string &name) const { return values_.count(name); }
+  int64_t getInt(const std::string &name) const;
+  int64_t getInt(const std::string &name, int64_t fallback) const;
+  double getFloat(const std::string &name, double fallback) const;
+  bool getBool(const std::string &name) const; // absent: false
+  std::vector<int64_t> getInts(const std::string &name) const;
+  std::string getString(const std::string &name,
+                        const std::string &fallback) const;
+
+private:
+  const Value &at(const std::string &name) const;
+  std::map<std::string, Value> values_;
+};
+
+using Kernel = std::function<void(const std::vector<TensorView> &inputs,
+                                  const std::vector<TensorView> &outputs,
+                                  const Attrs &attrs)>;
+
+/// The CPU kernel of `op`, or null when there is none.
+const Kernel *findCpuKernel(std::string_view op);
+/// Every op the CPU backend implements, sorted.
+std::vector<std::string> cpuKernelNames();
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_KERNEL_H

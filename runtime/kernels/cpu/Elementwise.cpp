@@ -1,0 +1,239 @@
+//===- Elementwise.cpp - CPU kernels of elementwise and creation ops --------===//
+//
+// One loop per op family; the math of each op is one lambda next to its
+// name. f32/f64 compute natively; integer ops where the dialect allows.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Registry.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ernie::runtime::cpu {
+
+namespace {
+
+template <typename Fn>
+void unaryFloat(Registry &r, const char *name, Fn fn) {
+  r[name] = [fn](const std::vector<TensorView> &in,
+                 const std::vector<TensorView> &out, const Attrs &attrs) {
+    expectCount(in, 1, "unary op");
+    dispatchFloat(in[0].type, [&](auto zero) {
+      using T = decltype(zero);
+      const T *x = in[0].as<T>();
+      T *y = out[0].as<T>();
+      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+        y[i] = fn(x[i], attrs);
+    });
+  };
+}
+
+template <typename Fn>
+void unaryNumeric(Registry &r, const char *name, Fn fn) {
+  r[name] = [fn](const std::vector<TensorView> &in,
+                 const std::vector<TensorView> &out, const Attrs &) {
+    expectCount(in, 1, "unary op");
+    dispatchNumeric(in[0].type, [&](auto zero) {
+      using T = decltype(zero);
+      const T *x = in[0].as<T>();
+      T *y = out[0].as<T>();
+      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+        y[i] = fn(x[i]);
+    });
+  };
+}
+
+template <typename Fn>
+void binaryNumeric(Registry &r, const char *name, Fn fn, bool floatOnly) {
+  r[name] = [fn, floatOnly, name](const std::vector<TensorView> &in,
+                                  const std::vector<TensorView> &out,
+                                  const Attrs &) {
+    expectCount(in, 2, name);
+    auto body = [&](auto zero) {
+      using T = decltype(zero);
+      const T *a = in[0].as<T>(), *b = in[1].as<T>();
+      T *y = out[0].as<T>();
+      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+        y[i] = fn(a[i], b[i]);
+    };
+    if (floatOnly)
+      dispatchFloat(in[0].type, body);
+    else
+      dispatchNumeric(in[0].type, body);
+  };
+}
+
+template <typename T> T integerDivide(T a, T b) {
+  if (b == 0)
+    throw KernelError("integer division by zero");
+  return a / b;
+}
+
+/// bf16 <-> f32, round to nearest even (NaN stays NaN).
+uint16_t toBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (std::isnan(f))
+    return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float fromBf16(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// Element i of `v` as a double, for conversions.
+double loadAsDouble(const TensorView &v, int64_t i) {
+  switch (v.type) {
+  case DType::F64: return v.as<double>()[i];
+  case DType::F32: return v.as<float>()[i];
+  case DType::BF16: return fromBf16(v.as<uint16_t>()[i]);
+  case DType::I64: return static_cast<double>(v.as<int64_t>()[i]);
+  case DType::I32: return v.as<int32_t>()[i];
+  case DType::I1: return v.as<uint8_t>()[i] ? 1.0 : 0.0;
+  default: throw KernelError("cast from " + std::string(name(v.type)) +
+                             " is not supported on the CPU yet");
+  }
+}
+
+void storeFromDouble(const TensorView &v, int64_t i, double x) {
+  switch (v.type) {
+  case DType::F64: v.as<double>()[i] = x; return;
+  case DType::F32: v.as<float>()[i] = static_cast<float>(x); return;
+  case DType::BF16: v.as<uint16_t>()[i] = toBf16(static_cast<float>(x)); return;
+  case DType::I64: v.as<int64_t>()[i] = static_cast<int64_t>(std::trunc(x)); return;
+  case DType::I32: v.as<int32_t>()[i] = static_cast<int32_t>(std::trunc(x)); return;
+  case DType::I1: v.as<uint8_t>()[i] = x != 0.0; return;
+  default: throw KernelError("cast to " + std::string(name(v.type)) +
+                             " is not supported on the CPU yet");
+  }
+}
+
+} // namespace
+
+void registerElementwiseKernels(Registry &r) {
+  unaryNumeric(r, "ernie.neg", [](auto x) { return -x; });
+  unaryNumeric(r, "ernie.abs", [](auto x) { return x < 0 ? -x : x; });
+  unaryNumeric(r, "ernie.relu", [](auto x) { return x > 0 ? x : decltype(x){0}; });
+  unaryFloat(r, "ernie.exp", [](auto x, const Attrs &) { return std::exp(x); });
+  unaryFloat(r, "ernie.log", [](auto x, const Attrs &) { return std::log(x); });
+  unaryFloat(r, "ernie.sqrt", [](auto x, const Attrs &) { return std::sqrt(x); });
+  unaryFloat(r, "ernie.rsqrt", [](auto x, const Attrs &) {
+    return decltype(x){1} / std::sqrt(x);
+  });
+  unaryFloat(r, "ernie.tanh", [](auto x, const Attrs &) { return std::tanh(x); });
+  unaryFloat(r, "ernie.erf", [](auto x, const Attrs &) { return std::erf(x); });
+  unaryFloat(r, "ernie.reciprocal", [](auto x, const Attrs &) {
+    return decltype(x){1} / x;
+  });
+  unaryFloat(r, "ernie.sigmoid", [](auto x, const Attrs &) {
+    return decltype(x){1} / (decltype(x){1} + std::exp(-x));
+  });
+  unaryFloat(r, "ernie.silu", [](auto x, const Attrs &) {
+    return x / (decltype(x){1} + std::exp(-x));
+  });
+  unaryFloat(r, "ernie.gelu", [](auto x, const Attrs &attrs) {
+    using T = decltype(x);
+    if (attrs.getBool("approximate")) {
+      const T k = static_cast<T>(0.7978845608028654); // sqrt(2 / pi)
+      return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    }
+    return T(0.5) * x * (T(1) + std::erf(x * static_cast<T>(M_SQRT1_2)));
+  });
+
+  binaryNumeric(r, "ernie.add", [](auto a, auto b) { return a + b; }, false);
+  binaryNumeric(r, "ernie.sub", [](auto a, auto b) { return a - b; }, false);
+  binaryNumeric(r, "ernie.mul", [](auto a, auto b) { return a * b; }, false);
+  binaryNumeric(r, "ernie.div", [](auto a, auto b) {
+    if constexpr (std::is_integral_v<decltype(a)>)
+      return integerDivide(a, b);
+    else
+      return a / b;
+  }, false);
+  // NaN propagates, as in the compiler's folds (llvm::maximum/minimum).
+  binaryNumeric(r, "ernie.maximum", [](auto a, auto b) {
+    if constexpr (std::is_floating_point_v<decltype(a)>)
+      if (std::isnan(a) || std::isnan(b))
+        return a + b;
+    return a > b ? a : b;
+  }, false);
+  binaryNumeric(r, "ernie.minimum", [](auto a, auto b) {
+    if constexpr (std::is_floating_point_v<decltype(a)>)
+      if (std::isnan(a) || std::isnan(b))
+        return a + b;
+    return a < b ? a : b;
+  }, false);
+  binaryNumeric(r, "ernie.pow", [](auto a, auto b) { return std::pow(a, b); },
+                true);
+
+  r["ernie.compare"] = [](const std::vector<TensorView> &in,
+                          const std::vector<TensorView> &out,
+                          const Attrs &attrs) {
+    expectCount(in, 2, "ernie.compare");
+    int64_t direction = attrs.getInt("direction");
+    uint8_t *y = out[0].as<uint8_t>();
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+      double a = loadAsDouble(in[0], i), b = loadAsDouble(in[1], i);
+      bool v = false;
+      switch (direction) {
+      case 0: v = a == b; break;
+      case 1: v = a != b; break;
+      case 2: v = a < b; break;
+      case 3: v = a <= b; break;
+      case 4: v = a > b; break;
+      case 5: v = a >= b; break;
+      default: throw KernelError("unknown compare direction");
+      }
+      y[i] = v;
+    }
+  };
+  r["ernie.select"] = [](const std::vector<TensorView> &in,
+                         const std::vector<TensorView> &out, const Attrs &) {
+    expectCount(in, 3, "ernie.select");
+    size_t bytes = byteSize(in[1].type);
+    const uint8_t *c = in[0].as<uint8_t>();
+    const char *a = in[1].as<char>(), *b = in[2].as<char>();
+    char *y = out[0].as<char>();
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+      std::memcpy(y + i * bytes, (c[i] ? a : b) + i * bytes, bytes);
+  };
+  r["ernie.cast"] = [](const std::vector<TensorView> &in,
+                       const std::vector<TensorView> &out, const Attrs &) {
+    expectCount(in, 1, "ernie.cast");
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+      storeFromDouble(out[0], i, loadAsDouble(in[0], i));
+  };
+  auto copy = [](const std::vector<TensorView> &in,
+                 const std::vector<TensorView> &out, const Attrs &) {
+    if (out[0].data != in[0].data)
+      std::memcpy(out[0].data, in[0].data,
+                  in[0].numElements() * byteSize(in[0].type));
+  };
+  r["ernie.stop_gradient"] = copy;
+  r["ernie.full"] = [](const std::vector<TensorView> &,
+                       const std::vector<TensorView> &out,
+                       const Attrs &attrs) {
+    double value = attrs.getFloat("value", 0.0);
+    for (int64_t i = 0, n = out[0].numElements(); i < n; ++i)
+      storeFromDouble(out[0], i, value);
+  };
+  r["ernie.iota"] = [](const std::vector<TensorView> &,
+                       const std::vector<TensorView> &out,
+                       const Attrs &attrs) {
+    int64_t dim = attrs.getInt("dimension");
+    const auto &shape = out[0].shape;
+    if (dim < 0 || dim >= out[0].rank())
+      throw KernelError("iota dimension out of range");
+    int64_t inner = 1;
+    for (int64_t d = dim + 1; d < out[0].rank(); ++d)
+      inner *= shape[d];
+    for (int64_t i = 0, n = out[0].numElements(); i < n; ++i)
+      storeFromDouble(out[0], i, static_cast<double>((i / inner) % shape[dim]));
+  };
+}
+
+} // namespace ernie::runtime::cpu

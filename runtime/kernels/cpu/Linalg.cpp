@@ -1,0 +1,224 @@
+//===- Linalg.cpp - CPU kernels of matmul, reductions and normalisation -----===//
+//
+// GEMM goes to OpenBLAS (one call per batch, row-major, transposes by
+// flag); integer matmul is a plain loop. Reductions and norms accumulate in
+// the element type, in index order, so results are reproducible bit for bit.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Registry.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ernie::runtime::cpu {
+
+namespace {
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
+          const float *b, float *c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, ta ? m : k, b,
+              tb ? k : n, 0.0f, c, n);
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double *a,
+          const double *b, double *c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, ta ? m : k, b,
+              tb ? k : n, 0.0, c, n);
+}
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T *a,
+          const T *b, T *c) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      T acc = 0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += a[ta ? p * m + i : i * k + p] * b[tb ? j * k + p : p * n + j];
+      c[i * n + j] = acc;
+    }
+}
+
+void matmul(const std::vector<TensorView> &in,
+            const std::vector<TensorView> &out, const Attrs &attrs) {
+  expectCount(in, 2, "ernie.matmul");
+  const TensorView &a = in[0], &b = in[1];
+  bool ta = attrs.getBool("transpose_a"), tb = attrs.getBool("transpose_b");
+  int64_t ra = a.rank(), rb = b.rank();
+  int64_t m = ta ? a.shape[ra - 1] : a.shape[ra - 2];
+  int64_t k = ta ? a.shape[ra - 2] : a.shape[ra - 1];
+  int64_t n = tb ? b.shape[rb - 2] : b.shape[rb - 1];
+  int64_t batches = a.numElements() / (m * k);
+  bool sharedRhs = rb == 2;
+  dispatchNumeric(a.type, [&](auto zero) {
+    using T = decltype(zero);
+    for (int64_t i = 0; i < batches; ++i)
+      gemm(ta, tb, m, n, k, a.as<T>() + i * m * k,
+           b.as<T>() + (sharedRhs ? 0 : i * k * n), out[0].as<T>() + i * m * n);
+  });
+}
+
+/// Strides of a row-major shape.
+std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+enum class Reduction { Sum, Mean, Max };
+
+void reduce(const std::vector<TensorView> &in,
+            const std::vector<TensorView> &out, const Attrs &attrs,
+            Reduction kind) {
+  expectCount(in, 1, "reduction");
+  const TensorView &x = in[0];
+  std::vector<int64_t> axes = attrs.getInts("axes");
+  std::vector<bool> reduced(x.rank(), false);
+  int64_t count = 1;
+  for (int64_t a : axes) {
+    if (a < 0 || a >= x.rank())
+      throw KernelError("reduction axis out of range");
+    reduced[a] = true;
+    count *= x.shape[a];
+  }
+  // The output index of every input element: reduced coordinates dropped.
+  std::vector<int64_t> keptShape;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    keptShape.push_back(reduced[d] ? 1 : x.shape[d]);
+  std::vector<int64_t> inStrides = stridesOf(x.shape),
+                       outStrides = stridesOf(keptShape);
+  dispatchNumeric(x.type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *src = x.as<T>();
+    T *dst = out[0].as<T>();
+    int64_t n = out[0].numElements();
+    T init = kind == Reduction::Max ? std::numeric_limits<T>::lowest() : T(0);
+    if constexpr (std::is_floating_point_v<T>)
+      if (kind == Reduction::Max)
+        init = -std::numeric_limits<T>::infinity();
+    std::fill(dst, dst + n, init);
+    for (int64_t i = 0, e = x.numElements(); i < e; ++i) {
+      int64_t o = 0, rest = i;
+      for (int64_t d = 0; d < x.rank(); ++d) {
+        int64_t c = rest / inStrides[d];
+        rest %= inStrides[d];
+        if (!reduced[d])
+          o += c * outStrides[d];
+      }
+      if (kind == Reduction::Max)
+        dst[o] = std::max(dst[o], src[i]);
+      else
+        dst[o] += src[i];
+    }
+    if (kind == Reduction::Mean)
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] /= static_cast<T>(count);
+  });
+}
+
+/// Calls fn(base, stride, length) for every line along `axis`.
+template <typename Fn>
+void forEachLine(const std::vector<int64_t> &shape, int64_t axis, Fn fn) {
+  int64_t inner = 1, outer = 1;
+  for (int64_t d = axis + 1; d < static_cast<int64_t>(shape.size()); ++d)
+    inner *= shape[d];
+  for (int64_t d = 0; d < axis; ++d)
+    outer *= shape[d];
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i)
+      fn(o * shape[axis] * inner + i, inner, shape[axis]);
+}
+
+void softmax(const std::vector<TensorView> &in,
+             const std::vector<TensorView> &out, const Attrs &attrs,
+             bool logarithm) {
+  expectCount(in, 1, "softmax");
+  int64_t axis = attrs.getInt("axis");
+  if (axis < 0 || axis >= in[0].rank())
+    throw KernelError("softmax axis out of range");
+  dispatchFloat(in[0].type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *x = in[0].as<T>();
+    T *y = out[0].as<T>();
+    forEachLine(in[0].shape, axis, [&](int64_t base, int64_t stride,
+                                       int64_t len) {
+      T peak = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < len; ++j)
+        peak = std::max(peak, x[base + j * stride]);
+      T total = 0;
+      for (int64_t j = 0; j < len; ++j)
+        total += std::exp(x[base + j * stride] - peak);
+      for (int64_t j = 0; j < len; ++j) {
+        T shifted = x[base + j * stride] - peak;
+        y[base + j * stride] =
+            logarithm ? shifted - std::log(total) : std::exp(shifted) / total;
+      }
+    });
+  });
+}
+
+void norm(const std::vector<TensorView> &in,
+          const std::vector<TensorView> &out, const Attrs &attrs,
+          bool layer) {
+  expectCount(in, layer ? 3 : 2, layer ? "ernie.layer_norm" : "ernie.rms_norm");
+  const TensorView &x = in[0];
+  if (in[1].type != x.type || (layer && in[2].type != x.type))
+    throw KernelError("norm weights must have the input's type on the CPU "
+                      "(cast them first)");
+  double eps = attrs.getFloat("epsilon", layer ? 1e-5 : 1e-6);
+  int64_t d = x.shape.back(), rows = x.numElements() / d;
+  dispatchFloat(x.type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *src = x.as<T>(), *w = in[1].as<T>();
+    const T *b = layer ? in[2].as<T>() : nullptr;
+    T *dst = out[0].as<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T *row = src + r * d;
+      T mean = 0;
+      if (layer) {
+        for (int64_t j = 0; j < d; ++j)
+          mean += row[j];
+        mean /= static_cast<T>(d);
+      }
+      T sq = 0;
+      for (int64_t j = 0; j < d; ++j)
+        sq += (row[j] - mean) * (row[j] - mean);
+      T scale = T(1) / std::sqrt(sq / static_cast<T>(d) + static_cast<T>(eps));
+      for (int64_t j = 0; j < d; ++j)
+        dst[r * d + j] = (row[j] - mean) * scale * w[j] + (b ? b[j] : T(0));
+    }
+  });
+}
+
+} // namespace
+
+void registerLinalgKernels(Registry &r) {
+  r["ernie.matmul"] = matmul;
+  r["ernie.reduce_sum"] = [](auto &in, auto &out, auto &a) {
+    reduce(in, out, a, Reduction::Sum);
+  };
+  r["ernie.reduce_mean"] = [](auto &in, auto &out, auto &a) {
+    reduce(in, out, a, Reduction::Mean);
+  };
+  r["ernie.reduce_max"] = [](auto &in, auto &out, auto &a) {
+    reduce(in, out, a, Reduction::Max);
+  };
+  r["ernie.softmax"] = [](auto &in, auto &out, auto &a) {
+    softmax(in, out, a, false);
+  };
+  r["ernie.log_softmax"] = [](auto &in, auto &out, auto &a) {
+    softmax(in, out, a, true);
+  };
+  r["ernie.rms_norm"] = [](auto &in, auto &out, auto &a) {
+    norm(in, out, a, false);
+  };
+  r["ernie.layer_norm"] = [](auto &in, auto &out, auto &a) {
+    norm(in, out, a, true);
+  };
+}
+
+} // namespace ernie::runtime::cpu

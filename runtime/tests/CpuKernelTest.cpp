@@ -1,0 +1,243 @@
+//===- CpuKernelTest.cpp - CPU kernels against naive references -------------===//
+
+#include "ernie/runtime/Kernel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+using namespace ernie::runtime;
+
+namespace {
+
+/// A tensor that owns its buffer.
+template <typename T> struct Owned {
+  std::vector<T> data;
+  std::vector<int64_t> shape;
+  DType type;
+  TensorView view() { return {data.data(), type, shape}; }
+};
+
+template <typename T>
+Owned<T> make(std::vector<int64_t> shape, DType type, uint32_t seed = 1) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-2.0, 2.0);
+  Owned<T> t{std::vector<T>(n), shape, type};
+  for (auto &x : t.data)
+    x = static_cast<T>(dist(rng));
+  return t;
+}
+
+void run(const char *op, std::vector<TensorView> in, std::vector<TensorView> out,
+         const Attrs &attrs = {}) {
+  const Kernel *k = findCpuKernel(op);
+  ASSERT_NE(k, nullptr) << op;
+  (*k)(in, out, attrs);
+}
+
+TEST(CpuKernels, UnaryMatchTheirDefinitions) {
+  auto x = make<double>({3, 5}, DType::F64);
+  auto y = make<double>({3, 5}, DType::F64);
+  struct Case {
+    const char *op;
+    double (*ref)(double);
+  } cases[] = {
+      {"ernie.neg", [](double v) { return -v; }},
+      {"ernie.abs", [](double v) { return std::fabs(v); }},
+      {"ernie.relu", [](double v) { return v > 0 ? v : 0.0; }},
+      {"ernie.exp", [](double v) { return std::exp(v); }},
+      {"ernie.tanh", [](double v) { return std::tanh(v); }},
+      {"ernie.erf", [](double v) { return std::erf(v); }},
+      {"ernie.sigmoid", [](double v) { return 1 / (1 + std::exp(-v)); }},
+      {"ernie.silu", [](double v) { return v / (1 + std::exp(-v)); }},
+      {"ernie.reciprocal", [](double v) { return 1 / v; }},
+      {"ernie.gelu", [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }},
+  };
+  for (const Case &c : cases) {
+    run(c.op, {x.view()}, {y.view()});
+    for (size_t i = 0; i < x.data.size(); ++i)
+      EXPECT_NEAR(y.data[i], c.ref(x.data[i]), 1e-14) << c.op;
+  }
+  auto pos = make<float>({7}, DType::F32);
+  for (auto &v : pos.data)
+    v = std::fabs(v) + 0.5f;
+  auto out = make<float>({7}, DType::F32);
+  run("ernie.rsqrt", {pos.view()}, {out.view()});
+  for (size_t i = 0; i < 7; ++i)
+    EXPECT_FLOAT_EQ(out.data[i], 1 / std::sqrt(pos.data[i]));
+}
+
+TEST(CpuKernels, BinaryIncludingIntegers) {
+  auto a = make<double>({4, 3}, DType::F64, 2), b = make<double>({4, 3}, DType::F64, 3);
+  auto y = make<double>({4, 3}, DType::F64);
+  run("ernie.div", {a.view(), b.view()}, {y.view()});
+  for (size_t i = 0; i < y.data.size(); ++i)
+    EXPECT_DOUBLE_EQ(y.data[i], a.data[i] / b.data[i]);
+  Owned<int64_t> i1{{7, -7, 9}, {3}, DType::I64}, i2{{2, 2, -4}, {3}, DType::I64},
+      io{{0, 0, 0}, {3}, DType::I64};
+  run("ernie.div", {i1.view(), i2.view()}, {io.view()});
+  EXPECT_EQ(io.data, (std::vector<int64_t>{3, -3, -2})); // truncation
+  run("ernie.maximum", {i1.view(), i2.view()}, {io.view()});
+  EXPECT_EQ(io.data, (std::vector<int64_t>{7, 2, 9}));
+  Owned<int64_t> zero{{1, 0, 1}, {3}, DType::I64};
+  EXPECT_THROW(run("ernie.div", {i1.view(), zero.view()}, {io.view()}), KernelError);
+}
+
+TEST(CpuKernels, CompareSelectCast) {
+  Owned<float> a{{1, 2, 3}, {3}, DType::F32}, b{{3, 2, 1}, {3}, DType::F32};
+  Owned<uint8_t> m{{0, 0, 0}, {3}, DType::I1};
+  run("ernie.compare", {a.view(), b.view()}, {m.view()}, {{"direction", int64_t{3}}});
+  EXPECT_EQ(m.data, (std::vector<uint8_t>{1, 1, 0})); // le
+  Owned<float> y{{0, 0, 0}, {3}, DType::F32};
+  run("ernie.select", {m.view(), a.view(), b.view()}, {y.view()});
+  EXPECT_EQ(y.data, (std::vector<float>{1, 2, 1}));
+  // bf16 rounds to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7.
+  Owned<float> f{{1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -2.5f}, {3}, DType::F32};
+  Owned<uint16_t> h{{0, 0, 0}, {3}, DType::BF16};
+  run("ernie.cast", {f.view()}, {h.view()});
+  Owned<float> back{{0, 0, 0}, {3}, DType::F32};
+  run("ernie.cast", {h.view()}, {back.view()});
+  EXPECT_EQ(back.data, (std::vector<float>{1.0f, 1.0f + 4.0f / 256, -2.5f}));
+  Owned<int32_t> i{{0, 0, 0}, {3}, DType::I32};
+  run("ernie.cast", {f.view()}, {i.view()});
+  EXPECT_EQ(i.data, (std::vector<int32_t>{1, 1, -2})); // toward zero
+}
+
+TEST(CpuKernels, FullAndIota) {
+  Owned<int64_t> t{std::vector<int64_t>(6), {2, 3}, DType::I64};
+  run("ernie.iota", {}, {t.view()}, {{"dimension", int64_t{1}}});
+  EXPECT_EQ(t.data, (std::vector<int64_t>{0, 1, 2, 0, 1, 2}));
+  Owned<float> f{std::vector<float>(4), {4}, DType::F32};
+  run("ernie.full", {}, {f.view()}, {{"value", 2.5}});
+  EXPECT_EQ(f.data, (std::vector<float>{2.5, 2.5, 2.5, 2.5}));
+}
+
+/// out[b, i, j] = sum_p a(b, i, p) b(b, p, j), read with the transposes.
+template <typename T>
+std::vector<T> naiveMatmul(const Owned<T> &a, const Owned<T> &b, bool ta, bool tb,
+                           int64_t batches, int64_t m, int64_t n, int64_t k,
+                           bool sharedRhs) {
+  std::vector<T> out(batches * m * n);
+  for (int64_t bb = 0; bb < batches; ++bb)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        T acc = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          T x = a.data[bb * m * k + (ta ? p * m + i : i * k + p)];
+          T y = b.data[(sharedRhs ? 0 : bb * k * n) + (tb ? j * k + p : p * n + j)];
+          acc += x * y;
+        }
+        out[bb * m * n + i * n + j] = acc;
+      }
+  return out;
+}
+
+TEST(CpuKernels, MatmulEveryTransposeBatchedAndSharedRhs) {
+  const int64_t B = 3, m = 4, n = 5, k = 6;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool shared : {false, true}) {
+        auto a = make<double>(ta ? std::vector<int64_t>{B, k, m}
+                                 : std::vector<int64_t>{B, m, k},
+                              DType::F64, 5);
+        std::vector<int64_t> bShape = tb ? std::vector<int64_t>{n, k}
+                                         : std::vector<int64_t>{k, n};
+        if (!shared)
+          bShape.insert(bShape.begin(), B);
+        auto b = make<double>(bShape, DType::F64, 6);
+        auto y = make<double>({B, m, n}, DType::F64);
+        Attrs attrs;
+        attrs.set("transpose_a", ta);
+        attrs.set("transpose_b", tb);
+        run("ernie.matmul", {a.view(), b.view()}, {y.view()}, attrs);
+        auto want = naiveMatmul(a, b, ta, tb, B, m, n, k, shared);
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(y.data[i], want[i], 1e-12)
+              << "ta=" << ta << " tb=" << tb << " shared=" << shared;
+      }
+  Owned<int32_t> ia{{1, 2, 3, 4}, {2, 2}, DType::I32}, ib{{5, 6, 7, 8}, {2, 2}, DType::I32},
+      iy{std::vector<int32_t>(4), {2, 2}, DType::I32};
+  run("ernie.matmul", {ia.view(), ib.view()}, {iy.view()});
+  EXPECT_EQ(iy.data, (std::vector<int32_t>{19, 22, 43, 50}));
+}
+
+TEST(CpuKernels, ReductionsSoftmaxNorms) {
+  auto x = make<double>({2, 3, 4}, DType::F64, 7);
+  Owned<double> s{std::vector<double>(2 * 4), {2, 4}, DType::F64};
+  run("ernie.reduce_sum", {x.view()}, {s.view()}, {{"axes", std::vector<int64_t>{1}}});
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double want = 0;
+      for (int p = 0; p < 3; ++p)
+        want += x.data[i * 12 + p * 4 + j];
+      EXPECT_NEAR(s.data[i * 4 + j], want, 1e-14);
+    }
+  Owned<double> mx{std::vector<double>(3), {1, 3, 1}, DType::F64};
+  Attrs keep{{"axes", std::vector<int64_t>{0, 2}}, {"keepdim", true}};
+  run("ernie.reduce_max", {x.view()}, {mx.view()}, keep);
+  for (int p = 0; p < 3; ++p) {
+    double want = -1e300;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 4; ++j)
+        want = std::max(want, x.data[i * 12 + p * 4 + j]);
+    EXPECT_EQ(mx.data[p], want);
+  }
+  auto y = make<double>({2, 3, 4}, DType::F64);
+  run("ernie.softmax", {x.view()}, {y.view()}, {{"axis", int64_t{1}}});
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double total = 0;
+      for (int p = 0; p < 3; ++p)
+        total += std::exp(x.data[i * 12 + p * 4 + j]);
+      for (int p = 0; p < 3; ++p)
+        EXPECT_NEAR(y.data[i * 12 + p * 4 + j],
+                    std::exp(x.data[i * 12 + p * 4 + j]) / total, 1e-14);
+    }
+  auto w = make<double>({4}, DType::F64, 8), bias = make<double>({4}, DType::F64, 9);
+  run("ernie.layer_norm", {x.view(), w.view(), bias.view()}, {y.view()},
+      {{"epsilon", 1e-5}});
+  for (int r = 0; r < 6; ++r) {
+    double mean = 0, var = 0;
+    for (int j = 0; j < 4; ++j)
+      mean += x.data[r * 4 + j] / 4;
+    for (int j = 0; j < 4; ++j)
+      var += (x.data[r * 4 + j] - mean) * (x.data[r * 4 + j] - mean) / 4;
+    for (int j = 0; j < 4; ++j)
+      EXPECT_NEAR(y.data[r * 4 + j],
+                  (x.data[r * 4 + j] - mean) / std::sqrt(var + 1e-5) * w.data[j] + bias.data[j],
+                  1e-12);
+  }
+  EXPECT_THROW(run("ernie.softmax", {x.view()}, {y.view()}, {{"axis", int64_t{3}}}),
+               KernelError);
+}
+
+TEST(CpuKernels, DataMovement) {
+  Owned<int32_t> x{{0, 1, 2, 3, 4, 5}, {2, 3}, DType::I32};
+  Owned<int32_t> t{std::vector<int32_t>(6), {3, 2}, DType::I32};
+  run("ernie.transpose", {x.view()}, {t.view()}, {{"perm", std::vector<int64_t>{1, 0}}});
+  EXPECT_EQ(t.data, (std::vector<int32_t>{0, 3, 1, 4, 2, 5}));
+  Owned<int32_t> b{std::vector<int32_t>(12), {2, 2, 3}, DType::I32};
+  run("ernie.broadcast", {x.view()}, {b.view()}, {{"dims", std::vector<int64_t>{0, 2}}});
+  EXPECT_EQ(b.data, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}));
+  Owned<int32_t> s{std::vector<int32_t>(2), {2, 1}, DType::I32};
+  run("ernie.slice", {x.view()}, {s.view()},
+      {{"start", std::vector<int64_t>{0, 1}}, {"limit", std::vector<int64_t>{2, 3}},
+       {"step", std::vector<int64_t>{1, 2}}});
+  EXPECT_EQ(s.data, (std::vector<int32_t>{1, 4}));
+  Owned<int32_t> c{std::vector<int32_t>(8), {2, 4}, DType::I32};
+  run("ernie.concat", {x.view(), s.view()}, {c.view()}, {{"axis", int64_t{1}}});
+  EXPECT_EQ(c.data, (std::vector<int32_t>{0, 1, 2, 1, 3, 4, 5, 4}));
+}
+
+TEST(CpuKernels, TableAndMissingAttributes) {
+  EXPECT_EQ(findCpuKernel("ernie.no_such_op"), nullptr);
+  EXPECT_GE(cpuKernelNames().size(), 30u);
+  auto x = make<double>({2, 2}, DType::F64);
+  EXPECT_THROW(run("ernie.transpose", {x.view()}, {x.view()}), KernelError);
+}
+
+} // namespace
