@@ -67,6 +67,9 @@ static const cpu::Registry &cpuRegistry() {
     cpu::registerElementwiseKernels(r);
     cpu::registerLinalgKernels(r);
     cpu::registerShapeKernels(r);
+    cpu::registerIndexingKernels(r);
+    cpu::registerTransformerKernels(r);
+    cpu::registerOptimizerKernels(r);
     return r;
   }();
   return registry;

@@ -241,3 +241,181 @@ TEST(CpuKernels, TableAndMissingAttributes) {
 }
 
 } // namespace
+
+namespace {
+
+/// Central finite differences of sum(w * f(x)) for a kernel whose first
+/// input is perturbed: the directional check every backward kernel gets.
+double weightedSum(const std::vector<double> &y, const std::vector<double> &w) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i)
+    s += y[i] * w[i];
+  return s;
+}
+
+TEST(CpuKernels, AttentionGradientMatchesFiniteDifferences) {
+  for (bool causal : {false, true}) {
+    auto q = make<double>({1, 4, 4, 3}, DType::F64, 11);
+    auto k = make<double>({1, 4, 2, 3}, DType::F64, 12);
+    auto v = make<double>({1, 4, 2, 3}, DType::F64, 13);
+    auto w = make<double>({1, 4, 4, 3}, DType::F64, 14); // dout
+    Attrs attrs;
+    attrs.set("causal", causal);
+    auto forward = [&](Owned<double> &qq, Owned<double> &kk, Owned<double> &vv) {
+      auto o = make<double>({1, 4, 4, 3}, DType::F64);
+      run("ernie.attention", {qq.view(), kk.view(), vv.view()}, {o.view()}, attrs);
+      return weightedSum(o.data, w.data);
+    };
+    auto dq = make<double>({1, 4, 4, 3}, DType::F64), dk = make<double>({1, 4, 2, 3}, DType::F64),
+         dv = make<double>({1, 4, 2, 3}, DType::F64);
+    run("ernie.attention_grad", {q.view(), k.view(), v.view(), w.view()},
+        {dq.view(), dk.view(), dv.view()}, attrs);
+    for (auto [x, g] : {std::pair{&q, &dq}, std::pair{&k, &dk}, std::pair{&v, &dv}})
+      for (size_t i = 0; i < x->data.size(); ++i) {
+        double saved = x->data[i], h = 1e-6;
+        x->data[i] = saved + h;
+        double up = forward(q, k, v);
+        x->data[i] = saved - h;
+        double down = forward(q, k, v);
+        x->data[i] = saved;
+        EXPECT_NEAR(g->data[i], (up - down) / (2 * h), 1e-7) << "causal=" << causal;
+      }
+  }
+}
+
+TEST(CpuKernels, CrossEntropyAndItsGradient) {
+  for (const char *reduction : {"mean", "sum", "none"}) {
+    auto logits = make<double>({2, 3, 5}, DType::F64, 21);
+    Owned<int64_t> labels{{0, 4, 2, -100, 1, 3}, {2, 3}, DType::I64};
+    bool none = std::string(reduction) == "none";
+    Attrs attrs{{"reduction", std::string(reduction)}};
+    auto loss = make<double>(none ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{},
+                             DType::F64);
+    auto w = make<double>(loss.shape, DType::F64, 22);
+    auto forward = [&] {
+      run("ernie.cross_entropy", {logits.view(), labels.view()}, {loss.view()}, attrs);
+      return weightedSum(loss.data, w.data);
+    };
+    double total = forward();
+    // The definition: logsumexp - picked, the ignored token out of the mean.
+    double want = 0;
+    for (int t = 0; t < 6; ++t) {
+      if (labels.data[t] == -100)
+        continue;
+      double lse = 0;
+      for (int j = 0; j < 5; ++j)
+        lse += std::exp(logits.data[t * 5 + j]);
+      double l = std::log(lse) - logits.data[t * 5 + labels.data[t]];
+      want += none ? l * w.data[t] : l;
+    }
+    if (!none)
+      want = (std::string(reduction) == "mean" ? want / 5 : want) * w.data[0];
+    EXPECT_NEAR(total, want, 1e-12) << reduction;
+    auto grad = make<double>({2, 3, 5}, DType::F64);
+    run("ernie.cross_entropy_grad", {logits.view(), labels.view(), w.view()},
+        {grad.view()}, attrs);
+    for (size_t i = 0; i < logits.data.size(); ++i) {
+      double saved = logits.data[i], h = 1e-6;
+      logits.data[i] = saved + h;
+      double up = forward();
+      logits.data[i] = saved - h;
+      double down = forward();
+      logits.data[i] = saved;
+      EXPECT_NEAR(grad.data[i], (up - down) / (2 * h), 1e-7) << reduction;
+    }
+  }
+  auto logits = make<double>({1, 3}, DType::F64);
+  Owned<int64_t> bad{{7}, {1}, DType::I64};
+  Owned<double> out{{0}, {}, DType::F64};
+  EXPECT_THROW(run("ernie.cross_entropy", {logits.view(), bad.view()}, {out.view()}),
+               KernelError);
+}
+
+TEST(CpuKernels, RopeRotatesPairsAndInvertsWithNegatedPositions) {
+  for (bool interleaved : {false, true}) {
+    auto x = make<double>({2, 3, 2, 6}, DType::F64, 31);
+    Owned<int64_t> pos{{0, 5, 9}, {3}, DType::I64}, neg{{0, -5, -9}, {3}, DType::I64};
+    Attrs attrs{{"theta", 100.0}};
+    attrs.set("interleaved", interleaved);
+    auto y = make<double>(x.shape, DType::F64), back = make<double>(x.shape, DType::F64);
+    run("ernie.rope", {x.view(), pos.view()}, {y.view()}, attrs);
+    run("ernie.rope", {y.view(), neg.view()}, {back.view()}, attrs);
+    for (size_t i = 0; i < x.data.size(); ++i)
+      EXPECT_NEAR(back.data[i], x.data[i], 1e-12);
+    // Position 0 is the identity; pair (0, 3) (or (0, 1)) at position 5
+    // turns by 5 radians.
+    for (int j = 0; j < 6; ++j)
+      EXPECT_NEAR(y.data[j], x.data[j], 1e-15);
+    int second = interleaved ? 1 : 3;
+    size_t base = 1 * 2 * 6; // batch 0, seq 1, head 0
+    double c = std::cos(5.0), s = std::sin(5.0);
+    EXPECT_NEAR(y.data[base], x.data[base] * c - x.data[base + second] * s, 1e-12);
+  }
+}
+
+TEST(CpuKernels, IndexingTopkPadSplit) {
+  Owned<float> table{{0, 1, 10, 11, 20, 21}, {3, 2}, DType::F32};
+  Owned<int32_t> ids{{2, 0, 2}, {3}, DType::I32};
+  Owned<float> rows{std::vector<float>(6), {3, 2}, DType::F32};
+  run("ernie.embedding", {ids.view(), table.view()}, {rows.view()});
+  EXPECT_EQ(rows.data, (std::vector<float>{20, 21, 0, 1, 20, 21}));
+  Owned<float> cols{std::vector<float>(9), {3, 3}, DType::F32};
+  Owned<int64_t> pick{{1, 1, 0}, {3}, DType::I64};
+  run("ernie.gather", {table.view(), pick.view()}, {cols.view()}, {{"axis", int64_t{1}}});
+  EXPECT_EQ(cols.data, (std::vector<float>{1, 1, 0, 11, 11, 10, 21, 21, 20}));
+  Owned<float> acc{std::vector<float>(6), {3, 2}, DType::F32};
+  run("ernie.index_add", {acc.view(), ids.view(), rows.view()}, {acc.view()},
+      {{"axis", int64_t{0}}});
+  EXPECT_EQ(acc.data, (std::vector<float>{0, 1, 0, 0, 40, 42})); // repeats add up
+  Owned<int64_t> badIds{{3}, {1}, DType::I64};
+  Owned<float> one{std::vector<float>(2), {1, 2}, DType::F32};
+  EXPECT_THROW(run("ernie.embedding", {badIds.view(), table.view()}, {one.view()}),
+               KernelError);
+
+  Owned<double> x{{3, 1, 3, 2}, {1, 4}, DType::F64};
+  Owned<double> vals{std::vector<double>(2), {1, 2}, DType::F64};
+  Owned<int64_t> idx{std::vector<int64_t>(2), {1, 2}, DType::I64};
+  run("ernie.topk", {x.view()}, {vals.view(), idx.view()},
+      {{"k", int64_t{2}}, {"axis", int64_t{1}}});
+  EXPECT_EQ(vals.data, (std::vector<double>{3, 3}));
+  EXPECT_EQ(idx.data, (std::vector<int64_t>{0, 2})); // ties: lower index first
+
+  Owned<int32_t> p{{1, 2}, {2}, DType::I32}, padded{std::vector<int32_t>(6), {6}, DType::I32};
+  run("ernie.pad", {p.view()}, {padded.view()},
+      {{"low", std::vector<int64_t>{1}}, {"high", std::vector<int64_t>{2}},
+       {"interior", std::vector<int64_t>{1}}});
+  EXPECT_EQ(padded.data, (std::vector<int32_t>{0, 1, 0, 2, 0, 0}));
+  Owned<int32_t> whole{{0, 1, 2, 3, 4, 5}, {2, 3}, DType::I32};
+  Owned<int32_t> left{std::vector<int32_t>(2), {2, 1}, DType::I32},
+      right{std::vector<int32_t>(4), {2, 2}, DType::I32};
+  run("ernie.split", {whole.view()}, {left.view(), right.view()}, {{"axis", int64_t{1}}});
+  EXPECT_EQ(left.data, (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(right.data, (std::vector<int32_t>{1, 2, 4, 5}));
+}
+
+TEST(CpuKernels, OptimizerUpdates) {
+  Owned<double> p{{1.0, -2.0}, {2}, DType::F64}, g{{0.5, 0.25}, {2}, DType::F64},
+      buf{{0.1, 0.2}, {2}, DType::F64}, lr{{0.1}, {}, DType::F64};
+  Owned<double> np{std::vector<double>(2), {2}, DType::F64}, nb{std::vector<double>(2), {2}, DType::F64};
+  run("ernie.sgd_update", {p.view(), g.view(), buf.view(), lr.view()}, {np.view(), nb.view()},
+      {{"momentum", 0.9}, {"weight_decay", 0.01}});
+  for (int i = 0; i < 2; ++i) {
+    double grad = g.data[i] + 0.01 * p.data[i], b = 0.9 * buf.data[i] + grad;
+    EXPECT_DOUBLE_EQ(nb.data[i], b);
+    EXPECT_DOUBLE_EQ(np.data[i], p.data[i] - 0.1 * b);
+  }
+  Owned<double> m{{0.0, 0.1}, {2}, DType::F64}, v{{0.0, 0.2}, {2}, DType::F64};
+  Owned<int64_t> t{{3}, {}, DType::I64};
+  Owned<double> nm{std::vector<double>(2), {2}, DType::F64}, nv{std::vector<double>(2), {2}, DType::F64};
+  run("ernie.adamw_update", {p.view(), g.view(), m.view(), v.view(), lr.view(), t.view()},
+      {np.view(), nm.view(), nv.view()}, {{"weight_decay", 0.1}});
+  for (int i = 0; i < 2; ++i) {
+    double m2 = 0.9 * m.data[i] + 0.1 * g.data[i];
+    double v2 = 0.999 * v.data[i] + 0.001 * g.data[i] * g.data[i];
+    double mh = m2 / (1 - std::pow(0.9, 3)), vh = v2 / (1 - std::pow(0.999, 3));
+    EXPECT_NEAR(np.data[i], p.data[i] - 0.1 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * p.data[i]),
+                1e-15);
+  }
+}
+
+} // namespace

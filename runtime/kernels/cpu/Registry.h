@@ -15,6 +15,9 @@ using Registry = std::map<std::string, Kernel, std::less<>>;
 void registerElementwiseKernels(Registry &registry);
 void registerLinalgKernels(Registry &registry);
 void registerShapeKernels(Registry &registry);
+void registerIndexingKernels(Registry &registry);
+void registerTransformerKernels(Registry &registry);
+void registerOptimizerKernels(Registry &registry);
 
 /// Calls `fn(T{})` with T the C++ type of a float dtype (f32 or f64).
 template <typename Fn> void dispatchFloat(DType type, Fn fn) {

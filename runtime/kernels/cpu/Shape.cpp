@@ -6,6 +6,7 @@
 
 #include "Registry.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ernie::runtime::cpu {
@@ -90,6 +91,46 @@ void registerShapeKernels(Registry &r) {
       return from;
     });
   };
+  r["ernie.pad"] = [](const std::vector<TensorView> &in,
+                      const std::vector<TensorView> &out, const Attrs &attrs) {
+    expectCount(in, 1, "ernie.pad");
+    std::vector<int64_t> low = attrs.getInts("low"),
+                         interior = attrs.getInts("interior");
+    size_t bytes = byteSize(out[0].type);
+    std::memset(out[0].data, 0, out[0].numElements() * bytes);
+    std::vector<int64_t> inStrides = stridesOf(in[0].shape),
+                         outStrides = stridesOf(out[0].shape);
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+      int64_t rest = i, to = 0;
+      for (int64_t d = 0; d < in[0].rank(); ++d) {
+        int64_t c = rest / inStrides[d];
+        rest %= inStrides[d];
+        to += (low[d] + c * (interior[d] + 1)) * outStrides[d];
+      }
+      std::memcpy(out[0].as<char>() + to * bytes,
+                  in[0].as<char>() + i * bytes, bytes);
+    }
+  };
+  r["ernie.split"] = [](const std::vector<TensorView> &in,
+                        const std::vector<TensorView> &out,
+                        const Attrs &attrs) {
+    expectCount(in, 1, "ernie.split");
+    int64_t axis = attrs.getInt("axis");
+    size_t bytes = byteSize(in[0].type);
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= in[0].shape[d];
+    for (int64_t d = axis + 1; d < in[0].rank(); ++d)
+      inner *= in[0].shape[d];
+    int64_t rowBytes = in[0].shape[axis] * inner * bytes, offset = 0;
+    for (const TensorView &piece : out) {
+      int64_t pieceBytes = piece.shape[axis] * inner * bytes;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(piece.as<char>() + o * pieceBytes,
+                    in[0].as<char>() + o * rowBytes + offset, pieceBytes);
+      offset += pieceBytes;
+    }
+  };
   r["ernie.concat"] = [](const std::vector<TensorView> &in,
                          const std::vector<TensorView> &out,
                          const Attrs &attrs) {
@@ -109,6 +150,122 @@ void registerShapeKernels(Registry &r) {
                     piece.as<char>() + o * pieceBytes, pieceBytes);
       offset += pieceBytes;
     }
+  };
+}
+
+/// Reads index `i` of an integer tensor as int64.
+int64_t indexAt(const TensorView &v, int64_t i) {
+  switch (v.type) {
+  case DType::I64:
+    return v.as<int64_t>()[i];
+  case DType::I32:
+    return v.as<int32_t>()[i];
+  default:
+    throw KernelError("indices must be i32 or i64");
+  }
+}
+
+void registerIndexingKernels(Registry &r) {
+  // result[a, i, b] = input[a, indices[i], b]
+  r["ernie.gather"] = [](const std::vector<TensorView> &in,
+                         const std::vector<TensorView> &out,
+                         const Attrs &attrs) {
+    expectCount(in, 2, "ernie.gather");
+    int64_t axis = attrs.getInt("axis");
+    const TensorView &x = in[0], &idx = in[1];
+    size_t bytes = byteSize(x.type);
+    int64_t outer = 1, inner = 1, count = idx.numElements(),
+            size = x.shape[axis];
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= x.shape[d];
+    for (int64_t d = axis + 1; d < x.rank(); ++d)
+      inner *= x.shape[d];
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t row = indexAt(idx, i);
+        if (row < 0 || row >= size)
+          throw KernelError("gather index " + std::to_string(row) +
+                            " is outside [0, " + std::to_string(size) + ")");
+        std::memcpy(out[0].as<char>() + (o * count + i) * inner * bytes,
+                    x.as<char>() + (o * size + row) * inner * bytes,
+                    inner * bytes);
+      }
+  };
+  r["ernie.embedding"] = [](const std::vector<TensorView> &in,
+                            const std::vector<TensorView> &out,
+                            const Attrs &) {
+    expectCount(in, 2, "ernie.embedding");
+    const TensorView &idx = in[0], &table = in[1];
+    size_t rowBytes = table.shape[1] * byteSize(table.type);
+    for (int64_t i = 0, n = idx.numElements(); i < n; ++i) {
+      int64_t row = indexAt(idx, i);
+      if (row < 0 || row >= table.shape[0])
+        throw KernelError("embedding index " + std::to_string(row) +
+                          " is outside the vocabulary of " +
+                          std::to_string(table.shape[0]));
+      std::memcpy(out[0].as<char>() + i * rowBytes,
+                  table.as<char>() + row * rowBytes, rowBytes);
+    }
+  };
+  // result = base; result[a, indices[i], b] += updates[a, i, b]
+  r["ernie.index_add"] = [](const std::vector<TensorView> &in,
+                            const std::vector<TensorView> &out,
+                            const Attrs &attrs) {
+    expectCount(in, 3, "ernie.index_add");
+    int64_t axis = attrs.getInt("axis");
+    const TensorView &base = in[0], &idx = in[1], &updates = in[2];
+    int64_t outer = 1, inner = 1, count = idx.numElements(),
+            size = base.shape[axis];
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= base.shape[d];
+    for (int64_t d = axis + 1; d < base.rank(); ++d)
+      inner *= base.shape[d];
+    dispatchNumeric(base.type, [&](auto zero) {
+      using T = decltype(zero);
+      T *y = out[0].as<T>();
+      if (y != base.as<T>())
+        std::memcpy(y, base.data, base.numElements() * sizeof(T));
+      const T *u = updates.as<T>();
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < count; ++i) {
+          int64_t row = indexAt(idx, i);
+          if (row < 0 || row >= size)
+            throw KernelError("index_add index out of range");
+          for (int64_t j = 0; j < inner; ++j)
+            y[(o * size + row) * inner + j] += u[(o * count + i) * inner + j];
+        }
+    });
+  };
+  // Sorted values and their i64 indices along an axis; ties: lower index first.
+  r["ernie.topk"] = [](const std::vector<TensorView> &in,
+                       const std::vector<TensorView> &out,
+                       const Attrs &attrs) {
+    expectCount(in, 1, "ernie.topk");
+    int64_t axis = attrs.getInt("axis"), k = attrs.getInt("k");
+    bool largest = !attrs.has("largest") || attrs.getBool("largest");
+    const TensorView &x = in[0];
+    int64_t outer = 1, inner = 1, size = x.shape[axis];
+    for (int64_t d = 0; d < axis; ++d)
+      outer *= x.shape[d];
+    for (int64_t d = axis + 1; d < x.rank(); ++d)
+      inner *= x.shape[d];
+    dispatchNumeric(x.type, [&](auto zero) {
+      using T = decltype(zero);
+      std::vector<int64_t> order(size);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j < inner; ++j) {
+          auto at = [&](int64_t p) { return x.as<T>()[(o * size + p) * inner + j]; };
+          for (int64_t p = 0; p < size; ++p)
+            order[p] = p;
+          std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            return largest ? at(a) > at(b) : at(a) < at(b);
+          });
+          for (int64_t p = 0; p < k; ++p) {
+            out[0].as<T>()[(o * k + p) * inner + j] = at(order[p]);
+            out[1].as<int64_t>()[(o * k + p) * inner + j] = order[p];
+          }
+        }
+    });
   };
 }
 

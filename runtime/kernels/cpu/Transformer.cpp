@@ -1,0 +1,277 @@
+//===- Transformer.cpp - CPU kernels of rope, attention and the loss --------===//
+//
+// Straight from the op definitions (ErnieOps.td), in the element type with
+// index-order accumulation. Attention recomputes its probabilities in the
+// backward, as flash attention does.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Registry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ernie::runtime::cpu {
+
+int64_t indexAt(const TensorView &v, int64_t i);
+
+namespace {
+
+/// [batch, seq, heads, dim] offset.
+struct Layout4 {
+  int64_t b, s, h, d;
+  explicit Layout4(const TensorView &v)
+      : b(v.shape[0]), s(v.shape[1]), h(v.shape[2]), d(v.shape[3]) {}
+  int64_t at(int64_t bi, int64_t si, int64_t hi, int64_t di) const {
+    return ((bi * s + si) * h + hi) * d + di;
+  }
+};
+
+void rope(const std::vector<TensorView> &in, const std::vector<TensorView> &out,
+          const Attrs &attrs) {
+  expectCount(in, 2, "ernie.rope");
+  const TensorView &x = in[0], &pos = in[1];
+  double theta = attrs.getFloat("theta", 10000.0);
+  bool interleaved = attrs.getBool("interleaved");
+  Layout4 L(x);
+  int64_t half = L.d / 2;
+  bool batched = pos.rank() == 2;
+  dispatchFloat(x.type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *src = x.as<T>();
+    T *dst = out[0].as<T>();
+    for (int64_t b = 0; b < L.b; ++b)
+      for (int64_t s = 0; s < L.s; ++s) {
+        double p = static_cast<double>(indexAt(pos, batched ? b * L.s + s : s));
+        for (int64_t h = 0; h < L.h; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            double angle = p * std::pow(theta, -2.0 * i / L.d);
+            T c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(std::sin(angle));
+            int64_t i0 = interleaved ? 2 * i : i;
+            int64_t i1 = interleaved ? 2 * i + 1 : i + half;
+            T a = src[L.at(b, s, h, i0)], bb = src[L.at(b, s, h, i1)];
+            dst[L.at(b, s, h, i0)] = a * c - bb * sn;
+            dst[L.at(b, s, h, i1)] = bb * c + a * sn;
+          }
+      }
+  });
+}
+
+/// Softmax probabilities of query head h against its key/value head, for
+/// one batch and query position: p[t] for t < kvSeq.
+template <typename T>
+void probabilities(const T *q, const T *k, const Layout4 &Q, const Layout4 &K,
+                   int64_t b, int64_t s, int64_t h, int64_t kvHead, bool causal,
+                   T scale, std::vector<T> &p) {
+  p.assign(K.s, T(0));
+  T peak = -std::numeric_limits<T>::infinity();
+  int64_t last = causal ? s : K.s - 1;
+  for (int64_t t = 0; t <= last; ++t) {
+    T dot = 0;
+    for (int64_t d = 0; d < Q.d; ++d)
+      dot += q[Q.at(b, s, h, d)] * k[K.at(b, t, kvHead, d)];
+    p[t] = dot * scale;
+    peak = std::max(peak, p[t]);
+  }
+  T total = 0;
+  for (int64_t t = 0; t <= last; ++t) {
+    p[t] = std::exp(p[t] - peak);
+    total += p[t];
+  }
+  for (int64_t t = 0; t <= last; ++t)
+    p[t] /= total;
+}
+
+void attention(const std::vector<TensorView> &in,
+               const std::vector<TensorView> &out, const Attrs &attrs,
+               bool backward) {
+  expectCount(in, backward ? 4 : 3,
+              backward ? "ernie.attention_grad" : "ernie.attention");
+  Layout4 Q(in[0]), K(in[1]), V(in[2]);
+  bool causal = attrs.getBool("causal");
+  int64_t group = Q.h / K.h;
+  double scaleAttr = attrs.getFloat("scale", 1.0 / std::sqrt(double(Q.d)));
+  dispatchFloat(in[0].type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *q = in[0].as<T>(), *k = in[1].as<T>(), *v = in[2].as<T>();
+    T scale = static_cast<T>(scaleAttr);
+    std::vector<T> p;
+    if (!backward) {
+      T *o = out[0].as<T>();
+      Layout4 O(out[0]);
+      for (int64_t b = 0; b < Q.b; ++b)
+        for (int64_t s = 0; s < Q.s; ++s)
+          for (int64_t h = 0; h < Q.h; ++h) {
+            probabilities(q, k, Q, K, b, s, h, h / group, causal, scale, p);
+            for (int64_t d = 0; d < V.d; ++d) {
+              T acc = 0;
+              for (int64_t t = 0; t < K.s; ++t)
+                acc += p[t] * v[V.at(b, t, h / group, d)];
+              o[O.at(b, s, h, d)] = acc;
+            }
+          }
+      return;
+    }
+    const T *dout = in[3].as<T>();
+    Layout4 D(in[3]);
+    T *dq = out[0].as<T>(), *dk = out[1].as<T>(), *dv = out[2].as<T>();
+    std::fill(dq, dq + in[0].numElements(), T(0));
+    std::fill(dk, dk + in[1].numElements(), T(0));
+    std::fill(dv, dv + in[2].numElements(), T(0));
+    std::vector<T> dp(K.s);
+    for (int64_t b = 0; b < Q.b; ++b)
+      for (int64_t s = 0; s < Q.s; ++s)
+        for (int64_t h = 0; h < Q.h; ++h) {
+          int64_t kv = h / group;
+          probabilities(q, k, Q, K, b, s, h, kv, causal, scale, p);
+          T dot = 0;
+          for (int64_t t = 0; t < K.s; ++t) {
+            dp[t] = 0;
+            for (int64_t d = 0; d < V.d; ++d) {
+              dp[t] += dout[D.at(b, s, h, d)] * v[V.at(b, t, kv, d)];
+              dv[V.at(b, t, kv, d)] += p[t] * dout[D.at(b, s, h, d)];
+            }
+            dot += dp[t] * p[t];
+          }
+          for (int64_t t = 0; t < K.s; ++t) {
+            T ds = p[t] * (dp[t] - dot) * scale;
+            for (int64_t d = 0; d < Q.d; ++d) {
+              dq[Q.at(b, s, h, d)] += ds * k[K.at(b, t, kv, d)];
+              dk[K.at(b, t, kv, d)] += ds * q[Q.at(b, s, h, d)];
+            }
+          }
+        }
+  });
+}
+
+/// The per-token losses and, for the gradient, (softmax - onehot) rows.
+void crossEntropy(const std::vector<TensorView> &in,
+                  const std::vector<TensorView> &out, const Attrs &attrs,
+                  bool backward) {
+  expectCount(in, backward ? 3 : 2,
+              backward ? "ernie.cross_entropy_grad" : "ernie.cross_entropy");
+  const TensorView &logits = in[0], &labels = in[1];
+  int64_t vocab = logits.shape.back(), tokens = labels.numElements();
+  int64_t ignore = attrs.getInt("ignore_index", -100);
+  std::string reduction = attrs.getString("reduction", "mean");
+  dispatchFloat(logits.type, [&](auto zero) {
+    using T = decltype(zero);
+    const T *x = logits.as<T>();
+    int64_t kept = 0;
+    for (int64_t t = 0; t < tokens; ++t)
+      kept += indexAt(labels, t) != ignore;
+    std::vector<T> loss(tokens, T(0));
+    for (int64_t t = 0; t < tokens; ++t) {
+      int64_t label = indexAt(labels, t);
+      const T *row = x + t * vocab;
+      T peak = *std::max_element(row, row + vocab);
+      T total = 0;
+      for (int64_t j = 0; j < vocab; ++j)
+        total += std::exp(row[j] - peak);
+      if (label == ignore) {
+        if (backward)
+          std::fill(out[0].as<T>() + t * vocab, out[0].as<T>() + (t + 1) * vocab, T(0));
+        continue;
+      }
+      if (label < 0 || label >= vocab)
+        throw KernelError("label " + std::to_string(label) +
+                          " is outside the vocabulary of " + std::to_string(vocab));
+      if (!backward) {
+        loss[t] = std::log(total) + peak - row[label];
+        continue;
+      }
+      const T *dl = in[2].as<T>();
+      T scale = reduction == "none" ? dl[t]
+                : reduction == "mean" ? dl[0] / static_cast<T>(kept)
+                                      : dl[0];
+      T *g = out[0].as<T>() + t * vocab;
+      for (int64_t j = 0; j < vocab; ++j)
+        g[j] = (std::exp(row[j] - peak) / total - (j == label ? T(1) : T(0))) * scale;
+    }
+    if (backward)
+      return;
+    T *y = out[0].as<T>();
+    if (reduction == "none") {
+      std::copy(loss.begin(), loss.end(), y);
+      return;
+    }
+    T sum = 0;
+    for (T l : loss)
+      sum += l;
+    y[0] = reduction == "mean" ? sum / static_cast<T>(kept) : sum;
+  });
+}
+
+} // namespace
+
+void registerTransformerKernels(Registry &r) {
+  r["ernie.rope"] = rope;
+  r["ernie.attention"] = [](auto &in, auto &out, auto &a) {
+    attention(in, out, a, false);
+  };
+  r["ernie.attention_grad"] = [](auto &in, auto &out, auto &a) {
+    attention(in, out, a, true);
+  };
+  r["ernie.cross_entropy"] = [](auto &in, auto &out, auto &a) {
+    crossEntropy(in, out, a, false);
+  };
+  r["ernie.cross_entropy_grad"] = [](auto &in, auto &out, auto &a) {
+    crossEntropy(in, out, a, true);
+  };
+}
+
+void registerOptimizerKernels(Registry &r) {
+  r["ernie.sgd_update"] = [](const std::vector<TensorView> &in,
+                             const std::vector<TensorView> &out,
+                             const Attrs &attrs) {
+    expectCount(in, 4, "ernie.sgd_update");
+    double momentum = attrs.getFloat("momentum", 0.0),
+           decay = attrs.getFloat("weight_decay", 0.0);
+    bool nesterov = attrs.getBool("nesterov");
+    dispatchFloat(in[0].type, [&](auto zero) {
+      using T = decltype(zero);
+      const T *p = in[0].as<T>(), *g = in[1].as<T>(), *buf = in[2].as<T>();
+      T lr = static_cast<T>(in[3].type == DType::F64 ? in[3].as<double>()[0]
+                                                    : in[3].as<float>()[0]);
+      T *np = out[0].as<T>(), *nb = out[1].as<T>();
+      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+        T grad = g[i] + static_cast<T>(decay) * p[i];
+        T b = static_cast<T>(momentum) * buf[i] + grad;
+        T step = nesterov ? grad + static_cast<T>(momentum) * b : b;
+        nb[i] = b;
+        np[i] = p[i] - lr * step;
+      }
+    });
+  };
+  r["ernie.adamw_update"] = [](const std::vector<TensorView> &in,
+                               const std::vector<TensorView> &out,
+                               const Attrs &attrs) {
+    expectCount(in, 6, "ernie.adamw_update");
+    double b1 = attrs.getFloat("beta1", 0.9), b2 = attrs.getFloat("beta2", 0.999),
+           eps = attrs.getFloat("epsilon", 1e-8),
+           decay = attrs.getFloat("weight_decay", 0.01);
+    double lr = in[4].type == DType::F64 ? in[4].as<double>()[0]
+                                         : in[4].as<float>()[0];
+    double t = static_cast<double>(indexAt(in[5], 0));
+    double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
+    dispatchFloat(in[0].type, [&](auto zero) {
+      using T = decltype(zero);
+      const T *p = in[0].as<T>(), *g = in[1].as<T>(), *m = in[2].as<T>(),
+              *v = in[3].as<T>();
+      T *np = out[0].as<T>(), *nm = out[1].as<T>(), *nv = out[2].as<T>();
+      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+        T m2 = static_cast<T>(b1) * m[i] + static_cast<T>(1 - b1) * g[i];
+        T v2 = static_cast<T>(b2) * v[i] + static_cast<T>(1 - b2) * g[i] * g[i];
+        T update = (m2 / static_cast<T>(c1)) /
+                       (std::sqrt(v2 / static_cast<T>(c2)) + static_cast<T>(eps)) +
+                   static_cast<T>(decay) * p[i];
+        nm[i] = m2;
+        nv[i] = v2;
+        np[i] = p[i] - static_cast<T>(lr) * update;
+      }
+    });
+  };
+}
+
+} // namespace ernie::runtime::cpu
