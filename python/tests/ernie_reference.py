@@ -506,8 +506,12 @@ class Mesh:
         return members
 
     def piece(self, value, sharding, rank):
-        """`rank`'s block of the global `value` under `sharding`."""
-        dims, _ = sharding
+        """`rank`'s block of the global `value` under `sharding`. A pending
+        sum is split as the value on the first member of each partial group
+        and zeros elsewhere; a pending max/min/avg is the value everywhere."""
+        dims, partial = sharding
+        if any(kind == "sum" and self.coords(rank)[axis] != 0 for axis, kind in partial):
+            value = np.zeros_like(value)
         index = []
         for d, axes in enumerate(dims):
             parts = int(np.prod([self.sizes[self.names.index(a)] for a in axes])) if axes else 1
@@ -528,7 +532,14 @@ class Mesh:
         for rank, piece in enumerate(pieces):
             if any(self.coords(rank)[a] != 0 for a in partial_axes):
                 continue
-            total = sum(pieces[r] for r in self.group(rank, partial_axes)) if partial_axes else piece
+            def complete(r, pending):
+                """The value at `r` once `pending` reductions are done."""
+                if not pending:
+                    return pieces[r]
+                (axis, kind), rest = pending[0], pending[1:]
+                return _reduce_group([complete(m, rest) for m in self.group(r, [axis])], kind)
+
+            total = complete(rank, list(partial))
             index = []
             for d, axes in enumerate(dims):
                 size = sample.shape[d]

@@ -189,6 +189,26 @@ func.func @f(%x: tensor<8x16xf64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}
   %0 = ernie.reshape %x : tensor<8x16xf64> -> tensor<128xf64>
   return %0 : tensor<128xf64>
 }""",
+    "partial_sum_argument": """
+ernie.mesh @mesh(a = 2)
+func.func @f(%x: tensor<4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}], partial = {a = sum}>}) -> tensor<4xf64> {
+  %0 = ernie.exp %x : tensor<4xf64>
+  return %0 : tensor<4xf64>
+}""",
+    "partial_max_result": """
+ernie.mesh @mesh(a = 2)
+func.func @f(%x: tensor<4x8xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {a}]>}) -> (tensor<4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}], partial = {a = max}>}) {
+  %0 = ernie.reduce_max %x axes = [1] : tensor<4x8xf64> -> tensor<4xf64>
+  return %0 : tensor<4xf64>
+}""",
+    "partial_kind_change": """
+ernie.mesh @mesh(a = 2, b = 2)
+func.func @f(%x: tensor<4x8xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {a}]>}, %w: tensor<8x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{a}, {}]>}) -> tensor<4x4xf64> {
+  %0 = ernie.matmul %x, %w : tensor<4x8xf64>, tensor<8x4xf64> -> tensor<4x4xf64>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{b}, {}], partial = {a = min}> : tensor<4x4xf64>
+  %2 = ernie.exp %1 : tensor<4x4xf64>
+  return %2 : tensor<4x4xf64>
+}""",
     "callers_disagree": """
 ernie.mesh @mesh(dp = 2)
 func.func @f(%x: tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) -> (tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) {
