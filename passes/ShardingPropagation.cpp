@@ -98,6 +98,15 @@ private:
     return true;
   }
 
+  /// A sharding inferred (not given by the user) for `v`. A function
+  /// argument never becomes Partial this way: nothing upstream of it could
+  /// hold the pending summands, so the reshard belongs at the use.
+  bool offerDerived(Value v, ShardingAttr sharding, int64_t level) {
+    if (isa<BlockArgument>(v))
+      sharding = dropPartial(sharding);
+    return offer(v, sharding, level);
+  }
+
   /// Queues every op that may learn something from `v` now having a
   /// sharding: its producer, its users, and the calls it flows through.
   void enqueueNeighbours(Value v) {
@@ -237,12 +246,12 @@ bool Propagator::visit(Operation *op, int64_t level) {
     if (callee.isDeclaration()) {
       // An external function's signature says what crosses the call.
       for (auto [i, operand] : llvm::enumerate(call.getOperands()))
-        changed |= offer(operand,
+        changed |= offerDerived(operand,
                          callee.getArgAttrOfType<ShardingAttr>(
                              i, kShardingAttrName),
                          level);
       for (auto [i, result] : llvm::enumerate(call.getResults()))
-        changed |= offer(result,
+        changed |= offerDerived(result,
                          callee.getResultAttrOfType<ShardingAttr>(
                              i, kShardingAttrName),
                          level);
@@ -250,22 +259,22 @@ bool Propagator::visit(Operation *op, int64_t level) {
     }
     for (auto [operand, arg] :
          llvm::zip(call.getOperands(), callee.getArguments())) {
-      changed |= offer(arg, lookup(operand, level), level);
-      changed |= offer(operand, lookup(arg, level), level);
+      changed |= offerDerived(arg, lookup(operand, level), level);
+      changed |= offerDerived(operand, lookup(arg, level), level);
     }
     callee.walk([&](func::ReturnOp ret) {
       for (auto [result, value] :
            llvm::zip(call.getResults(), ret.getOperands())) {
-        changed |= offer(result, dropPartial(lookup(value, level)), level);
+        changed |= offerDerived(result, dropPartial(lookup(value, level)), level);
         if (ShardingAttr s = lookup(result, level))
-          changed |= offer(value, s, level);
+          changed |= offerDerived(value, s, level);
       }
     });
     return changed;
   }
   if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
-    changed |= offer(constraint.getResult(), lookup(constraint.getInput(), level), level);
-    changed |= offer(constraint.getInput(), lookup(constraint.getResult(), level), level);
+    changed |= offerDerived(constraint.getResult(), lookup(constraint.getInput(), level), level);
+    changed |= offerDerived(constraint.getInput(), lookup(constraint.getResult(), level), level);
     return changed;
   }
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
@@ -284,9 +293,9 @@ bool Propagator::visit(Operation *op, int64_t level) {
       op->getContext(), ruleOp.getShardingRule(), state.operands,
       state.results, state.operandTypes, state.resultTypes, mesh);
   for (auto [v, s] : llvm::zip(op->getOperands(), resolved.operands))
-    changed |= offer(v, s, level);
+    changed |= offerDerived(v, s, level);
   for (auto [v, s] : llvm::zip(op->getResults(), resolved.results))
-    changed |= offer(v, s, level);
+    changed |= offerDerived(v, s, level);
   return changed;
 }
 

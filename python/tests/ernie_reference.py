@@ -547,7 +547,7 @@ class Mesh:
                 index.append(slice(start, start + size))
             index = tuple(index)
             if seen[index].any():
-                assert np.allclose(out[index], total), "replicas disagree"
+                assert np.allclose(out[index], total, equal_nan=True), "replicas disagree"
             out[index] = total
             seen[index] = True
         return out

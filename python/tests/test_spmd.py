@@ -209,6 +209,12 @@ func.func @f(%x: tensor<4x8xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {
   %2 = ernie.exp %1 : tensor<4x4xf64>
   return %2 : tensor<4x4xf64>
 }""",
+    "partial_constraint_on_argument": """
+ernie.mesh @mesh(a = 2)
+func.func @f(%x: tensor<8xf64>) -> tensor<8xf64> {
+  %0 = ernie.sharding_constraint %x <@mesh, [{}], partial = {a = sum}> : tensor<8xf64>
+  return %0 : tensor<8xf64>
+}""",
     "callers_disagree": """
 ernie.mesh @mesh(dp = 2)
 func.func @f(%x: tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) -> (tensor<4x4xf64> {ernie.sharding = #ernie.sharding<@mesh, [{}, {dp}]>}) {

@@ -61,13 +61,6 @@ void matmul(const std::vector<TensorView> &in,
   });
 }
 
-/// Strides of a row-major shape.
-std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
-    s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
 
 enum class Reduction { Sum, Mean, Max };
 

@@ -45,6 +45,17 @@ template <typename Fn> void dispatchNumeric(DType type, Fn fn) {
   }
 }
 
+/// Row-major strides of `shape`.
+inline std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
+    s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+/// Element `i` of an i32/i64 index tensor, as int64.
+int64_t indexAt(const TensorView &v, int64_t i);
+
 inline void expectCount(const std::vector<TensorView> &views, size_t n,
                         const char *what) {
   if (views.size() != n)

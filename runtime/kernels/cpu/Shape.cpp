@@ -13,12 +13,6 @@ namespace ernie::runtime::cpu {
 
 namespace {
 
-std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
-    s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
 
 /// Copies out[i] = in[source(coords of i in out)] element by element.
 template <typename Fn>
@@ -153,7 +147,6 @@ void registerShapeKernels(Registry &r) {
   };
 }
 
-/// Reads index `i` of an integer tensor as int64.
 int64_t indexAt(const TensorView &v, int64_t i) {
   switch (v.type) {
   case DType::I64:

@@ -14,8 +14,6 @@
 
 namespace ernie::runtime::cpu {
 
-int64_t indexAt(const TensorView &v, int64_t i);
-
 namespace {
 
 /// [batch, seq, heads, dim] offset.
