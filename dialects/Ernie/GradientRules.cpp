@@ -706,3 +706,33 @@ LogicalResult CrossEntropyOp::buildGradient(OpBuilder &builder,
     out.push_back(Value());
   });
 }
+
+//===----------------------------------------------------------------------===//
+// Placement ops: the value is unchanged, so the gradient passes through.
+//===----------------------------------------------------------------------===//
+
+/// The gradient keeps the constraint's split dimensions (the backward of a
+/// column-parallel activation is column-parallel, as Megatron and GSPMD lay
+/// it out) but not its pending reductions: the adjoint of "sum the summands
+/// across ranks" hands every rank the whole gradient.
+LogicalResult ShardingConstraintOp::buildGradient(OpBuilder &builder,
+                                                  ValueRange grads,
+                                                  SmallVectorImpl<Value> &out) {
+  return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
+    ShardingAttr sharding = getSharding();
+    ShardingAttr split = ShardingAttr::get(
+        sharding.getContext(), sharding.getMesh(), sharding.getDims(),
+        ArrayAttr::get(sharding.getContext(), {}),
+        ArrayAttr::get(sharding.getContext(), {}));
+    out.push_back(ShardingConstraintOp::create(h.b, h.loc, g, split,
+                                               getPriorityAttr()));
+  });
+}
+
+/// A reshard only moves data; where the gradient lives is left to
+/// propagation.
+LogicalResult ReshardOp::buildGradient(OpBuilder &builder, ValueRange grads,
+                                       SmallVectorImpl<Value> &out) {
+  return unaryRule(*this, builder, grads, out,
+                   [&](G &, Value g) { out.push_back(g); });
+}

@@ -236,3 +236,25 @@ func.func @callee(%y: tensor<4x4xf64>) -> tensor<4x4xf64> {
 @pytest.mark.parametrize("case", sorted(PRODUCER_CASES))
 def test_consumer_asks_what_producer_cannot_make(ernie_opt, case):
     check_same_as_single_device(ernie_opt, PRODUCER_CASES[case], "f")
+
+
+def test_constraints_on_the_training_path(ernie_opt):
+    """Constraints and reshards between the parameters and the loss: their
+    gradients pass through (a constraint's keeps its split dimensions, drops
+    its pending sum), and the partitioned gradients equal single-device ones."""
+    source = """
+ernie.mesh @mesh(dp = 2, mp = 2)
+func.func @forward(%x: tensor<8x16xf64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>},
+             %w1: tensor<16x32xf64> {ernie.param = "w1"}, %w2: tensor<32x16xf64> {ernie.param = "w2"}) -> tensor<f64> {
+  %h = ernie.matmul %x, %w1 : tensor<8x16xf64>, tensor<16x32xf64> -> tensor<8x32xf64>
+  %hc = ernie.sharding_constraint %h <@mesh, [{dp}, {mp}]> {priority = 1} : tensor<8x32xf64>
+  %g = ernie.gelu %hc : tensor<8x32xf64>
+  %y = ernie.matmul %g, %w2 : tensor<8x32xf64>, tensor<32x16xf64> -> tensor<8x16xf64>
+  %yp = ernie.sharding_constraint %y <@mesh, [{dp}, {}], partial = {mp = sum}> : tensor<8x16xf64>
+  %yr = ernie.reshard %yp <@mesh, [{}, {mp}]> : tensor<8x16xf64>
+  %t = ernie.tanh %yr : tensor<8x16xf64>
+  %l = ernie.reduce_sum %t axes = [0, 1] : tensor<8x16xf64> -> tensor<f64>
+  return %l : tensor<f64>
+}
+"""
+    check_same_as_single_device(ernie_opt, source, "forward_grad", flags=("--ernie-autodiff",))

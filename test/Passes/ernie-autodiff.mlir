@@ -179,3 +179,26 @@ func.func @forward(%q: tensor<1x8x4x16xf32> {ernie.param = "q"}, %k: tensor<1x8x
   %l = ernie.reduce_sum %o axes = [0, 1, 2, 3] : tensor<1x8x4x16xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Placement ops pass the gradient through. A constraint's gradient keeps its
+// split dimensions and priority but not its pending sum (the adjoint of a
+// cross-rank sum is the whole gradient on every rank); a reshard's gradient is
+// left to propagation.
+// CHECK-LABEL: func.func @forward_grad
+// CHECK: %[[H:.+]] = ernie.sharding_constraint %{{.*}} <@mesh, [{dp}, {mp}], partial = {tp = sum}> {priority = 2 : i64}
+// CHECK: ernie.reshard %[[H]] <@mesh, [{}, {}]>
+// CHECK: %[[DH:.+]] = ernie.sharding_constraint %{{.*}} <@mesh, [{dp}, {mp}]> {priority = 2 : i64} : tensor<4x8xf32>
+// CHECK: ernie.matmul %{{.*}}, %[[DH]] {transpose_a}
+module {
+  ernie.mesh @mesh(dp = 2, mp = 2, tp = 2)
+  func.func @forward(%x: tensor<4x8xf32>, %w: tensor<8x8xf32> {ernie.param = "w"}) -> tensor<f32> {
+    %h = ernie.matmul %x, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+    %c = ernie.sharding_constraint %h <@mesh, [{dp}, {mp}], partial = {tp = sum}> {priority = 2} : tensor<4x8xf32>
+    %r = ernie.reshard %c <@mesh, [{}, {}]> : tensor<4x8xf32>
+    %t = ernie.tanh %r : tensor<4x8xf32>
+    %l = ernie.reduce_sum %t axes = [0, 1] : tensor<4x8xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

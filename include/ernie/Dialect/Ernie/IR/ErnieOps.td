@@ -831,7 +831,8 @@ def Ernie_MeshOp : Ernie_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
 
 def Ernie_ShardingConstraintOp : Ernie_Op<"sharding_constraint",
     [Pure, SameOperandsAndResultType,
-     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+     DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+     DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "the user's placement for a value inside a function";
   let description = [{
     Asks propagation to give the value this sharding. Between conflicting
@@ -853,7 +854,8 @@ def Ernie_ShardingConstraintOp : Ernie_Op<"sharding_constraint",
 
 def Ernie_ReshardOp : Ernie_Op<"reshard",
     [Pure, SameOperandsAndResultType,
-     DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+     DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+     DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "move a value to another sharding";
   let description = [{
     The value is the same; its layout changes to `sharding`. Partition lowers
