@@ -3,8 +3,13 @@
 #include "ernie/runtime/Communicator.h"
 
 #include <algorithm>
+#include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 namespace ernie::runtime {
 
@@ -13,8 +18,66 @@ void AsyncHandle::wait() {
     future_.get();
 }
 
+/// One thread per communicator running started collectives first in, first
+/// out. (A thread per collective, as std::async gives, lets two started
+/// collectives reach the engine in either order, and ranks that pair them
+/// differently exchange the wrong buffers.)
+struct Communicator::Worker {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<std::packaged_task<void()>> queue;
+  bool stopping = false;
+  std::thread thread;
+
+  Worker() : thread([this] { run(); }) {}
+
+  void run() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        ready.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty())
+          return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      task(); // An exception is stored in the task's future.
+    }
+  }
+
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    ready.notify_one();
+    if (thread.joinable())
+      thread.join();
+  }
+};
+
+Communicator::Communicator() = default;
+
+Communicator::~Communicator() { finishStarted(); }
+
+void Communicator::finishStarted() {
+  if (worker_)
+    worker_->finish();
+  worker_.reset();
+}
+
 AsyncHandle Communicator::start(std::function<void()> collective) {
-  return AsyncHandle(std::async(std::launch::async, std::move(collective)));
+  if (!worker_)
+    worker_ = std::make_unique<Worker>();
+  std::packaged_task<void()> task(std::move(collective));
+  std::future<void> done = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(worker_->mutex);
+    worker_->queue.push_back(std::move(task));
+  }
+  worker_->ready.notify_one();
+  return AsyncHandle(std::move(done));
 }
 
 namespace {
@@ -27,10 +90,10 @@ void reduceTyped(T *dst, const T *src, size_t count, ReduceOp op) {
       dst[i] = dst[i] + src[i];
       break;
     case ReduceOp::Max:
-      dst[i] = std::max(dst[i], src[i]);
+      dst[i] = maximumOf(dst[i], src[i]);
       break;
     case ReduceOp::Min:
-      dst[i] = std::min(dst[i], src[i]);
+      dst[i] = minimumOf(dst[i], src[i]);
       break;
     }
   }

@@ -96,6 +96,57 @@ TEST(ThreadCommunicator, AsyncCollectivesOverlapWithWork) {
   });
 }
 
+// Started collectives on one group reach the engine in start order on every
+// rank (with a thread per collective they raced, and ranks paired A with B).
+TEST(ThreadCommunicator, StartedCollectivesKeepTheirOrder) {
+  Mesh mesh({"dp"}, {2});
+  ThreadWorld world(mesh);
+  onAllRanks(world, [&](Communicator &comm) {
+    for (int round = 0; round < 200; ++round) {
+      double a = 1 + comm.rank(), b = 100 + comm.rank(), sumA = 0, sumB = 0;
+      AsyncHandle first = comm.start([&] {
+        comm.allReduce(&a, &sumA, 1, DType::F64, ReduceOp::Sum, {"dp"});
+      });
+      AsyncHandle second = comm.start([&] {
+        comm.allReduce(&b, &sumB, 1, DType::F64, ReduceOp::Sum, {"dp"});
+      });
+      first.wait();
+      second.wait();
+      ASSERT_EQ(sumA, 3.0) << "round " << round;
+      ASSERT_EQ(sumB, 201.0) << "round " << round;
+    }
+  });
+}
+
+// out == in: a fast rank overwrites its buffer while slower ones may still
+// be reading the group's inputs.
+TEST(ThreadCommunicator, InPlaceCollectives) {
+  Mesh mesh({"mp"}, {4});
+  ThreadWorld world(mesh);
+  onAllRanks(world, [&](Communicator &comm) {
+    for (int round = 0; round < 200; ++round) {
+      std::vector<double> x(8, 1.0 + comm.rank());
+      comm.allReduce(x.data(), x.data(), x.size(), DType::F64, ReduceOp::Sum,
+                     {"mp"});
+      ASSERT_EQ(x, std::vector<double>(8, 1 + 2 + 3 + 4)) << "round " << round;
+    }
+  });
+}
+
+TEST(ThreadCommunicator, NothingStartsAfterAnAbort) {
+  Mesh mesh({"dp"}, {2});
+  ThreadWorld world(mesh, std::chrono::seconds(30));
+  auto zero = world.communicator(0), one = world.communicator(1);
+  zero->abort("out of memory");
+  double x = 1, y = 0;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(one->allReduce(&x, &y, 1, DType::F64, ReduceOp::Sum, {"dp"}),
+               CommunicationError);
+  EXPECT_THROW(one->send(&x, sizeof x, 0, 1), CommunicationError);
+  EXPECT_THROW(one->recv(&x, sizeof x, 0, 1), CommunicationError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 TEST(ThreadCommunicator, SendAndReceive) {
   Mesh mesh({"pp"}, {3});
   ThreadWorld world(mesh);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
+
 #include <cmath>
 #include <random>
 
@@ -105,6 +107,36 @@ TEST(CpuKernels, CompareSelectCast) {
   Owned<int32_t> i{{0, 0, 0}, {3}, DType::I32};
   run("ernie.cast", {f.view()}, {i.view()});
   EXPECT_EQ(i.data, (std::vector<int32_t>{1, 1, -2})); // toward zero
+}
+
+// Values at the edges: NaN survives max wherever it sits, topk ranks NaN
+// above every number, integers compare exactly beyond 2^53, and casts of
+// NaN or out-of-range floats to integers saturate instead of being UB.
+TEST(CpuKernels, EdgeValues) {
+  const double nan = std::nan("");
+  Owned<double> x{{1, nan, 2}, {1, 3}, DType::F64}, mx{{0}, {1, 1}, DType::F64};
+  run("ernie.reduce_max", {x.view()}, {mx.view()},
+      {{"axes", std::vector<int64_t>{1}}, {"keepdim", true}});
+  EXPECT_TRUE(std::isnan(mx.data[0]));
+
+  Owned<double> t{{1, nan, 5, 3}, {1, 4}, DType::F64}, vals{std::vector<double>(2), {1, 2}, DType::F64};
+  Owned<int64_t> idx{std::vector<int64_t>(2), {1, 2}, DType::I64};
+  run("ernie.topk", {t.view()}, {vals.view(), idx.view()}, {{"k", int64_t{2}}, {"axis", int64_t{1}}});
+  EXPECT_EQ(idx.data, (std::vector<int64_t>{1, 2}));
+  EXPECT_THROW(run("ernie.topk", {t.view()}, {vals.view(), idx.view()},
+                   {{"k", int64_t{5}}, {"axis", int64_t{1}}}),
+               KernelError);
+
+  const int64_t big = int64_t{1} << 53;
+  Owned<int64_t> a{{big + 1}, {1}, DType::I64}, b{{big}, {1}, DType::I64};
+  Owned<uint8_t> eq{{1}, {1}, DType::I1};
+  run("ernie.compare", {a.view(), b.view()}, {eq.view()}, {{"direction", int64_t{0}}});
+  EXPECT_EQ(eq.data[0], 0);
+
+  Owned<double> f{{nan, 1e30, -1e30, -7.9}, {4}, DType::F64};
+  Owned<int32_t> i{std::vector<int32_t>(4), {4}, DType::I32};
+  run("ernie.cast", {f.view()}, {i.view()});
+  EXPECT_EQ(i.data, (std::vector<int32_t>{0, INT32_MAX, INT32_MIN, -7}));
 }
 
 TEST(CpuKernels, FullAndIota) {
@@ -415,6 +447,27 @@ TEST(CpuKernels, OptimizerUpdates) {
     double mh = m2 / (1 - std::pow(0.9, 3)), vh = v2 / (1 - std::pow(0.999, 3));
     EXPECT_NEAR(np.data[i], p.data[i] - 0.1 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * p.data[i]),
                 1e-15);
+  }
+}
+
+// Moments in f32 beside f64 parameters: each buffer is read in its own type
+// (reading the f32 moments as f64 ran past their end).
+TEST(CpuKernels, OptimizerStateInItsOwnPrecision) {
+  Owned<double> p{{1.0, -2.0, 0.5}, {3}, DType::F64}, g{{0.5, 0.25, -1.0}, {3}, DType::F64};
+  Owned<float> m{{0.0f, 0.1f, -0.2f}, {3}, DType::F32}, v{{0.0f, 0.2f, 0.3f}, {3}, DType::F32},
+      lr{{0.1f}, {}, DType::F32};
+  Owned<int64_t> t{{2}, {}, DType::I64};
+  Owned<double> np{std::vector<double>(3), {3}, DType::F64};
+  Owned<float> nm{std::vector<float>(3), {3}, DType::F32}, nv{std::vector<float>(3), {3}, DType::F32};
+  run("ernie.adamw_update", {p.view(), g.view(), m.view(), v.view(), lr.view(), t.view()},
+      {np.view(), nm.view(), nv.view()}, {{"weight_decay", 0.0}});
+  for (int i = 0; i < 3; ++i) {
+    double m2 = 0.9 * double(m.data[i]) + 0.1 * g.data[i];
+    double v2 = 0.999 * double(v.data[i]) + 0.001 * g.data[i] * g.data[i];
+    EXPECT_FLOAT_EQ(nm.data[i], static_cast<float>(m2));
+    EXPECT_FLOAT_EQ(nv.data[i], static_cast<float>(v2));
+    double mh = m2 / (1 - 0.81), vh = v2 / (1 - 0.999 * 0.999);
+    EXPECT_NEAR(np.data[i], p.data[i] - double(0.1f) * mh / (std::sqrt(vh) + 1e-8), 1e-12);
   }
 }
 

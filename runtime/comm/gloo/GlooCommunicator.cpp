@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 
 namespace ernie::runtime {
@@ -28,6 +29,8 @@ public:
     attr.hostname = options_.hostname;
     device_ = gloo::transport::tcp::CreateDevice(attr);
   }
+
+  ~GlooCommunicator() override { finishStarted(); }
 
   int64_t rank() const override { return rank_; }
   const Mesh &mesh() const override { return mesh_; }
@@ -120,9 +123,10 @@ private:
   }
 
   std::shared_ptr<gloo::Context> shared(gloo::Context &ctx) {
-    for (auto &[key, c] : contexts_)
-      if (c.get() == &ctx)
-        return c;
+    std::lock_guard<std::mutex> lock(contextMutex_);
+    for (auto &[key, channel] : channels_)
+      if (channel->context.get() == &ctx)
+        return channel->context;
     throw CommunicationError("unknown context");
   }
 
@@ -143,24 +147,44 @@ private:
     gloo::alltoall(opts);
   }
 
-  /// The context of `members` (this rank included), made on first use.
-  gloo::Context &contextFor(const std::vector<int64_t> &members) {
-    std::string key = "g";
+  /// A Gloo context and the lock that runs one operation on it at a time.
+  /// Each group (and each point-to-point pair) has its own, so a rank can
+  /// wait in one group while its communication thread works in another.
+  struct Channel {
+    std::mutex mutex;
+    std::shared_ptr<gloo::Context> context;
+  };
+
+  /// Runs `body` on the context of `members` (this rank included), made on
+  /// first use; `prefix` keeps point-to-point pairs apart from 2-rank groups.
+  template <typename Fn>
+  void withContext(const std::string &prefix,
+                   const std::vector<int64_t> &members, Fn body) {
+    std::string key = prefix;
     for (int64_t r : members)
       key += "." + std::to_string(r);
-    auto it = contexts_.find(key);
-    if (it != contexts_.end())
-      return *it->second;
-    int me = 0;
-    while (members[me] != rank_)
-      ++me;
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(
-        me, static_cast<int>(members.size()));
-    ctx->setTimeout(options_.timeout);
-    gloo::rendezvous::PrefixStore prefixed(key, store_);
-    ctx->connectFullMesh(prefixed, device_);
-    contexts_[key] = ctx;
-    return *ctx;
+    Channel *channel;
+    {
+      std::lock_guard<std::mutex> lock(contextMutex_);
+      std::unique_ptr<Channel> &slot = channels_[key];
+      if (!slot)
+        slot = std::make_unique<Channel>();
+      channel = slot.get();
+    }
+    std::lock_guard<std::mutex> lock(channel->mutex);
+    if (!channel->context) {
+      int me = 0;
+      while (members[me] != rank_)
+        ++me;
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(
+          me, static_cast<int>(members.size()));
+      ctx->setTimeout(options_.timeout);
+      gloo::rendezvous::PrefixStore prefixed(key, store_);
+      ctx->connectFullMesh(prefixed, device_);
+      std::lock_guard<std::mutex> mapLock(contextMutex_);
+      channel->context = ctx;
+    }
+    body(*channel->context);
   }
 
   template <typename Fn>
@@ -169,8 +193,7 @@ private:
                        " over " + describeAxes(axes);
     checkAborted(what);
     try {
-      std::lock_guard<std::mutex> lock(contextMutex_);
-      body(contextFor(mesh_.group(rank_, axes)));
+      withContext("g", mesh_.group(rank_, axes), body);
     } catch (const CommunicationError &) {
       throw;
     } catch (const std::exception &e) {
@@ -187,9 +210,9 @@ private:
     if (peer < 0 || peer >= mesh_.numRanks() || peer == rank_)
       throw CommunicationError(what + ": invalid peer");
     try {
-      std::lock_guard<std::mutex> lock(contextMutex_);
       std::vector<int64_t> pair{std::min(rank_, peer), std::max(rank_, peer)};
-      body(contextFor(pair), rank_ < peer ? 1 : 0);
+      int other = rank_ < peer ? 1 : 0;
+      withContext("p", pair, [&](gloo::Context &ctx) { body(ctx, other); });
     } catch (const CommunicationError &e) {
       throw CommunicationError(what + ": " + e.what());
     } catch (const std::exception &e) {
@@ -208,7 +231,7 @@ private:
   GlooOptions options_;
   gloo::rendezvous::FileStore store_;
   std::shared_ptr<gloo::transport::Device> device_;
-  std::map<std::string, std::shared_ptr<gloo::Context>> contexts_;
+  std::map<std::string, std::unique_ptr<Channel>> channels_; // contextMutex_
   std::mutex contextMutex_, mutex_;
   std::string aborted_;
 };

@@ -22,8 +22,10 @@ struct ThreadWorld::State {
   State(Mesh mesh, std::chrono::milliseconds timeout)
       : mesh(std::move(mesh)), timeout(timeout) {}
 
+  /// Members post copies of their inputs, so a member may overwrite its
+  /// buffer (in-place collectives) or leave (a failure) while others read.
   struct Rendezvous {
-    std::vector<const void *> inputs;
+    std::vector<std::vector<char>> inputs;
     int64_t arrived = 0;
     int64_t departed = 0;
   };
@@ -64,13 +66,14 @@ class ThreadCommunicator final : public Communicator {
 public:
   ThreadCommunicator(std::shared_ptr<ThreadWorld::State> state, int64_t rank)
       : state_(std::move(state)), rank_(rank) {}
+  ~ThreadCommunicator() override { finishStarted(); }
 
   int64_t rank() const override { return rank_; }
   const Mesh &mesh() const override { return state_->mesh; }
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
-    collective("all_reduce", axes, in,
+    collective("all_reduce", axes, in, count * byteSize(type),
                [&](const std::vector<const void *> &all, int64_t) {
                  reduceInOrder(all, out, count, type, op);
                });
@@ -78,7 +81,7 @@ public:
 
   void allGather(const void *in, void *out, size_t bytes,
                  const Axes &axes) override {
-    collective("all_gather", axes, in,
+    collective("all_gather", axes, in, bytes,
                [&](const std::vector<const void *> &all, int64_t) {
                  for (size_t i = 0; i < all.size(); ++i)
                    std::memcpy(static_cast<char *>(out) + i * bytes, all[i],
@@ -89,7 +92,7 @@ public:
   void reduceScatter(const void *in, void *out, size_t count, DType type,
                      ReduceOp op, const Axes &axes) override {
     size_t bytes = count * byteSize(type);
-    collective("reduce_scatter", axes, in,
+    collective("reduce_scatter", axes, in, bytes * groupSize(axes),
                [&](const std::vector<const void *> &all, int64_t me) {
                  std::vector<const void *> chunks;
                  for (const void *member : all)
@@ -101,7 +104,7 @@ public:
 
   void allToAll(const void *in, void *out, size_t bytes,
                 const Axes &axes) override {
-    collective("all_to_all", axes, in,
+    collective("all_to_all", axes, in, bytes * groupSize(axes),
                [&](const std::vector<const void *> &all, int64_t me) {
                  for (size_t i = 0; i < all.size(); ++i)
                    std::memcpy(static_cast<char *>(out) + i * bytes,
@@ -112,7 +115,7 @@ public:
 
   void broadcast(void *data, size_t bytes, int64_t rootIndex,
                  const Axes &axes) override {
-    collective("broadcast", axes, data,
+    collective("broadcast", axes, data, bytes,
                [&](const std::vector<const void *> &all, int64_t me) {
                  if (rootIndex < 0 ||
                      rootIndex >= static_cast<int64_t>(all.size()))
@@ -123,7 +126,7 @@ public:
   }
 
   void barrier(const Axes &axes) override {
-    collective("barrier", axes, nullptr,
+    collective("barrier", axes, nullptr, 0,
                [](const std::vector<const void *> &, int64_t) {});
   }
 
@@ -131,6 +134,7 @@ public:
             int64_t tag) override {
     checkPeer(peer, "send");
     std::lock_guard<std::mutex> lock(state_->mutex);
+    failIfAborted("send");
     const char *p = static_cast<const char *>(data);
     state_->mailbox[{rank_, peer, tag}].emplace_back(p, p + bytes);
     state_->changed.notify_all();
@@ -139,6 +143,7 @@ public:
   void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
     checkPeer(peer, "recv");
     std::unique_lock<std::mutex> lock(state_->mutex);
+    failIfAborted("recv");
     auto key = std::make_tuple(peer, rank_, tag);
     state_->waitFor(
         lock, [&] { return !state_->mailbox[key].empty(); },
@@ -170,11 +175,23 @@ private:
                                " to invalid peer " + std::to_string(peer));
   }
 
-  /// The rendezvous: post `in`, wait for the group, `compute` this rank's
-  /// output from every member's input, wait until all have read.
+  int64_t groupSize(const Axes &axes) const {
+    return state_->mesh.group(rank_, axes).size();
+  }
+
+  /// Under the lock: after an abort nothing new starts.
+  void failIfAborted(const std::string &what) const {
+    if (state_->aborted)
+      throw CommunicationError("rank " + std::to_string(rank_) + ": " + what +
+                               ": aborted: " + state_->abortReason);
+  }
+
+  /// The rendezvous: post a copy of `in` (`inBytes` long), wait for the
+  /// group, `compute` this rank's output from every member's input. The last
+  /// member to finish reading removes the rendezvous.
   template <typename Fn>
   void collective(const char *kind, const Axes &axes, const void *in,
-                  Fn compute) {
+                  size_t inBytes, Fn compute) {
     std::vector<int64_t> group = state_->mesh.group(rank_, axes);
     int64_t me = state_->mesh.indexInGroup(rank_, axes);
     int64_t n = group.size();
@@ -193,31 +210,42 @@ private:
                        " over " + describeAxes(axes);
 
     std::unique_lock<std::mutex> lock(state_->mutex);
+    failIfAborted(std::string(kind) + " over " + describeAxes(axes));
+    // std::map nodes do not move, so `slot` stays valid until erased, and
+    // only the last reader erases it.
     auto &slot = state_->rendezvous[id];
     if (slot.inputs.empty())
-      slot.inputs.assign(n, nullptr);
-    slot.inputs[me] = in;
+      slot.inputs.resize(n);
+    const char *bytes = static_cast<const char *>(in);
+    slot.inputs[me].assign(bytes, bytes + inBytes);
     ++slot.arrived;
     state_->changed.notify_all();
-    state_->waitFor(lock, [&] { return state_->rendezvous[id].arrived == n; },
-                    what);
-    std::vector<const void *> inputs = state_->rendezvous[id].inputs;
+    try {
+      state_->waitFor(lock, [&] { return slot.arrived == n; }, what);
+    } catch (...) {
+      leave(id, slot, n);
+      throw;
+    }
     lock.unlock();
-    compute(inputs, me);
+    std::vector<const void *> inputs;
+    for (const std::vector<char> &input : slot.inputs)
+      inputs.push_back(input.data());
+    try {
+      compute(inputs, me);
+    } catch (...) {
+      lock.lock();
+      leave(id, slot, n);
+      throw;
+    }
     lock.lock();
-    auto &done = state_->rendezvous[id];
-    ++done.departed;
-    state_->changed.notify_all();
-    state_->waitFor(
-        lock,
-        [&] {
-          auto it = state_->rendezvous.find(id);
-          return it == state_->rendezvous.end() || it->second.departed == n;
-        },
-        what);
-    auto it = state_->rendezvous.find(id);
-    if (it != state_->rendezvous.end() && it->second.departed == n)
-      state_->rendezvous.erase(it);
+    leave(id, slot, n);
+  }
+
+  /// Under the lock: this member is done with the rendezvous.
+  void leave(const std::string &id, ThreadWorld::State::Rendezvous &slot,
+             int64_t n) {
+    if (++slot.departed == n)
+      state_->rendezvous.erase(id);
   }
 
   std::shared_ptr<ThreadWorld::State> state_;

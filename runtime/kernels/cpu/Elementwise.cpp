@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace ernie::runtime::cpu {
 
@@ -100,13 +101,27 @@ double loadAsDouble(const TensorView &v, int64_t i) {
   }
 }
 
+/// Float to integer, rounding toward zero: out-of-range values saturate and
+/// NaN becomes 0 (a plain static_cast is undefined behaviour for both).
+template <typename I> I saturatingToInt(double x) {
+  if (std::isnan(x))
+    return 0;
+  // -min (2^63, 2^31) is an exact double; max may not be.
+  const double limit = -static_cast<double>(std::numeric_limits<I>::min());
+  if (x >= limit)
+    return std::numeric_limits<I>::max();
+  if (x < -limit)
+    return std::numeric_limits<I>::min();
+  return static_cast<I>(std::trunc(x));
+}
+
 void storeFromDouble(const TensorView &v, int64_t i, double x) {
   switch (v.type) {
   case DType::F64: v.as<double>()[i] = x; return;
   case DType::F32: v.as<float>()[i] = static_cast<float>(x); return;
   case DType::BF16: v.as<uint16_t>()[i] = toBf16(static_cast<float>(x)); return;
-  case DType::I64: v.as<int64_t>()[i] = static_cast<int64_t>(std::trunc(x)); return;
-  case DType::I32: v.as<int32_t>()[i] = static_cast<int32_t>(std::trunc(x)); return;
+  case DType::I64: v.as<int64_t>()[i] = saturatingToInt<int64_t>(x); return;
+  case DType::I32: v.as<int32_t>()[i] = saturatingToInt<int32_t>(x); return;
   case DType::I1: v.as<uint8_t>()[i] = x != 0.0; return;
   default: throw KernelError("cast to " + std::string(name(v.type)) +
                              " is not supported on the CPU yet");
@@ -154,19 +169,10 @@ void registerElementwiseKernels(Registry &r) {
     else
       return a / b;
   }, false);
-  // NaN propagates, as in the compiler's folds (llvm::maximum/minimum).
-  binaryNumeric(r, "ernie.maximum", [](auto a, auto b) {
-    if constexpr (std::is_floating_point_v<decltype(a)>)
-      if (std::isnan(a) || std::isnan(b))
-        return a + b;
-    return a > b ? a : b;
-  }, false);
-  binaryNumeric(r, "ernie.minimum", [](auto a, auto b) {
-    if constexpr (std::is_floating_point_v<decltype(a)>)
-      if (std::isnan(a) || std::isnan(b))
-        return a + b;
-    return a < b ? a : b;
-  }, false);
+  binaryNumeric(r, "ernie.maximum",
+                [](auto a, auto b) { return maximumOf(a, b); }, false);
+  binaryNumeric(r, "ernie.minimum",
+                [](auto a, auto b) { return minimumOf(a, b); }, false);
   binaryNumeric(r, "ernie.pow", [](auto a, auto b) { return std::pow(a, b); },
                 true);
 
@@ -175,21 +181,24 @@ void registerElementwiseKernels(Registry &r) {
                           const Attrs &attrs) {
     expectCount(in, 2, "ernie.compare");
     int64_t direction = attrs.getInt("direction");
+    if (direction < 0 || direction > 5)
+      throw KernelError("unknown compare direction");
     uint8_t *y = out[0].as<uint8_t>();
-    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-      double a = loadAsDouble(in[0], i), b = loadAsDouble(in[1], i);
-      bool v = false;
+    auto compare = [&](auto a, auto b) -> bool {
       switch (direction) {
-      case 0: v = a == b; break;
-      case 1: v = a != b; break;
-      case 2: v = a < b; break;
-      case 3: v = a <= b; break;
-      case 4: v = a > b; break;
-      case 5: v = a >= b; break;
-      default: throw KernelError("unknown compare direction");
+      case 0: return a == b;
+      case 1: return a != b;
+      case 2: return a < b;
+      case 3: return a <= b;
+      case 4: return a > b;
+      default: return a >= b;
       }
-      y[i] = v;
-    }
+    };
+    // Integers compare exactly: doubles cannot tell 2^53 from 2^53 + 1.
+    bool integers = !isFloat(in[0].type) && in[0].type != DType::I1;
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
+      y[i] = integers ? compare(indexAt(in[0], i), indexAt(in[1], i))
+                      : compare(loadAsDouble(in[0], i), loadAsDouble(in[1], i));
   };
   r["ernie.select"] = [](const std::vector<TensorView> &in,
                          const std::vector<TensorView> &out, const Attrs &) {

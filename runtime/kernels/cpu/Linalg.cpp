@@ -103,7 +103,7 @@ void reduce(const std::vector<TensorView> &in,
           o += c * outStrides[d];
       }
       if (kind == Reduction::Max)
-        dst[o] = std::max(dst[o], src[i]);
+        dst[o] = maximumOf(dst[o], src[i]);
       else
         dst[o] += src[i];
     }

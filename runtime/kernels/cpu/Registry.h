@@ -55,6 +55,8 @@ inline std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
 
 /// Element `i` of an i32/i64 index tensor, as int64.
 int64_t indexAt(const TensorView &v, int64_t i);
+/// The one element of an f32/f64 scalar tensor (a learning rate, say).
+double scalarAt(const TensorView &v);
 
 inline void expectCount(const std::vector<TensorView> &views, size_t n,
                         const char *what) {

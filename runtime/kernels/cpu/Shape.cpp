@@ -7,7 +7,9 @@
 #include "Registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace ernie::runtime::cpu {
 
@@ -158,6 +160,18 @@ int64_t indexAt(const TensorView &v, int64_t i) {
   }
 }
 
+double scalarAt(const TensorView &v) {
+  switch (v.type) {
+  case DType::F64:
+    return v.as<double>()[0];
+  case DType::F32:
+    return v.as<float>()[0];
+  default:
+    throw KernelError("scalars must be f32 or f64, got " +
+                      std::string(name(v.type)));
+  }
+}
+
 void registerIndexingKernels(Registry &r) {
   // result[a, i, b] = input[a, indices[i], b]
   r["ernie.gather"] = [](const std::vector<TensorView> &in,
@@ -238,6 +252,9 @@ void registerIndexingKernels(Registry &r) {
     bool largest = !attrs.has("largest") || attrs.getBool("largest");
     const TensorView &x = in[0];
     int64_t outer = 1, inner = 1, size = x.shape[axis];
+    if (k < 0 || k > size)
+      throw KernelError("ernie.topk: k = " + std::to_string(k) +
+                        " is outside [0, " + std::to_string(size) + "]");
     for (int64_t d = 0; d < axis; ++d)
       outer *= x.shape[d];
     for (int64_t d = axis + 1; d < x.rank(); ++d)
@@ -250,8 +267,16 @@ void registerIndexingKernels(Registry &r) {
           auto at = [&](int64_t p) { return x.as<T>()[(o * size + p) * inner + j]; };
           for (int64_t p = 0; p < size; ++p)
             order[p] = p;
+          // NaN counts as larger than every number (as in PyTorch), so the
+          // comparison stays a strict weak order.
+          auto less = [](T a, T b) {
+            if constexpr (std::is_floating_point_v<T>)
+              if (std::isnan(a) || std::isnan(b))
+                return !std::isnan(a);
+            return a < b;
+          };
           std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-            return largest ? at(a) > at(b) : at(a) < at(b);
+            return largest ? less(at(b), at(a)) : less(at(a), at(b));
           });
           for (int64_t p = 0; p < k; ++p) {
             out[0].as<T>()[(o * k + p) * inner + j] = at(order[p]);

@@ -219,27 +219,33 @@ void registerTransformerKernels(Registry &r) {
   };
 }
 
+// Optimizer state (momentum, moments) may be kept in another precision than
+// the parameter, so each is read in its own type; the arithmetic is f64.
 void registerOptimizerKernels(Registry &r) {
   r["ernie.sgd_update"] = [](const std::vector<TensorView> &in,
                              const std::vector<TensorView> &out,
                              const Attrs &attrs) {
     expectCount(in, 4, "ernie.sgd_update");
     double momentum = attrs.getFloat("momentum", 0.0),
-           decay = attrs.getFloat("weight_decay", 0.0);
+           decay = attrs.getFloat("weight_decay", 0.0),
+           lr = scalarAt(in[3]);
     bool nesterov = attrs.getBool("nesterov");
-    dispatchFloat(in[0].type, [&](auto zero) {
-      using T = decltype(zero);
-      const T *p = in[0].as<T>(), *g = in[1].as<T>(), *buf = in[2].as<T>();
-      T lr = static_cast<T>(in[3].type == DType::F64 ? in[3].as<double>()[0]
-                                                    : in[3].as<float>()[0]);
-      T *np = out[0].as<T>(), *nb = out[1].as<T>();
-      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-        T grad = g[i] + static_cast<T>(decay) * p[i];
-        T b = static_cast<T>(momentum) * buf[i] + grad;
-        T step = nesterov ? grad + static_cast<T>(momentum) * b : b;
-        nb[i] = b;
-        np[i] = p[i] - lr * step;
-      }
+    dispatchFloat(in[0].type, [&](auto paramZero) {
+      using P = decltype(paramZero);
+      dispatchFloat(in[2].type, [&](auto stateZero) {
+        using S = decltype(stateZero);
+        const P *p = in[0].as<P>(), *g = in[1].as<P>();
+        const S *buf = in[2].as<S>();
+        P *np = out[0].as<P>();
+        S *nb = out[1].as<S>();
+        for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+          double grad = double(g[i]) + decay * double(p[i]);
+          double b = momentum * double(buf[i]) + grad;
+          double step = nesterov ? grad + momentum * b : b;
+          nb[i] = static_cast<S>(b);
+          np[i] = static_cast<P>(double(p[i]) - lr * step);
+        }
+      });
     });
   };
   r["ernie.adamw_update"] = [](const std::vector<TensorView> &in,
@@ -248,26 +254,28 @@ void registerOptimizerKernels(Registry &r) {
     expectCount(in, 6, "ernie.adamw_update");
     double b1 = attrs.getFloat("beta1", 0.9), b2 = attrs.getFloat("beta2", 0.999),
            eps = attrs.getFloat("epsilon", 1e-8),
-           decay = attrs.getFloat("weight_decay", 0.01);
-    double lr = in[4].type == DType::F64 ? in[4].as<double>()[0]
-                                         : in[4].as<float>()[0];
+           decay = attrs.getFloat("weight_decay", 0.01), lr = scalarAt(in[4]);
     double t = static_cast<double>(indexAt(in[5], 0));
     double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
-    dispatchFloat(in[0].type, [&](auto zero) {
-      using T = decltype(zero);
-      const T *p = in[0].as<T>(), *g = in[1].as<T>(), *m = in[2].as<T>(),
-              *v = in[3].as<T>();
-      T *np = out[0].as<T>(), *nm = out[1].as<T>(), *nv = out[2].as<T>();
-      for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-        T m2 = static_cast<T>(b1) * m[i] + static_cast<T>(1 - b1) * g[i];
-        T v2 = static_cast<T>(b2) * v[i] + static_cast<T>(1 - b2) * g[i] * g[i];
-        T update = (m2 / static_cast<T>(c1)) /
-                       (std::sqrt(v2 / static_cast<T>(c2)) + static_cast<T>(eps)) +
-                   static_cast<T>(decay) * p[i];
-        nm[i] = m2;
-        nv[i] = v2;
-        np[i] = p[i] - static_cast<T>(lr) * update;
-      }
+    dispatchFloat(in[0].type, [&](auto paramZero) {
+      using P = decltype(paramZero);
+      dispatchFloat(in[2].type, [&](auto stateZero) {
+        using S = decltype(stateZero);
+        const P *p = in[0].as<P>(), *g = in[1].as<P>();
+        const S *m = in[2].as<S>(), *v = in[3].as<S>();
+        P *np = out[0].as<P>();
+        S *nm = out[1].as<S>(), *nv = out[2].as<S>();
+        for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+          double gi = g[i];
+          double m2 = b1 * double(m[i]) + (1 - b1) * gi;
+          double v2 = b2 * double(v[i]) + (1 - b2) * gi * gi;
+          double update =
+              (m2 / c1) / (std::sqrt(v2 / c2) + eps) + decay * double(p[i]);
+          nm[i] = static_cast<S>(m2);
+          nv[i] = static_cast<S>(v2);
+          np[i] = static_cast<P>(double(p[i]) - lr * update);
+        }
+      });
     });
   };
 }

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <functional>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,7 +50,8 @@ private:
 
 class Communicator {
 public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
 
   virtual int64_t rank() const = 0;
   virtual const Mesh &mesh() const = 0;
@@ -76,14 +78,25 @@ public:
   virtual void recv(void *data, size_t bytes, int64_t peer, int64_t tag) = 0;
   virtual void barrier(const Axes &axes) = 0;
 
-  /// Runs `collective` (a call of the methods above) on a communication
-  /// thread. Collectives on one group must be started in the same order on
-  /// every member; the engine pairs them by that order.
+  /// Runs `collective` (a call of the methods above) on this communicator's
+  /// communication thread, after every collective started before it: the
+  /// engines pair collectives on a group by their order, so started ones
+  /// keep the order of their start() calls. Wait for a started collective
+  /// before calling a blocking one on the same group.
   AsyncHandle start(std::function<void()> collective);
 
   /// Stops every rank: their pending and later collectives fail with
   /// `reason` instead of waiting for a peer that will never come.
   virtual void abort(const std::string &reason) = 0;
+
+protected:
+  /// Runs what was started and stops the communication thread. Engines call
+  /// it first in their destructors, while the collectives can still run.
+  void finishStarted();
+
+private:
+  struct Worker;
+  std::unique_ptr<Worker> worker_;
 };
 
 /// Applies `op` to `count` elements of `type`: dst = dst (op) src.

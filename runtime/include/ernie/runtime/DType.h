@@ -8,9 +8,11 @@
 #ifndef ERNIE_RUNTIME_DTYPE_H
 #define ERNIE_RUNTIME_DTYPE_H
 
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 namespace ernie::runtime {
 
@@ -34,6 +36,22 @@ std::string_view name(DType type);
 std::optional<DType> parseDType(std::string_view spelling);
 /// True for the floating-point types.
 bool isFloat(DType type);
+
+/// max and min as the compiler folds them (llvm::maximum/minimum): a NaN in
+/// either operand is the result, whichever side it is on. Kernels and
+/// collectives share them so a NaN survives any reduction order.
+template <typename T> T maximumOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>)
+    if (std::isnan(a) || std::isnan(b))
+      return a + b;
+  return a > b ? a : b;
+}
+template <typename T> T minimumOf(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>)
+    if (std::isnan(a) || std::isnan(b))
+      return a + b;
+  return a < b ? a : b;
+}
 
 } // namespace ernie::runtime
 
