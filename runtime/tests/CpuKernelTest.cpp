@@ -137,6 +137,13 @@ TEST(CpuKernels, EdgeValues) {
   Owned<int32_t> i{std::vector<int32_t>(4), {4}, DType::I32};
   run("ernie.cast", {f.view()}, {i.view()});
   EXPECT_EQ(i.data, (std::vector<int32_t>{0, INT32_MAX, INT32_MIN, -7}));
+
+  // f64 -> bf16 rounds once: 1 + 2^-8 + 2^-30 is just above the tie, so up.
+  Owned<double> d{{1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30), 1.0 + std::ldexp(1.0, -8)},
+                  {2}, DType::F64};
+  Owned<uint16_t> h{{0, 0}, {2}, DType::BF16};
+  run("ernie.cast", {d.view()}, {h.view()});
+  EXPECT_EQ(h.data, (std::vector<uint16_t>{0x3f81, 0x3f80})); // the exact tie goes to even
 }
 
 TEST(CpuKernels, FullAndIota) {

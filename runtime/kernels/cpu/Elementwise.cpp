@@ -101,6 +101,23 @@ double loadAsDouble(const TensorView &v, int64_t i) {
   }
 }
 
+/// x as a float rounded to odd: truncated, with the last bit set when
+/// inexact. Rounding that to bf16 equals rounding x to bf16 directly; going
+/// through the nearest float instead can round twice (1 + 2^-8 + 2^-30 would
+/// land on the tie 1 + 2^-8 and then on 1).
+float roundToOddFloat(double x) {
+  float f = static_cast<float>(x);
+  if (std::isnan(x) || static_cast<double>(f) == x)
+    return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(x))
+    f = std::nextafter(f, 0.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits |= 1;
+  std::memcpy(&f, &bits, sizeof bits);
+  return f;
+}
+
 /// Float to integer, rounding toward zero: out-of-range values saturate and
 /// NaN becomes 0 (a plain static_cast is undefined behaviour for both).
 template <typename I> I saturatingToInt(double x) {
@@ -119,7 +136,7 @@ void storeFromDouble(const TensorView &v, int64_t i, double x) {
   switch (v.type) {
   case DType::F64: v.as<double>()[i] = x; return;
   case DType::F32: v.as<float>()[i] = static_cast<float>(x); return;
-  case DType::BF16: v.as<uint16_t>()[i] = toBf16(static_cast<float>(x)); return;
+  case DType::BF16: v.as<uint16_t>()[i] = toBf16(roundToOddFloat(x)); return;
   case DType::I64: v.as<int64_t>()[i] = saturatingToInt<int64_t>(x); return;
   case DType::I32: v.as<int32_t>()[i] = saturatingToInt<int32_t>(x); return;
   case DType::I1: v.as<uint8_t>()[i] = x != 0.0; return;

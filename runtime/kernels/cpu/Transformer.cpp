@@ -88,6 +88,12 @@ void attention(const std::vector<TensorView> &in,
               backward ? "ernie.attention_grad" : "ernie.attention");
   Layout4 Q(in[0]), K(in[1]), V(in[2]);
   bool causal = attrs.getBool("causal");
+  // The verifier guarantees these; a kernel called past it must not read
+  // out of bounds.
+  if (K.h == 0 || Q.h % K.h != 0 || Q.b != K.b || Q.d != K.d ||
+      K.s != V.s || (causal && Q.s != K.s))
+    throw KernelError("ernie.attention: query, key and value shapes do not "
+                      "match (causal attention needs equal sequence lengths)");
   int64_t group = Q.h / K.h;
   double scaleAttr = attrs.getFloat("scale", 1.0 / std::sqrt(double(Q.d)));
   dispatchFloat(in[0].type, [&](auto zero) {
