@@ -141,6 +141,29 @@ TEST(GlooCommunicator, StartedCollectivesKeepTheirOrder) {
   });
 }
 
+// An abort reaches the peers' next calls through the store at once, not
+// after their timeout.
+TEST(GlooCommunicator, AbortReachesPeersNextCalls) {
+  Mesh mesh({"dp"}, {2});
+  GlooOptions options;
+  options.storePath = freshStore("abort");
+  options.timeout = std::chrono::seconds(30);
+  auto zero = createGlooCommunicator(mesh, 0, options);
+  auto one = createGlooCommunicator(mesh, 1, options);
+  one->abort("NaN in the loss");
+  double x = 1, y = 0;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    zero->allReduce(&x, &y, 1, DType::F64, ReduceOp::Sum, {"dp"});
+    FAIL() << "expected the abort";
+  } catch (const CommunicationError &e) {
+    EXPECT_NE(std::string(e.what()).find("aborted: rank 1: NaN in the loss"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 TEST(GlooCommunicator, BadArgumentsAreErrors) {
   Mesh mesh({"dp"}, {2});
   EXPECT_THROW(createGlooCommunicator(mesh, 5, {freshStore("bad")}),

@@ -12,6 +12,8 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,9 +109,21 @@ public:
     });
   }
 
+  /// Fails this rank's later calls and publishes the reason in the store
+  /// directory, where every peer's next call finds it. (Calls already
+  /// waiting inside Gloo still wait out their timeout.)
   void abort(const std::string &reason) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty())
+      return;
     aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
+    std::string tmp = abortPath() + "." + std::to_string(rank_);
+    {
+      std::ofstream file(tmp, std::ios::trunc);
+      file << aborted_;
+    }
+    std::error_code ignored; // The local abort stands even if this fails.
+    std::filesystem::rename(tmp, abortPath(), ignored);
   }
 
 private:
@@ -220,8 +234,17 @@ private:
     }
   }
 
+  std::string abortPath() const { return options_.storePath + "/ernie.abort"; }
+
   void checkAborted(const std::string &what) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.empty()) {
+      std::ifstream file(abortPath());
+      if (file)
+        std::getline(file, aborted_);
+      if (file && aborted_.empty())
+        aborted_ = "a peer aborted";
+    }
     if (!aborted_.empty())
       throw CommunicationError(what + ": aborted: " + aborted_);
   }

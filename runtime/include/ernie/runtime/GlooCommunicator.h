@@ -22,7 +22,8 @@
 namespace ernie::runtime {
 
 struct GlooOptions {
-  /// A directory shared by every rank, for the rendezvous.
+  /// A directory shared by every rank, for the rendezvous and aborts; fresh
+  /// for every run (a stale one holds old keys).
   std::string storePath;
   /// The address this rank listens on.
   std::string hostname = "127.0.0.1";
