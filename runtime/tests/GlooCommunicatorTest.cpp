@@ -22,13 +22,24 @@ using namespace ernie::runtime::testing;
 
 namespace {
 
-std::string freshStore(const std::string &name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("ernie-gloo-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+/// An empty store directory for one test, removed when the test ends.
+class FreshStore {
+public:
+  explicit FreshStore(const std::string &name)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("ernie-gloo-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~FreshStore() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  operator std::string() const { return dir_.string(); }
+
+private:
+  std::filesystem::path dir_;
+};
 
 template <typename Fn>
 void onGlooRanks(const Mesh &mesh, const std::string &store, Fn body) {
@@ -47,7 +58,7 @@ TEST(GlooCommunicator, EveryCollectiveOnEveryAxisSubset) {
     std::vector<std::string> names{"a", "b"};
     names.resize(sizes.size());
     Mesh mesh(names, sizes);
-    onGlooRanks(mesh, freshStore("all" + std::to_string(sizes.size())),
+    onGlooRanks(mesh, FreshStore("all" + std::to_string(sizes.size())),
                 [&](Communicator &comm) {
                   for (const Axes &axes : axisSubsets(mesh)) {
                     SCOPED_TRACE(::testing::Message() << "rank " << comm.rank());
@@ -78,7 +89,7 @@ TEST(GlooCommunicator, SameBitsAsTheThreadEngine) {
     });
   for (auto &t : threads)
     t.join();
-  onGlooRanks(mesh, freshStore("bits"), [&](Communicator &comm) {
+  onGlooRanks(mesh, FreshStore("bits"), [&](Communicator &comm) {
     std::vector<float> in = input(comm.rank()), out(in.size());
     comm.allReduce(in.data(), out.data(), in.size(), DType::F32,
                    ReduceOp::Sum, {"dp"});
@@ -91,7 +102,7 @@ TEST(GlooCommunicator, SameBitsAsTheThreadEngine) {
 
 TEST(GlooCommunicator, SendAndReceive) {
   Mesh mesh({"pp"}, {2});
-  onGlooRanks(mesh, freshStore("p2p"), [&](Communicator &comm) {
+  onGlooRanks(mesh, FreshStore("p2p"), [&](Communicator &comm) {
     double x = 42.0 + comm.rank(), y = 0;
     if (comm.rank() == 0) {
       comm.send(&x, sizeof x, 1, 3);
@@ -107,7 +118,7 @@ TEST(GlooCommunicator, SendAndReceive) {
 // over every call deadlocked here until the timeout).
 TEST(GlooCommunicator, StartedOperationsDoNotBlockOtherGroups) {
   Mesh mesh({"pp"}, {2});
-  onGlooRanks(mesh, freshStore("overlap"), [&](Communicator &comm) {
+  onGlooRanks(mesh, FreshStore("overlap"), [&](Communicator &comm) {
     double value = 0;
     if (comm.rank() == 0) {
       AsyncHandle pending = comm.start([&] { comm.recv(&value, sizeof value, 1, 3); });
@@ -124,7 +135,7 @@ TEST(GlooCommunicator, StartedOperationsDoNotBlockOtherGroups) {
 
 TEST(GlooCommunicator, StartedCollectivesKeepTheirOrder) {
   Mesh mesh({"dp"}, {2});
-  onGlooRanks(mesh, freshStore("order"), [&](Communicator &comm) {
+  onGlooRanks(mesh, FreshStore("order"), [&](Communicator &comm) {
     for (int round = 0; round < 50; ++round) {
       double a = 1 + comm.rank(), b = 100 + comm.rank(), sumA = 0, sumB = 0;
       AsyncHandle first = comm.start([&] {
@@ -146,7 +157,8 @@ TEST(GlooCommunicator, StartedCollectivesKeepTheirOrder) {
 TEST(GlooCommunicator, AbortReachesPeersNextCalls) {
   Mesh mesh({"dp"}, {2});
   GlooOptions options;
-  options.storePath = freshStore("abort");
+  FreshStore store("abort");
+  options.storePath = store;
   options.timeout = std::chrono::seconds(30);
   auto zero = createGlooCommunicator(mesh, 0, options);
   auto one = createGlooCommunicator(mesh, 1, options);
@@ -166,7 +178,7 @@ TEST(GlooCommunicator, AbortReachesPeersNextCalls) {
 
 TEST(GlooCommunicator, BadArgumentsAreErrors) {
   Mesh mesh({"dp"}, {2});
-  EXPECT_THROW(createGlooCommunicator(mesh, 5, {freshStore("bad")}),
+  EXPECT_THROW(createGlooCommunicator(mesh, 5, {FreshStore("bad")}),
                std::invalid_argument);
   EXPECT_THROW(createGlooCommunicator(mesh, 0, GlooOptions{}),
                std::invalid_argument);
