@@ -123,6 +123,28 @@ inline void checkEveryCollective(Communicator &comm, const Mesh &mesh,
   comm.barrier(axes);
 }
 
+/// Two collectives started back to back on a 2-rank group over `axis`, many
+/// rounds: every rank must pair them in start order (with a thread per
+/// started collective they raced, and ranks paired the first with the
+/// second).
+inline void checkStartedCollectivesKeepTheirOrder(Communicator &comm,
+                                                  const std::string &axis,
+                                                  int rounds) {
+  for (int round = 0; round < rounds; ++round) {
+    double a = 1 + comm.rank(), b = 100 + comm.rank(), sumA = 0, sumB = 0;
+    AsyncHandle first = comm.start([&] {
+      comm.allReduce(&a, &sumA, 1, DType::F64, ReduceOp::Sum, {axis});
+    });
+    AsyncHandle second = comm.start([&] {
+      comm.allReduce(&b, &sumB, 1, DType::F64, ReduceOp::Sum, {axis});
+    });
+    first.wait();
+    second.wait();
+    ASSERT_EQ(sumA, 3.0) << "round " << round;
+    ASSERT_EQ(sumB, 201.0) << "round " << round;
+  }
+}
+
 } // namespace ernie::runtime::testing
 
 #endif // ERNIE_RUNTIME_TESTS_COLLECTIVECHECKS_H
