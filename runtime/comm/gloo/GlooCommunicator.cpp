@@ -22,6 +22,8 @@ namespace ernie::runtime {
 
 namespace {
 
+using Ctx = std::shared_ptr<gloo::Context>;
+
 class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
@@ -39,42 +41,42 @@ public:
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
-    run("all_reduce", axes, [&](gloo::Context &ctx) {
+    run("all_reduce", axes, [&](const Ctx &ctx) {
       size_t bytes = count * byteSize(type);
-      std::vector<char> all(bytes * ctx.size);
+      std::vector<char> all(bytes * ctx->size);
       gather(ctx, in, all.data(), bytes);
-      reduceInOrder(chunks(all, bytes, ctx.size), out, count, type, op);
+      reduceInOrder(chunks(all, bytes, ctx->size), out, count, type, op);
     });
   }
 
   void allGather(const void *in, void *out, size_t bytes,
                  const Axes &axes) override {
     run("all_gather", axes,
-        [&](gloo::Context &ctx) { gather(ctx, in, out, bytes); });
+        [&](const Ctx &ctx) { gather(ctx, in, out, bytes); });
   }
 
   void reduceScatter(const void *in, void *out, size_t count, DType type,
                      ReduceOp op, const Axes &axes) override {
-    run("reduce_scatter", axes, [&](gloo::Context &ctx) {
+    run("reduce_scatter", axes, [&](const Ctx &ctx) {
       size_t bytes = count * byteSize(type);
-      std::vector<char> mine(bytes * ctx.size);
+      std::vector<char> mine(bytes * ctx->size);
       exchange(ctx, in, mine.data(), bytes);
-      reduceInOrder(chunks(mine, bytes, ctx.size), out, count, type, op);
+      reduceInOrder(chunks(mine, bytes, ctx->size), out, count, type, op);
     });
   }
 
   void allToAll(const void *in, void *out, size_t bytes,
                 const Axes &axes) override {
     run("all_to_all", axes,
-        [&](gloo::Context &ctx) { exchange(ctx, in, out, bytes); });
+        [&](const Ctx &ctx) { exchange(ctx, in, out, bytes); });
   }
 
   void broadcast(void *data, size_t bytes, int64_t rootIndex,
                  const Axes &axes) override {
-    run("broadcast", axes, [&](gloo::Context &ctx) {
-      if (rootIndex < 0 || rootIndex >= ctx.size)
+    run("broadcast", axes, [&](const Ctx &ctx) {
+      if (rootIndex < 0 || rootIndex >= ctx->size)
         throw CommunicationError("broadcast root out of range");
-      gloo::BroadcastOptions opts(shared(ctx));
+      gloo::BroadcastOptions opts(ctx);
       opts.setOutput(static_cast<char *>(data), bytes);
       opts.setRoot(static_cast<int>(rootIndex));
       opts.setTimeout(options_.timeout);
@@ -83,8 +85,8 @@ public:
   }
 
   void barrier(const Axes &axes) override {
-    run("barrier", axes, [&](gloo::Context &ctx) {
-      gloo::BarrierOptions opts(shared(ctx));
+    run("barrier", axes, [&](const Ctx &ctx) {
+      gloo::BarrierOptions opts(ctx);
       opts.setTimeout(options_.timeout);
       gloo::barrier(opts);
     });
@@ -92,8 +94,8 @@ public:
 
   void send(const void *data, size_t bytes, int64_t peer,
             int64_t tag) override {
-    pointToPoint("send", peer, tag, [&](gloo::Context &ctx, int other) {
-      auto buf = ctx.createUnboundBuffer(const_cast<void *>(data), bytes);
+    pointToPoint("send", peer, tag, [&](const Ctx &ctx, int other) {
+      auto buf = ctx->createUnboundBuffer(const_cast<void *>(data), bytes);
       buf->send(other, static_cast<uint64_t>(tag));
       if (!buf->waitSend(nullptr, options_.timeout))
         throw CommunicationError("send did not complete");
@@ -101,8 +103,8 @@ public:
   }
 
   void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
-    pointToPoint("recv", peer, tag, [&](gloo::Context &ctx, int other) {
-      auto buf = ctx.createUnboundBuffer(data, bytes);
+    pointToPoint("recv", peer, tag, [&](const Ctx &ctx, int other) {
+      auto buf = ctx->createUnboundBuffer(data, bytes);
       buf->recv(other, static_cast<uint64_t>(tag));
       if (!buf->waitRecv(nullptr, options_.timeout))
         throw CommunicationError("recv did not complete");
@@ -136,27 +138,19 @@ private:
     return out;
   }
 
-  std::shared_ptr<gloo::Context> shared(gloo::Context &ctx) {
-    std::lock_guard<std::mutex> lock(contextMutex_);
-    for (auto &[key, channel] : channels_)
-      if (channel->context.get() == &ctx)
-        return channel->context;
-    throw CommunicationError("unknown context");
-  }
-
-  void gather(gloo::Context &ctx, const void *in, void *out, size_t bytes) {
-    gloo::AllgatherOptions opts(shared(ctx));
+  void gather(const Ctx &ctx, const void *in, void *out, size_t bytes) {
+    gloo::AllgatherOptions opts(ctx);
     opts.setInput(const_cast<char *>(static_cast<const char *>(in)), bytes);
-    opts.setOutput(static_cast<char *>(out), bytes * ctx.size);
+    opts.setOutput(static_cast<char *>(out), bytes * ctx->size);
     opts.setTimeout(options_.timeout);
     gloo::allgather(opts);
   }
 
-  void exchange(gloo::Context &ctx, const void *in, void *out, size_t bytes) {
-    gloo::AlltoallOptions opts(shared(ctx));
+  void exchange(const Ctx &ctx, const void *in, void *out, size_t bytes) {
+    gloo::AlltoallOptions opts(ctx);
     opts.setInput(const_cast<char *>(static_cast<const char *>(in)),
-                  bytes * ctx.size);
-    opts.setOutput(static_cast<char *>(out), bytes * ctx.size);
+                  bytes * ctx->size);
+    opts.setOutput(static_cast<char *>(out), bytes * ctx->size);
     opts.setTimeout(options_.timeout);
     gloo::alltoall(opts);
   }
@@ -195,10 +189,9 @@ private:
       ctx->setTimeout(options_.timeout);
       gloo::rendezvous::PrefixStore prefixed(key, store_);
       ctx->connectFullMesh(prefixed, device_);
-      std::lock_guard<std::mutex> mapLock(contextMutex_);
       channel->context = ctx;
     }
-    body(*channel->context);
+    body(channel->context);
   }
 
   template <typename Fn>
@@ -226,7 +219,7 @@ private:
     try {
       std::vector<int64_t> pair{std::min(rank_, peer), std::max(rank_, peer)};
       int other = rank_ < peer ? 1 : 0;
-      withContext("p", pair, [&](gloo::Context &ctx) { body(ctx, other); });
+      withContext("p", pair, [&](const Ctx &ctx) { body(ctx, other); });
     } catch (const CommunicationError &e) {
       throw CommunicationError(what + ": " + e.what());
     } catch (const std::exception &e) {
