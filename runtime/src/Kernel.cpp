@@ -2,7 +2,11 @@
 
 #include "ernie/runtime/Kernel.h"
 
+#include "ernie/runtime/FloatConvert.h"
+
 #include "../kernels/cpu/Registry.h"
+
+#include <algorithm>
 
 namespace ernie::runtime {
 
@@ -61,6 +65,43 @@ std::string Attrs::getString(const std::string &name,
   throw KernelError("attribute '" + name + "' is not a string");
 }
 
+/// `kernel` for buffers of any float type: f16, bf16 and fp8 inputs are
+/// widened (exactly) to f32 copies, the kernel computes in f32, and each
+/// narrow output is rounded once from its f32 result. Integer, i1, f32 and
+/// f64 buffers pass through as they are (topk's i64 indices, say).
+static Kernel computeNarrowInF32(Kernel kernel) {
+  return [kernel = std::move(kernel)](const std::vector<TensorView> &in,
+                                      const std::vector<TensorView> &out,
+                                      const Attrs &attrs) {
+    auto narrow = [](const TensorView &v) { return isNarrowFloat(v.type); };
+    if (std::none_of(in.begin(), in.end(), narrow) &&
+        std::none_of(out.begin(), out.end(), narrow))
+      return kernel(in, out, attrs);
+    // Every input is read before any output is written back, so an output
+    // that aliases an input (an in-place update) stays correct.
+    std::vector<std::vector<float>> wide;
+    wide.reserve(in.size() + out.size());
+    auto widened = [&](const TensorView &v, bool read) {
+      if (!narrow(v))
+        return v;
+      std::vector<float> &copy = wide.emplace_back(v.numElements());
+      if (read)
+        narrowToFloat(v.type, v.data, copy.data(), v.numElements());
+      return TensorView{copy.data(), DType::F32, v.shape};
+    };
+    std::vector<TensorView> wideIn, wideOut;
+    for (const TensorView &v : in)
+      wideIn.push_back(widened(v, true));
+    for (const TensorView &v : out)
+      wideOut.push_back(widened(v, false));
+    kernel(wideIn, wideOut, attrs);
+    for (size_t i = 0; i < out.size(); ++i)
+      if (narrow(out[i]))
+        floatToNarrow(out[i].type, wideOut[i].as<float>(), out[i].data,
+                      out[i].numElements());
+  };
+}
+
 static const cpu::Registry &cpuRegistry() {
   static const cpu::Registry registry = [] {
     cpu::Registry r;
@@ -70,6 +111,9 @@ static const cpu::Registry &cpuRegistry() {
     cpu::registerIndexingKernels(r);
     cpu::registerTransformerKernels(r);
     cpu::registerOptimizerKernels(r);
+    for (auto &[op, kernel] : r)
+      if (!r.everyType.count(op))
+        kernel = computeNarrowInF32(std::move(kernel));
     return r;
   }();
   return registry;

@@ -2,11 +2,16 @@
 //
 // One loop per op family; the math of each op is one lambda next to its
 // name. f32/f64 compute natively; integer ops where the dialect allows.
+// cast, compare, select and the creation ops take every element type
+// directly; the rest see narrow floats as f32 (see Registry).
 //
 //===----------------------------------------------------------------------===//
 
 #include "Registry.h"
 
+#include "ernie/runtime/FloatConvert.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -71,53 +76,6 @@ template <typename T> T integerDivide(T a, T b) {
   return a / b;
 }
 
-/// bf16 <-> f32, round to nearest even (NaN stays NaN).
-uint16_t toBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f))
-    return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-float fromBf16(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-/// Element i of `v` as a double, for conversions.
-double loadAsDouble(const TensorView &v, int64_t i) {
-  switch (v.type) {
-  case DType::F64: return v.as<double>()[i];
-  case DType::F32: return v.as<float>()[i];
-  case DType::BF16: return fromBf16(v.as<uint16_t>()[i]);
-  case DType::I64: return static_cast<double>(v.as<int64_t>()[i]);
-  case DType::I32: return v.as<int32_t>()[i];
-  case DType::I1: return v.as<uint8_t>()[i] ? 1.0 : 0.0;
-  default: throw KernelError("cast from " + std::string(name(v.type)) +
-                             " is not supported on the CPU yet");
-  }
-}
-
-/// x as a float rounded to odd: truncated, with the last bit set when
-/// inexact. Rounding that to bf16 equals rounding x to bf16 directly; going
-/// through the nearest float instead can round twice (1 + 2^-8 + 2^-30 would
-/// land on the tie 1 + 2^-8 and then on 1).
-float roundToOddFloat(double x) {
-  float f = static_cast<float>(x);
-  if (std::isnan(x) || static_cast<double>(f) == x)
-    return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(x))
-    f = std::nextafter(f, 0.0f);
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  bits |= 1;
-  std::memcpy(&f, &bits, sizeof bits);
-  return f;
-}
-
 /// Float to integer, rounding toward zero: out-of-range values saturate and
 /// NaN becomes 0 (a plain static_cast is undefined behaviour for both).
 template <typename I> I saturatingToInt(double x) {
@@ -132,20 +90,53 @@ template <typename I> I saturatingToInt(double x) {
   return static_cast<I>(std::trunc(x));
 }
 
-void storeFromDouble(const TensorView &v, int64_t i, double x) {
+/// Integer to any type: floats round once (an i64 past 2^53 would round
+/// twice through the nearest double), integers saturate.
+void storeFromInt(const TensorView &v, int64_t i, int64_t x) {
   switch (v.type) {
-  case DType::F64: v.as<double>()[i] = x; return;
-  case DType::F32: v.as<float>()[i] = static_cast<float>(x); return;
-  case DType::BF16: v.as<uint16_t>()[i] = toBf16(roundToOddFloat(x)); return;
-  case DType::I64: v.as<int64_t>()[i] = saturatingToInt<int64_t>(x); return;
-  case DType::I32: v.as<int32_t>()[i] = saturatingToInt<int32_t>(x); return;
-  case DType::I1: v.as<uint8_t>()[i] = x != 0.0; return;
-  default: throw KernelError("cast to " + std::string(name(v.type)) +
-                             " is not supported on the CPU yet");
+  case DType::F64: v.as<double>()[i] = static_cast<double>(x); return;
+  case DType::I64: v.as<int64_t>()[i] = x; return;
+  case DType::I32:
+    v.as<int32_t>()[i] = static_cast<int32_t>(
+        std::clamp<int64_t>(x, std::numeric_limits<int32_t>::min(),
+                            std::numeric_limits<int32_t>::max()));
+    return;
+  case DType::I1: v.as<uint8_t>()[i] = x != 0; return;
+  default: storeFromDouble(v, i, roundToOddDouble(x)); return;
   }
 }
 
 } // namespace
+
+double loadAsDouble(const TensorView &v, int64_t i) {
+  switch (v.type) {
+  case DType::F64: return v.as<double>()[i];
+  case DType::F32: return v.as<float>()[i];
+  case DType::F16: return f16ToFloat(v.as<uint16_t>()[i]);
+  case DType::BF16: return bf16ToFloat(v.as<uint16_t>()[i]);
+  case DType::F8E4M3FN: return f8E4M3FNToFloat(v.as<uint8_t>()[i]);
+  case DType::F8E5M2: return f8E5M2ToFloat(v.as<uint8_t>()[i]);
+  case DType::I64: return static_cast<double>(v.as<int64_t>()[i]);
+  case DType::I32: return v.as<int32_t>()[i];
+  case DType::I1: return v.as<uint8_t>()[i] ? 1.0 : 0.0;
+  }
+  throw KernelError("unknown element type");
+}
+
+void storeFromDouble(const TensorView &v, int64_t i, double x) {
+  switch (v.type) {
+  case DType::F64: v.as<double>()[i] = x; return;
+  case DType::F32: v.as<float>()[i] = static_cast<float>(x); return;
+  case DType::F16: v.as<uint16_t>()[i] = doubleToF16(x); return;
+  case DType::BF16: v.as<uint16_t>()[i] = doubleToBf16(x); return;
+  case DType::F8E4M3FN: v.as<uint8_t>()[i] = doubleToF8E4M3FN(x); return;
+  case DType::F8E5M2: v.as<uint8_t>()[i] = doubleToF8E5M2(x); return;
+  case DType::I64: v.as<int64_t>()[i] = saturatingToInt<int64_t>(x); return;
+  case DType::I32: v.as<int32_t>()[i] = saturatingToInt<int32_t>(x); return;
+  case DType::I1: v.as<uint8_t>()[i] = x != 0.0; return;
+  }
+  throw KernelError("unknown element type");
+}
 
 void registerElementwiseKernels(Registry &r) {
   unaryNumeric(r, "ernie.neg", [](auto x) { return -x; });
@@ -193,9 +184,9 @@ void registerElementwiseKernels(Registry &r) {
   binaryNumeric(r, "ernie.pow", [](auto a, auto b) { return std::pow(a, b); },
                 true);
 
-  r["ernie.compare"] = [](const std::vector<TensorView> &in,
-                          const std::vector<TensorView> &out,
-                          const Attrs &attrs) {
+  r.addForEveryType("ernie.compare", [](const std::vector<TensorView> &in,
+                                        const std::vector<TensorView> &out,
+                                        const Attrs &attrs) {
     expectCount(in, 2, "ernie.compare");
     int64_t direction = attrs.getInt("direction");
     if (direction < 0 || direction > 5)
@@ -216,9 +207,10 @@ void registerElementwiseKernels(Registry &r) {
     for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
       y[i] = integers ? compare(indexAt(in[0], i), indexAt(in[1], i))
                       : compare(loadAsDouble(in[0], i), loadAsDouble(in[1], i));
-  };
-  r["ernie.select"] = [](const std::vector<TensorView> &in,
-                         const std::vector<TensorView> &out, const Attrs &) {
+  });
+  r.addForEveryType("ernie.select", [](const std::vector<TensorView> &in,
+                                       const std::vector<TensorView> &out,
+                                       const Attrs &) {
     expectCount(in, 3, "ernie.select");
     size_t bytes = byteSize(in[1].type);
     const uint8_t *c = in[0].as<uint8_t>();
@@ -226,30 +218,40 @@ void registerElementwiseKernels(Registry &r) {
     char *y = out[0].as<char>();
     for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
       std::memcpy(y + i * bytes, (c[i] ? a : b) + i * bytes, bytes);
-  };
-  r["ernie.cast"] = [](const std::vector<TensorView> &in,
-                       const std::vector<TensorView> &out, const Attrs &) {
+  });
+  // Every float widens exactly to f64, so converting from there rounds
+  // once; integers keep all 64 bits on their way.
+  r.addForEveryType("ernie.cast", [](const std::vector<TensorView> &in,
+                                     const std::vector<TensorView> &out,
+                                     const Attrs &) {
     expectCount(in, 1, "ernie.cast");
-    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i)
-      storeFromDouble(out[0], i, loadAsDouble(in[0], i));
-  };
+    const TensorView &x = in[0];
+    for (int64_t i = 0, n = x.numElements(); i < n; ++i) {
+      if (isFloat(x.type))
+        storeFromDouble(out[0], i, loadAsDouble(x, i));
+      else if (x.type == DType::I1)
+        storeFromInt(out[0], i, x.as<uint8_t>()[i] != 0);
+      else
+        storeFromInt(out[0], i, indexAt(x, i));
+    }
+  });
   auto copy = [](const std::vector<TensorView> &in,
                  const std::vector<TensorView> &out, const Attrs &) {
     if (out[0].data != in[0].data)
       std::memcpy(out[0].data, in[0].data,
                   in[0].numElements() * byteSize(in[0].type));
   };
-  r["ernie.stop_gradient"] = copy;
-  r["ernie.full"] = [](const std::vector<TensorView> &,
-                       const std::vector<TensorView> &out,
-                       const Attrs &attrs) {
+  r.addForEveryType("ernie.stop_gradient", copy);
+  r.addForEveryType("ernie.full", [](const std::vector<TensorView> &,
+                                     const std::vector<TensorView> &out,
+                                     const Attrs &attrs) {
     double value = attrs.getFloat("value", 0.0);
     for (int64_t i = 0, n = out[0].numElements(); i < n; ++i)
       storeFromDouble(out[0], i, value);
-  };
-  r["ernie.iota"] = [](const std::vector<TensorView> &,
-                       const std::vector<TensorView> &out,
-                       const Attrs &attrs) {
+  });
+  r.addForEveryType("ernie.iota", [](const std::vector<TensorView> &,
+                                     const std::vector<TensorView> &out,
+                                     const Attrs &attrs) {
     int64_t dim = attrs.getInt("dimension");
     const auto &shape = out[0].shape;
     if (dim < 0 || dim >= out[0].rank())
@@ -259,7 +261,7 @@ void registerElementwiseKernels(Registry &r) {
       inner *= shape[d];
     for (int64_t i = 0, n = out[0].numElements(); i < n; ++i)
       storeFromDouble(out[0], i, static_cast<double>((i / inner) % shape[dim]));
-  };
+  });
 }
 
 } // namespace ernie::runtime::cpu

@@ -6,11 +6,26 @@
 #include "ernie/runtime/Kernel.h"
 
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 
 namespace ernie::runtime::cpu {
 
-using Registry = std::map<std::string, Kernel, std::less<>>;
+/// The CPU kernel table. Kernels compute in f32/f64 (and integers):
+/// findCpuKernel runs them on f16, bf16 and fp8 buffers through f32 copies.
+/// Those named in `everyType` take every element type as it is instead:
+/// byte copies (the bits must survive), and kernels that convert element by
+/// element and round once from f64 (cast, full, the optimizer updates).
+struct Registry : std::map<std::string, Kernel, std::less<>> {
+  std::set<std::string, std::less<>> everyType;
+
+  /// Registers `kernel` as one that handles every element type itself.
+  void addForEveryType(const std::string &op, Kernel kernel) {
+    (*this)[op] = std::move(kernel);
+    everyType.insert(op);
+  }
+};
 
 void registerElementwiseKernels(Registry &registry);
 void registerLinalgKernels(Registry &registry);
@@ -20,6 +35,7 @@ void registerTransformerKernels(Registry &registry);
 void registerOptimizerKernels(Registry &registry);
 
 /// Calls `fn(T{})` with T the C++ type of a float dtype (f32 or f64).
+/// Narrow floats never get here through findCpuKernel.
 template <typename Fn> void dispatchFloat(DType type, Fn fn) {
   switch (type) {
   case DType::F32:
@@ -29,7 +45,8 @@ template <typename Fn> void dispatchFloat(DType type, Fn fn) {
   default:
     throw KernelError(std::string("no CPU kernel for element type ") +
                       std::string(name(type)) +
-                      " (bf16/f16/fp8 compute through a cast to f32)");
+                      " (bf16/f16/fp8 reach kernels as f32 through "
+                      "findCpuKernel)");
   }
 }
 
@@ -55,8 +72,13 @@ inline std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
 
 /// Element `i` of an i32/i64 index tensor, as int64.
 int64_t indexAt(const TensorView &v, int64_t i);
-/// The one element of an f32/f64 scalar tensor (a learning rate, say).
+/// The one element of a float scalar tensor (a learning rate, say).
 double scalarAt(const TensorView &v);
+/// Element `i` of `v`, any type, as a double (exact but for i64 past 2^53).
+double loadAsDouble(const TensorView &v, int64_t i);
+/// Stores `x` as element `i` of `v`: floats round once to nearest even
+/// (fp8 saturates), integers truncate and saturate (NaN gives 0).
+void storeFromDouble(const TensorView &v, int64_t i, double x);
 
 inline void expectCount(const std::vector<TensorView> &views, size_t n,
                         const char *what) {

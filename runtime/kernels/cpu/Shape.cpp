@@ -1,6 +1,7 @@
 //===- Shape.cpp - CPU kernels that move data: reshape, transpose, ... ------===//
 //
-// Dtype-agnostic: they copy elements of byteSize(type) bytes.
+// Dtype-agnostic: they copy elements of byteSize(type) bytes. index_add and
+// topk compute, so they see narrow floats as f32.
 //
 //===----------------------------------------------------------------------===//
 
@@ -147,6 +148,10 @@ void registerShapeKernels(Registry &r) {
       offset += pieceBytes;
     }
   };
+  // Byte copies: narrow floats (NaN payloads included) pass through as bits.
+  r.everyType.insert({"ernie.reshape", "ernie.transpose", "ernie.broadcast",
+                      "ernie.slice", "ernie.pad", "ernie.split",
+                      "ernie.concat"});
 }
 
 int64_t indexAt(const TensorView &v, int64_t i) {
@@ -161,15 +166,10 @@ int64_t indexAt(const TensorView &v, int64_t i) {
 }
 
 double scalarAt(const TensorView &v) {
-  switch (v.type) {
-  case DType::F64:
-    return v.as<double>()[0];
-  case DType::F32:
-    return v.as<float>()[0];
-  default:
-    throw KernelError("scalars must be f32 or f64, got " +
+  if (!isFloat(v.type))
+    throw KernelError("scalars must be floats, got " +
                       std::string(name(v.type)));
-  }
+  return loadAsDouble(v, 0);
 }
 
 void registerIndexingKernels(Registry &r) {
@@ -285,6 +285,7 @@ void registerIndexingKernels(Registry &r) {
         }
     });
   };
+  r.everyType.insert({"ernie.gather", "ernie.embedding"}); // byte copies
 }
 
 } // namespace ernie::runtime::cpu

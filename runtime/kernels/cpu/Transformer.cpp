@@ -225,65 +225,64 @@ void registerTransformerKernels(Registry &r) {
   };
 }
 
-// Optimizer state (momentum, moments) may be kept in another precision than
-// the parameter, so each is read in its own type; the arithmetic is f64.
+// Parameters, gradients and optimizer state (momentum, moments) may each be
+// kept in another precision, so each element is read in its own type and the
+// arithmetic is f64; results round once, straight from f64, into their types
+// (narrow ones included, which is why these take every type themselves).
+namespace {
+void expectFloats(const std::vector<TensorView> &views, size_t count,
+                  const char *op) {
+  for (size_t i = 0; i < count; ++i)
+    if (!isFloat(views[i].type))
+      throw KernelError(std::string(op) + ": buffer " + std::to_string(i) +
+                        " is " + std::string(name(views[i].type)) +
+                        ", not a float");
+}
+} // namespace
+
 void registerOptimizerKernels(Registry &r) {
-  r["ernie.sgd_update"] = [](const std::vector<TensorView> &in,
-                             const std::vector<TensorView> &out,
-                             const Attrs &attrs) {
+  r.addForEveryType("ernie.sgd_update", [](const std::vector<TensorView> &in,
+                                           const std::vector<TensorView> &out,
+                                           const Attrs &attrs) {
     expectCount(in, 4, "ernie.sgd_update");
+    expectCount(out, 2, "ernie.sgd_update");
+    expectFloats(in, 3, "ernie.sgd_update");
+    expectFloats(out, 2, "ernie.sgd_update");
     double momentum = attrs.getFloat("momentum", 0.0),
            decay = attrs.getFloat("weight_decay", 0.0),
            lr = scalarAt(in[3]);
     bool nesterov = attrs.getBool("nesterov");
-    dispatchFloat(in[0].type, [&](auto paramZero) {
-      using P = decltype(paramZero);
-      dispatchFloat(in[2].type, [&](auto stateZero) {
-        using S = decltype(stateZero);
-        const P *p = in[0].as<P>(), *g = in[1].as<P>();
-        const S *buf = in[2].as<S>();
-        P *np = out[0].as<P>();
-        S *nb = out[1].as<S>();
-        for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-          double grad = double(g[i]) + decay * double(p[i]);
-          double b = momentum * double(buf[i]) + grad;
-          double step = nesterov ? grad + momentum * b : b;
-          nb[i] = static_cast<S>(b);
-          np[i] = static_cast<P>(double(p[i]) - lr * step);
-        }
-      });
-    });
-  };
-  r["ernie.adamw_update"] = [](const std::vector<TensorView> &in,
-                               const std::vector<TensorView> &out,
-                               const Attrs &attrs) {
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+      double p = loadAsDouble(in[0], i);
+      double grad = loadAsDouble(in[1], i) + decay * p;
+      double b = momentum * loadAsDouble(in[2], i) + grad;
+      double step = nesterov ? grad + momentum * b : b;
+      storeFromDouble(out[1], i, b);
+      storeFromDouble(out[0], i, p - lr * step);
+    }
+  });
+  r.addForEveryType("ernie.adamw_update", [](const std::vector<TensorView> &in,
+                                             const std::vector<TensorView> &out,
+                                             const Attrs &attrs) {
     expectCount(in, 6, "ernie.adamw_update");
+    expectCount(out, 3, "ernie.adamw_update");
+    expectFloats(in, 4, "ernie.adamw_update");
+    expectFloats(out, 3, "ernie.adamw_update");
     double b1 = attrs.getFloat("beta1", 0.9), b2 = attrs.getFloat("beta2", 0.999),
            eps = attrs.getFloat("epsilon", 1e-8),
            decay = attrs.getFloat("weight_decay", 0.01), lr = scalarAt(in[4]);
     double t = static_cast<double>(indexAt(in[5], 0));
     double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
-    dispatchFloat(in[0].type, [&](auto paramZero) {
-      using P = decltype(paramZero);
-      dispatchFloat(in[2].type, [&](auto stateZero) {
-        using S = decltype(stateZero);
-        const P *p = in[0].as<P>(), *g = in[1].as<P>();
-        const S *m = in[2].as<S>(), *v = in[3].as<S>();
-        P *np = out[0].as<P>();
-        S *nm = out[1].as<S>(), *nv = out[2].as<S>();
-        for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-          double gi = g[i];
-          double m2 = b1 * double(m[i]) + (1 - b1) * gi;
-          double v2 = b2 * double(v[i]) + (1 - b2) * gi * gi;
-          double update =
-              (m2 / c1) / (std::sqrt(v2 / c2) + eps) + decay * double(p[i]);
-          nm[i] = static_cast<S>(m2);
-          nv[i] = static_cast<S>(v2);
-          np[i] = static_cast<P>(double(p[i]) - lr * update);
-        }
-      });
-    });
-  };
+    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
+      double p = loadAsDouble(in[0], i), g = loadAsDouble(in[1], i);
+      double m2 = b1 * loadAsDouble(in[2], i) + (1 - b1) * g;
+      double v2 = b2 * loadAsDouble(in[3], i) + (1 - b2) * g * g;
+      double update = (m2 / c1) / (std::sqrt(v2 / c2) + eps) + decay * p;
+      storeFromDouble(out[1], i, m2);
+      storeFromDouble(out[2], i, v2);
+      storeFromDouble(out[0], i, p - lr * update);
+    }
+  });
 }
 
 } // namespace ernie::runtime::cpu

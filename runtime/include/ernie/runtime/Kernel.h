@@ -74,6 +74,10 @@ using Kernel = std::function<void(const std::vector<TensorView> &inputs,
                                   const Attrs &attrs)>;
 
 /// The CPU kernel of `op`, or null when there is none.
+/// It also takes f16, bf16 and fp8 buffers: they compute in f32 (widened
+/// exactly) and each narrow result is rounded once, to nearest even (fp8
+/// saturates); cast, creation, data movement and the optimizer updates handle
+/// every type themselves (FloatConvert.h has the conversions).
 const Kernel *findCpuKernel(std::string_view op);
 /// Every op the CPU backend implements, sorted.
 std::vector<std::string> cpuKernelNames();
