@@ -1,8 +1,9 @@
 //===- GlooCommunicatorTest.cpp - the Gloo engine on loopback ---------------===//
 //
 // Every rank is a thread with its own Gloo device and context over TCP on
-// 127.0.0.1, rendezvousing through a temporary directory: the same checks
-// as the thread engine, and bitwise the same float sums.
+// 127.0.0.1, rendezvousing through a temporary directory or through the TCP
+// store on a free loopback port: the same checks as the thread engine, and
+// bitwise the same float sums.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,7 +16,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 using namespace ernie::runtime;
 using namespace ernie::runtime::testing;
@@ -31,6 +37,8 @@ public:
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }
+  FreshStore(const FreshStore &) = delete; // Would remove the directory twice.
+  FreshStore &operator=(const FreshStore &) = delete;
   ~FreshStore() {
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
@@ -41,24 +49,82 @@ private:
   std::filesystem::path dir_;
 };
 
-template <typename Fn>
-void onGlooRanks(const Mesh &mesh, const std::string &store, Fn body) {
-  onThreads(mesh.numRanks(), [&](int64_t r) {
+/// A loopback port nobody listens on now: the kernel's pick for port 0.
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&addr), len) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) != 0)
+    throw std::runtime_error("no free port");
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string freeAddress() { return "127.0.0.1:" + std::to_string(freePort()); }
+
+enum class StoreKind { File, Tcp };
+
+/// The options of one test's ranks: a fresh store directory (removed when
+/// the test ends) or a free loopback port for rank 0's TCP store.
+class TestStore {
+public:
+  TestStore(StoreKind kind, const std::string &name) {
+    if (kind == StoreKind::File)
+      dir_.emplace(name);
+    else
+      address_ = freeAddress();
+  }
+  GlooOptions options(std::chrono::milliseconds timeout =
+                          std::chrono::seconds(30)) const {
     GlooOptions options;
-    options.storePath = store;
-    options.timeout = std::chrono::seconds(30);
-    auto comm = createGlooCommunicator(mesh, r, options);
+    if (dir_)
+      options.storePath = *dir_;
+    else
+      options.storeAddress = address_;
+    options.timeout = timeout;
+    return options;
+  }
+
+private:
+  std::optional<FreshStore> dir_;
+  std::string address_;
+};
+
+template <typename Fn>
+void onGlooRanks(const Mesh &mesh, const TestStore &store, Fn body) {
+  onThreads(mesh.numRanks(), [&](int64_t r) {
+    auto comm = createGlooCommunicator(mesh, r, store.options());
     body(*comm);
   });
 }
 
-TEST(GlooCommunicator, EveryCollectiveOnEveryAxisSubset) {
+/// The tests that hold for either store.
+class GlooCommunicator : public ::testing::TestWithParam<StoreKind> {
+protected:
+  TestStore store(const std::string &name) const {
+    return TestStore(GetParam(), name);
+  }
+};
+
+// "Gloo/GlooCommunicator.Name/Tcp": the prefix keeps --gtest_filter='Gloo*'
+// selecting these.
+INSTANTIATE_TEST_SUITE_P(Gloo, GlooCommunicator,
+                         ::testing::Values(StoreKind::File, StoreKind::Tcp),
+                         [](const auto &info) {
+                           return info.param == StoreKind::File ? "File"
+                                                                : "Tcp";
+                         });
+
+TEST_P(GlooCommunicator, EveryCollectiveOnEveryAxisSubset) {
   for (std::vector<int64_t> sizes : {std::vector<int64_t>{2},
                                      std::vector<int64_t>{2, 2}}) {
     std::vector<std::string> names{"a", "b"};
     names.resize(sizes.size());
     Mesh mesh(names, sizes);
-    onGlooRanks(mesh, FreshStore("all" + std::to_string(sizes.size())),
+    onGlooRanks(mesh, store("all" + std::to_string(sizes.size())),
                 [&](Communicator &comm) {
                   for (const Axes &axes : axisSubsets(mesh)) {
                     SCOPED_TRACE(::testing::Message() << "rank " << comm.rank());
@@ -68,7 +134,7 @@ TEST(GlooCommunicator, EveryCollectiveOnEveryAxisSubset) {
   }
 }
 
-TEST(GlooCommunicator, SameBitsAsTheThreadEngine) {
+TEST_P(GlooCommunicator, SameBitsAsTheThreadEngine) {
   Mesh mesh({"dp"}, {4});
   auto input = [](int64_t rank) {
     std::vector<float> in(257);
@@ -89,7 +155,7 @@ TEST(GlooCommunicator, SameBitsAsTheThreadEngine) {
     });
   for (auto &t : threads)
     t.join();
-  onGlooRanks(mesh, FreshStore("bits"), [&](Communicator &comm) {
+  onGlooRanks(mesh, store("bits"), [&](Communicator &comm) {
     std::vector<float> in = input(comm.rank()), out(in.size());
     comm.allReduce(in.data(), out.data(), in.size(), DType::F32,
                    ReduceOp::Sum, {"dp"});
@@ -100,9 +166,9 @@ TEST(GlooCommunicator, SameBitsAsTheThreadEngine) {
                              viaGloo[r].size() * sizeof(float)));
 }
 
-TEST(GlooCommunicator, SendAndReceive) {
+TEST_P(GlooCommunicator, SendAndReceive) {
   Mesh mesh({"pp"}, {2});
-  onGlooRanks(mesh, FreshStore("p2p"), [&](Communicator &comm) {
+  onGlooRanks(mesh, store("p2p"), [&](Communicator &comm) {
     double x = 42.0 + comm.rank(), y = 0;
     if (comm.rank() == 0) {
       comm.send(&x, sizeof x, 1, 3);
@@ -116,9 +182,9 @@ TEST(GlooCommunicator, SendAndReceive) {
 // A started recv waits on its pair while the same rank joins a barrier: each
 // group has its own context and lock, so neither blocks the other (one lock
 // over every call deadlocked here until the timeout).
-TEST(GlooCommunicator, StartedOperationsDoNotBlockOtherGroups) {
+TEST_P(GlooCommunicator, StartedOperationsDoNotBlockOtherGroups) {
   Mesh mesh({"pp"}, {2});
-  onGlooRanks(mesh, FreshStore("overlap"), [&](Communicator &comm) {
+  onGlooRanks(mesh, store("overlap"), [&](Communicator &comm) {
     double value = 0;
     if (comm.rank() == 0) {
       AsyncHandle pending = comm.start([&] { comm.recv(&value, sizeof value, 1, 3); });
@@ -133,21 +199,19 @@ TEST(GlooCommunicator, StartedOperationsDoNotBlockOtherGroups) {
   });
 }
 
-TEST(GlooCommunicator, StartedCollectivesKeepTheirOrder) {
+TEST_P(GlooCommunicator, StartedCollectivesKeepTheirOrder) {
   Mesh mesh({"dp"}, {2});
-  onGlooRanks(mesh, FreshStore("order"), [&](Communicator &comm) {
+  onGlooRanks(mesh, store("order"), [&](Communicator &comm) {
     checkStartedCollectivesKeepTheirOrder(comm, "dp", 50);
   });
 }
 
 // An abort reaches the peers' next calls through the store at once, not
 // after their timeout.
-TEST(GlooCommunicator, AbortReachesPeersNextCalls) {
+TEST_P(GlooCommunicator, AbortReachesPeersNextCalls) {
   Mesh mesh({"dp"}, {2});
-  GlooOptions options;
-  FreshStore store("abort");
-  options.storePath = store;
-  options.timeout = std::chrono::seconds(30);
+  TestStore where = store("abort");
+  GlooOptions options = where.options(std::chrono::seconds(10));
   auto zero = createGlooCommunicator(mesh, 0, options);
   auto one = createGlooCommunicator(mesh, 1, options);
   one->abort("NaN in the loss");
@@ -164,12 +228,198 @@ TEST(GlooCommunicator, AbortReachesPeersNextCalls) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-TEST(GlooCommunicator, BadArgumentsAreErrors) {
+// Rank 1 aborts on the other side of rank 0's abort: the pushed reason
+// reaches rank 1's watch as well as rank 0's (the aborting rank's own
+// watch must not matter).
+TEST(GlooTcpStore, AbortByRankZeroReachesThePeer) {
+  Mesh mesh({"dp"}, {3});
+  GlooOptions options = TestStore(StoreKind::Tcp, "").options(
+      std::chrono::seconds(10));
+  auto zero = createGlooCommunicator(mesh, 0, options);
+  auto one = createGlooCommunicator(mesh, 1, options);
+  auto two = createGlooCommunicator(mesh, 2, options);
+  zero->abort("out of memory");
+  for (Communicator *peer : {one.get(), two.get()}) {
+    try {
+      peer->barrier({"dp"});
+      ADD_FAILURE() << "expected the abort";
+    } catch (const CommunicationError &e) {
+      EXPECT_NE(std::string(e.what()).find("aborted: rank 0: out of memory"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Rank 0 never comes: creating rank 1 fails within its timeout, naming the
+// address, instead of hanging.
+TEST(GlooTcpStore, MissingServerIsAnErrorWithinTheTimeout) {
   Mesh mesh({"dp"}, {2});
-  EXPECT_THROW(createGlooCommunicator(mesh, 5, {FreshStore("bad")}),
-               std::invalid_argument);
-  EXPECT_THROW(createGlooCommunicator(mesh, 0, GlooOptions{}),
-               std::invalid_argument);
+  GlooOptions options;
+  options.storeAddress = freeAddress();
+  options.timeout = std::chrono::milliseconds(700);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    createGlooCommunicator(mesh, 1, options);
+    FAIL() << "expected an error";
+  } catch (const CommunicationError &e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+    EXPECT_NE(what.find(options.storeAddress), std::string::npos) << what;
+    EXPECT_NE(what.find("cannot connect"), std::string::npos) << what;
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(600));
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+// Rank 0 starts after the others: they keep trying to connect.
+TEST(GlooTcpStore, RankZeroMayStartLast) {
+  Mesh mesh({"dp"}, {3});
+  GlooOptions options = TestStore(StoreKind::Tcp, "").options(
+      std::chrono::seconds(20));
+  onThreads(3, [&](int64_t r) {
+    if (r == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto comm = createGlooCommunicator(mesh, r, options);
+    double x = 1.0 + r, sum = 0;
+    comm->allReduce(&x, &sum, 1, DType::F64, ReduceOp::Sum, {"dp"});
+    EXPECT_EQ(sum, 6.0);
+  });
+}
+
+// A peer of a live server that never joins: the others' first collective
+// fails within the timeout, naming the store and the key it waited for.
+TEST(GlooTcpStore, MissingPeerTimesOutInTheRendezvous) {
+  Mesh mesh({"dp"}, {2});
+  GlooOptions options = TestStore(StoreKind::Tcp, "").options(
+      std::chrono::milliseconds(500));
+  auto zero = createGlooCommunicator(mesh, 0, options);
+  double x = 1, y = 0;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    zero->allReduce(&x, &y, 1, DType::F64, ReduceOp::Sum, {"dp"});
+    FAIL() << "expected a timeout";
+  } catch (const CommunicationError &e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("rank 0: all_reduce over [dp]"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("timed out"), std::string::npos) << what;
+    EXPECT_NE(what.find(options.storeAddress), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// Something that is not a store client connects to rank 0's port and sends
+// garbage: the server drops it and goes on serving the ranks.
+TEST(GlooTcpStore, GarbageOnThePortDoesNotStopTheServer) {
+  Mesh mesh({"dp"}, {2});
+  int port = freePort();
+  GlooOptions options;
+  options.storeAddress = "127.0.0.1:" + std::to_string(port);
+  options.timeout = std::chrono::seconds(20);
+  auto zero = createGlooCommunicator(mesh, 0, options);
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr),
+              0);
+    const char junk[] = "\xff\xff\xff\xffGET / HTTP/1.0\r\n\r\n";
+    ASSERT_GT(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), 0);
+    char byte;
+    // The server closes the connection rather than waiting for 4 GiB.
+    struct timeval limit {5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    EXPECT_EQ(::recv(fd, &byte, 1, 0), 0);
+    ::close(fd);
+  }
+  onThreads(2, [&](int64_t r) {
+    std::unique_ptr<Communicator> own;
+    if (r == 1)
+      own = createGlooCommunicator(mesh, 1, options);
+    Communicator &comm = r == 0 ? *zero : *own;
+    double x = 1.0 + r, sum = 0;
+    comm.allReduce(&x, &sum, 1, DType::F64, ReduceOp::Sum, {"dp"});
+    EXPECT_EQ(sum, 3.0);
+  });
+}
+
+// Rank 0's address must be its own: binding elsewhere is a clear error.
+TEST(GlooTcpStore, RankZeroCannotServeAForeignAddress) {
+  Mesh mesh({"dp"}, {2});
+  GlooOptions options;
+  options.storeAddress = "192.0.2.1:" + std::to_string(freePort());
+  options.timeout = std::chrono::seconds(2);
+  try {
+    createGlooCommunicator(mesh, 0, options);
+    FAIL() << "expected an error";
+  } catch (const CommunicationError &e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+    EXPECT_NE(what.find(options.storeAddress), std::string::npos) << what;
+    EXPECT_NE(what.find("cannot listen"), std::string::npos) << what;
+  }
+}
+
+TEST(GlooCommunicatorOptions, BadArgumentsAreErrors) {
+  Mesh mesh({"dp"}, {2});
+  auto message = [&](GlooOptions options) -> std::string {
+    try {
+      createGlooCommunicator(mesh, 0, options);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "no std::invalid_argument";
+  };
+  FreshStore dir("bad");
+  GlooOptions options;
+  options.storePath = dir;
+  EXPECT_THROW(createGlooCommunicator(mesh, 5, options), std::invalid_argument);
+  EXPECT_NE(message(GlooOptions{}).find("exactly one store"), std::string::npos);
+  options.storeAddress = "127.0.0.1:1";
+  EXPECT_NE(message(options).find("exactly one store"), std::string::npos);
+
+  auto address = [&](const std::string &text) {
+    GlooOptions tcp;
+    tcp.storeAddress = text;
+    return message(tcp);
+  };
+  EXPECT_EQ(address("nohost"),
+            "Gloo store address \"nohost\" is not host:port: no port");
+  EXPECT_EQ(address("1.2.3.4:notaport"),
+            "Gloo store address \"1.2.3.4:notaport\" is not host:port: "
+            "port \"notaport\" is not a number in 1-65535");
+  EXPECT_NE(address(":80").find("no host"), std::string::npos);
+  EXPECT_NE(address("host:").find("not a number"), std::string::npos);
+  EXPECT_NE(address("host:0").find("not a number in 1-65535"),
+            std::string::npos);
+  EXPECT_NE(address("host:65536").find("not a number in 1-65535"),
+            std::string::npos);
+  EXPECT_NE(address("::1:80").find("brackets"), std::string::npos);
+}
+
+// A host that does not resolve is an error naming it. (At once where the
+// resolver says the name does not exist; a resolver that cannot answer
+// makes it a retry until the timeout.)
+TEST(GlooTcpStore, UnknownHostIsAnError) {
+  Mesh mesh({"dp"}, {2});
+  GlooOptions options;
+  options.storeAddress = "no-such-host.invalid:29500";
+  options.timeout = std::chrono::seconds(2);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    createGlooCommunicator(mesh, 1, options);
+    FAIL() << "expected an error";
+  } catch (const CommunicationError &e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("no-such-host.invalid:29500: cannot"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
 } // namespace

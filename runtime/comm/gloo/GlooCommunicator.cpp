@@ -2,6 +2,8 @@
 
 #include "ernie/runtime/GlooCommunicator.h"
 
+#include "TcpStore.h"
+
 #include <gloo/allgather.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
@@ -17,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace ernie::runtime {
 
@@ -24,17 +27,43 @@ namespace {
 
 using Ctx = std::shared_ptr<gloo::Context>;
 
+/// The key (TCP store) or file name (file store) an abort is published as.
+constexpr const char *kAbortKey = "ernie.abort";
+
 class GlooCommunicator final : public Communicator {
 public:
-  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
-      : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)),
-        store_(options_.storePath) {
+  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options,
+                   std::optional<StoreAddress> address)
+      : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)) {
+    if (address) {
+      try {
+        if (rank_ == 0)
+          server_ = std::make_unique<TcpStoreServer>(*address);
+        tcpStore_ =
+            std::make_unique<TcpStore>(*address, options_.timeout, kAbortKey);
+      } catch (const std::exception &e) {
+        throw CommunicationError("rank " + std::to_string(rank_) + ": " +
+                                 e.what());
+      }
+    } else {
+      fileStore_ =
+          std::make_unique<gloo::rendezvous::FileStore>(options_.storePath);
+    }
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname;
     device_ = gloo::transport::tcp::CreateDevice(attr);
   }
 
-  ~GlooCommunicator() override { finishStarted(); }
+  /// Rank 0 keeps its store server up until the peers have closed their
+  /// connections (their communicators are gone) or the timeout passes: a
+  /// peer may still be reading rank 0's keys for a context rank 0 has
+  /// already finished making.
+  ~GlooCommunicator() override {
+    finishStarted();
+    tcpStore_.reset(); // Our own connections must not count as a peer's.
+    if (server_)
+      server_->waitUntilClientsLeave(options_.timeout);
+  }
 
   int64_t rank() const override { return rank_; }
   const Mesh &mesh() const override { return mesh_; }
@@ -112,13 +141,22 @@ public:
   }
 
   /// Fails this rank's later calls and publishes the reason in the store
-  /// directory, where every peer's next call finds it. (Calls already
-  /// waiting inside Gloo still wait out their timeout.)
+  /// (a file in the directory, or a key on the TCP store), where every
+  /// peer's next call finds it. (Calls already waiting inside Gloo still
+  /// wait out their timeout.)
   void abort(const std::string &reason) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.empty())
       return;
     aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
+    if (tcpStore_) {
+      try {
+        tcpStore_->publish(kAbortKey, aborted_);
+      } catch (const std::exception &) {
+        // The local abort stands even if rank 0's server is gone.
+      }
+      return;
+    }
     std::string tmp = abortPath() + "." + std::to_string(rank_);
     {
       std::ofstream file(tmp, std::ios::trunc);
@@ -187,7 +225,7 @@ private:
       auto ctx = std::make_shared<gloo::rendezvous::Context>(
           me, static_cast<int>(members.size()));
       ctx->setTimeout(options_.timeout);
-      gloo::rendezvous::PrefixStore prefixed(key, store_);
+      gloo::rendezvous::PrefixStore prefixed(key, store());
       ctx->connectFullMesh(prefixed, device_);
       channel->context = ctx;
     }
@@ -227,11 +265,24 @@ private:
     }
   }
 
-  std::string abortPath() const { return options_.storePath + "/ernie.abort"; }
+  gloo::rendezvous::Store &store() {
+    if (tcpStore_)
+      return *tcpStore_;
+    return *fileStore_;
+  }
 
+  std::string abortPath() const {
+    return options_.storePath + "/" + kAbortKey;
+  }
+
+  /// Per call: one file probe (file store) or one non-blocking poll() on the
+  /// TCP store's watch connection; small beside a collective either way.
   void checkAborted(const std::string &what) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_.empty()) {
+    if (aborted_.empty() && tcpStore_) {
+      if (std::optional<std::string> reason = tcpStore_->watched())
+        aborted_ = reason->empty() ? "a peer aborted" : *reason;
+    } else if (aborted_.empty()) {
       std::ifstream file(abortPath());
       if (file)
         std::getline(file, aborted_);
@@ -245,7 +296,10 @@ private:
   Mesh mesh_;
   int64_t rank_;
   GlooOptions options_;
-  gloo::rendezvous::FileStore store_;
+  // One of the two stores; the server (rank 0 only) outlives the client.
+  std::unique_ptr<gloo::rendezvous::FileStore> fileStore_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStore> tcpStore_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::string, std::unique_ptr<Channel>> channels_; // contextMutex_
   std::mutex contextMutex_, mutex_;
@@ -259,10 +313,15 @@ std::unique_ptr<Communicator> createGlooCommunicator(Mesh mesh, int64_t rank,
   if (rank < 0 || rank >= mesh.numRanks())
     throw std::invalid_argument("rank " + std::to_string(rank) +
                                 " is outside the mesh");
-  if (options.storePath.empty())
-    throw std::invalid_argument("the Gloo communicator needs a store path");
+  if (options.storePath.empty() == options.storeAddress.empty())
+    throw std::invalid_argument(
+        "the Gloo communicator needs exactly one store: storePath (a "
+        "directory every rank shares) or storeAddress (rank 0's host:port)");
+  std::optional<StoreAddress> address;
+  if (!options.storeAddress.empty())
+    address = parseStoreAddress(options.storeAddress);
   return std::make_unique<GlooCommunicator>(std::move(mesh), rank,
-                                            std::move(options));
+                                            std::move(options), address);
 }
 
 } // namespace ernie::runtime

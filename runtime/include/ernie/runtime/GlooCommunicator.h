@@ -4,7 +4,8 @@
 // Contexts are created per communication group, lazily, the first time the
 // group is used: every member reaches that first use in the same program
 // order, so creation never deadlocks. Rendezvous goes through a directory
-// every rank can reach (Gloo's file store).
+// every rank can reach (Gloo's file store) or through a small TCP key-value
+// store that rank 0 serves (for hosts without a shared file system).
 //
 // Reductions are made deterministic by construction: members exchange their
 // inputs (all-gather, all-to-all) and each reduces in group order, exactly
@@ -21,15 +22,28 @@
 
 namespace ernie::runtime {
 
+/// Set exactly one of storePath and storeAddress.
 struct GlooOptions {
   /// A directory shared by every rank, for the rendezvous and aborts; fresh
   /// for every run (a stale one holds old keys).
   std::string storePath;
+  /// "host:port" ("[v6]:port") of the TCP store, for the rendezvous and
+  /// aborts. Rank 0 serves it, bound to that address (so it must be rank
+  /// 0's own); every rank connects to it when its communicator is created,
+  /// retrying until `timeout` while rank 0 is not up yet. Destroying rank
+  /// 0's communicator waits (at most `timeout`) for the peers' communicators
+  /// to be gone, then stops the server: contexts are made on first use, so a
+  /// group first used after that, or an abort published after that, finds
+  /// no store.
+  std::string storeAddress;
   /// The address this rank listens on.
   std::string hostname = "127.0.0.1";
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
 };
 
+/// std::invalid_argument for a bad rank, store choice or address;
+/// CommunicationError if the TCP store cannot be served (rank 0) or reached
+/// within the timeout.
 std::unique_ptr<Communicator> createGlooCommunicator(Mesh mesh, int64_t rank,
                                                      GlooOptions options);
 
