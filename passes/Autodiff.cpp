@@ -189,8 +189,6 @@ struct StepOptions {
   bool multiPrecision;
 };
 
-constexpr StringLiteral kOptStateAttrName = "ernie.opt_state";
-constexpr StringLiteral kUpdatesAttrName = "ernie.updates";
 
 /// Scales every gradient by min(1, clip / (global L2 norm + 1e-6)).
 void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
@@ -284,7 +282,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   for (const Slot &slot : slots) {
     inputs.push_back(slot.type);
     inputAttrs.push_back(b.getDictionaryAttr(b.getNamedAttr(
-        kOptStateAttrName,
+        ErnieDialect::kOptStateAttrName,
         b.getStringAttr(paramName(slot.param) + ":" + slot.name))));
   }
   for (unsigned i : batchIdx) {
@@ -293,10 +291,13 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   }
   auto scalarF32 = RankedTensorType::get({}, b.getF32Type());
   auto scalarI64 = RankedTensorType::get({}, b.getI64Type());
+  // The runtime feeds these two itself: say which they are.
   inputs.push_back(scalarF32);
-  inputAttrs.push_back(b.getDictionaryAttr({}));
+  inputAttrs.push_back(b.getDictionaryAttr(
+      b.getNamedAttr(ErnieDialect::kLearningRateAttrName, b.getUnitAttr())));
   inputs.push_back(scalarI64);
-  inputAttrs.push_back(b.getDictionaryAttr({}));
+  inputAttrs.push_back(
+      b.getDictionaryAttr(b.getNamedAttr(ErnieDialect::kStepAttrName, b.getUnitAttr())));
 
   b.setInsertionPointAfter(gradFn);
   auto train = func::FuncOp::create(b, loc, "train_step",
@@ -369,10 +370,11 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   for (Value v : results)
     resultTypes.push_back(v.getType());
   train.setType(b.getFunctionType(inputs, resultTypes));
+  train.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
   for (auto [k, i] : llvm::enumerate(paramIdx))
-    train.setResultAttr(1 + k, kUpdatesAttrName, b.getStringAttr(paramName(i)));
+    train.setResultAttr(1 + k, ErnieDialect::kUpdatesAttrName, b.getStringAttr(paramName(i)));
   for (auto [k, slot] : llvm::enumerate(slots))
-    train.setResultAttr(1 + nParams + k, kUpdatesAttrName,
+    train.setResultAttr(1 + nParams + k, ErnieDialect::kUpdatesAttrName,
                         b.getStringAttr(paramName(slot.param) + ":" +
                                         slot.name));
 
@@ -401,6 +403,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     evalArgs[i] = evalEntry->getArgument(nParams + k);
   auto evalCall = func::CallOp::create(b, loc, forward, evalArgs);
   func::ReturnOp::create(b, loc, evalCall.getResults());
+  eval.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
   return success();
 }
 

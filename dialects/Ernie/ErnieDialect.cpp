@@ -73,7 +73,19 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
     return verifySharding(op, sharding, func.getArgumentTypes()[argIndex],
                           ("argument #" + Twine(argIndex)).str());
   }
-  if (name == "ernie.opt_state") {
+  if (name == kLearningRateAttrName || name == kStepAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' on argument #" << argIndex
+                             << " is a unit attribute";
+    return success();
+  }
+  if (name == kBufferOffsetAttrName) {
+    if (!isa<IntegerAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' on argument #" << argIndex
+                             << " must be an integer";
+    return success();
+  }
+  if (name == kOptStateAttrName) {
     auto value = dyn_cast<StringAttr>(attr.getValue());
     if (!value || !value.getValue().contains(':'))
       return op->emitError() << "'ernie.opt_state' on argument #" << argIndex

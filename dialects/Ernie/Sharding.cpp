@@ -178,7 +178,13 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned regionIndex,
                                                         unsigned resultIndex,
                                                         NamedAttribute attr) {
-  if (attr.getName() == "ernie.grad_of" || attr.getName() == "ernie.updates") {
+  if (attr.getName() == kLossAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'" << kLossAttrName << "' on result #"
+                             << resultIndex << " is a unit attribute";
+    return success();
+  }
+  if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName) {
     auto name = dyn_cast<StringAttr>(attr.getValue());
     if (!name || name.getValue().empty())
       return op->emitError() << "'" << attr.getName().strref()
@@ -209,6 +215,20 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
 
 LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
+  StringRef name = attr.getName().strref();
+  if (name == kArenaBytesAttrName || name == kLivePeakBytesAttrName) {
+    if (!isa<IntegerAttr>(attr.getValue()) || !isa<FunctionOpInterface>(op))
+      return op->emitError() << "'" << name
+                             << "' is an integer on a function";
+    return success();
+  }
+  if (name == kBufferOffsetsAttrName) {
+    auto offsets = dyn_cast<DenseI64ArrayAttr>(attr.getValue());
+    if (!offsets || offsets.size() != static_cast<int64_t>(op->getNumResults()))
+      return op->emitError() << "'" << name
+                             << "' must list one offset per result";
+    return success();
+  }
   if (attr.getName() != kResultShardingsAttrName)
     return op->emitError() << "unknown ernie op attribute '"
                            << attr.getName().strref() << "'";

@@ -2,14 +2,14 @@
 // RUN: ernie-opt %s --split-input-file "--ernie-autodiff=optimizer=sgd momentum=0.9 clip-norm=1.0 multi-precision=true" | FileCheck %s --check-prefix=SGD
 
 // ADAMW-LABEL: func.func @train_step
-// ADAMW-SAME: (%[[W:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.param = "w"}, %[[M:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.opt_state = "w:moment1"}, %[[V:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.opt_state = "w:moment2"}, %[[X:[a-z0-9]+]]: tensor<4x8xbf16>, %[[LR:[a-z0-9]+]]: tensor<f32>, %[[STEP:[a-z0-9]+]]: tensor<i64>)
-// ADAMW-SAME: -> (tensor<f32>, tensor<8x2xbf16> {ernie.updates = "w"}, tensor<8x2xbf16> {ernie.updates = "w:moment1"}, tensor<8x2xbf16> {ernie.updates = "w:moment2"})
+// ADAMW-SAME: (%[[W:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.param = "w"}, %[[M:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.opt_state = "w:moment1"}, %[[V:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.opt_state = "w:moment2"}, %[[X:[a-z0-9]+]]: tensor<4x8xbf16>, %[[LR:[a-z0-9]+]]: tensor<f32> {ernie.learning_rate}, %[[STEP:[a-z0-9]+]]: tensor<i64> {ernie.step})
+// ADAMW-SAME: -> (tensor<f32> {ernie.loss}, tensor<8x2xbf16> {ernie.updates = "w"}, tensor<8x2xbf16> {ernie.updates = "w:moment1"}, tensor<8x2xbf16> {ernie.updates = "w:moment2"})
 // ADAMW: %[[G:.+]]:2 = call @forward_grad(%[[X]], %[[W]])
 // ADAMW: %[[P:.+]], %[[M2:.+]], %[[V2:.+]] = ernie.adamw_update %[[W]], %[[G]]#1, %[[M]], %[[V]], %[[LR]], %[[STEP]] {weight_decay = 5.000000e-02 : f64}
 // ADAMW: return %[[G]]#0, %[[P]], %[[M2]], %[[V2]]
 // The evaluation step runs the forward only: no gradient, no update.
 // ADAMW-LABEL: func.func @eval_step
-// ADAMW-SAME: (%[[EW:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.param = "w"}, %[[EX:[a-z0-9]+]]: tensor<4x8xbf16>) -> tensor<f32>
+// ADAMW-SAME: (%[[EW:[a-z0-9]+]]: tensor<8x2xbf16> {ernie.param = "w"}, %[[EX:[a-z0-9]+]]: tensor<4x8xbf16>) -> (tensor<f32> {ernie.loss})
 // ADAMW-NEXT: %[[L:.+]] = call @forward(%[[EX]], %[[EW]])
 // ADAMW-NEXT: return %[[L]]
 // ADAMW-NOT: _grad

@@ -174,6 +174,25 @@ def SpmdPartitionPass : Pass<"ernie-spmd-partition", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def MemoryPlanPass : Pass<"ernie-memory-plan", "ModuleOp"> {
+  let summary = "Plan every buffer of each function into one arena per rank";
+  let description = [{
+    Runs the memory planner the program file export uses (MemoryPlan.h) on
+    every function with a body and records the plan for inspection:
+    `ernie.arena_bytes` and `ernie.live_peak_bytes` on the function, the
+    offset of every argument (`ernie.buffer_offset`) and of every op result
+    (`ernie.buffer_offsets`, one per result). A result written over its
+    operand in place has the operand's offset. Each function also gets a
+    remark with its per-rank peak:
+
+    ```
+    remark: memory plan: arena 8192 bytes per rank, live peak 8192, 7 buffers, 2 written in place
+    ```
+    The arena is the per-rank peak the runtime allocates; the live peak is
+    the most bytes alive at once, a lower bound no plan can beat.
+  }];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

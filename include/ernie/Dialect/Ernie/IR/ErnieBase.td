@@ -41,6 +41,24 @@ def Ernie_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kParamAttrName = "ernie.param";
     /// Groups arguments that are one shared weight: `{ernie.tied = "embed"}`.
     static constexpr ::llvm::StringLiteral kTiedAttrName = "ernie.tied";
+
+    // What a training step's arguments and results are to the runtime
+    // (written by --ernie-autodiff, read by the program file export).
+    /// An optimizer slot argument: `{ernie.opt_state = "<param>:<slot>"}`.
+    static constexpr ::llvm::StringLiteral kOptStateAttrName = "ernie.opt_state";
+    /// A result that replaces a parameter or slot for the next step.
+    static constexpr ::llvm::StringLiteral kUpdatesAttrName = "ernie.updates";
+    /// The scalar learning-rate and step-number arguments (unit attrs).
+    static constexpr ::llvm::StringLiteral kLearningRateAttrName = "ernie.learning_rate";
+    static constexpr ::llvm::StringLiteral kStepAttrName = "ernie.step";
+    /// The result that is the training loss (unit attr).
+    static constexpr ::llvm::StringLiteral kLossAttrName = "ernie.loss";
+
+    // The memory plan, recorded by --ernie-memory-plan for inspection.
+    static constexpr ::llvm::StringLiteral kArenaBytesAttrName = "ernie.arena_bytes";
+    static constexpr ::llvm::StringLiteral kLivePeakBytesAttrName = "ernie.live_peak_bytes";
+    static constexpr ::llvm::StringLiteral kBufferOffsetAttrName = "ernie.buffer_offset";
+    static constexpr ::llvm::StringLiteral kBufferOffsetsAttrName = "ernie.buffer_offsets";
   }];
   let useDefaultAttributePrinterParser = 1;
 }

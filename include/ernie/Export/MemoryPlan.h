@@ -1,0 +1,61 @@
+//===- MemoryPlan.h - where every value of a function lives -------*- C++ -*-===//
+//
+// The runtime gives each function one arena per rank. The plan decides, ahead
+// of time, which bytes of it hold which value:
+//   * liveness: a value is live from the op that defines it (arguments: from
+//     the start) to its last use (returned values: to the end);
+//   * in-place reuse: an elementwise op whose operand dies at it, with the
+//     result's exact type, writes its result over that operand (the CPU and
+//     CUDA elementwise kernels read element i before writing element i);
+//   * offsets: buffers are placed largest first, each at the lowest aligned
+//     offset free for its whole lifetime (greedy by size, as TFLite's arena
+//     planner does), so the arena is close to the peak of live bytes.
+// Plans are per rank: after partition, every rank has the same local shapes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_EXPORT_MEMORYPLAN_H
+#define ERNIE_EXPORT_MEMORYPLAN_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallVector.h"
+
+namespace mlir::ernie {
+
+struct PlannedBuffer {
+  RankedTensorType type;
+  int64_t bytes = 0;
+  int64_t offset = 0;
+  /// Positions: 0 is the function entry, op i of the body is i + 1.
+  int64_t start = 0, end = 0;
+};
+
+struct MemoryPlan {
+  SmallVector<PlannedBuffer> buffers;
+  /// Every argument and op result, to its buffer.
+  llvm::DenseMap<Value, unsigned> bufferOf;
+  /// The arena: every buffer fits below it.
+  int64_t arenaBytes = 0;
+  /// The most bytes live at one position: no plan can use less.
+  int64_t livePeakBytes = 0;
+  /// Results written over a dying operand.
+  int64_t inPlaceReuses = 0;
+};
+
+/// Bytes one element of `type` takes in a runtime buffer (i1: one byte), or
+/// 0 for a type the runtime does not store.
+int64_t storageBytes(Type elementType);
+
+/// How the runtime stores a value of `type`: a ranked tensor as itself, a
+/// scalar integer or float as a rank-0 tensor; null for anything else.
+RankedTensorType storageType(Type type);
+
+/// Plans `fn`'s single block. Fails (with a diagnostic on the value) when a
+/// value is not a statically shaped tensor of a storable element type, or
+/// the body has more than one block.
+FailureOr<MemoryPlan> planMemory(func::FuncOp fn);
+
+} // namespace mlir::ernie
+
+#endif // ERNIE_EXPORT_MEMORYPLAN_H

@@ -1,0 +1,27 @@
+//===- ProgramFile.h - the partitioned module as a program file --*- C++ -*-===//
+//
+// Writes a partitioned module in the runtime's program file format
+// (runtime/schema/program.fbs): the mesh, and for every public function its
+// arguments and results (role, global and local shape, sharding), its
+// planned buffers (MemoryPlan.h) and its instructions. Calls are inlined
+// first, so each function is one straight-line instruction list.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_EXPORT_PROGRAMFILE_H
+#define ERNIE_EXPORT_PROGRAMFILE_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::ernie {
+
+/// Writes `module` as a program file to `os`; diagnostics on failure.
+LogicalResult writeProgramFile(ModuleOp module, llvm::raw_ostream &os);
+
+/// Registers the `--ernie-to-program` translation.
+void registerProgramFileTranslation();
+
+} // namespace mlir::ernie
+
+#endif // ERNIE_EXPORT_PROGRAMFILE_H

@@ -1,0 +1,154 @@
+//===- MemoryPlan.cpp - liveness, in-place reuse and arena offsets ----------===//
+
+#include "ernie/Export/MemoryPlan.h"
+
+#include "ernie/runtime/ProgramFormat.h"
+
+#include "mlir/IR/OpDefinition.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+int64_t mlir::ernie::storageBytes(Type t) {
+  if (t.isF64() || t.isInteger(64))
+    return 8;
+  if (t.isF32() || t.isInteger(32))
+    return 4;
+  if (t.isF16() || t.isBF16())
+    return 2;
+  if (isa<Float8E4M3FNType, Float8E5M2Type>(t) || t.isInteger(1))
+    return 1;
+  return 0;
+}
+
+RankedTensorType mlir::ernie::storageType(Type type) {
+  if (auto tensor = dyn_cast<RankedTensorType>(type))
+    return tensor;
+  if (type.isIntOrFloat())
+    return RankedTensorType::get({}, type);
+  return {};
+}
+
+static int64_t alignUp(int64_t bytes) {
+  int64_t a = ::ernie::program::kBufferAlignment;
+  return (bytes + a - 1) / a * a;
+}
+
+/// The elementwise ops whose kernels may write their result over an operand.
+static bool mayWriteOverOperand(Operation *op) {
+  return op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
+         op->getDialect() &&
+         op->getDialect()->getNamespace() == "ernie";
+}
+
+FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
+  if (fn.isExternal() || !fn.getBody().hasOneBlock())
+    return fn.emitError("a memory plan needs a function with one block");
+  Block &body = fn.getBody().front();
+  MemoryPlan plan;
+
+  // Last use of every value: the position of its last user; returned
+  // values live to one past the terminator.
+  llvm::DenseMap<Operation *, int64_t> position;
+  int64_t n = 0;
+  for (Operation &op : body)
+    position[&op] = ++n;
+  int64_t exit = n + 1;
+  auto lastUse = [&](Value v, int64_t defined) {
+    int64_t end = defined;
+    for (Operation *user : v.getUsers()) {
+      Operation *top = body.findAncestorOpInBlock(*user);
+      int64_t at = top->hasTrait<OpTrait::IsTerminator>() ? exit : position[top];
+      end = std::max(end, at);
+    }
+    return end;
+  };
+  auto newBuffer = [&](Value v, int64_t start) -> FailureOr<unsigned> {
+    RankedTensorType type = storageType(v.getType());
+    int64_t element = type ? storageBytes(type.getElementType()) : 0;
+    if (!type || !type.hasStaticShape() || element == 0) {
+      InFlightDiagnostic diag =
+          emitError(v.getLoc())
+          << "cannot plan memory for a value of type " << v.getType()
+          << ": the runtime stores statically shaped tensors of f64, f32, "
+             "f16, bf16, f8E4M3FN, f8E5M2, i64, i32 or i1";
+      return diag;
+    }
+    plan.buffers.push_back(
+        {type, type.getNumElements() * element, 0, start, lastUse(v, start)});
+    plan.bufferOf[v] = plan.buffers.size() - 1;
+    return plan.buffers.size() - 1;
+  };
+
+  for (BlockArgument arg : body.getArguments())
+    if (failed(newBuffer(arg, 0)))
+      return failure();
+  for (Operation &op : body) {
+    if (op.hasTrait<OpTrait::IsTerminator>())
+      continue;
+    int64_t at = position[&op];
+    if (op.getNumRegions())
+      return op.emitError("a memory plan needs ops without regions");
+    if (mayWriteOverOperand(&op)) {
+      Value result = op.getResult(0);
+      for (Value operand : op.getOperands()) {
+        auto it = plan.bufferOf.find(operand);
+        if (it == plan.bufferOf.end() || operand.getType() != result.getType())
+          continue;
+        PlannedBuffer &buffer = plan.buffers[it->second];
+        if (buffer.end != at)
+          continue; // the operand (or a value sharing its buffer) lives on
+        buffer.end = lastUse(result, at);
+        plan.bufferOf[result] = it->second;
+        ++plan.inPlaceReuses;
+        break;
+      }
+      if (plan.bufferOf.count(result))
+        continue;
+    }
+    for (Value result : op.getResults())
+      if (failed(newBuffer(result, at)))
+        return failure();
+  }
+
+  // Greedy by size: the largest buffers take the low offsets first.
+  auto order = llvm::to_vector(llvm::seq<unsigned>(0, plan.buffers.size()));
+  llvm::stable_sort(order, [&](unsigned a, unsigned b) {
+    const PlannedBuffer &x = plan.buffers[a], &y = plan.buffers[b];
+    return std::make_pair(-x.bytes, x.start) < std::make_pair(-y.bytes, y.start);
+  });
+  SmallVector<unsigned> placed;
+  for (unsigned id : order) {
+    PlannedBuffer &buffer = plan.buffers[id];
+    SmallVector<std::pair<int64_t, int64_t>> taken; // [offset, end) in bytes
+    for (unsigned other : placed) {
+      const PlannedBuffer &o = plan.buffers[other];
+      if (o.start <= buffer.end && buffer.start <= o.end)
+        taken.push_back({o.offset, o.offset + o.bytes});
+    }
+    llvm::sort(taken);
+    int64_t offset = 0;
+    for (auto [begin, end] : taken) {
+      if (offset + buffer.bytes <= begin)
+        break;
+      offset = std::max(offset, alignUp(end));
+    }
+    buffer.offset = offset;
+    plan.arenaBytes = std::max(plan.arenaBytes, alignUp(offset + buffer.bytes));
+    placed.push_back(id);
+  }
+
+  // The lower bound: most bytes live at any one position.
+  SmallVector<int64_t> delta(exit + 2, 0);
+  for (const PlannedBuffer &b : plan.buffers) {
+    delta[b.start] += b.bytes;
+    delta[b.end + 1] -= b.bytes;
+  }
+  int64_t live = 0;
+  for (int64_t d : delta)
+    plan.livePeakBytes = std::max(plan.livePeakBytes, live += d);
+  return plan;
+}

@@ -1,0 +1,82 @@
+//===- Executor.h - runs one rank's instructions -----------------*- C++ -*-===//
+//
+// An Executor runs the functions of a loaded Program for one rank: it binds
+// the rank's stage and mesh coordinates, allocates each function's arena once
+// (every buffer at its planned offset), copies the arguments in, runs the
+// instructions — kernels from the backend's table, collectives through the
+// rank's Communicator — and copies the results out.
+//
+// A failure on one rank stops every rank: the executor aborts its
+// communicator with a message naming the rank, the instruction (index, op,
+// source location) and the cause, and throws ExecutionError. Peers waiting in
+// a collective then fail with that message instead of waiting out a timeout.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_EXECUTOR_H
+#define ERNIE_RUNTIME_EXECUTOR_H
+
+#include "ernie/runtime/Communicator.h"
+#include "ernie/runtime/HostTensor.h"
+#include "ernie/runtime/Program.h"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ernie::runtime {
+
+/// A function failed on some rank; the message says where and why.
+struct ExecutionError : std::runtime_error {
+  ExecutionError(const std::string &message, bool inCollective)
+      : std::runtime_error(message), inCollective(inCollective) {}
+  /// The cause was a collective (a timeout, another rank's abort) rather
+  /// than this rank's own computation: the root cause is likely elsewhere.
+  bool inCollective;
+};
+
+struct ExecutorOptions {
+  /// Fail when a result marked as the loss is NaN or infinite.
+  bool checkFinite = false;
+};
+
+class Executor {
+public:
+  Executor(const Program &program, Communicator &comm,
+           ExecutorOptions options = {});
+  ~Executor();
+
+  int64_t rank() const { return rank_; }
+  int64_t stage() const { return stage_; }
+  const Program &program() const { return program_; }
+  /// `name` in this rank's stage; throws std::invalid_argument naming the
+  /// functions there when it is missing.
+  const Function &function(const std::string &name) const;
+
+  /// Runs `name` on this rank's local `inputs` (one per argument, of the
+  /// argument's local shape and type) and returns the local results.
+  std::vector<HostTensor> run(const std::string &name,
+                              const std::vector<HostTensor> &inputs);
+
+private:
+  struct Arena;
+  void execute(const Function &fn, const Instruction &inst,
+               std::vector<TensorView> &buffers);
+  void runCollective(const Instruction &inst, const TensorView &in,
+                     const TensorView &out);
+  [[noreturn]] void fail(const Function &fn, size_t index,
+                         const std::string &cause, bool inCollective);
+
+  const Program &program_;
+  Communicator &comm_;
+  ExecutorOptions options_;
+  int64_t rank_, stage_;
+  std::map<std::string, std::unique_ptr<Arena>> arenas_;
+  std::vector<uint8_t> scratch_; // packing for collectives on inner dims
+};
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_EXECUTOR_H

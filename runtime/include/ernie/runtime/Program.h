@@ -1,0 +1,112 @@
+//===- Program.h - a loaded, validated program file --------------*- C++ -*-===//
+//
+// The runtime's decoded form of a program file (schema: runtime/schema/
+// program.fbs). Loading checks everything an executor later relies on — the
+// envelope (identifier, version, checksum), the FlatBuffers structure, and
+// the program's own consistency (buffer indices, shapes against sizes,
+// buffers inside the arena, a kernel for every op, collective axes on the
+// mesh) — so execution never meets a malformed instruction.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_PROGRAM_H
+#define ERNIE_RUNTIME_PROGRAM_H
+
+#include "ernie/runtime/Communicator.h"
+#include "ernie/runtime/Kernel.h"
+#include "ernie/runtime/Mesh.h"
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ernie::runtime {
+
+/// A program file that cannot be used: the message says which file and why.
+struct ProgramError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// How a global tensor is split over the mesh (`#ernie.sharding`): per
+/// dimension the axes splitting it, major to minor, and the axes holding a
+/// pending reduction.
+struct ShardingSpec {
+  std::vector<Axes> dims;
+  std::vector<std::pair<std::string, ReduceOp>> partials;
+
+  bool isReplicated() const;
+};
+
+/// What an argument (or result) is to the caller.
+enum class Role { Input, Parameter, OptimizerState, LearningRate, Step, Loss };
+
+/// A function argument or result: one rank's piece of a global tensor.
+struct TensorSpec {
+  std::string name; // parameter or state name; may be empty
+  Role role = Role::Input;
+  DType type = DType::F32;
+  std::vector<int64_t> globalShape, localShape;
+  ShardingSpec sharding;
+  uint32_t buffer = 0;
+  std::string updates; // results: the state it replaces for the next step
+};
+
+struct BufferSpec {
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0, bytes = 0;
+};
+
+struct Instruction {
+  std::string op;
+  std::vector<uint32_t> operands, results;
+  Attrs attrs;
+  Axes axes;                 // collectives
+  std::vector<uint8_t> data; // constants
+  std::string location;
+  const Kernel *kernel = nullptr; // null for the executor's own ops
+};
+
+struct Function {
+  std::string name;
+  std::vector<TensorSpec> arguments, results;
+  std::vector<BufferSpec> buffers;
+  std::vector<Instruction> instructions;
+  uint64_t arenaBytes = 0;
+};
+
+class Program {
+public:
+  /// Reads and validates `path`; throws ProgramError.
+  static Program load(const std::string &path);
+  /// Validates `size` bytes at `data`; `source` names them in messages.
+  static Program parse(const void *data, size_t size, const std::string &source);
+
+  const Mesh &mesh() const { return mesh_; }
+  const std::string &source() const { return source_; }
+  const std::string &producer() const { return producer_; }
+  int64_t numStages() const { return static_cast<int64_t>(stages_.size()); }
+  /// The stage `rank` runs: its coordinate along the stage axis.
+  int64_t stageOf(int64_t rank) const;
+  /// `name` in `stage`, or null.
+  const Function *function(int64_t stage, const std::string &name) const;
+  const std::vector<Function> &functions(int64_t stage) const {
+    return stages_.at(stage);
+  }
+
+private:
+  Program(Mesh mesh) : mesh_(std::move(mesh)) {}
+  Mesh mesh_;
+  std::string source_, producer_, stageAxis_;
+  std::vector<std::vector<Function>> stages_;
+};
+
+/// True for the ops the executor runs itself rather than through a kernel:
+/// constants, collectives and the mesh-position ops.
+bool isExecutorOp(const std::string &op);
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_PROGRAM_H

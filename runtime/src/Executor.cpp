@@ -1,0 +1,285 @@
+//===- Executor.cpp - running one rank's instructions ------------------------===//
+
+#include "ernie/runtime/Executor.h"
+
+#include "ernie/runtime/ProgramFormat.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace ernie::runtime {
+
+/// One function's memory: a single aligned block, every buffer at its offset.
+struct Executor::Arena {
+  explicit Arena(uint64_t bytes) {
+    uint64_t size = (bytes + program::kBufferAlignment - 1) /
+                    program::kBufferAlignment * program::kBufferAlignment;
+    data = static_cast<uint8_t *>(
+        std::aligned_alloc(program::kBufferAlignment, size ? size : 64));
+    if (!data)
+      throw std::bad_alloc();
+  }
+  ~Arena() { std::free(data); }
+  Arena(const Arena &) = delete;
+  Arena &operator=(const Arena &) = delete;
+  uint8_t *data = nullptr;
+};
+
+Executor::Executor(const Program &program, Communicator &comm,
+                   ExecutorOptions options)
+    : program_(program), comm_(comm), options_(options), rank_(comm.rank()),
+      stage_(program.stageOf(comm.rank())) {
+  if (comm.mesh().numRanks() != program.mesh().numRanks() ||
+      comm.mesh().axisSizes() != program.mesh().axisSizes())
+    throw std::invalid_argument(
+        "the communicator's mesh does not match the program's");
+}
+
+Executor::~Executor() = default;
+
+const Function &Executor::function(const std::string &name) const {
+  if (const Function *fn = program_.function(stage_, name))
+    return *fn;
+  std::string known;
+  for (const Function &fn : program_.functions(stage_))
+    known += (known.empty() ? "@" : ", @") + fn.name;
+  throw std::invalid_argument("the program has no function @" + name +
+                              " (it has " + (known.empty() ? "none" : known) +
+                              ")");
+}
+
+namespace {
+
+ReduceOp reduceKind(const Attrs &attrs) {
+  std::string kind = attrs.getString("kind", "sum");
+  if (kind == "sum")
+    return ReduceOp::Sum;
+  if (kind == "avg")
+    return ReduceOp::Avg;
+  if (kind == "max")
+    return ReduceOp::Max;
+  if (kind == "min")
+    return ReduceOp::Min;
+  throw KernelError("unknown reduce kind '" + kind + "'");
+}
+
+size_t bytesOf(const TensorView &v) { return v.numElements() * byteSize(v.type); }
+
+/// Product of the dimensions before `dim`: 1 when the chunks along `dim`
+/// are already contiguous and need no packing.
+int64_t outerSize(const std::vector<int64_t> &shape, int64_t dim) {
+  int64_t n = 1;
+  for (int64_t d = 0; d < dim; ++d)
+    n *= shape[d];
+  return n;
+}
+
+std::vector<int64_t> offsetAlong(size_t rank, int64_t dim, int64_t offset) {
+  std::vector<int64_t> offsets(rank, 0);
+  offsets[dim] = offset;
+  return offsets;
+}
+
+bool isFinite(const TensorView &v) {
+  for (int64_t i = 0; i < v.numElements(); ++i) {
+    double x;
+    switch (v.type) {
+    case DType::F64: x = v.as<double>()[i]; break;
+    case DType::F32: x = v.as<float>()[i]; break;
+    default: {
+      // Narrow floats: widen through the cast kernel, element by element
+      // would be slow; losses are scalars or small, so widen the whole view.
+      HostTensor wide(DType::F64, v.shape);
+      (*findCpuKernel("ernie.cast"))({v}, {wide.view()}, Attrs{});
+      for (int64_t j = 0; j < wide.numElements(); ++j)
+        if (!std::isfinite(wide.as<double>()[j]))
+          return false;
+      return true;
+    }
+    }
+    if (!std::isfinite(x))
+      return false;
+  }
+  return true;
+}
+
+} // namespace
+
+void Executor::runCollective(const Instruction &inst, const TensorView &in,
+                             const TensorView &out) {
+  const std::string &op = inst.op;
+  const Axes &axes = inst.axes;
+  const Mesh &mesh = program_.mesh();
+  int64_t members = static_cast<int64_t>(mesh.group(rank_, axes).size());
+  int64_t me = mesh.indexInGroup(rank_, axes);
+  size_t elementBytes = byteSize(out.type);
+
+  if (op == "ernie.all_reduce") {
+    comm_.allReduce(in.data, out.data, in.numElements(), in.type,
+                    reduceKind(inst.attrs), axes);
+  } else if (op == "ernie.all_gather") {
+    int64_t dim = inst.attrs.getInt("dim");
+    if (outerSize(in.shape, dim) == 1) {
+      comm_.allGather(in.data, out.data, bytesOf(in), axes);
+      return;
+    }
+    scratch_.resize(bytesOf(out));
+    comm_.allGather(in.data, scratch_.data(), bytesOf(in), axes);
+    for (int64_t j = 0; j < members; ++j)
+      insertBlock(scratch_.data() + j * bytesOf(in), in.shape,
+                  static_cast<uint8_t *>(out.data), out.shape,
+                  offsetAlong(in.shape.size(), dim, j * in.shape[dim]),
+                  elementBytes);
+  } else if (op == "ernie.reduce_scatter") {
+    int64_t dim = inst.attrs.getInt("dim");
+    ReduceOp kind = reduceKind(inst.attrs);
+    if (outerSize(in.shape, dim) == 1) {
+      comm_.reduceScatter(in.data, out.data, out.numElements(), in.type, kind,
+                          axes);
+      return;
+    }
+    scratch_.resize(bytesOf(in));
+    for (int64_t j = 0; j < members; ++j)
+      extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
+                   offsetAlong(in.shape.size(), dim, j * out.shape[dim]),
+                   scratch_.data() + j * bytesOf(out), out.shape, elementBytes);
+    comm_.reduceScatter(scratch_.data(), out.data, out.numElements(), in.type,
+                        kind, axes);
+  } else if (op == "ernie.all_to_all") {
+    int64_t split = inst.attrs.getInt("split_dim");
+    int64_t concat = inst.attrs.getInt("concat_dim");
+    std::vector<int64_t> chunk = in.shape;
+    chunk[split] /= members;
+    size_t chunkBytes = bytesOf(in) / members;
+    // Send buffer: the chunks along `split`, contiguous in member order.
+    scratch_.resize(2 * bytesOf(in));
+    uint8_t *send = scratch_.data(), *recv = scratch_.data() + bytesOf(in);
+    for (int64_t j = 0; j < members; ++j)
+      extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
+                   offsetAlong(in.shape.size(), split, j * chunk[split]),
+                   send + j * chunkBytes, chunk, elementBytes);
+    comm_.allToAll(send, recv, chunkBytes, axes);
+    for (int64_t j = 0; j < members; ++j)
+      insertBlock(recv + j * chunkBytes, chunk, static_cast<uint8_t *>(out.data),
+                  out.shape,
+                  offsetAlong(out.shape.size(), concat, j * chunk[concat]),
+                  elementBytes);
+  } else if (op == "ernie.shard_slice") {
+    int64_t dim = inst.attrs.getInt("dim");
+    extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
+                 offsetAlong(in.shape.size(), dim, me * out.shape[dim]),
+                 static_cast<uint8_t *>(out.data), out.shape, elementBytes);
+  } else if (op == "ernie.partial_init") {
+    // A pending sum starts on the first member; max/min/avg hold the value
+    // on every member.
+    if (reduceKind(inst.attrs) == ReduceOp::Sum && me != 0)
+      std::memset(out.data, 0, bytesOf(out));
+    else if (out.data != in.data)
+      std::memmove(out.data, in.data, bytesOf(out));
+  } else {
+    throw KernelError("unknown executor op");
+  }
+}
+
+void Executor::execute(const Function &fn, const Instruction &inst,
+                       std::vector<TensorView> &buffers) {
+  (void)fn;
+  if (inst.kernel) {
+    std::vector<TensorView> inputs, outputs;
+    for (uint32_t b : inst.operands)
+      inputs.push_back(buffers[b]);
+    for (uint32_t b : inst.results)
+      outputs.push_back(buffers[b]);
+    (*inst.kernel)(inputs, outputs, inst.attrs);
+    return;
+  }
+  TensorView &out = buffers[inst.results[0]];
+  if (inst.op == "ernie.constant") {
+    std::memcpy(out.data, inst.data.data(), inst.data.size());
+  } else if (inst.op == "ernie.axis_index") {
+    int64_t index = inst.axes.empty()
+                        ? 0
+                        : program_.mesh().indexInGroup(rank_, inst.axes);
+    if (out.type != DType::I64)
+      throw KernelError("axis_index must produce i64");
+    *out.as<int64_t>() = index;
+  } else {
+    runCollective(inst, buffers[inst.operands[0]], out);
+  }
+}
+
+void Executor::fail(const Function &fn, size_t index, const std::string &cause,
+                    bool inCollective) {
+  const Instruction &inst = fn.instructions[index];
+  std::ostringstream os;
+  os << "rank " << rank_ << ": @" << fn.name << " instruction #" << index
+     << " '" << inst.op << "'";
+  if (!inst.location.empty())
+    os << " at " << inst.location;
+  os << ": " << cause;
+  std::string message = os.str();
+  comm_.abort(message);
+  throw ExecutionError(message, inCollective);
+}
+
+std::vector<HostTensor> Executor::run(const std::string &name,
+                                      const std::vector<HostTensor> &inputs) {
+  const Function &fn = function(name);
+  if (inputs.size() != fn.arguments.size())
+    throw std::invalid_argument("@" + name + " takes " +
+                                std::to_string(fn.arguments.size()) +
+                                " arguments, not " +
+                                std::to_string(inputs.size()));
+  std::unique_ptr<Arena> &arena = arenas_[name];
+  if (!arena)
+    arena = std::make_unique<Arena>(fn.arenaBytes);
+  std::vector<TensorView> buffers;
+  buffers.reserve(fn.buffers.size());
+  for (const BufferSpec &b : fn.buffers)
+    buffers.push_back({arena->data + b.offset, b.type, b.shape});
+
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorSpec &arg = fn.arguments[i];
+    if (inputs[i].type != arg.type || inputs[i].shape != arg.localShape) {
+      std::ostringstream os;
+      os << "@" << name << " argument " << i
+         << (arg.name.empty() ? "" : " ('" + arg.name + "')")
+         << " must be a local " << runtime::name(arg.type) << " tensor of "
+         << arg.localShape.size() << " dimensions matching the program";
+      throw std::invalid_argument(os.str());
+    }
+    std::memcpy(buffers[arg.buffer].data, inputs[i].bytes.data(),
+                inputs[i].bytes.size());
+  }
+
+  for (size_t i = 0; i < fn.instructions.size(); ++i) {
+    try {
+      execute(fn, fn.instructions[i], buffers);
+    } catch (const CommunicationError &e) {
+      fail(fn, i, e.what(), /*inCollective=*/true);
+    } catch (const std::exception &e) {
+      fail(fn, i, e.what(), /*inCollective=*/false);
+    }
+  }
+
+  std::vector<HostTensor> results;
+  for (size_t i = 0; i < fn.results.size(); ++i) {
+    const TensorSpec &res = fn.results[i];
+    const TensorView &v = buffers[res.buffer];
+    if (options_.checkFinite && res.role == Role::Loss && !isFinite(v)) {
+      std::string message = "rank " + std::to_string(rank_) + ": @" + name +
+                            " result " + std::to_string(i) +
+                            " (the loss) is not finite";
+      comm_.abort(message);
+      throw ExecutionError(message, /*inCollective=*/false);
+    }
+    HostTensor out(res.type, res.localShape);
+    std::memcpy(out.bytes.data(), v.data, out.bytes.size());
+    results.push_back(std::move(out));
+  }
+  return results;
+}
+
+} // namespace ernie::runtime

@@ -1,0 +1,398 @@
+//===- Program.cpp - loading and validating program files --------------------===//
+
+#include "ernie/runtime/Program.h"
+
+#include "ernie/program/program_generated.h"
+#include "ernie/runtime/ProgramFormat.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+namespace ernie::runtime {
+namespace fb = ernie::program;
+
+bool ShardingSpec::isReplicated() const {
+  return partials.empty() &&
+         std::all_of(dims.begin(), dims.end(),
+                     [](const Axes &axes) { return axes.empty(); });
+}
+
+bool isExecutorOp(const std::string &op) {
+  static const char *const ops[] = {
+      "ernie.constant",     "ernie.all_reduce",  "ernie.all_gather",
+      "ernie.reduce_scatter", "ernie.all_to_all", "ernie.shard_slice",
+      "ernie.partial_init", "ernie.axis_index"};
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+}
+
+namespace {
+
+/// Collects the first problem found, prefixed with where it is.
+class Checker {
+public:
+  explicit Checker(std::string source) : source_(std::move(source)) {}
+  [[noreturn]] void fail(const std::string &what) const {
+    throw ProgramError(source_ + ": " + what);
+  }
+  void require(bool ok, const std::string &what) const {
+    if (!ok)
+      fail(what);
+  }
+
+private:
+  std::string source_;
+};
+
+DType decode(fb::DType t, const Checker &check) {
+  switch (t) {
+  case fb::DType::F64: return DType::F64;
+  case fb::DType::F32: return DType::F32;
+  case fb::DType::F16: return DType::F16;
+  case fb::DType::BF16: return DType::BF16;
+  case fb::DType::F8E4M3FN: return DType::F8E4M3FN;
+  case fb::DType::F8E5M2: return DType::F8E5M2;
+  case fb::DType::I64: return DType::I64;
+  case fb::DType::I32: return DType::I32;
+  case fb::DType::I1: return DType::I1;
+  }
+  check.fail("unknown element type code " + std::to_string(int(t)));
+}
+
+ReduceOp decode(fb::ReduceKind k, const Checker &check) {
+  switch (k) {
+  case fb::ReduceKind::Sum: return ReduceOp::Sum;
+  case fb::ReduceKind::Avg: return ReduceOp::Avg;
+  case fb::ReduceKind::Max: return ReduceOp::Max;
+  case fb::ReduceKind::Min: return ReduceOp::Min;
+  }
+  check.fail("unknown reduce kind code " + std::to_string(int(k)));
+}
+
+Role decode(fb::Role r, const Checker &check) {
+  switch (r) {
+  case fb::Role::Input: return Role::Input;
+  case fb::Role::Parameter: return Role::Parameter;
+  case fb::Role::OptimizerState: return Role::OptimizerState;
+  case fb::Role::LearningRate: return Role::LearningRate;
+  case fb::Role::Step: return Role::Step;
+  case fb::Role::Loss: return Role::Loss;
+  }
+  check.fail("unknown role code " + std::to_string(int(r)));
+}
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : ""; }
+
+std::vector<int64_t> ints(const flatbuffers::Vector<int64_t> *v) {
+  return v ? std::vector<int64_t>(v->begin(), v->end()) : std::vector<int64_t>{};
+}
+
+Axes strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *v) {
+  Axes out;
+  if (v)
+    for (const flatbuffers::String *s : *v)
+      out.push_back(s->str());
+  return out;
+}
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+int64_t elementsOf(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+Attrs decodeAttrs(const flatbuffers::Vector<flatbuffers::Offset<fb::Attr>> *attrs,
+                  const Checker &check, const std::string &where) {
+  Attrs out;
+  if (!attrs)
+    return out;
+  for (const fb::Attr *a : *attrs) {
+    const std::string name = a->name()->str();
+    switch (a->value_type()) {
+    case fb::AttrValue::IntValue:
+      out.set(name, int64_t(a->value_as_IntValue()->value()));
+      break;
+    case fb::AttrValue::FloatValue:
+      out.set(name, a->value_as_FloatValue()->value());
+      break;
+    case fb::AttrValue::BoolValue:
+      out.set(name, a->value_as_BoolValue()->value());
+      break;
+    case fb::AttrValue::StringValue:
+      out.set(name, str(a->value_as_StringValue()->value()));
+      break;
+    case fb::AttrValue::IntsValue:
+      out.set(name, ints(a->value_as_IntsValue()->values()));
+      break;
+    default:
+      check.fail(where + ": attribute '" + name + "' has an unknown kind");
+    }
+  }
+  return out;
+}
+
+ShardingSpec decodeSharding(const fb::Sharding *s, const Mesh &mesh,
+                            const Checker &check, const std::string &where) {
+  ShardingSpec spec;
+  if (!s)
+    return spec;
+  auto knownAxis = [&](const std::string &axis) {
+    const auto &names = mesh.axisNames();
+    check.require(std::find(names.begin(), names.end(), axis) != names.end(),
+                  where + ": sharding names axis '" + axis +
+                      "', which the mesh does not have");
+  };
+  if (s->dims())
+    for (const fb::DimSharding *d : *s->dims()) {
+      spec.dims.push_back(strings(d->axes()));
+      for (const std::string &axis : spec.dims.back())
+        knownAxis(axis);
+    }
+  if (s->partials())
+    for (const fb::Partial *p : *s->partials()) {
+      knownAxis(p->axis()->str());
+      spec.partials.emplace_back(p->axis()->str(), decode(p->kind(), check));
+    }
+  return spec;
+}
+
+int64_t axesSize(const Mesh &mesh, const Axes &axes) {
+  int64_t n = 1;
+  for (const std::string &axis : axes)
+    n *= mesh.axisSizes()[mesh.axisIndex(axis)];
+  return n;
+}
+
+TensorSpec decodeTensor(const fb::TensorSpec *t, const Function &fn,
+                        const Mesh &mesh, const Checker &check,
+                        const std::string &where) {
+  TensorSpec spec;
+  spec.name = str(t->name());
+  spec.role = decode(t->role(), check);
+  spec.type = decode(t->dtype(), check);
+  spec.globalShape = ints(t->global_shape());
+  spec.localShape = ints(t->local_shape());
+  spec.sharding = decodeSharding(t->sharding(), mesh, check, where);
+  spec.buffer = t->buffer();
+  spec.updates = str(t->updates());
+  check.require(spec.buffer < fn.buffers.size(),
+                where + ": buffer " + std::to_string(spec.buffer) +
+                    " does not exist");
+  const BufferSpec &b = fn.buffers[spec.buffer];
+  check.require(b.shape == spec.localShape && b.type == spec.type,
+                where + ": local " + shapeString(spec.localShape) +
+                    " does not match its buffer " + shapeString(b.shape));
+  check.require(spec.globalShape.size() == spec.localShape.size(),
+                where + ": global and local ranks differ");
+  check.require(spec.sharding.dims.empty() ||
+                    spec.sharding.dims.size() == spec.localShape.size(),
+                where + ": the sharding has the wrong number of dimensions");
+  for (size_t d = 0; d < spec.localShape.size(); ++d) {
+    int64_t parts =
+        spec.sharding.dims.empty() ? 1 : axesSize(mesh, spec.sharding.dims[d]);
+    check.require(spec.localShape[d] * parts == spec.globalShape[d],
+                  where + ": global " + shapeString(spec.globalShape) +
+                      " is not local " + shapeString(spec.localShape) +
+                      " times its sharding");
+  }
+  return spec;
+}
+
+Function decodeFunction(const fb::Function *f, const Mesh &mesh,
+                        const Checker &check) {
+  Function fn;
+  fn.name = f->name()->str();
+  fn.arenaBytes = f->arena_bytes();
+  const std::string at = "function @" + fn.name;
+  if (f->buffers())
+    for (const fb::Buffer *b : *f->buffers()) {
+      BufferSpec spec{decode(b->dtype(), check), ints(b->shape()), b->offset(),
+                      b->bytes()};
+      const std::string where =
+          at + ", buffer " + std::to_string(fn.buffers.size());
+      for (int64_t d : spec.shape)
+        check.require(d >= 0, where + ": negative dimension");
+      check.require(uint64_t(elementsOf(spec.shape)) * byteSize(spec.type) ==
+                        spec.bytes,
+                    where + ": " + std::to_string(spec.bytes) +
+                        " bytes do not hold " + shapeString(spec.shape) + "x" +
+                        std::string(name(spec.type)));
+      check.require(spec.offset % program::kBufferAlignment == 0,
+                    where + ": offset is not aligned");
+      check.require(spec.offset <= fn.arenaBytes &&
+                        spec.bytes <= fn.arenaBytes - spec.offset,
+                    where + ": lies outside the arena of " +
+                        std::to_string(fn.arenaBytes) + " bytes");
+      fn.buffers.push_back(std::move(spec));
+    }
+  if (f->arguments())
+    for (const fb::TensorSpec *t : *f->arguments())
+      fn.arguments.push_back(decodeTensor(
+          t, fn, mesh, check,
+          at + ", argument " + std::to_string(fn.arguments.size())));
+  if (f->results())
+    for (const fb::TensorSpec *t : *f->results())
+      fn.results.push_back(decodeTensor(
+          t, fn, mesh, check,
+          at + ", result " + std::to_string(fn.results.size())));
+  if (f->instructions())
+    for (const fb::Instruction *i : *f->instructions()) {
+      Instruction inst;
+      inst.op = i->op()->str();
+      inst.location = str(i->location());
+      const std::string where = at + ", instruction #" +
+                                std::to_string(fn.instructions.size()) + " (" +
+                                inst.op + ")";
+      if (i->operands())
+        inst.operands.assign(i->operands()->begin(), i->operands()->end());
+      if (i->results())
+        inst.results.assign(i->results()->begin(), i->results()->end());
+      for (uint32_t b : inst.operands)
+        check.require(b < fn.buffers.size(),
+                      where + ": operand buffer " + std::to_string(b) +
+                          " does not exist");
+      for (uint32_t b : inst.results)
+        check.require(b < fn.buffers.size(),
+                      where + ": result buffer " + std::to_string(b) +
+                          " does not exist");
+      inst.attrs = decodeAttrs(i->attrs(), check, where);
+      inst.axes = strings(i->axes());
+      for (const std::string &axis : inst.axes) {
+        const auto &names = mesh.axisNames();
+        check.require(std::find(names.begin(), names.end(), axis) != names.end(),
+                      where + ": names axis '" + axis +
+                          "', which the mesh does not have");
+      }
+      if (i->data())
+        inst.data.assign(i->data()->begin(), i->data()->end());
+      if (!isExecutorOp(inst.op)) {
+        inst.kernel = findCpuKernel(inst.op);
+        check.require(inst.kernel != nullptr,
+                      where + ": the CPU backend has no kernel for '" +
+                          inst.op + "'");
+      } else if (inst.op == "ernie.constant") {
+        check.require(inst.results.size() == 1 &&
+                          inst.data.size() == fn.buffers[inst.results[0]].bytes,
+                      where + ": the constant's data does not fill its buffer");
+      } else {
+        check.require(inst.results.size() == 1 &&
+                          inst.operands.size() == (inst.op == "ernie.axis_index" ? 0u : 1u),
+                      where + ": wrong number of operands or results");
+        check.require(!inst.axes.empty() || inst.op == "ernie.axis_index",
+                      where + ": a collective needs mesh axes");
+      }
+      fn.instructions.push_back(std::move(inst));
+    }
+  return fn;
+}
+
+} // namespace
+
+Program Program::parse(const void *data, size_t size,
+                       const std::string &source) {
+  Checker check(source);
+  auto *bytes = static_cast<const uint8_t *>(data);
+  check.require(size >= 8 && fb::ProgramFileBufferHasIdentifier(bytes),
+                size < 8 ? "is truncated: " + std::to_string(size) + " bytes"
+                         : "is not an ernie program file (no 'ERNP' identifier)");
+  flatbuffers::Verifier envelopeVerifier(bytes, size);
+  check.require(fb::VerifyProgramFileBuffer(envelopeVerifier),
+                "is truncated or corrupted (the file structure does not verify)");
+  const fb::ProgramFile *file = fb::GetProgramFile(bytes);
+  check.require(file->format_version() == program::kFormatVersion,
+                "has format version " + std::to_string(file->format_version()) +
+                    "; this runtime reads version " +
+                    std::to_string(program::kFormatVersion));
+  check.require(file->program() != nullptr, "holds no program");
+  const uint8_t *payload = file->program()->data();
+  size_t payloadSize = file->program()->size();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, payload, static_cast<uInt>(payloadSize));
+  check.require(crc == file->checksum(),
+                "is corrupted: the checksum does not match its contents");
+  flatbuffers::Verifier verifier(payload, payloadSize);
+  check.require(verifier.VerifyBuffer<fb::Program>(nullptr),
+                "is corrupted: the program does not verify");
+  const fb::Program *p = flatbuffers::GetRoot<fb::Program>(payload);
+
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  if (p->axes())
+    for (const fb::Axis *a : *p->axes()) {
+      names.push_back(a->name()->str());
+      sizes.push_back(a->size());
+    }
+  check.require(!names.empty(), "has a mesh without axes");
+  std::optional<Mesh> mesh;
+  try {
+    mesh.emplace(names, sizes);
+  } catch (const std::invalid_argument &e) {
+    check.fail(e.what());
+  }
+  Program program(*mesh);
+  program.source_ = source;
+  program.producer_ = str(p->producer());
+  program.stageAxis_ = str(p->stage_axis());
+  if (!program.stageAxis_.empty()) {
+    check.require(std::find(names.begin(), names.end(), program.stageAxis_) !=
+                      names.end(),
+                  "names stage axis '" + program.stageAxis_ +
+                      "', which the mesh does not have");
+  }
+  if (p->stages())
+    for (const fb::Stage *s : *p->stages()) {
+      std::vector<Function> fns;
+      if (s->functions())
+        for (const fb::Function *f : *s->functions())
+          fns.push_back(decodeFunction(f, program.mesh_, check));
+      program.stages_.push_back(std::move(fns));
+    }
+  int64_t expectedStages =
+      program.stageAxis_.empty()
+          ? 1
+          : program.mesh_.axisSizes()[program.mesh_.axisIndex(program.stageAxis_)];
+  check.require(program.numStages() == expectedStages,
+                "has " + std::to_string(program.numStages()) +
+                    " stages; its mesh needs " + std::to_string(expectedStages));
+  return program;
+}
+
+Program Program::load(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw ProgramError(path + ": cannot open the program file");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
+  // FlatBuffers reads scalars in place: keep the buffer 8-byte aligned.
+  std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+  std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char *>(aligned.data()));
+  return parse(aligned.data(), bytes.size(), path);
+}
+
+int64_t Program::stageOf(int64_t rank) const {
+  if (stageAxis_.empty())
+    return 0;
+  return mesh_.coordinates(rank)[mesh_.axisIndex(stageAxis_)];
+}
+
+const Function *Program::function(int64_t stage, const std::string &name) const {
+  for (const Function &fn : stages_.at(stage))
+    if (fn.name == name)
+      return &fn;
+  return nullptr;
+}
+
+} // namespace ernie::runtime

@@ -1,0 +1,504 @@
+//===- ernie-run.cpp - run an ernie program file -----------------------------===//
+//
+//   ernie-run prog.ernie [--ranks N] [--backend threads|gloo] [--steps K]
+//             [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]
+//             [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]
+//             [--rank R (--store DIR | --store-address HOST:PORT)]
+//
+// Runs K calls of a function (train_step when the program has one), carrying
+// parameters and optimizer state from step to step, and prints the loss and
+// the step time. `--backend threads` (the default) runs every rank as a
+// thread of this process; `--backend gloo` runs one process per rank: without
+// --rank, ernie-run launches them itself on this host; with --rank, this
+// process is that one rank of a run started by hand (on several hosts, with
+// --store-address). Any failure on any rank exits non-zero with a message
+// naming the rank and the instruction.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/runtime/GlooCommunicator.h"
+#include "ernie/runtime/Session.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace fs = std::filesystem;
+using namespace ernie::runtime;
+
+namespace {
+
+struct Options {
+  std::string program;
+  std::optional<int64_t> ranks;
+  std::string backend = "threads";
+  int64_t steps = 1;
+  std::string function;
+  std::string inputs, outputs;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  bool checkFinite = false;
+  double timeoutSeconds = 60;
+  bool quiet = false;
+  int blasThreads = 1;
+  // One Gloo rank of a run launched elsewhere.
+  std::optional<int64_t> rank;
+  std::string store, storeAddress;
+};
+
+const char *kUsage =
+    "usage: ernie-run PROGRAM [--ranks N] [--backend threads|gloo] [--steps K]\n"
+    "                 [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]\n"
+    "                 [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]\n"
+    "                 [--blas-threads N]\n"
+    "                 [--rank R (--store DIR | --store-address HOST:PORT)]\n"
+    "\n"
+    "Runs K steps of a program file written by `ernie-translate "
+    "--ernie-to-program`.\n"
+    "  --ranks N         ranks to run (default: the program's mesh size)\n"
+    "  --backend B       threads (one process) or gloo (one process per rank)\n"
+    "  --steps K         calls of the function, state carried between them\n"
+    "  --function NAME   the function to call (default: train_step if present)\n"
+    "  --inputs DIR      global inputs and initial state as .npy files named\n"
+    "                    after the argument (or arg<i>.npy)\n"
+    "  --outputs DIR     writes result<i>.npy and the final state <name>.npy\n"
+    "  --lr X            the learning rate fed to train_step (default 1e-3)\n"
+    "  --check-finite    fail when the loss is NaN or infinite\n"
+    "  --timeout S       seconds a collective waits for its peers (default 60)\n";
+
+[[noreturn]] void usageError(const std::string &message) {
+  std::cerr << "ernie-run: error: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+template <typename T> T parseNumber(const std::string &flag, const std::string &text) {
+  std::istringstream in(text);
+  T value;
+  if (!(in >> value) || !in.eof())
+    usageError(flag + " expects a number, not '" + text + "'");
+  return value;
+}
+
+Options parseOptions(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc)
+        usageError(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (arg == "--ranks") {
+      o.ranks = parseNumber<int64_t>(arg, value());
+    } else if (arg == "--backend") {
+      o.backend = value();
+      if (o.backend != "threads" && o.backend != "gloo")
+        usageError("--backend must be threads or gloo, not '" + o.backend + "'");
+    } else if (arg == "--steps") {
+      o.steps = parseNumber<int64_t>(arg, value());
+      if (o.steps < 1)
+        usageError("--steps must be at least 1");
+    } else if (arg == "--function") {
+      o.function = value();
+    } else if (arg == "--inputs") {
+      o.inputs = value();
+    } else if (arg == "--outputs") {
+      o.outputs = value();
+    } else if (arg == "--lr") {
+      o.lr = parseNumber<double>(arg, value());
+    } else if (arg == "--seed") {
+      o.seed = parseNumber<uint64_t>(arg, value());
+    } else if (arg == "--check-finite") {
+      o.checkFinite = true;
+    } else if (arg == "--timeout") {
+      o.timeoutSeconds = parseNumber<double>(arg, value());
+      if (o.timeoutSeconds <= 0)
+        usageError("--timeout must be positive");
+    } else if (arg == "--quiet") {
+      o.quiet = true;
+    } else if (arg == "--blas-threads") {
+      o.blasThreads = parseNumber<int>(arg, value());
+    } else if (arg == "--rank") {
+      o.rank = parseNumber<int64_t>(arg, value());
+    } else if (arg == "--store") {
+      o.store = value();
+    } else if (arg == "--store-address") {
+      o.storeAddress = value();
+    } else if (!arg.empty() && arg[0] == '-') {
+      usageError("unknown option '" + arg + "'");
+    } else if (o.program.empty()) {
+      o.program = arg;
+    } else {
+      usageError("more than one program file given");
+    }
+  }
+  if (o.program.empty())
+    usageError("no program file given");
+  if (o.rank && o.backend != "gloo")
+    usageError("--rank runs one rank of a Gloo run: add --backend gloo");
+  if (o.rank && o.store.empty() && o.storeAddress.empty())
+    usageError("--rank needs --store DIR or --store-address HOST:PORT");
+  return o;
+}
+
+std::string meshString(const Mesh &mesh) {
+  std::string s = "[";
+  for (size_t i = 0; i < mesh.axisNames().size(); ++i)
+    s += (i ? ", " : "") + mesh.axisNames()[i] + "=" +
+         std::to_string(mesh.axisSizes()[i]);
+  return s + "]";
+}
+
+/// The function to run: the one asked for, else train_step, else the only one.
+std::string chooseFunction(const Program &program, const Options &o) {
+  if (!o.function.empty())
+    return o.function;
+  const auto &fns = program.functions(0);
+  for (const Function &fn : fns)
+    if (fn.name == "train_step")
+      return fn.name;
+  if (fns.size() == 1)
+    return fns[0].name;
+  std::string names;
+  for (const Function &fn : fns)
+    names += " @" + fn.name;
+  throw std::invalid_argument("the program has several functions (" + names +
+                              " ); choose one with --function");
+}
+
+std::string fileName(const TensorSpec &spec, size_t index) {
+  return spec.name.empty() ? "arg" + std::to_string(index) : spec.name;
+}
+
+/// A deterministic batch input: floats uniform in [-1, 1), integers zero
+/// (valid indices for any table).
+HostTensor generatedInput(const TensorSpec &spec, uint64_t seed, size_t index) {
+  if (!isFloat(spec.type))
+    return HostTensor(spec.type, spec.globalShape);
+  HostTensor wide(DType::F64, spec.globalShape);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + index + 1;
+  for (int64_t i = 0; i < wide.numElements(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    wide.as<double>()[i] = ((state >> 11) * 0x1.0p-53) * 2.0 - 1.0;
+  }
+  return convert(wide, spec.type);
+}
+
+/// The global batch inputs, in argument order.
+std::vector<HostTensor> loadInputs(const Function &fn, const Options &o) {
+  std::vector<HostTensor> inputs;
+  for (size_t i = 0; i < fn.arguments.size(); ++i) {
+    const TensorSpec &arg = fn.arguments[i];
+    if (arg.role != Role::Input)
+      continue;
+    if (o.inputs.empty()) {
+      inputs.push_back(generatedInput(arg, o.seed, i));
+      continue;
+    }
+    fs::path named = fs::path(o.inputs) / (fileName(arg, i) + ".npy");
+    fs::path indexed = fs::path(o.inputs) / ("arg" + std::to_string(i) + ".npy");
+    fs::path path = fs::exists(named) ? named : indexed;
+    if (!fs::exists(path))
+      throw std::runtime_error("no input for @" + fn.name + " argument " +
+                               std::to_string(i) + ": " + named.string() +
+                               " does not exist");
+    HostTensor t = readNpy(path.string(), arg.type);
+    if (t.shape != arg.globalShape)
+      throw std::runtime_error(path.string() + ": has the wrong shape for @" +
+                               fn.name + " argument " + std::to_string(i));
+    inputs.push_back(std::move(t));
+  }
+  return inputs;
+}
+
+StateSource stateFrom(const Options &o) {
+  return [dir = o.inputs](const TensorSpec &spec) -> std::optional<HostTensor> {
+    if (dir.empty())
+      return std::nullopt;
+    fs::path path = fs::path(dir) / (spec.name + ".npy");
+    if (!fs::exists(path))
+      return std::nullopt;
+    HostTensor t = readNpy(path.string(), spec.type);
+    if (t.shape != spec.globalShape)
+      throw std::runtime_error(path.string() + ": has the wrong shape for '" +
+                               spec.name + "'");
+    return t;
+  };
+}
+
+/// Index of the loss result, if the function has one.
+std::optional<size_t> lossIndex(const Function &fn) {
+  for (size_t i = 0; i < fn.results.size(); ++i)
+    if (fn.results[i].role == Role::Loss)
+      return i;
+  return std::nullopt;
+}
+
+double scalarValue(const HostTensor &t) {
+  HostTensor wide = convert(t, DType::F64);
+  return wide.numElements() ? wide.as<double>()[0] : NAN;
+}
+
+/// Step lines and the progress bar (rank 0 only).
+class Reporter {
+public:
+  Reporter(int64_t steps, bool quiet)
+      : steps_(steps), quiet_(quiet), bar_(steps > 20 && isatty(2)) {}
+
+  void step(int64_t step, std::optional<double> loss, double ms) {
+    if (step > 1 || steps_ == 1) {
+      total_ += ms;
+      ++timed_;
+    }
+    if (quiet_)
+      return;
+    int64_t every = steps_ <= 20 ? 1 : steps_ / 10;
+    if (step % every == 0 || step == 1 || step == steps_) {
+      if (bar_)
+        std::cerr << "\r\033[K";
+      std::printf("step %*lld/%lld", int(std::to_string(steps_).size()),
+                  (long long)step, (long long)steps_);
+      if (loss)
+        std::printf("  loss %.6f", *loss);
+      std::printf("  time %.3f ms\n", ms);
+      std::fflush(stdout);
+    }
+    if (bar_) {
+      int width = 40, filled = int(width * step / steps_);
+      std::cerr << "\r[" << std::string(filled, '#')
+                << std::string(width - filled, ' ') << "] " << step << "/"
+                << steps_ << std::flush;
+      if (step == steps_)
+        std::cerr << "\n";
+    }
+  }
+
+  void summary() {
+    if (!quiet_ && timed_)
+      std::printf("%lld steps, mean step time %.3f ms%s\n", (long long)steps_,
+                  total_ / timed_, steps_ > 1 ? " (first step excluded)" : "");
+  }
+
+private:
+  int64_t steps_;
+  bool quiet_, bar_;
+  double total_ = 0;
+  int64_t timed_ = 0;
+};
+
+double millisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+void writeOutputs(const std::string &dir, const Function &fn,
+                  const std::vector<std::pair<size_t, HostTensor>> &results,
+                  const std::vector<std::pair<std::string, HostTensor>> &state) {
+  fs::create_directories(dir);
+  for (const auto &[i, t] : results)
+    writeNpy((fs::path(dir) / ("result" + std::to_string(i) + ".npy")).string(), t);
+  for (const auto &[name, t] : state)
+    writeNpy((fs::path(dir) / (name + ".npy")).string(), t);
+  (void)fn;
+}
+
+/// Every rank in this process, on threads.
+int runThreads(const Program &program, const Options &o) {
+  SessionOptions options;
+  options.executor.checkFinite = o.checkFinite;
+  options.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
+  Session session(program, options);
+  std::string name = chooseFunction(program, o);
+  const Function &fn = *program.function(0, name);
+  std::vector<HostTensor> inputs = loadInputs(fn, o);
+  session.initState(name, stateFrom(o), o.seed);
+  std::optional<size_t> loss = lossIndex(fn);
+  Reporter reporter(o.steps, o.quiet);
+  std::vector<HostTensor> outputs;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    auto start = std::chrono::steady_clock::now();
+    outputs = session.call(name, inputs, o.lr, step);
+    double ms = millisecondsSince(start);
+    std::optional<double> lossValue;
+    if (loss)
+      lossValue = scalarValue(outputs[*loss]);
+    reporter.step(step, lossValue, ms);
+  }
+  reporter.summary();
+  if (!o.outputs.empty()) {
+    std::vector<std::pair<size_t, HostTensor>> results;
+    size_t k = 0;
+    for (size_t i = 0; i < fn.results.size(); ++i)
+      if (fn.results[i].updates.empty())
+        results.emplace_back(i, outputs[k++]);
+    std::vector<std::pair<std::string, HostTensor>> state;
+    for (const TensorSpec &arg : fn.arguments)
+      if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
+        state.emplace_back(arg.name, session.state(name, arg.name));
+    writeOutputs(o.outputs, fn, results, state);
+  }
+  return 0;
+}
+
+/// One rank of a Gloo run.
+int runGlooRank(const Program &program, const Options &o) {
+  GlooOptions gloo;
+  gloo.storePath = o.store;
+  gloo.storeAddress = o.storeAddress;
+  gloo.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
+  std::unique_ptr<Communicator> comm =
+      createGlooCommunicator(program.mesh(), *o.rank, gloo);
+  ExecutorOptions options;
+  options.checkFinite = o.checkFinite;
+  RankRunner runner(program, *comm, options);
+  std::string name = chooseFunction(program, o);
+  const Function &fn = runner.function(name);
+  std::vector<HostTensor> inputs = loadInputs(fn, o);
+  runner.initState(name, stateFrom(o), o.seed);
+  std::optional<size_t> loss = lossIndex(fn);
+  bool leader = *o.rank == 0;
+  Reporter reporter(o.steps, o.quiet || !leader);
+  std::vector<HostTensor> local;
+  for (int64_t step = 1; step <= o.steps; ++step) {
+    auto start = std::chrono::steady_clock::now();
+    local = runner.call(name, inputs, o.lr, step);
+    std::optional<double> lossValue;
+    if (loss)
+      lossValue = scalarValue(fn.results[*loss].sharding.isReplicated()
+                                  ? local[*loss]
+                                  : runner.gather(fn.results[*loss], local[*loss]));
+    reporter.step(step, lossValue, millisecondsSince(start));
+  }
+  reporter.summary();
+  if (!o.outputs.empty()) {
+    // Every rank joins the gathers; rank 0 writes.
+    std::vector<std::pair<size_t, HostTensor>> results;
+    for (size_t i = 0; i < fn.results.size(); ++i)
+      if (fn.results[i].updates.empty())
+        results.emplace_back(i, runner.gather(fn.results[i], local[i]));
+    std::vector<std::pair<std::string, HostTensor>> state;
+    for (const TensorSpec &arg : fn.arguments)
+      if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
+        state.emplace_back(arg.name,
+                           runner.gather(arg, runner.localState(arg.name)));
+    if (leader)
+      writeOutputs(o.outputs, fn, results, state);
+  }
+  comm->barrier(program.mesh().axisNames());
+  return 0;
+}
+
+/// Starts one process per rank (this program, with --rank) and waits for
+/// them; when one fails, the others get the timeout to stop on their own
+/// (they see its abort) before they are killed.
+int launchGloo(const Program &program, const Options &o, char **argv) {
+  std::string store = o.store;
+  bool ownStore = store.empty() && o.storeAddress.empty();
+  if (ownStore) {
+    char pattern[] = "/tmp/ernie-run-XXXXXX";
+    if (!mkdtemp(pattern))
+      throw std::runtime_error("cannot create a store directory in /tmp");
+    store = pattern;
+  }
+  std::vector<pid_t> children;
+  int64_t n = program.mesh().numRanks();
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<std::string> args = {argv[0]};
+    for (char **a = argv + 1; *a; ++a)
+      args.push_back(*a);
+    args.insert(args.end(), {"--rank", std::to_string(r)});
+    if (o.storeAddress.empty())
+      args.insert(args.end(), {"--store", store});
+    pid_t pid = fork();
+    if (pid < 0)
+      throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      std::vector<char *> cargs;
+      for (std::string &a : args)
+        cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      std::perror("ernie-run: exec");
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  int failures = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  size_t running = children.size();
+  while (running) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, deadline ? WNOHANG : 0);
+    if (pid > 0) {
+      --running;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        ++failures;
+        if (!deadline)
+          deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
+      }
+      continue;
+    }
+    if (deadline && std::chrono::steady_clock::now() > *deadline) {
+      for (pid_t child : children)
+        kill(child, SIGKILL);
+      while (waitpid(-1, nullptr, 0) > 0) {
+      }
+      std::cerr << "ernie-run: killed the ranks still running after a failure\n";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (ownStore)
+    fs::remove_all(store);
+  return failures ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Options o = parseOptions(argc, argv);
+  openblas_set_num_threads(o.blasThreads);
+  std::string who = o.rank ? "ernie-run: rank " + std::to_string(*o.rank) + ": "
+                           : "ernie-run: ";
+  try {
+    Program program = Program::load(o.program);
+    int64_t meshRanks = program.mesh().numRanks();
+    if (o.ranks && *o.ranks != meshRanks)
+      throw std::invalid_argument(
+          "the program's mesh " + meshString(program.mesh()) + " has " +
+          std::to_string(meshRanks) + " ranks; --ranks asks for " +
+          std::to_string(*o.ranks));
+    if (o.backend == "threads")
+      return runThreads(program, o);
+    if (o.rank) {
+      if (*o.rank < 0 || *o.rank >= meshRanks)
+        throw std::invalid_argument("--rank " + std::to_string(*o.rank) +
+                                    " is not a rank of the mesh " +
+                                    meshString(program.mesh()));
+      return runGlooRank(program, o);
+    }
+    return launchGloo(program, o, argv);
+  } catch (const std::exception &e) {
+    std::cerr << who << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
