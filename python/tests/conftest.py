@@ -19,3 +19,13 @@ def build_dir() -> Path:
 @pytest.fixture(scope="session")
 def ernie_opt(build_dir: Path) -> Path:
     return build_dir / "bin" / "ernie-opt"
+
+
+@pytest.fixture(scope="session")
+def ernie_translate(build_dir: Path) -> Path:
+    return build_dir / "bin" / "ernie-translate"
+
+
+@pytest.fixture(scope="session")
+def ernie_run(build_dir: Path) -> Path:
+    return build_dir / "bin" / "ernie-run"

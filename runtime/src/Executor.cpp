@@ -40,14 +40,7 @@ Executor::Executor(const Program &program, Communicator &comm,
 Executor::~Executor() = default;
 
 const Function &Executor::function(const std::string &name) const {
-  if (const Function *fn = program_.function(stage_, name))
-    return *fn;
-  std::string known;
-  for (const Function &fn : program_.functions(stage_))
-    known += (known.empty() ? "@" : ", @") + fn.name;
-  throw std::invalid_argument("the program has no function @" + name +
-                              " (it has " + (known.empty() ? "none" : known) +
-                              ")");
+  return program_.requireFunction(stage_, name);
 }
 
 namespace {

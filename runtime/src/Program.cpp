@@ -395,4 +395,16 @@ const Function *Program::function(int64_t stage, const std::string &name) const 
   return nullptr;
 }
 
+const Function &Program::requireFunction(int64_t stage,
+                                         const std::string &name) const {
+  if (const Function *fn = function(stage, name))
+    return *fn;
+  std::string known;
+  for (const Function &fn : stages_.at(stage))
+    known += (known.empty() ? "@" : ", @") + fn.name;
+  throw std::invalid_argument("the program has no function @" + name +
+                              " (it has " + (known.empty() ? "none" : known) +
+                              ")");
+}
+
 } // namespace ernie::runtime

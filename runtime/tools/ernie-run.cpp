@@ -73,9 +73,10 @@ const char *kUsage =
     "  --backend B       threads (one process) or gloo (one process per rank)\n"
     "  --steps K         calls of the function, state carried between them\n"
     "  --function NAME   the function to call (default: train_step if present)\n"
-    "  --inputs DIR      global inputs and initial state as .npy files named\n"
-    "                    after the argument (or arg<i>.npy)\n"
-    "  --outputs DIR     writes result<i>.npy and the final state <name>.npy\n"
+    "  --inputs DIR      global batch inputs (input<k>.npy: the k-th input\n"
+    "                    argument, or arg<i>.npy) and initial state (<name>.npy)\n"
+    "  --outputs DIR     writes result<i>.npy of the last step, the final state\n"
+    "                    <name>.npy and losses.npy (every step's loss, f64)\n"
     "  --lr X            the learning rate fed to train_step (default 1e-3)\n"
     "  --check-finite    fail when the loss is NaN or infinite\n"
     "  --timeout S       seconds a collective waits for its peers (default 60)\n";
@@ -212,13 +213,21 @@ std::vector<HostTensor> loadInputs(const Function &fn, const Options &o) {
       inputs.push_back(generatedInput(arg, o.seed, i));
       continue;
     }
-    fs::path named = fs::path(o.inputs) / (fileName(arg, i) + ".npy");
-    fs::path indexed = fs::path(o.inputs) / ("arg" + std::to_string(i) + ".npy");
-    fs::path path = fs::exists(named) ? named : indexed;
-    if (!fs::exists(path))
+    // By name, by position among the inputs, or by argument index.
+    fs::path dir(o.inputs);
+    fs::path candidates[] = {
+        dir / (fileName(arg, i) + ".npy"),
+        dir / ("input" + std::to_string(inputs.size()) + ".npy"),
+        dir / ("arg" + std::to_string(i) + ".npy")};
+    fs::path path;
+    for (const fs::path &c : candidates)
+      if (path.empty() && fs::exists(c))
+        path = c;
+    if (path.empty())
       throw std::runtime_error("no input for @" + fn.name + " argument " +
-                               std::to_string(i) + ": " + named.string() +
-                               " does not exist");
+                               std::to_string(i) + ": none of " +
+                               candidates[1].string() + ", " +
+                               candidates[2].string() + " exists");
     HostTensor t = readNpy(path.string(), arg.type);
     if (t.shape != arg.globalShape)
       throw std::runtime_error(path.string() + ": has the wrong shape for @" +
@@ -311,8 +320,14 @@ double millisecondsSince(std::chrono::steady_clock::time_point start) {
 
 void writeOutputs(const std::string &dir, const Function &fn,
                   const std::vector<std::pair<size_t, HostTensor>> &results,
-                  const std::vector<std::pair<std::string, HostTensor>> &state) {
+                  const std::vector<std::pair<std::string, HostTensor>> &state,
+                  const std::vector<double> &losses) {
   fs::create_directories(dir);
+  if (!losses.empty()) {
+    HostTensor t(DType::F64, {static_cast<int64_t>(losses.size())});
+    std::copy(losses.begin(), losses.end(), t.as<double>());
+    writeNpy((fs::path(dir) / "losses.npy").string(), t);
+  }
   for (const auto &[i, t] : results)
     writeNpy((fs::path(dir) / ("result" + std::to_string(i) + ".npy")).string(), t);
   for (const auto &[name, t] : state)
@@ -327,33 +342,33 @@ int runThreads(const Program &program, const Options &o) {
   options.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
   Session session(program, options);
   std::string name = chooseFunction(program, o);
-  const Function &fn = *program.function(0, name);
+  const Function &fn = program.requireFunction(0, name);
   std::vector<HostTensor> inputs = loadInputs(fn, o);
   session.initState(name, stateFrom(o), o.seed);
   std::optional<size_t> loss = lossIndex(fn);
   Reporter reporter(o.steps, o.quiet);
   std::vector<HostTensor> outputs;
+  std::vector<double> losses;
   for (int64_t step = 1; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     outputs = session.call(name, inputs, o.lr, step);
     double ms = millisecondsSince(start);
     std::optional<double> lossValue;
     if (loss)
-      lossValue = scalarValue(outputs[*loss]);
+      losses.push_back(*(lossValue = scalarValue(outputs[*loss])));
     reporter.step(step, lossValue, ms);
   }
   reporter.summary();
   if (!o.outputs.empty()) {
     std::vector<std::pair<size_t, HostTensor>> results;
-    size_t k = 0;
     for (size_t i = 0; i < fn.results.size(); ++i)
       if (fn.results[i].updates.empty())
-        results.emplace_back(i, outputs[k++]);
+        results.emplace_back(i, outputs[i]);
     std::vector<std::pair<std::string, HostTensor>> state;
     for (const TensorSpec &arg : fn.arguments)
       if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
         state.emplace_back(arg.name, session.state(name, arg.name));
-    writeOutputs(o.outputs, fn, results, state);
+    writeOutputs(o.outputs, fn, results, state, losses);
   }
   return 0;
 }
@@ -377,6 +392,7 @@ int runGlooRank(const Program &program, const Options &o) {
   bool leader = *o.rank == 0;
   Reporter reporter(o.steps, o.quiet || !leader);
   std::vector<HostTensor> local;
+  std::vector<double> losses;
   for (int64_t step = 1; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     local = runner.call(name, inputs, o.lr, step);
@@ -385,6 +401,8 @@ int runGlooRank(const Program &program, const Options &o) {
       lossValue = scalarValue(fn.results[*loss].sharding.isReplicated()
                                   ? local[*loss]
                                   : runner.gather(fn.results[*loss], local[*loss]));
+    if (lossValue)
+      losses.push_back(*lossValue);
     reporter.step(step, lossValue, millisecondsSince(start));
   }
   reporter.summary();
@@ -400,7 +418,7 @@ int runGlooRank(const Program &program, const Options &o) {
         state.emplace_back(arg.name,
                            runner.gather(arg, runner.localState(arg.name)));
     if (leader)
-      writeOutputs(o.outputs, fn, results, state);
+      writeOutputs(o.outputs, fn, results, state, losses);
   }
   comm->barrier(program.mesh().axisNames());
   return 0;

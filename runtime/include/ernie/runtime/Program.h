@@ -92,6 +92,9 @@ public:
   int64_t stageOf(int64_t rank) const;
   /// `name` in `stage`, or null.
   const Function *function(int64_t stage, const std::string &name) const;
+  /// `name` in `stage`; throws std::invalid_argument naming the functions
+  /// there when it is missing.
+  const Function &requireFunction(int64_t stage, const std::string &name) const;
   const std::vector<Function> &functions(int64_t stage) const {
     return stages_.at(stage);
   }

@@ -1,0 +1,475 @@
+//===- ProgramTest.cpp - loading and validating program files ---------------===//
+//
+// Program files built in memory (ProgramBuilder.h), valid and broken one way
+// at a time: every rejection names the file and its cause.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ProgramBuilder.h"
+
+#include "ernie/runtime/Program.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+using namespace ernie::runtime;
+using namespace ernie::runtime::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+/// A small valid program on mesh x=2: a row-sharded input, gathered, then a
+/// kernel. Buffers: 0 = a f32[2, 3], 1 = g f32[4, 3], 2 = r f32[4, 3].
+ProgramBuilder validProgram() {
+  ProgramBuilder pb({"x"}, {2});
+  FunctionBuilder &f = pb.function("main");
+  uint32_t a = f.buffer(DType::F32, {2, 3});
+  uint32_t g = f.buffer(DType::F32, {4, 3});
+  uint32_t r = f.buffer(DType::F32, {4, 3});
+  f.arg(a, Tensor().named("a").split({{"x"}, {}}))
+      .op("ernie.all_gather", {a}, {g}, {{"dim", int64_t(0)}}, {"x"},
+          "model.mlir:3:7")
+      .op("ernie.relu", {g}, {r})
+      .ret(r, Tensor().as(Role::Loss));
+  return pb;
+}
+
+/// The message of the ProgramError `parse` throws; fails the test if none.
+template <typename Fn> std::string errorOf(Fn parse) {
+  try {
+    parse();
+  } catch (const ProgramError &e) {
+    return e.what();
+  } catch (const std::exception &e) {
+    ADD_FAILURE() << "not a ProgramError: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "the program was accepted";
+  return "";
+}
+
+std::string errorOf(const ProgramBuilder &pb) {
+  return errorOf([&] { pb.parse("broken.ernie"); });
+}
+
+std::string errorOfBytes(const std::vector<uint8_t> &file) {
+  return errorOf([&] { ProgramBuilder::parseBytes(file, "broken.ernie"); });
+}
+
+/// Where the nested program's bytes lie in the file: [begin, end).
+std::pair<size_t, size_t> payloadRange(const std::vector<uint8_t> &file) {
+  const auto *env = fbs::GetProgramFile(file.data());
+  size_t begin = env->program()->data() - file.data();
+  return {begin, begin + env->program()->size()};
+}
+
+std::string tempPath(const std::string &name) {
+  return ::testing::TempDir() + "ernie-program-test-" + name;
+}
+
+} // namespace
+
+TEST(Program, LoadsWhatTheBuilderWrote) {
+  Program p = validProgram().parse("good.ernie");
+  EXPECT_EQ(p.source(), "good.ernie");
+  EXPECT_EQ(p.producer(), "ProgramBuilder");
+  EXPECT_EQ(p.mesh().axisNames(), (std::vector<std::string>{"x"}));
+  EXPECT_EQ(p.mesh().axisSizes(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(p.numStages(), 1);
+  EXPECT_EQ(p.stageOf(0), 0);
+  EXPECT_EQ(p.stageOf(1), 0);
+  EXPECT_EQ(p.function(0, "nope"), nullptr);
+  const Function *f = p.function(0, "main");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->buffers.size(), 3u);
+  // Packed at 64-byte steps: 24 bytes, then 48, then 48.
+  EXPECT_EQ(f->buffers[0].offset, 0u);
+  EXPECT_EQ(f->buffers[0].bytes, 24u);
+  EXPECT_EQ(f->buffers[1].offset, 64u);
+  EXPECT_EQ(f->buffers[2].offset, 128u);
+  EXPECT_EQ(f->buffers[2].bytes, 48u);
+  EXPECT_EQ(f->arenaBytes, 176u);
+  ASSERT_EQ(f->arguments.size(), 1u);
+  const TensorSpec &a = f->arguments[0];
+  EXPECT_EQ(a.name, "a");
+  EXPECT_EQ(a.role, Role::Input);
+  EXPECT_EQ(a.type, DType::F32);
+  EXPECT_EQ(a.localShape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.globalShape, (std::vector<int64_t>{4, 3}));
+  ASSERT_EQ(a.sharding.dims.size(), 2u);
+  EXPECT_EQ(a.sharding.dims[0], (Axes{"x"}));
+  EXPECT_TRUE(a.sharding.dims[1].empty());
+  EXPECT_FALSE(a.sharding.isReplicated());
+  ASSERT_EQ(f->results.size(), 1u);
+  EXPECT_EQ(f->results[0].role, Role::Loss);
+  EXPECT_EQ(f->results[0].buffer, 2u);
+  EXPECT_TRUE(f->results[0].sharding.isReplicated());
+  ASSERT_EQ(f->instructions.size(), 2u);
+  const Instruction &gather = f->instructions[0];
+  EXPECT_EQ(gather.op, "ernie.all_gather");
+  EXPECT_EQ(gather.kernel, nullptr);
+  EXPECT_EQ(gather.axes, (Axes{"x"}));
+  EXPECT_EQ(gather.attrs.getInt("dim"), 0);
+  EXPECT_EQ(gather.location, "model.mlir:3:7");
+  EXPECT_EQ(gather.operands, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(gather.results, (std::vector<uint32_t>{1}));
+  EXPECT_NE(f->instructions[1].kernel, nullptr);
+  EXPECT_EQ(f->instructions[1].kernel, findCpuKernel("ernie.relu"));
+}
+
+TEST(Program, DecodesEveryAttributeKindAndPartials) {
+  ProgramBuilder pb({"x", "y"}, {2, 3});
+  FunctionBuilder &f = pb.function("main");
+  uint32_t a = f.buffer(DType::BF16, {4, 2});
+  uint32_t b = f.buffer(DType::BF16, {4, 2});
+  f.arg(a, Tensor().named("w").as(Role::Parameter).split({{}, {"y", "x"}})
+               .partial("x", ReduceOp::Max))
+      .op("ernie.gelu", {a}, {b},
+          {{"z_ints", std::vector<int64_t>{3, -1}},
+           {"approximate", true},
+           {"scale", 0.5},
+           {"kind", std::string("max")},
+           {"count", int64_t(-7)}})
+      .ret(b, Tensor().updating("w"));
+  Program p = pb.parse();
+  const Function &fn = *p.function(0, "main");
+  const TensorSpec &w = fn.arguments[0];
+  EXPECT_EQ(w.role, Role::Parameter);
+  EXPECT_EQ(w.type, DType::BF16);
+  EXPECT_EQ(w.globalShape, (std::vector<int64_t>{4, 12}));
+  EXPECT_EQ(w.sharding.dims[1], (Axes{"y", "x"}));
+  ASSERT_EQ(w.sharding.partials.size(), 1u);
+  EXPECT_EQ(w.sharding.partials[0].first, "x");
+  EXPECT_EQ(w.sharding.partials[0].second, ReduceOp::Max);
+  EXPECT_EQ(fn.results[0].updates, "w");
+  const Attrs &attrs = fn.instructions[0].attrs;
+  EXPECT_EQ(attrs.getInts("z_ints"), (std::vector<int64_t>{3, -1}));
+  EXPECT_TRUE(attrs.getBool("approximate"));
+  EXPECT_EQ(attrs.getFloat("scale", 0), 0.5);
+  EXPECT_EQ(attrs.getString("kind", ""), "max");
+  EXPECT_EQ(attrs.getInt("count"), -7);
+}
+
+TEST(Program, StagesFollowTheStageAxis) {
+  ProgramBuilder pb({"pp", "dp"}, {2, 2});
+  pb.stageAxis("pp");
+  for (size_t stage = 0; stage < 2; ++stage) {
+    FunctionBuilder &f = pb.function(stage == 0 ? "first" : "second", stage);
+    uint32_t a = f.buffer(DType::F32, {1});
+    f.arg(a).ret(a);
+  }
+  Program p = pb.parse();
+  EXPECT_EQ(p.numStages(), 2);
+  // Ranks (pp, dp): 0 = (0, 0), 1 = (0, 1), 2 = (1, 0), 3 = (1, 1).
+  EXPECT_EQ(p.stageOf(0), 0);
+  EXPECT_EQ(p.stageOf(1), 0);
+  EXPECT_EQ(p.stageOf(2), 1);
+  EXPECT_EQ(p.stageOf(3), 1);
+  EXPECT_NE(p.function(0, "first"), nullptr);
+  EXPECT_EQ(p.function(0, "second"), nullptr);
+  EXPECT_NE(p.function(1, "second"), nullptr);
+}
+
+//===----------------------------------------------------------------------===//
+// The envelope
+//===----------------------------------------------------------------------===//
+
+TEST(ProgramRejects, TruncatedFiles) {
+  std::vector<uint8_t> file = validProgram().bytes();
+  auto [begin, end] = payloadRange(file);
+  ASSERT_GT(begin, 8u);
+  ASSERT_LE(end, file.size());
+  for (size_t cut : {size_t(0), size_t(1), size_t(4), size_t(7)}) {
+    SCOPED_TRACE(cut);
+    std::string message =
+        errorOfBytes(std::vector<uint8_t>(file.begin(), file.begin() + cut));
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("is truncated: " + std::to_string(cut) +
+                                   " bytes"));
+  }
+  // From 8 bytes on the identifier is there; the structure no longer fits.
+  for (size_t cut : {size_t(8), size_t(12), begin - 1, begin + 1,
+                     (begin + end) / 2, end - 1}) {
+    SCOPED_TRACE(cut);
+    std::string message =
+        errorOfBytes(std::vector<uint8_t>(file.begin(), file.begin() + cut));
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("truncated"));
+  }
+}
+
+TEST(ProgramRejects, AFlippedPayloadByte) {
+  std::vector<uint8_t> file = validProgram().bytes();
+  auto [begin, end] = payloadRange(file);
+  for (size_t at : {begin, (begin + end) / 2, end - 1}) {
+    SCOPED_TRACE(at);
+    std::vector<uint8_t> bad = file;
+    bad[at] ^= 0x10;
+    std::string message = errorOfBytes(bad);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("checksum does not match"));
+  }
+  // A stored checksum that is simply wrong reads the same.
+  ProgramBuilder pb = validProgram();
+  pb.checksum = 12345;
+  EXPECT_THAT(errorOf(pb), HasSubstr("checksum does not match"));
+}
+
+TEST(ProgramRejects, AWrongIdentifier) {
+  std::vector<uint8_t> file = validProgram().bytes();
+  std::memcpy(file.data() + 4, "ERNX", 4);
+  std::string message = errorOfBytes(file);
+  EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+  EXPECT_THAT(message, HasSubstr("not an ernie program file"));
+  EXPECT_THAT(message, HasSubstr("ERNP"));
+}
+
+TEST(ProgramRejects, AnotherFormatVersion) {
+  for (uint32_t version : {program::kFormatVersion + 1, 0u}) {
+    ProgramBuilder pb = validProgram();
+    pb.formatVersion = version;
+    std::string message = errorOf(pb);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("format version " + std::to_string(version)));
+    EXPECT_THAT(message, HasSubstr("reads version " +
+                                   std::to_string(program::kFormatVersion)));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The program's consistency
+//===----------------------------------------------------------------------===//
+
+TEST(ProgramRejects, BufferIndicesOutOfRange) {
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("bad").arg(7);
+    std::string message = errorOf(pb);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("function @bad, argument 0: buffer 7 does not exist"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.function("bad");
+    uint32_t a = f.buffer(DType::F32, {2});
+    f.arg(a).ret(3);
+    EXPECT_THAT(errorOf(pb), HasSubstr("result 0: buffer 3 does not exist"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.function("bad");
+    uint32_t a = f.buffer(DType::F32, {2});
+    f.arg(a).op("ernie.relu", {9}, {a}).ret(a);
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("instruction #0 (ernie.relu): operand buffer 9 does not exist"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.function("bad");
+    uint32_t a = f.buffer(DType::F32, {2});
+    f.arg(a).op("ernie.relu", {a}, {a}).op("ernie.neg", {a}, {4}).ret(a);
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("instruction #1 (ernie.neg): result buffer 4 does not exist"));
+  }
+}
+
+TEST(ProgramRejects, ABufferOutsideTheArena) {
+  {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.function("bad");
+    f.buffer(DType::F32, {4});   // [0, 16)
+    f.buffer(DType::F32, {8});   // [64, 96)
+    f.arenaBytes = 80;
+    std::string message = errorOf(pb);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message,
+                HasSubstr("function @bad, buffer 1: lies outside the arena of 80 bytes"));
+  }
+  {
+    // An offset past the arena's end (and one whose end would wrap).
+    for (uint64_t offset : {uint64_t(1024), ~uint64_t(63)}) {
+      ProgramBuilder pb = validProgram();
+      FunctionBuilder &f = pb.function("bad");
+      f.buffer(DType::F32, {4});
+      f.buffers[0].offset = offset;
+      f.arenaBytes = 64;
+      EXPECT_THAT(errorOf(pb), HasSubstr("buffer 0: lies outside the arena"));
+    }
+  }
+}
+
+TEST(ProgramRejects, AMisalignedOffset) {
+  ProgramBuilder pb = validProgram();
+  FunctionBuilder &f = pb.function("bad");
+  f.buffer(DType::F32, {4});
+  f.buffer(DType::F32, {4});
+  f.buffers[1].offset = 68;
+  f.arenaBytes = 256;
+  std::string message = errorOf(pb);
+  EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+  EXPECT_THAT(message, HasSubstr("function @bad, buffer 1: offset is not aligned"));
+}
+
+TEST(ProgramRejects, BytesNotMatchingShapeAndType) {
+  ProgramBuilder pb = validProgram();
+  FunctionBuilder &f = pb.function("bad");
+  f.buffer(DType::BF16, {2, 3});
+  f.buffers[0].bytes = 24; // f32's size, not bf16's 12
+  std::string message = errorOf(pb);
+  EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+  EXPECT_THAT(message, HasSubstr("buffer 0: 24 bytes do not hold [2, 3]xbf16"));
+}
+
+TEST(ProgramRejects, AnOpWithoutACpuKernel) {
+  ProgramBuilder pb = validProgram();
+  FunctionBuilder &f = pb.function("bad");
+  uint32_t a = f.buffer(DType::F32, {2});
+  f.arg(a).op("ernie.frobnicate", {a}, {a}).ret(a);
+  std::string message = errorOf(pb);
+  EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+  EXPECT_THAT(message, HasSubstr("instruction #0 (ernie.frobnicate)"));
+  EXPECT_THAT(message, HasSubstr("no kernel for 'ernie.frobnicate'"));
+}
+
+TEST(ProgramRejects, ACollectiveOnAnUnknownAxis) {
+  ProgramBuilder pb = validProgram();
+  pb.function("main").instructions[0].axes = {"tp"};
+  std::string message = errorOf(pb);
+  EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+  EXPECT_THAT(message, HasSubstr("function @main, instruction #0 (ernie.all_gather)"));
+  EXPECT_THAT(message, HasSubstr("names axis 'tp', which the mesh does not have"));
+}
+
+TEST(ProgramRejects, ACollectiveWithoutAxesOrWithTheWrongArity) {
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("main").instructions[0].axes = {};
+    EXPECT_THAT(errorOf(pb), HasSubstr("a collective needs mesh axes"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("main").instructions[0].operands = {0, 0};
+    EXPECT_THAT(errorOf(pb), HasSubstr("wrong number of operands or results"));
+  }
+}
+
+TEST(ProgramRejects, AConstantThatDoesNotFillItsBuffer) {
+  ProgramBuilder pb = validProgram();
+  FunctionBuilder &f = pb.function("bad");
+  uint32_t c = f.buffer(DType::F32, {3});
+  f.constant(c, std::vector<float>{1, 2}).ret(c);
+  EXPECT_THAT(errorOf(pb),
+              HasSubstr("instruction #0 (ernie.constant): the constant's data "
+                        "does not fill its buffer"));
+}
+
+TEST(ProgramRejects, ShardingsInconsistentWithTheShapes) {
+  {
+    // Global 5 rows cannot be 2 local rows split in 2.
+    ProgramBuilder pb = validProgram();
+    pb.function("main").arguments[0].second.global({5, 3});
+    std::string message = errorOf(pb);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("function @main, argument 0: global [5, 3] is "
+                                   "not local [2, 3] times its sharding"));
+  }
+  {
+    // Replicated, yet global differs from local.
+    ProgramBuilder pb = validProgram();
+    pb.function("main").results[0].second.global({8, 3});
+    EXPECT_THAT(errorOf(pb), HasSubstr("result 0: global [8, 3] is not local "
+                                       "[4, 3] times its sharding"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("main").arguments[0].second.split({{"x"}}).global({4, 3});
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("the sharding has the wrong number of dimensions"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("main").arguments[0].second.split({{"x"}, {"y"}});
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("sharding names axis 'y', which the mesh does not have"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.function("main").arguments[0].second.partial("q", ReduceOp::Sum);
+    EXPECT_THAT(errorOf(pb), HasSubstr("names axis 'q'"));
+  }
+  {
+    // The local shape must be its buffer's.
+    ProgramBuilder pb = validProgram();
+    pb.function("main").arguments[0].second.local({3, 2}).global({6, 2});
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("argument 0: local [3, 2] does not match its buffer [2, 3]"));
+  }
+}
+
+TEST(ProgramRejects, AStageCountNotMatchingTheStageAxis) {
+  {
+    ProgramBuilder pb = validProgram();
+    pb.stageAxis("x"); // two stages needed, one written
+    std::string message = errorOf(pb);
+    EXPECT_THAT(message, HasSubstr("broken.ernie: "));
+    EXPECT_THAT(message, HasSubstr("has 1 stages; its mesh needs 2"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.stages(3); // no stage axis: exactly one stage
+    EXPECT_THAT(errorOf(pb), HasSubstr("has 3 stages; its mesh needs 1"));
+  }
+  {
+    ProgramBuilder pb = validProgram();
+    pb.stageAxis("pp");
+    EXPECT_THAT(errorOf(pb),
+                HasSubstr("names stage axis 'pp', which the mesh does not have"));
+  }
+}
+
+TEST(ProgramRejects, BadMeshes) {
+  EXPECT_THAT(errorOf(ProgramBuilder({}, {})), HasSubstr("has a mesh without axes"));
+  ProgramBuilder zero({"x"}, {0});
+  EXPECT_THAT(errorOf(zero), HasSubstr("broken.ernie: mesh axis 'x' must have a "
+                                       "positive size"));
+}
+
+//===----------------------------------------------------------------------===//
+// Files on disk
+//===----------------------------------------------------------------------===//
+
+TEST(ProgramLoad, ReadsAFileAndNamesItInErrors) {
+  std::string good = tempPath("good.ernie");
+  validProgram().write(good);
+  Program p = Program::load(good);
+  EXPECT_EQ(p.source(), good);
+  EXPECT_NE(p.function(0, "main"), nullptr);
+
+  std::string cut = tempPath("cut.ernie");
+  {
+    std::vector<uint8_t> file = validProgram().bytes();
+    std::ofstream out(cut, std::ios::binary);
+    out.write(reinterpret_cast<const char *>(file.data()), file.size() / 2);
+  }
+  std::string message = errorOf([&] { Program::load(cut); });
+  EXPECT_THAT(message, HasSubstr(cut + ": "));
+  EXPECT_THAT(message, HasSubstr("truncated"));
+
+  std::string empty = tempPath("empty.ernie");
+  { std::ofstream out(empty, std::ios::binary); }
+  EXPECT_THAT(errorOf([&] { Program::load(empty); }),
+              HasSubstr(empty + ": is truncated: 0 bytes"));
+  std::remove(good.c_str());
+  std::remove(cut.c_str());
+  std::remove(empty.c_str());
+}
+
+TEST(ProgramLoad, AMissingPath) {
+  std::string missing = tempPath("does-not-exist.ernie");
+  std::string message = errorOf([&] { Program::load(missing); });
+  EXPECT_THAT(message, HasSubstr(missing));
+  EXPECT_THAT(message, HasSubstr("cannot open"));
+}

@@ -1,0 +1,54 @@
+// RUN: ernie-opt %s --ernie-memory-plan --split-input-file 2>/dev/null | FileCheck %s
+// RUN: ernie-opt %s --ernie-memory-plan --split-input-file 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
+
+// A chain of elementwise ops writes over its dying operands: everything
+// lives in the two argument buffers.
+// REMARK: remark: memory plan: arena 128 bytes per rank, live peak 128, 2 buffers, 3 written in place
+// CHECK-LABEL: func.func @chain
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<16xf32> {ernie.buffer_offset = [[X:[0-9]+]] : i64}
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<16xf32> {ernie.buffer_offset = [[Y:[0-9]+]] : i64}
+// CHECK-SAME: ernie.arena_bytes = 128 : i64, ernie.live_peak_bytes = 128 : i64
+// CHECK: ernie.add {{.*}}ernie.buffer_offsets = array<i64: [[X]]>
+// CHECK: ernie.exp {{.*}}ernie.buffer_offsets = array<i64: [[X]]>
+// CHECK: ernie.mul {{.*}}ernie.buffer_offsets = array<i64: [[X]]>
+func.func @chain(%x: tensor<16xf32>, %y: tensor<16xf32>) -> tensor<16xf32> {
+  %a = ernie.add %x, %y : tensor<16xf32>
+  %b = ernie.exp %a : tensor<16xf32>
+  %c = ernie.mul %b, %y : tensor<16xf32>
+  return %c : tensor<16xf32>
+}
+
+// -----
+
+// An operand used later is not overwritten (exp keeps %x, matmul's result
+// is returned so neg gets fresh bytes: those %x held, dead by then); a
+// result of another type never takes an operand's place (compare makes i1);
+// matmul is not elementwise. Only add over its dying operand is in place.
+// REMARK: remark: memory plan: arena 256 bytes per rank, live peak 208, 5 buffers, 1 written in place
+// CHECK-LABEL: func.func @kept
+// CHECK-SAME: {ernie.buffer_offset = 0 : i64}
+// CHECK: ernie.exp {{.*}}ernie.buffer_offsets = array<i64: 64>
+// CHECK: ernie.compare {{.*}}ernie.buffer_offsets = array<i64: 192>
+// CHECK: ernie.matmul {{.*}}ernie.buffer_offsets = array<i64: 128>
+// CHECK: ernie.neg {{.*}}ernie.buffer_offsets = array<i64: 0>
+// CHECK: ernie.add {{.*}}ernie.buffer_offsets = array<i64: 0>
+func.func @kept(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xi1>, tensor<4x4xf32>) {
+  %e = ernie.exp %x : tensor<4x4xf32>
+  %c = ernie.compare gt, %e, %x : tensor<4x4xf32>
+  %m = ernie.matmul %e, %x : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %n = ernie.neg %m : tensor<4x4xf32>
+  %s = ernie.add %n, %n : tensor<4x4xf32>
+  return %s, %c, %m : tensor<4x4xf32>, tensor<4x4xi1>, tensor<4x4xf32>
+}
+
+// -----
+
+// Buffers whose lifetimes do not overlap share bytes: the arena is the
+// live peak, not the sum (4 x 4 KiB buffers, at most 2 alive at once).
+// REMARK: remark: memory plan: arena 8192 bytes per rank, live peak 8192, 4 buffers, 0 written in place
+func.func @reuse(%x: tensor<32x32xf32>) -> tensor<32x32xf32> {
+  %a = ernie.transpose %x, perm = [1, 0] : tensor<32x32xf32> -> tensor<32x32xf32>
+  %b = ernie.transpose %a, perm = [1, 0] : tensor<32x32xf32> -> tensor<32x32xf32>
+  %c = ernie.transpose %b, perm = [1, 0] : tensor<32x32xf32> -> tensor<32x32xf32>
+  return %c : tensor<32x32xf32>
+}
