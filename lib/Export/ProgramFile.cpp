@@ -113,8 +113,17 @@ private:
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>>
   writeStrings(ArrayAttr strings);
 
+  /// The size of mesh axis `axis`.
+  int64_t axisSize(StringRef axis) const {
+    return axisSizes_[llvm::find(axisNames_, axis) - axisNames_.begin()];
+  }
+
   ModuleOp module_;
   flatbuffers::FlatBufferBuilder b_{1 << 16};
+  // The program's mesh; a module without one runs on a single rank.
+  std::string meshName_ = "mesh";
+  SmallVector<std::string> axisNames_ = {"world"};
+  SmallVector<int64_t> axisSizes_ = {1};
   MeshOp mesh_;
 };
 
@@ -170,15 +179,12 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
   flatbuffers::Offset<fb::Sharding> sharding = 0;
   if (auto shardOf = attrs ? attrs.getAs<ShardingAttr>(kShardOfAttrName)
                            : ShardingAttr()) {
-    if (shardOf.getMesh() != FlatSymbolRefAttr::get(mesh_.getSymNameAttr()))
+    if (!mesh_ || shardOf.getMesh().getValue() != mesh_.getSymName())
       return emitError(value.getLoc())
              << "names mesh " << shardOf.getMesh() << ", not the program's";
     for (int64_t d = 0; d < shardOf.getRank(); ++d)
-      for (StringRef axis : shardOf.getDimAxes(d)) {
-        auto names = mesh_.getAxisNames().getAsValueRange<StringAttr>();
-        auto it = llvm::find(names, axis);
-        global[d] *= mesh_.getAxisSizes()[std::distance(names.begin(), it)];
-      }
+      for (StringRef axis : shardOf.getDimAxes(d))
+        global[d] *= axisSize(axis);
     sharding = writeSharding(shardOf);
   }
   return fb::CreateTensorSpec(
@@ -328,14 +334,13 @@ LogicalResult Writer::write(raw_ostream &os) {
   if (meshes.size() > 1)
     return meshes[1].emitError(
         "a program file holds one mesh; this module declares several");
-  if (meshes.empty()) {
-    // An unpartitioned module runs on one rank.
-    OpBuilder builder(module_.getBodyRegion());
-    mesh_ = MeshOp::create(builder, module_.getLoc(), "mesh",
-                           builder.getStrArrayAttr({"world"}),
-                           builder.getDenseI64ArrayAttr({1}));
-  } else {
+  if (!meshes.empty()) {
     mesh_ = meshes.front();
+    meshName_ = mesh_.getSymName().str();
+    axisNames_.clear();
+    for (StringRef axis : mesh_.getAxisNames().getAsValueRange<StringAttr>())
+      axisNames_.push_back(axis.str());
+    axisSizes_.assign(mesh_.getAxisSizes().begin(), mesh_.getAxisSizes().end());
   }
   std::vector<flatbuffers::Offset<fb::Function>> functions;
   for (auto fn : module_.getOps<func::FuncOp>()) {
@@ -349,13 +354,12 @@ LogicalResult Writer::write(raw_ostream &os) {
   if (functions.empty())
     return module_.emitError("the module has no public function to export");
   std::vector<flatbuffers::Offset<fb::Axis>> axes;
-  for (auto [name, size] : llvm::zip(mesh_.getAxisNames(), mesh_.getAxisSizes()))
-    axes.push_back(fb::CreateAxis(
-        b_, b_.CreateString(cast<StringAttr>(name).getValue().str()), size));
+  for (auto [name, size] : llvm::zip(axisNames_, axisSizes_))
+    axes.push_back(fb::CreateAxis(b_, b_.CreateString(name), size));
   std::vector<flatbuffers::Offset<fb::Stage>> stages = {
       fb::CreateStage(b_, b_.CreateVector(functions))};
   b_.Finish(fb::CreateProgram(
-      b_, b_.CreateString(mesh_.getSymName().str()), b_.CreateVector(axes),
+      b_, b_.CreateString(meshName_), b_.CreateVector(axes),
       b_.CreateString(""), b_.CreateVector(stages),
       b_.CreateString("ernie-translate (format " +
                       std::to_string(fb::kFormatVersion) + ")")));
