@@ -1,6 +1,7 @@
 //===- Communicator.cpp - shared pieces of every collective engine ----------===//
 
 #include "ernie/runtime/Communicator.h"
+#include "ernie/runtime/FloatConvert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -116,14 +117,36 @@ void reduceInto(void *dst, const void *src, size_t count, DType type,
     return reduceTyped(static_cast<int32_t *>(dst),
                        static_cast<const int32_t *>(src), count, op);
   default:
+    if (isNarrowFloat(type)) {
+      // Computed in f32 and rounded once per reduction step.
+      std::vector<float> a(count), b(count);
+      narrowToFloat(type, dst, a.data(), count);
+      narrowToFloat(type, src, b.data(), count);
+      reduceTyped(a.data(), b.data(), count, op);
+      floatToNarrow(type, a.data(), dst, count);
+      return;
+    }
     throw CommunicationError(std::string("reductions of ") +
-                             std::string(name(type)) +
-                             " are not supported; reduce in f32");
+                             std::string(name(type)) + " are not supported");
   }
 }
 
 void reduceInOrder(const std::vector<const void *> &inputs, void *out,
                    size_t count, DType type, ReduceOp op) {
+  if (isNarrowFloat(type)) {
+    // bf16/f16/fp8 accumulate in f32 and round once at the end, so the sum
+    // of n terms is as accurate as the f32 one and still has one order.
+    std::vector<std::vector<float>> wide(inputs.size(), std::vector<float>(count));
+    std::vector<const void *> views;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      narrowToFloat(type, inputs[i], wide[i].data(), count);
+      views.push_back(wide[i].data());
+    }
+    std::vector<float> acc(count);
+    reduceInOrder(views, acc.data(), count, DType::F32, op);
+    floatToNarrow(type, acc.data(), out, count);
+    return;
+  }
   size_t bytes = count * byteSize(type);
   std::vector<char> acc(static_cast<const char *>(inputs[0]),
                         static_cast<const char *>(inputs[0]) + bytes);

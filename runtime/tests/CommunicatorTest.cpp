@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "CollectiveChecks.h"
+#include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/ThreadCommunicator.h"
 
 #include <gtest/gtest.h>
@@ -75,6 +76,21 @@ TEST(ThreadCommunicator, FloatSumsAreBitwiseIdenticalOnEveryRank) {
   for (int r = 1; r < 8; ++r)
     EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(),
                              64 * sizeof(float)));
+}
+
+TEST(ThreadCommunicator, NarrowFloatsReduceInF32AndRoundOnce) {
+  // 1 + 3 * 2^-9 in bf16 (ulp 2^-7 at 1): rounding after every addition
+  // would leave 1.0 (each 2^-9 is below half an ulp); once gives 1 + 2^-7.
+  Mesh mesh({"dp"}, {4});
+  ThreadWorld world(mesh);
+  std::vector<uint16_t> results(4);
+  onAllRanks(world, [&](Communicator &comm) {
+    uint16_t in = floatToBf16(comm.rank() == 0 ? 1.0f : 0x1.0p-9f), out = 0;
+    comm.allReduce(&in, &out, 1, DType::BF16, ReduceOp::Sum, {"dp"});
+    results[comm.rank()] = out;
+  });
+  for (uint16_t r : results)
+    EXPECT_EQ(bf16ToFloat(r), 1.0f + 0x1.0p-7f);
 }
 
 TEST(ThreadCommunicator, AsyncCollectivesOverlapWithWork) {
