@@ -1,0 +1,1 @@
+"""ernie: an auto-parallel training compiler (placeholder, filled below)."""

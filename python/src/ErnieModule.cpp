@@ -1,0 +1,650 @@
+//===- ErnieModule.cpp - the _ernie Python extension ---------------------===//
+//
+// What the pure-Python package stands on:
+//   * Tracer: builds an ernie module op by op in C++ (Python never prints
+//     MLIR text); every op is verified as it is created, so a bad call fails
+//     at the Python line that made it;
+//   * compile(): runs a pass pipeline (the same textual pipelines ernie-opt
+//     takes) and writes the program file, returning its bytes;
+//   * Session: the runtime's in-process sessions over numpy arrays;
+//   * infer_spmd and the dims_mapping conversions of the sharding library.
+// Errors become Python exceptions carrying the MLIR diagnostics.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Export/ProgramFile.h"
+#include "ernie/InitAll.h"
+#include "ernie/Sharding/InferSpmd.h"
+#include "ernie/runtime/Session.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+using namespace mlir;
+namespace rt = ::ernie::runtime;
+namespace ec = mlir::ernie;
+
+namespace {
+
+/// Collects every diagnostic emitted while alive, for the exception text.
+class DiagnosticCollector {
+public:
+  explicit DiagnosticCollector(MLIRContext *ctx)
+      : handler(ctx, [this](Diagnostic &d) {
+          llvm::raw_string_ostream os(text);
+          if (!text.empty())
+            os << "\n";
+          os << d.getLocation() << ": " << d;
+          for (Diagnostic &note : d.getNotes())
+            os << "\n  note: " << note;
+          return success();
+        }) {}
+  std::string take(const std::string &fallback) {
+    return text.empty() ? fallback : text;
+  }
+
+private:
+  std::string text;
+  ScopedDiagnosticHandler handler;
+};
+
+/// One context for everything the extension builds: dialects are loaded
+/// once, and modules from different tracers can meet in compile().
+MLIRContext &context() {
+  static MLIRContext *ctx = [] {
+    DialectRegistry registry;
+    ec::registerAllDialects(registry);
+    auto *c = new MLIRContext(registry, MLIRContext::Threading::DISABLED);
+    c->loadAllAvailableDialects();
+    ec::registerAllPasses();
+    return c;
+  }();
+  return *ctx;
+}
+
+Type elementType(MLIRContext *ctx, const std::string &dtype) {
+  Builder b(ctx);
+  if (dtype == "f64") return b.getF64Type();
+  if (dtype == "f32") return b.getF32Type();
+  if (dtype == "f16") return b.getF16Type();
+  if (dtype == "bf16") return b.getBF16Type();
+  if (dtype == "f8E4M3FN") return b.getType<Float8E4M3FNType>();
+  if (dtype == "f8E5M2") return b.getType<Float8E5M2Type>();
+  if (dtype == "i64") return b.getI64Type();
+  if (dtype == "i32") return b.getI32Type();
+  if (dtype == "i1") return b.getI1Type();
+  throw py::value_error("unknown dtype '" + dtype +
+                        "' (f64, f32, f16, bf16, f8E4M3FN, f8E5M2, i64, i32, i1)");
+}
+
+std::string dtypeName(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+RankedTensorType tensorType(MLIRContext *ctx, const std::vector<int64_t> &shape,
+                            const std::string &dtype) {
+  for (int64_t d : shape)
+    if (d < 0)
+      throw py::value_error("shapes must be static and non-negative");
+  return RankedTensorType::get(shape, elementType(ctx, dtype));
+}
+
+/// `#ernie.sharding` from per-dimension axis lists and (axis, kind) partials.
+ec::ShardingAttr shardingAttr(MLIRContext *ctx, const std::string &mesh,
+                                 const std::vector<std::vector<std::string>> &dims,
+                                 const std::vector<std::pair<std::string, std::string>> &partials) {
+  SmallVector<SmallVector<StringRef>> dimRefs;
+  for (const auto &d : dims)
+    dimRefs.emplace_back(d.begin(), d.end());
+  SmallVector<std::pair<StringRef, ec::ReduceKind>> partialRefs;
+  for (const auto &[axis, kind] : partials) {
+    auto k = ec::symbolizeReduceKind(kind);
+    if (!k)
+      throw py::value_error("unknown reduce type '" + kind +
+                            "' (sum, avg, max, min)");
+    partialRefs.push_back({axis, *k});
+  }
+  return ec::ShardingAttr::get(ctx, FlatSymbolRefAttr::get(ctx, mesh),
+                                  dimRefs, partialRefs);
+}
+
+/// A Python value as the attribute an ernie op expects under `name`. The
+/// dialect's attributes are few: flags (unit, except topk's `largest`),
+/// i64 integers, f64 floats, i64 lists, enums by keyword, and fill values
+/// typed like the result.
+Attribute toAttribute(MLIRContext *ctx, StringRef name, py::handle value,
+                      Type resultElement) {
+  Builder b(ctx);
+  if (py::isinstance<py::bool_>(value)) {
+    bool flag = value.cast<bool>();
+    if (name == "largest")
+      return b.getBoolAttr(flag);
+    return flag ? Attribute(b.getUnitAttr()) : Attribute();
+  }
+  if (name == "value" && resultElement &&
+      (py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
+    if (auto ft = dyn_cast<FloatType>(resultElement))
+      return b.getFloatAttr(ft, value.cast<double>());
+    return b.getIntegerAttr(resultElement, value.cast<int64_t>());
+  }
+  if (py::isinstance<py::int_>(value))
+    return b.getI64IntegerAttr(value.cast<int64_t>());
+  if (py::isinstance<py::float_>(value))
+    return b.getF64FloatAttr(value.cast<double>());
+  if (py::isinstance<py::str>(value)) {
+    std::string s = value.cast<std::string>();
+    if (name == "reduction") {
+      if (auto r = ec::symbolizeLossReduction(s))
+        return ec::LossReductionAttr::get(ctx, *r);
+      throw py::value_error("reduction must be none, mean or sum, not '" + s + "'");
+    }
+    if (name == "kind") {
+      if (auto k = ec::symbolizeReduceKind(s))
+        return ec::ReduceKindAttr::get(ctx, *k);
+      throw py::value_error("kind must be sum, avg, max or min, not '" + s + "'");
+    }
+    if (name == "direction") {
+      if (auto d = ec::symbolizeCompareDirection(s))
+        return ec::CompareDirectionAttr::get(ctx, *d);
+      throw py::value_error("direction must be eq, ne, lt, le, gt or ge, not '" + s + "'");
+    }
+    return b.getStringAttr(s);
+  }
+  if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))
+    return b.getDenseI64ArrayAttr(value.cast<std::vector<int64_t>>());
+  if (py::isinstance<py::array>(value)) {
+    // A constant's value: a contiguous numpy array of a supported dtype.
+    auto array = py::array::ensure(value, py::array::c_style);
+    std::string kind = py::str(array.dtype()).cast<std::string>();
+    static const std::map<std::string, std::string> dtypes = {
+        {"float64", "f64"}, {"float32", "f32"}, {"int64", "i64"}, {"int32", "i32"}};
+    auto it = dtypes.find(kind);
+    if (it == dtypes.end())
+      throw py::value_error("constants must be float64, float32, int64 or int32, not " + kind);
+    std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
+    auto type = tensorType(ctx, shape, it->second);
+    ArrayRef<char> raw(static_cast<const char *>(array.data()), array.nbytes());
+    return DenseElementsAttr::getFromRawBuffer(type, raw);
+  }
+  throw py::type_error("attribute '" + name.str() + "' has an unsupported value " +
+                       py::repr(value).cast<std::string>());
+}
+
+class Tracer {
+public:
+  explicit Tracer(const std::string &function) : b_(&context()) {
+    MLIRContext *ctx = &context();
+    module_ = ModuleOp::create(UnknownLoc::get(ctx));
+    b_.setInsertionPointToEnd(module_->getBody());
+    fn_ = func::FuncOp::create(b_, UnknownLoc::get(ctx), function,
+                               b_.getFunctionType({}, {}));
+    entry_ = fn_.addEntryBlock();
+    b_.setInsertionPointToEnd(entry_);
+  }
+
+  void setMesh(const std::string &name, const std::vector<std::string> &axes,
+               const std::vector<int64_t> &sizes) {
+    if (axes.size() != sizes.size() || axes.empty())
+      throw py::value_error("a mesh needs one size per axis name");
+    OpBuilder::InsertionGuard guard(b_);
+    b_.setInsertionPointToStart(module_->getBody());
+    SmallVector<StringRef> names(axes.begin(), axes.end());
+    ec::MeshOp::create(b_, b_.getUnknownLoc(), name,
+                          b_.getStrArrayAttr(names),
+                          b_.getDenseI64ArrayAttr(sizes));
+  }
+
+  int argument(const std::vector<int64_t> &shape, const std::string &dtype,
+               std::optional<std::string> param, py::object sharding) {
+    RankedTensorType type = tensorType(&context(), shape, dtype);
+    Value v = entry_->addArgument(type, b_.getUnknownLoc());
+    SmallVector<NamedAttribute> attrs;
+    if (param)
+      attrs.push_back(b_.getNamedAttr(ec::ErnieDialect::kParamAttrName,
+                                      b_.getStringAttr(*param)));
+    if (!sharding.is_none()) {
+      auto [mesh, dims, partials] = sharding.cast<std::tuple<
+          std::string, std::vector<std::vector<std::string>>,
+          std::vector<std::pair<std::string, std::string>>>>();
+      attrs.push_back(b_.getNamedAttr(
+          ec::kShardingAttrName,
+          shardingAttr(&context(), mesh, dims, partials)));
+    }
+    argAttrs_.push_back(b_.getDictionaryAttr(attrs));
+    return add(v);
+  }
+
+  std::vector<int> op(const std::string &name, const std::vector<int> &operands,
+                      py::dict attrs, py::object resultTypes,
+                      const std::string &location) {
+    MLIRContext *ctx = &context();
+    Location loc = location.empty()
+                       ? Location(UnknownLoc::get(ctx))
+                       : Location(NameLoc::get(b_.getStringAttr(location)));
+    std::optional<RegisteredOperationName> info =
+        RegisteredOperationName::lookup(name, ctx);
+    if (!info)
+      throw py::value_error("unknown op '" + name + "'");
+    SmallVector<Value> values;
+    for (int id : operands)
+      values.push_back(value(id));
+    SmallVector<Type> types;
+    if (!resultTypes.is_none())
+      for (auto t : resultTypes.cast<std::vector<
+               std::pair<std::vector<int64_t>, std::string>>>())
+        types.push_back(tensorType(ctx, t.first, t.second));
+    Type fillElement = types.empty() ? Type()
+                                     : cast<RankedTensorType>(types[0]).getElementType();
+    SmallVector<NamedAttribute> named;
+    for (auto [key, v] : attrs) {
+      std::string k = key.cast<std::string>();
+      if (Attribute a = toAttribute(ctx, k, v, fillElement))
+        named.push_back(b_.getNamedAttr(k, a));
+    }
+    DictionaryAttr dict = b_.getDictionaryAttr(named);
+    DiagnosticCollector diagnostics(ctx);
+    if (types.empty()) {
+      auto *infer = info->getInterface<InferTypeOpInterface>();
+      if (!infer)
+        throw py::value_error("'" + name + "' needs its result types");
+      // Inference reads the op's properties: build them from the attributes.
+      OperationName opName = *info;
+      std::vector<uint64_t> storage(
+          (opName.getOpPropertyByteSize() + sizeof(uint64_t) - 1) / sizeof(uint64_t) + 1);
+      OpaqueProperties props(storage.data());
+      opName.initOpProperties(props, nullptr);
+      bool hasProperties = opName.getOpPropertyByteSize() > 0;
+      bool ok = (!hasProperties ||
+                 succeeded(opName.setOpPropertiesFromAttribute(
+                     opName, props, dict, [&] { return emitError(loc); }))) &&
+                succeeded(infer->inferReturnTypes(ctx, loc, values, dict, props,
+                                                  {}, types));
+      opName.destroyOpProperties(props);
+      if (!ok)
+        throw py::value_error(diagnostics.take("'" + name + "': invalid operands or attributes"));
+    }
+    OperationState state(loc, *info);
+    state.addOperands(values);
+    state.addTypes(types);
+    if (info->getOpPropertyByteSize() > 0)
+      state.propertiesAttr = dict;
+    else
+      state.addAttributes(named);
+    Operation *op = b_.create(state);
+    if (failed(verify(op))) {
+      op->erase();
+      throw py::value_error(diagnostics.take("'" + name + "' failed to verify"));
+    }
+    std::vector<int> ids;
+    for (Value r : op->getResults())
+      ids.push_back(add(r));
+    return ids;
+  }
+
+  std::pair<std::vector<int64_t>, std::string> typeOf(int id) {
+    auto t = cast<RankedTensorType>(value(id).getType());
+    return {t.getShape().vec(), dtypeName(t.getElementType())};
+  }
+
+  void finish(const std::vector<int> &results) {
+    SmallVector<Value> values;
+    for (int id : results)
+      values.push_back(value(id));
+    func::ReturnOp::create(b_, b_.getUnknownLoc(), values);
+    fn_.setType(b_.getFunctionType(entry_->getArgumentTypes(),
+                                   ValueRange(values).getTypes()));
+    fn_.setAllArgAttrs(argAttrs_);
+    DiagnosticCollector diagnostics(&context());
+    if (failed(verify(*module_)))
+      throw py::value_error(diagnostics.take("the traced module does not verify"));
+  }
+
+  std::string text() {
+    std::string s;
+    llvm::raw_string_ostream os(s);
+    module_->print(os);
+    return s;
+  }
+
+private:
+  int add(Value v) {
+    values_.push_back(v);
+    return static_cast<int>(values_.size() - 1);
+  }
+  Value value(int id) {
+    if (id < 0 || id >= static_cast<int>(values_.size()))
+      throw py::value_error("unknown value handle " + std::to_string(id));
+    return values_[id];
+  }
+
+  OpBuilder b_;
+  OwningOpRef<ModuleOp> module_;
+  func::FuncOp fn_;
+  Block *entry_ = nullptr;
+  std::vector<Value> values_;
+  SmallVector<DictionaryAttr> argAttrs_;
+};
+
+/// Runs `pipeline` (ernie-opt's textual syntax) over the module in `text`;
+/// returns the compiled module's text and its program file.
+std::pair<std::string, py::bytes> compileModule(const std::string &text,
+                                                const std::string &pipeline,
+                                                bool writeProgram) {
+  MLIRContext *ctx = &context();
+  DiagnosticCollector diagnostics(ctx);
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, ctx);
+  if (!module)
+    throw py::value_error(diagnostics.take("cannot parse the module"));
+  if (!pipeline.empty()) {
+    // The textual form anchors itself: "builtin.module(pass, ...)".
+    std::string error;
+    llvm::raw_string_ostream errs(error);
+    FailureOr<OpPassManager> parsed = parsePassPipeline(pipeline, errs);
+    if (failed(parsed))
+      throw py::value_error("bad pipeline '" + pipeline + "': " + error);
+    PassManager pm(ctx, parsed->getOpAnchorName());
+    static_cast<OpPassManager &>(pm) = std::move(*parsed);
+    if (failed(pm.run(*module)))
+      throw py::value_error(diagnostics.take("compilation failed"));
+  }
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  module->print(os);
+  std::string program;
+  if (writeProgram) {
+    llvm::raw_string_ostream ps(program);
+    if (failed(ec::writeProgramFile(*module, ps)))
+      throw py::value_error(diagnostics.take("cannot write the program file"));
+  }
+  return {out, py::bytes(program)};
+}
+
+//===----------------------------------------------------------------------===//
+// The runtime over numpy.
+//===----------------------------------------------------------------------===//
+
+const char *numpyDtype(rt::DType t) {
+  switch (t) {
+  case rt::DType::F64: return "float64";
+  case rt::DType::F32: return "float32";
+  case rt::DType::F16: return "float16";
+  case rt::DType::BF16: return "uint16"; // raw bits
+  case rt::DType::F8E4M3FN:
+  case rt::DType::F8E5M2: return "uint8"; // raw bits
+  case rt::DType::I64: return "int64";
+  case rt::DType::I32: return "int32";
+  case rt::DType::I1: return "bool";
+  }
+  return "";
+}
+
+rt::HostTensor fromNumpy(py::handle object) {
+  auto array = py::array::ensure(object, py::array::c_style);
+  if (!array)
+    throw py::type_error("expected a numpy array");
+  std::string kind = py::str(array.dtype()).cast<std::string>();
+  static const std::map<std::string, rt::DType> types = {
+      {"float64", rt::DType::F64}, {"float32", rt::DType::F32},
+      {"float16", rt::DType::F16}, {"int64", rt::DType::I64},
+      {"int32", rt::DType::I32},   {"bool", rt::DType::I1}};
+  auto it = types.find(kind);
+  if (it == types.end())
+    throw py::type_error("unsupported array dtype " + kind);
+  rt::HostTensor t;
+  t.type = it->second;
+  t.shape.assign(array.shape(), array.shape() + array.ndim());
+  const auto *data = static_cast<const uint8_t *>(array.data());
+  t.bytes.assign(data, data + array.nbytes());
+  return t;
+}
+
+/// A numpy array that owns the tensor's bytes (no copy).
+py::array toNumpy(rt::HostTensor tensor) {
+  auto *owned = new rt::HostTensor(std::move(tensor));
+  py::capsule free(owned, [](void *p) { delete static_cast<rt::HostTensor *>(p); });
+  std::vector<py::ssize_t> shape(owned->shape.begin(), owned->shape.end());
+  return py::array(py::dtype(numpyDtype(owned->type)), shape, owned->bytes.data(), free);
+}
+
+const char *roleName(rt::Role r) {
+  switch (r) {
+  case rt::Role::Input: return "input";
+  case rt::Role::Parameter: return "parameter";
+  case rt::Role::OptimizerState: return "optimizer_state";
+  case rt::Role::LearningRate: return "learning_rate";
+  case rt::Role::Step: return "step";
+  case rt::Role::Loss: return "loss";
+  }
+  return "";
+}
+
+py::dict describeTensor(const rt::TensorSpec &t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["role"] = roleName(t.role);
+  d["dtype"] = std::string(rt::name(t.type));
+  d["global_shape"] = t.globalShape;
+  d["local_shape"] = t.localShape;
+  d["updates"] = t.updates;
+  std::vector<std::vector<std::string>> dims(t.sharding.dims.begin(), t.sharding.dims.end());
+  d["sharding"] = dims;
+  return d;
+}
+
+/// Runs `fn` with the GIL released: the ranks are C++ threads.
+template <typename Fn> auto withoutGil(Fn fn) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
+/// The runtime's errors as Python exceptions with their messages.
+template <typename Fn> auto translateErrors(Fn fn) {
+  try {
+    return fn();
+  } catch (const rt::ProgramError &e) {
+    throw py::value_error(e.what());
+  } catch (const rt::ExecutionError &e) {
+    throw std::runtime_error(e.what());
+  } catch (const std::invalid_argument &e) {
+    throw py::value_error(e.what());
+  }
+}
+
+class PySession {
+public:
+  PySession(py::bytes file, double timeoutSeconds, bool checkFinite) {
+    std::string bytes = file;
+    std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+    std::memcpy(aligned.data(), bytes.data(), bytes.size());
+    rt::SessionOptions options;
+    options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
+    options.executor.checkFinite = checkFinite;
+    session_ = translateErrors([&] {
+      return std::make_unique<rt::Session>(
+          rt::Program::parse(aligned.data(), bytes.size(), "<compiled program>"),
+          options);
+    });
+  }
+
+  py::dict signature(const std::string &fn) {
+    const rt::Function &f =
+        translateErrors([&]() -> const rt::Function & {
+          return session_->program().requireFunction(0, fn);
+        });
+    py::list args, results;
+    for (const auto &a : f.arguments)
+      args.append(describeTensor(a));
+    for (const auto &r : f.results)
+      results.append(describeTensor(r));
+    py::dict d;
+    d["arguments"] = args;
+    d["results"] = results;
+    d["arena_bytes"] = f.arenaBytes;
+    return d;
+  }
+
+  void initState(const std::string &fn, py::dict given, uint64_t seed) {
+    std::map<std::string, rt::HostTensor> values;
+    for (auto [k, v] : given)
+      values[k.cast<std::string>()] = fromNumpy(v);
+    rt::StateSource source = [&](const rt::TensorSpec &spec) -> std::optional<rt::HostTensor> {
+      auto it = values.find(spec.name);
+      if (it == values.end())
+        return std::nullopt;
+      if (it->second.shape != spec.globalShape)
+        throw std::invalid_argument("'" + spec.name + "' has the wrong shape");
+      return it->second;
+    };
+    translateErrors([&] { session_->initState(fn, source, seed); return 0; });
+  }
+
+  void setState(const std::string &fn, const std::string &name, py::handle v) {
+    rt::HostTensor t = fromNumpy(v);
+    translateErrors([&] { session_->setState(fn, name, t); return 0; });
+  }
+
+  py::array state(const std::string &fn, const std::string &name) {
+    return toNumpy(translateErrors([&] { return session_->state(fn, name); }));
+  }
+
+  py::list call(const std::string &fn, py::list inputs, double lr, int64_t step) {
+    std::vector<rt::HostTensor> ins;
+    for (py::handle h : inputs)
+      ins.push_back(fromNumpy(h));
+    std::vector<rt::HostTensor> outs = translateErrors([&] {
+      return withoutGil([&] { return session_->call(fn, ins, lr, step); });
+    });
+    py::list result;
+    for (rt::HostTensor &t : outs)
+      result.append(toNumpy(std::move(t)));
+    return result;
+  }
+
+  int64_t numRanks() const { return session_->numRanks(); }
+
+private:
+  std::unique_ptr<rt::Session> session_;
+};
+
+//===----------------------------------------------------------------------===//
+// infer_spmd
+//===----------------------------------------------------------------------===//
+
+ec::MeshShape meshShape(const std::vector<std::string> &axes,
+                           const std::vector<int64_t> &sizes) {
+  ec::MeshShape mesh;
+  mesh.name = FlatSymbolRefAttr::get(&context(), "mesh");
+  for (const std::string &a : axes)
+    mesh.axes.push_back(StringAttr::get(&context(), a).getValue());
+  mesh.sizes.assign(sizes.begin(), sizes.end());
+  return mesh;
+}
+
+/// One op's rule on (dims_mapping, partial_dims) pairs, as Paddle's
+/// infer_spmd takes and returns them.
+py::tuple inferSpmd(const std::string &op,
+                    const std::vector<std::pair<std::vector<int64_t>, std::string>> &inputTypes,
+                    const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> &mappings,
+                    const std::vector<std::string> &axes,
+                    const std::vector<int64_t> &sizes, py::dict attrs) {
+  MLIRContext *ctx = &context();
+  if (inputTypes.size() != mappings.size())
+    throw py::value_error("one dims_mapping per input");
+  ec::MeshShape mesh = meshShape(axes, sizes);
+  SmallVector<RankedTensorType> types;
+  SmallVector<ec::ShardingAttr> shardings;
+  for (auto [type, mapping] : llvm::zip(inputTypes, mappings)) {
+    types.push_back(tensorType(ctx, type.first, type.second));
+    if (mapping.first.size() != type.first.size())
+      throw py::value_error("a dims_mapping needs one entry per dimension");
+    ec::DimsMapping dm{SmallVector<int64_t>(mapping.first.begin(), mapping.first.end()),
+                          SmallVector<int64_t>(mapping.second.begin(), mapping.second.end())};
+    FailureOr<ec::ShardingAttr> s = ec::shardingFromDimsMapping(ctx, mesh, dm);
+    if (failed(s))
+      throw py::value_error("invalid dims_mapping for this mesh");
+    shardings.push_back(*s);
+  }
+  SmallVector<NamedAttribute> named;
+  Builder b(ctx);
+  for (auto [key, v] : attrs) {
+    std::string k = key.cast<std::string>();
+    if (Attribute a = toAttribute(ctx, k, v, Type()))
+      named.push_back(b.getNamedAttr(k, a));
+  }
+  std::string error;
+  FailureOr<ec::SpmdResult> result =
+      ec::inferSpmd(ctx, op, types, shardings, b.getDictionaryAttr(named),
+                       mesh, error);
+  if (failed(result))
+    throw py::value_error(error.empty() ? "infer_spmd failed for " + op : error);
+  auto convert = [&](ArrayRef<ec::ShardingAttr> list) {
+    py::list out;
+    for (ec::ShardingAttr s : list) {
+      FailureOr<ec::DimsMapping> dm = ec::dimsMappingFromSharding(s, mesh);
+      if (failed(dm))
+        throw py::value_error("a result sharding has no dims_mapping form");
+      out.append(py::make_tuple(std::vector<int64_t>(dm->dims.begin(), dm->dims.end()),
+                                std::vector<int64_t>(dm->partialDims.begin(),
+                                                     dm->partialDims.end())));
+    }
+    return out;
+  };
+  return py::make_tuple(convert(result->inputs), convert(result->outputs));
+}
+
+} // namespace
+
+PYBIND11_MODULE(_ernie, m) {
+  m.doc() = "ernie's C++ core: tracing, compilation and the runtime";
+
+  py::class_<Tracer>(m, "Tracer")
+      .def(py::init<const std::string &>(), py::arg("function") = "forward")
+      .def("set_mesh", &Tracer::setMesh)
+      .def("argument", &Tracer::argument, py::arg("shape"), py::arg("dtype"),
+           py::arg("param") = py::none(), py::arg("sharding") = py::none())
+      .def("op", &Tracer::op, py::arg("name"), py::arg("operands"),
+           py::arg("attrs") = py::dict(), py::arg("result_types") = py::none(),
+           py::arg("location") = "")
+      .def("type_of", &Tracer::typeOf)
+      .def("finish", &Tracer::finish)
+      .def("text", &Tracer::text);
+
+  m.def("compile", &compileModule, py::arg("module"), py::arg("pipeline"),
+        py::arg("write_program") = true,
+        "Runs a pass pipeline over a module; returns (text, program file bytes)");
+
+  py::class_<PySession>(m, "Session")
+      .def(py::init<py::bytes, double, bool>(), py::arg("program"),
+           py::arg("timeout") = 60.0, py::arg("check_finite") = false)
+      .def_property_readonly("num_ranks", &PySession::numRanks)
+      .def("signature", &PySession::signature)
+      .def("init_state", &PySession::initState, py::arg("function"),
+           py::arg("values") = py::dict(), py::arg("seed") = 0)
+      .def("set_state", &PySession::setState)
+      .def("state", &PySession::state)
+      .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
+           py::arg("lr") = 0.0, py::arg("step") = 1);
+
+  m.def("infer_spmd", &inferSpmd, py::arg("op"), py::arg("input_types"),
+        py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),
+        py::arg("attrs") = py::dict());
+}
