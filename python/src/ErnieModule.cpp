@@ -169,6 +169,12 @@ Attribute toAttribute(MLIRContext *ctx, StringRef name, py::handle value,
     }
     return b.getStringAttr(s);
   }
+  if (name == "sharding" && py::isinstance<py::tuple>(value)) {
+    auto [mesh, dims, partials] = value.cast<std::tuple<
+        std::string, std::vector<std::vector<std::string>>,
+        std::vector<std::pair<std::string, std::string>>>>();
+    return shardingAttr(ctx, mesh, dims, partials);
+  }
   if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value))
     return b.getDenseI64ArrayAttr(value.cast<std::vector<int64_t>>());
   if (py::isinstance<py::array>(value)) {

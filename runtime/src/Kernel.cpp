@@ -36,6 +36,8 @@ double Attrs::getFloat(const std::string &name, double fallback) const {
     return *d;
   if (auto *i = std::get_if<int64_t>(&v))
     return static_cast<double>(*i);
+  if (auto *b = std::get_if<bool>(&v)) // an i1 fill value
+    return *b ? 1.0 : 0.0;
   throw KernelError("attribute '" + name + "' is not a number");
 }
 

@@ -99,7 +99,7 @@ void RankRunner::initState(const std::string &fnName, const StateSource &source,
   };
   for (const TensorSpec &arg : fn.arguments)
     if (isState(arg) && !state_.count(arg.name))
-      state_[arg.name] = pieceOf(initial(arg), arg, mesh, comm_.rank());
+      state_[arg.name] = {arg, pieceOf(initial(arg), arg, mesh, comm_.rank())};
 }
 
 void RankRunner::setState(const std::string &fnName, const std::string &name,
@@ -108,15 +108,50 @@ void RankRunner::setState(const std::string &fnName, const std::string &name,
   if (!spec)
     throw std::invalid_argument("@" + fnName + " has no state named '" + name +
                                 "'");
-  state_[name] =
-      pieceOf(convert(global, spec->type), *spec, program_.mesh(), comm_.rank());
+  state_[name] = {*spec, pieceOf(convert(global, spec->type), *spec,
+                                 program_.mesh(), comm_.rank())};
 }
 
 const HostTensor &RankRunner::localState(const std::string &name) const {
   auto it = state_.find(name);
   if (it == state_.end())
     throw std::invalid_argument("no state named '" + name + "'");
-  return it->second;
+  return it->second.piece;
+}
+
+const TensorSpec &RankRunner::stateSpec(const std::string &name) const {
+  auto it = state_.find(name);
+  if (it == state_.end())
+    throw std::invalid_argument("no state named '" + name + "'");
+  return it->second.spec;
+}
+
+/// The layout of a result that updates a state, named as the state.
+static TensorSpec stateLayout(const Function &, const TensorSpec &result) {
+  TensorSpec spec = result;
+  spec.name = result.updates;
+  return spec;
+}
+
+static bool sameLayout(const TensorSpec &a, const TensorSpec &b) {
+  return a.type == b.type && a.localShape == b.localShape &&
+         a.sharding.dims == b.sharding.dims &&
+         a.sharding.partials == b.sharding.partials;
+}
+
+const HostTensor &RankRunner::stateFor(const TensorSpec &spec) {
+  auto it = state_.find(spec.name);
+  if (it == state_.end())
+    throw std::invalid_argument("state '" + spec.name +
+                                "' has no value yet (initState first)");
+  State &state = it->second;
+  if (!sameLayout(state.spec, spec)) {
+    // Every rank calls the same function, so every rank gathers here too.
+    HostTensor global = gather(state.spec, state.piece);
+    state = {spec, pieceOf(convert(global, spec.type), spec, program_.mesh(),
+                           comm_.rank())};
+  }
+  return state.piece;
 }
 
 std::vector<std::string> RankRunner::stateNames() const {
@@ -135,14 +170,9 @@ std::vector<HostTensor> RankRunner::call(const std::string &fnName,
   for (const TensorSpec &arg : fn.arguments) {
     switch (arg.role) {
     case Role::Parameter:
-    case Role::OptimizerState: {
-      auto it = state_.find(arg.name);
-      if (it == state_.end())
-        throw std::invalid_argument("state '" + arg.name +
-                                    "' has no value yet (initState first)");
-      local.push_back(it->second);
+    case Role::OptimizerState:
+      local.push_back(stateFor(arg));
       break;
-    }
     case Role::LearningRate:
       local.push_back(scalar(arg.type, lr));
       break;
@@ -166,7 +196,7 @@ std::vector<HostTensor> RankRunner::call(const std::string &fnName,
   std::vector<HostTensor> results = executor_.run(fnName, local);
   for (size_t i = 0; i < results.size(); ++i)
     if (!fn.results[i].updates.empty())
-      state_[fn.results[i].updates] = results[i];
+      state_[fn.results[i].updates] = {stateLayout(fn, fn.results[i]), results[i]};
   return results;
 }
 
@@ -248,10 +278,11 @@ HostTensor Session::state(const std::string &fn, const std::string &name) const 
   const TensorSpec *spec = findArgument(ranks_[0]->function(fn), name);
   if (!spec)
     throw std::invalid_argument("@" + fn + " has no state named '" + name + "'");
+  (void)spec;
   std::vector<HostTensor> pieces;
   for (const auto &rank : ranks_)
     pieces.push_back(rank->localState(name));
-  return assemble(pieces, *spec, program_.mesh());
+  return assemble(pieces, ranks_[0]->stateSpec(name), program_.mesh());
 }
 
 std::vector<HostTensor> Session::call(const std::string &fn,

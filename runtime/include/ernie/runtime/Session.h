@@ -57,6 +57,8 @@ public:
                 const HostTensor &global);
   /// This rank's piece of state `name`; throws when there is none.
   const HostTensor &localState(const std::string &name) const;
+  /// The layout that piece belongs to.
+  const TensorSpec &stateSpec(const std::string &name) const;
   std::vector<std::string> stateNames() const;
 
   /// Runs `fn`: state arguments from the state, learning rate and step from
@@ -75,7 +77,16 @@ private:
   const Program &program_;
   Communicator &comm_;
   Executor executor_;
-  std::map<std::string, HostTensor> state_;
+  /// A state's piece on this rank, and the layout it is a piece of: each
+  /// function's propagation may place a state differently, and a piece is
+  /// re-laid out (gathered, re-sliced) when a function wants another.
+  struct State {
+    TensorSpec spec;
+    HostTensor piece;
+  };
+  /// The piece of `name` in `spec`'s layout, re-laid out if needed.
+  const HostTensor &stateFor(const TensorSpec &spec);
+  std::map<std::string, State> state_;
 };
 
 struct SessionOptions {

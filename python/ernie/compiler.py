@@ -1,0 +1,218 @@
+"""ernie.compile: trace a model, run the C++ pipeline, load the runtime.
+
+The pipeline is the one `ernie-opt` runs — `--ernie-autodiff` (with the
+optimizer's options) then `--ernie-auto-parallel-pipeline` when there is a
+mesh — and the program file is the one `ernie-run` reads. Every rank runs as
+a thread of this process (the runtime's Session).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, OrderedDict
+
+import numpy as np
+
+from . import _ernie
+from .distributed import DistTensor, ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
+from .nn import Module
+from .optimizer import Optimizer
+from .tensor import ERNIE_TO_NUMPY, Trace, Tensor, dtype_name, tracing
+
+_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
+          "i64": 8, "i32": 4, "i1": 1}
+
+
+def _pipeline(optimizer: Optimizer | None, partition: bool) -> str:
+    options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
+    text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
+    passes = [f"ernie-autodiff{{{text}}}"]
+    if partition:
+        passes.append("ernie-auto-parallel-pipeline")
+    return f"builtin.module({','.join(passes)})"
+
+
+def _input_sharding(mesh, value, shape, dp_axis):
+    if isinstance(value, DistTensor):
+        return placements_to_sharding(value.process_mesh, value.placements, shape)
+    if mesh is None or dp_axis is None or not shape:
+        return None
+    placements = [Replicate()] * mesh.ndim
+    placements[mesh.dim_names.index(dp_axis)] = Shard(0)
+    return placements_to_sharding(mesh, placements, shape)
+
+
+def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis=None) -> str:
+    """The model's forward as an ernie module (the traced, unpartitioned IR)."""
+    model._name_parameters()
+    trace = Trace("forward")
+    if mesh is not None:
+        trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape)
+    inputs = []
+    for i, value in enumerate(example_inputs):
+        array = value.value if isinstance(value, DistTensor) else np.asarray(value)
+        inputs.append(trace.argument(array.shape, array.dtype,
+                                     sharding=_input_sharding(mesh, value, array.shape, dp_axis)))
+    params = list(model.named_parameters())
+    try:
+        for name, p in params:
+            sharding = None
+            if p.placements is not None:
+                if mesh is None:
+                    raise ValueError(f"parameter {name} has placements but compile has no mesh")
+                sharding = placements_to_sharding(mesh, p.placements, p.shape)
+            p.traced = trace.argument(p.shape, p.dtype, param=name, sharding=sharding)
+        with tracing(trace):
+            out = model(*inputs)
+        loss = out[0] if isinstance(out, (tuple, list)) else out
+        if not isinstance(loss, Tensor):
+            raise TypeError(f"the model must return a traced Tensor (the loss), not {type(loss).__name__}")
+        trace.tracer.finish([loss.handle])
+    finally:
+        for _, p in params:
+            p.traced = None
+    return trace.tracer.text()
+
+
+class Program:
+    """A compiled model on every rank of its mesh."""
+
+    def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
+                 seed=0, check_finite=False, timeout=60.0):
+        self.model, self.optimizer, self.mesh = model, optimizer, mesh
+        self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
+        self._session = _ernie.Session(program_file, timeout, check_finite)
+        self._step_fn = "train_step" if optimizer is not None else "forward_grad"
+        self._inputs = [(tuple(np.asarray(x.value if isinstance(x, DistTensor) else x).shape),
+                         np.asarray(x.value if isinstance(x, DistTensor) else x).dtype)
+                        for x in example_inputs]
+        values = {name: p.value for name, p in model.named_parameters()}
+        for fn in self.functions():
+            if fn in ("train_step", "eval_step", "forward", "forward_grad"):
+                self._session.init_state(fn, values, seed)
+        self.step_count = 0
+
+    def functions(self):
+        return re.findall(r"func\.func @(\w+)", self.mlir)
+
+    def to_mlir(self) -> str:
+        """The traced (unpartitioned) module."""
+        return self.traced_mlir
+
+    def _check_batch(self, batch):
+        if len(batch) != len(self._inputs):
+            raise ValueError(f"the model takes {len(self._inputs)} inputs, got {len(batch)}")
+        out = []
+        for i, (x, (shape, dtype)) in enumerate(zip(batch, self._inputs)):
+            x = np.asarray(x.value if isinstance(x, DistTensor) else x)
+            if x.shape != shape:
+                raise ValueError(f"input {i} has shape {list(x.shape)}, compiled for {list(shape)}")
+            if x.dtype != dtype:
+                raise TypeError(f"input {i} has dtype {x.dtype}, compiled for {dtype}")
+            out.append(np.ascontiguousarray(x))
+        return out
+
+    def step(self, *batch) -> float:
+        """One training step on a global batch; returns the loss."""
+        if self.optimizer is None:
+            raise RuntimeError("compiled without an optimizer: use grad()")
+        batch = self._check_batch(batch)
+        self.step_count += 1
+        lr = self.optimizer.get_lr(self.step_count)
+        (loss, *_rest) = self._session.call("train_step", batch, lr, self.step_count)
+        return float(loss)
+
+    def eval(self, *batch) -> float:
+        fn = "eval_step" if "eval_step" in self.functions() else "forward"
+        (loss, *_rest) = self._session.call(fn, self._check_batch(batch))
+        return float(loss)
+
+    def grad(self, *batch):
+        """(loss, {parameter: gradient}) at the current parameters."""
+        results = self._session.call("forward_grad", self._check_batch(batch))
+        names = [r["name"] for r in self._session.signature("forward_grad")["arguments"]
+                 if r["role"] == "parameter"]
+        return float(results[0]), OrderedDict(zip(names, results[1:]))
+
+    def _state_names(self):
+        fn = self._step_fn if self._step_fn in self.functions() else "forward"
+        return fn, [a["name"] for a in self._session.signature(fn)["arguments"]
+                    if a["role"] in ("parameter", "optimizer_state")]
+
+    def state_dict(self):
+        """Global parameters and optimizer state, gathered from every rank."""
+        fn, names = self._state_names()
+        return OrderedDict((n, self._session.state(fn, n)) for n in names)
+
+    def load_state_dict(self, state):
+        fn, names = self._state_names()
+        unknown = set(state) - set(names)
+        if unknown:
+            raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
+        for f in self.functions():
+            if f in ("train_step", "eval_step", "forward", "forward_grad"):
+                sig = [a["name"] for a in self._session.signature(f)["arguments"]]
+                for name, value in state.items():
+                    if name in sig:
+                        self._session.set_state(f, name, np.ascontiguousarray(value))
+
+    def save(self, path):
+        """Writes the program file `ernie-run` runs."""
+        with open(path, "wb") as f:
+            f.write(self.program_file)
+
+    def report(self):
+        """Per-rank memory (the arena of each function, the bytes of
+        parameters and optimizer state) and the collectives of one step."""
+        out = {"ranks": self._session.num_ranks, "functions": {}}
+        for fn in self.functions():
+            sig = self._session.signature(fn)
+            local = lambda role: sum(int(np.prod(a["local_shape"])) * _BYTES[a["dtype"]]
+                                     for a in sig["arguments"] if a["role"] == role)
+            out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
+                                    "parameter_bytes": local("parameter"),
+                                    "optimizer_state_bytes": local("optimizer_state")}
+        out["collectives"] = collectives_of(self.mlir)
+        return out
+
+
+_COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all) %\S+ over "
+                         r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
+
+
+def collectives_of(module_text: str):
+    """{(kind, axes): (count, bytes of the operand per rank)} in `module_text`."""
+    counts = Counter()
+    volume = Counter()
+    for kind, axes, dims, dtype in _COLLECTIVE.findall(module_text):
+        shape = [int(d) for d in dims.split("x") if d]
+        key = f"{kind}[{axes}]"
+        counts[key] += 1
+        volume[key] += int(np.prod(shape)) * _BYTES.get(dtype, 4)
+    return {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)}
+
+
+def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
+            config=None, seed=0, check_finite=False, timeout=60.0) -> Program:
+    """Traces `model` on `example_inputs` (global numpy arrays or
+    DistTensors), differentiates it, builds the training step for
+    `optimizer` (None: gradients only), partitions it over `mesh` and loads
+    it on every rank."""
+    from .distributed import parallelize
+    if config is not None:
+        parallelize(model, optimizer, mesh, config)
+    plan = getattr(model, "_ernie_plan", None)
+    mesh = mesh or (plan["mesh"] if plan else None) or get_mesh()
+    if plan and plan.get("sharding_level"):
+        raise NotImplementedError("dp_config.sharding_level > 0 (ZeRO) is not available yet "
+                                  "(it lands with the ZeRO issue)")
+    if plan and plan.get("pp_config") and mesh is not None and "pp" in mesh.dim_names \
+            and mesh.get_dim_size("pp") > 1:
+        raise NotImplementedError("pipeline parallelism is not available yet (pp_config is validated only)")
+    if optimizer is not None and getattr(optimizer, "sharding_level", 0):
+        raise NotImplementedError("shard_optimizer (ZeRO) is not available yet")
+    dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
+    traced = trace_model(model, example_inputs, mesh, dp_axis)
+    compiled, program_file = _ernie.compile(traced, _pipeline(optimizer, mesh is not None))
+    return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
+                   seed=seed, check_finite=check_finite, timeout=timeout)

@@ -1,0 +1,483 @@
+"""Paddle's auto-parallel API (`paddle.distributed`), over ernie's shardings.
+
+Names and semantics follow Paddle so plans port as written: a `ProcessMesh`
+with named dimensions; per mesh dimension a placement — `Shard(dim)`,
+`Replicate()` or `Partial(reduce_type)`; `shard_tensor` / `reshard`;
+`parallelize(model, optimizer, mesh, config)` with `dp_config`, `mp_config`
+(a `parallelize_plan` of regexes matched against full sub-layer or parameter
+names) and `pp_config`. A placement list becomes an `#ernie.sharding`: tensor
+dimension d is split by the mesh dimensions that `Shard(d)`, in mesh order.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from . import _ernie
+from .nn import Module, Parameter
+from .tensor import Tensor, dtype_name
+
+
+# ---------------------------------------------------------------------------
+# Meshes and placements
+# ---------------------------------------------------------------------------
+
+class ProcessMesh:
+    """`ProcessMesh(mesh, dim_names)`: `mesh` is a (nested) list of process
+    ids whose shape is the mesh shape."""
+
+    def __init__(self, mesh, dim_names=None):
+        ids = np.asarray(mesh)
+        if ids.ndim == 0:
+            raise ValueError("ProcessMesh needs at least one dimension")
+        self.shape = list(ids.shape)
+        self.process_ids = [int(i) for i in ids.reshape(-1)]
+        if sorted(self.process_ids) != list(range(ids.size)):
+            raise ValueError("ProcessMesh process ids must be 0..n-1, each once")
+        self.dim_names = list(dim_names) if dim_names else [f"d{i}" for i in range(ids.ndim)]
+        if len(self.dim_names) != ids.ndim:
+            raise ValueError(f"ProcessMesh has {ids.ndim} dimensions but {len(self.dim_names)} names")
+        if len(set(self.dim_names)) != len(self.dim_names):
+            raise ValueError("ProcessMesh dimension names must differ")
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+    def get_dim_size(self, name):
+        return self.shape[self.dim_names.index(name)]
+
+    def __repr__(self):
+        return f"ProcessMesh(shape={self.shape}, dim_names={self.dim_names})"
+
+
+_global_mesh = None
+
+
+def set_mesh(mesh: ProcessMesh):
+    global _global_mesh
+    _global_mesh = mesh
+
+
+def get_mesh() -> ProcessMesh | None:
+    return _global_mesh
+
+
+class Placement:
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicated(self):
+        return False
+
+    def is_partial(self):
+        return False
+
+
+class Shard(Placement):
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    def is_shard(self, dim=None):
+        return dim is None or dim == self.dim
+
+    def get_dim(self):
+        return self.dim
+
+    def __eq__(self, other):
+        return isinstance(other, Shard) and other.dim == self.dim
+
+    def __repr__(self):
+        return f"Shard(dim={self.dim})"
+
+
+class Replicate(Placement):
+    def is_replicated(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, Replicate)
+
+    def __repr__(self):
+        return "Replicate()"
+
+
+class ReduceType:
+    kRedSum, kRedAvg, kRedMax, kRedMin = "sum", "avg", "max", "min"
+
+
+class Partial(Placement):
+    def __init__(self, reduce_type: str = ReduceType.kRedSum):
+        if reduce_type not in ("sum", "avg", "max", "min"):
+            raise ValueError(f"Partial reduce_type must be sum, avg, max or min, not {reduce_type!r}")
+        self.reduce_type = reduce_type
+
+    def is_partial(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, Partial) and other.reduce_type == self.reduce_type
+
+    def __repr__(self):
+        return f"Partial({self.reduce_type})"
+
+
+def _check_placements(mesh: ProcessMesh, placements, shape):
+    if len(placements) > mesh.ndim:
+        raise ValueError(f"{len(placements)} placements for a {mesh.ndim}-dimensional mesh "
+                         f"{mesh.dim_names}")
+    placements = list(placements) + [Replicate()] * (mesh.ndim - len(placements))
+    for i, p in enumerate(placements):
+        if not isinstance(p, Placement):
+            raise TypeError(f"placement {i} is {p!r}, not Shard/Replicate/Partial")
+        if isinstance(p, Shard):
+            if not -len(shape) <= p.dim < len(shape):
+                raise ValueError(f"Shard({p.dim}) is out of range for a tensor of rank {len(shape)}")
+    for d in range(len(shape)):
+        parts = int(np.prod([mesh.shape[i] for i, p in enumerate(placements)
+                             if isinstance(p, Shard) and p.dim % len(shape) == d]))
+        if shape[d] % parts:
+            raise ValueError(f"dimension {d} of size {shape[d]} does not divide over "
+                             f"{parts} ranks of mesh {mesh.dim_names} {mesh.shape}")
+    return placements
+
+
+def placements_to_sharding(mesh: ProcessMesh, placements, shape):
+    """(mesh name, per-dim axes, partials) for the tracer."""
+    placements = _check_placements(mesh, placements, shape)
+    dims = [[] for _ in shape]
+    partials = []
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            dims[p.dim % len(shape)].append(mesh.dim_names[i])
+        elif isinstance(p, Partial):
+            partials.append((mesh.dim_names[i], p.reduce_type))
+    return ("mesh", dims, partials)
+
+
+def placements_to_dims_mapping(placements, ndim):
+    """Paddle's (dims_mapping, partial_dims): for each tensor dim the mesh dim
+    sharding it or -1, and the mesh dims holding a pending reduction."""
+    mapping = [-1] * ndim
+    partial = []
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            d = p.dim % ndim
+            if mapping[d] != -1:
+                raise ValueError("dims_mapping holds one mesh dim per tensor dim")
+            mapping[d] = i
+        elif isinstance(p, Partial):
+            partial.append(i)
+    return mapping, partial
+
+
+def dims_mapping_to_placements(dims_mapping, mesh_ndim, partial_dims=(), reduce_type="sum"):
+    placements = [Replicate() for _ in range(mesh_ndim)]
+    for d, m in enumerate(dims_mapping):
+        if m >= 0:
+            if m >= mesh_ndim:
+                raise ValueError(f"dims_mapping names mesh dim {m} of a {mesh_ndim}-d mesh")
+            placements[m] = Shard(d)
+    for m in partial_dims:
+        placements[m] = Partial(reduce_type)
+    return placements
+
+
+# ---------------------------------------------------------------------------
+# Distributed tensors
+# ---------------------------------------------------------------------------
+
+class DistTensor:
+    """A global value with its placements (an example input of compile)."""
+
+    def __init__(self, value, mesh, placements):
+        self.value = np.asarray(value)
+        self.process_mesh = mesh
+        self.placements = _check_placements(mesh, placements, self.value.shape)
+
+    @property
+    def shape(self):
+        return self.value.shape
+
+    def numpy(self):
+        return self.value
+
+
+def shard_tensor(data, mesh: ProcessMesh, placements):
+    """Paddle's shard_tensor: a Parameter gets the placements (the plan), a
+    numpy value becomes a DistTensor, a traced Tensor gets a sharding
+    constraint."""
+    if isinstance(data, Parameter):
+        data.placements = _check_placements(mesh, placements, data.shape)
+        data.mesh = mesh
+        return data
+    if isinstance(data, Tensor):
+        from . import functional as F
+        return F.sharding_constraint(data, placements_to_sharding(mesh, placements, data.shape))
+    return DistTensor(data, mesh, placements)
+
+
+def dtensor_from_fn(fn, mesh, placements, *args, **kwargs):
+    return shard_tensor(fn(*args, **kwargs), mesh, placements)
+
+
+def reshard(x, mesh: ProcessMesh, placements):
+    """Moves `x` to `placements`. In a traced program this is an explicit
+    `ernie.reshard` (the partitioner plans its collectives); a DistTensor's
+    global value does not change."""
+    if isinstance(x, Tensor):
+        from .tensor import record
+        (out,) = record("ernie.reshard", [x], {"sharding": placements_to_sharding(mesh, placements, x.shape)})
+        return out
+    if isinstance(x, DistTensor):
+        return DistTensor(x.value, mesh, placements)
+    raise TypeError(f"reshard takes a traced Tensor or a DistTensor, not {type(x).__name__}")
+
+
+def infer_spmd(op: str, inputs, dims_mappings, mesh: ProcessMesh, partial_dims=None, **attrs):
+    """One op's sharding rule, Paddle-style: `inputs` are (shape, dtype)
+    pairs, `dims_mappings` one list per input; returns (input
+    dims_mappings, output (dims_mapping, partial_dims) pairs)."""
+    partial_dims = partial_dims or [[] for _ in inputs]
+    name = op if op.startswith("ernie.") else f"ernie.{op}"
+    types = [(list(shape), dtype_name(dtype)) for shape, dtype in inputs]
+    ins, outs = _ernie.infer_spmd(name, types, list(zip(dims_mappings, partial_dims)),
+                                  mesh.dim_names, mesh.shape, attrs)
+    return [m for m, _ in ins], outs
+
+
+# ---------------------------------------------------------------------------
+# parallelize and its plans
+# ---------------------------------------------------------------------------
+
+class PlanBase:
+    def apply(self, layer, mesh, mp_axis, name):
+        raise NotImplementedError
+
+
+def _mp_index(mesh, mp_axis):
+    return mesh.dim_names.index(mp_axis)
+
+
+def _shard_param(param, mesh, mp_axis, dim):
+    placements = list(param.placements or [Replicate() for _ in range(mesh.ndim)])
+    placements += [Replicate()] * (mesh.ndim - len(placements))
+    placements[_mp_index(mesh, mp_axis)] = Shard(dim) if dim is not None else Replicate()
+    shard_tensor(param, mesh, placements)
+
+
+def _wrap_forward(layer, post=None, pre=None):
+    inner = layer.forward
+
+    def forward(*args, **kwargs):
+        if pre is not None:
+            args = pre(layer, args)
+        out = inner(*args, **kwargs)
+        return post(layer, out) if post is not None else out
+
+    object.__setattr__(layer, "forward", forward)
+
+
+class ColWiseParallel(PlanBase):
+    """Megatron's column-parallel layer: a Linear's weight [in, out] split on
+    out (its bias too); an Embedding split on the hidden dimension. With
+    gather_output the output is replicated again."""
+
+    def __init__(self, gather_output=False):
+        self.gather_output = gather_output
+
+    def apply(self, layer, mesh, mp_axis, name):
+        from .nn import Embedding, Linear
+        if isinstance(layer, Parameter):
+            _shard_param(layer, mesh, mp_axis, len(layer.shape) - 1)
+            return
+        if isinstance(layer, Linear):
+            _shard_param(layer.weight, mesh, mp_axis, 1)
+            if layer.has_bias:
+                _shard_param(layer.bias, mesh, mp_axis, 0)
+        elif isinstance(layer, Embedding):
+            _shard_param(layer.weight, mesh, mp_axis, 1)
+        else:
+            raise TypeError(f"ColWiseParallel applies to Linear or Embedding; {name} is "
+                            f"{type(layer).__name__}")
+        if self.gather_output:
+            _wrap_forward(layer, post=lambda _, y: shard_tensor(y, mesh, [Replicate()] * mesh.ndim))
+
+
+class RowWiseParallel(PlanBase):
+    """Megatron's row-parallel layer: a Linear's weight split on in (the
+    bias replicated, added once after the reduction); an Embedding split on
+    the vocabulary. is_input_parallel says the input arrives split on its
+    last dimension, as a ColWiseParallel layer leaves it."""
+
+    def __init__(self, is_input_parallel=True):
+        self.is_input_parallel = is_input_parallel
+
+    def apply(self, layer, mesh, mp_axis, name):
+        from .nn import Embedding, Linear
+        if isinstance(layer, Parameter):
+            _shard_param(layer, mesh, mp_axis, 0)
+            return
+        if isinstance(layer, Linear):
+            _shard_param(layer.weight, mesh, mp_axis, 0)
+        elif isinstance(layer, Embedding):
+            _shard_param(layer.weight, mesh, mp_axis, 0)
+        else:
+            raise TypeError(f"RowWiseParallel applies to Linear or Embedding; {name} is "
+                            f"{type(layer).__name__}")
+        if not self.is_input_parallel:
+            # The input is whole on every rank: split it as the weight is.
+            def pre(_, args):
+                x = args[0]
+                placements = [Replicate()] * mesh.ndim
+                placements[_mp_index(mesh, mp_axis)] = Shard(x.ndim - 1)
+                return (shard_tensor(x, mesh, placements),) + tuple(args[1:])
+            _wrap_forward(layer, pre=pre)
+
+
+class PrepareLayerInput(PlanBase):
+    """`fn(process_mesh)` returns a hook `(layer, inputs) -> inputs`."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, layer, mesh, mp_axis, name):
+        hook = self.fn(mesh)
+        _wrap_forward(layer, pre=lambda l, args: tuple(hook(l, args)))
+
+
+class PrepareLayerOutput(PlanBase):
+    """`fn(process_mesh)` returns a hook `(layer, inputs, outputs) -> outputs`."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, layer, mesh, mp_axis, name):
+        hook = self.fn(mesh)
+        _wrap_forward(layer, post=lambda l, out: hook(l, None, out))
+
+
+class _SequenceParallelPlan(PlanBase):
+    def __init__(self, need_transpose=True):
+        self.need_transpose = need_transpose
+
+    def apply(self, layer, mesh, mp_axis, name):
+        raise NotImplementedError(
+            f"{type(self).__name__} on {name}: sequence parallelism is not available yet "
+            "(it lands with the sequence-parallel issue)")
+
+
+class SequenceParallelBegin(_SequenceParallelPlan):
+    pass
+
+
+class SequenceParallelEnd(_SequenceParallelPlan):
+    pass
+
+
+class SequenceParallelEnable(_SequenceParallelPlan):
+    pass
+
+
+class SequenceParallelDisable(_SequenceParallelPlan):
+    pass
+
+
+class ShardingStage1:
+    level = 1
+
+    def __init__(self, mesh_dim="dp", mesh=None):
+        self.mesh_dim, self.mesh = mesh_dim, mesh
+
+
+class ShardingStage2(ShardingStage1):
+    level = 2
+
+
+class ShardingStage3(ShardingStage1):
+    level = 3
+
+
+def shard_optimizer(optimizer, shard_fn=None):
+    """Paddle's shard_optimizer: ZeRO over `shard_fn`'s mesh dimension."""
+    if shard_fn is not None and not isinstance(shard_fn, ShardingStage1):
+        raise TypeError("shard_optimizer takes ShardingStage1/2/3")
+    optimizer.sharding_level = shard_fn.level if shard_fn else 0
+    return optimizer
+
+
+_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config"}
+
+
+def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None):
+    """Applies Paddle's parallel config to `model` (and `optimizer`); returns
+    both, as Paddle does. The plan is recorded on the model and its
+    parameters; ernie.compile turns it into shardings."""
+    mesh = mesh or get_mesh()
+    if mesh is None:
+        raise ValueError("parallelize needs a mesh (argument or dist.set_mesh)")
+    config = dict(config or {})
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        raise ValueError(f"unknown parallelize config keys {sorted(unknown)} "
+                         f"(known: {sorted(_CONFIG_KEYS)})")
+    model._name_parameters()
+    plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None}
+
+    dp = config.get("dp_config")
+    if dp is not None:
+        unknown = set(dp) - {"sharding_level"}
+        if unknown:
+            raise ValueError(f"unknown dp_config keys {sorted(unknown)}")
+        level = dp.get("sharding_level", 0)
+        if level not in (0, 1, 2, 3):
+            raise ValueError(f"dp_config.sharding_level must be 0..3, not {level!r}")
+        if "dp" not in mesh.dim_names:
+            raise ValueError(f"dp_config needs a mesh dimension named 'dp'; the mesh has {mesh.dim_names}")
+        plan_state["dp_axis"] = "dp"
+        plan_state["sharding_level"] = level
+        if optimizer is not None:
+            optimizer.sharding_level = level
+
+    mp = config.get("mp_config")
+    if mp is not None:
+        unknown = set(mp) - {"parallelize_plan"}
+        if unknown:
+            raise ValueError(f"unknown mp_config keys {sorted(unknown)}")
+        if "mp" not in mesh.dim_names:
+            raise ValueError(f"mp_config needs a mesh dimension named 'mp'; the mesh has {mesh.dim_names}")
+        layers = dict(model.named_sublayers())
+        params = dict(model.named_parameters())
+        for key, plans in mp.get("parallelize_plan", {}).items():
+            plans = plans if isinstance(plans, (list, tuple)) else [plans]
+            try:
+                pattern = re.compile(key)
+            except re.error as e:
+                raise ValueError(f"parallelize_plan key {key!r} is not a regex: {e}") from None
+            targets = [(n, l) for n, l in layers.items() if pattern.fullmatch(n)]
+            targets += [(n, p) for n, p in params.items() if pattern.fullmatch(n)]
+            if not targets:
+                raise ValueError(f"parallelize_plan key {key!r} matches no sub-layer or parameter")
+            for name, target in targets:
+                for plan in plans:
+                    if not isinstance(plan, PlanBase):
+                        raise TypeError(f"parallelize_plan[{key!r}] holds {plan!r}, not a plan")
+                    plan.apply(target, mesh, "mp", name)
+
+    pp = config.get("pp_config")
+    if pp is not None:
+        unknown = set(pp) - {"split_spec", "global_spec"}
+        if unknown:
+            raise ValueError(f"unknown pp_config keys {sorted(unknown)}")
+        split = pp.get("split_spec")
+        if split is not None and not isinstance(split, (str, dict)):
+            raise TypeError("pp_config.split_spec is a layer-name prefix or a {name: SplitPoint} dict")
+        plan_state["pp_config"] = pp
+    object.__setattr__(model, "_ernie_plan", plan_state)
+    return model, optimizer

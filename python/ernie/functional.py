@@ -1,0 +1,233 @@
+"""Functional ops on symbolic tensors, one per ernie dialect op.
+
+Each function records its op through the C++ tracer; shapes are inferred
+and checked there. Binary ops broadcast numpy-style by inserting an explicit
+`ernie.broadcast`, and Python scalars become `ernie.full` fills.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tensor import Tensor, dtype_name, record
+
+
+def _one(name, operands, attrs=None, result_types=None) -> Tensor:
+    (result,) = record(name, operands, attrs, result_types)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Creation and conversion
+# ---------------------------------------------------------------------------
+
+def full(shape, value, dtype="f32") -> Tensor:
+    return _one("ernie.full", [], {"value": value}, [(shape, dtype)])
+
+
+def iota(shape, dimension=0, dtype="i64") -> Tensor:
+    return _one("ernie.iota", [], {"dimension": dimension}, [(shape, dtype)])
+
+
+def constant(array) -> Tensor:
+    array = np.ascontiguousarray(array)
+    return _one("ernie.constant", [], {"value": array}, [(array.shape, array.dtype)])
+
+
+def cast(x: Tensor, dtype) -> Tensor:
+    return _one("ernie.cast", [x], {}, [(x.shape, dtype_name(dtype))])
+
+
+def as_tensor(value, like: Tensor) -> Tensor:
+    """`value` as a tensor next to `like`: Tensors pass through, Python
+    numbers become a fill of `like`'s shape and dtype."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (int, float, np.number)):
+        return full(like.shape, float(value) if like.dtype.startswith("f") or like.dtype == "bf16"
+                    else int(value), like.dtype)
+    raise TypeError(f"cannot combine a Tensor with {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Shapes
+# ---------------------------------------------------------------------------
+
+def reshape(x: Tensor, shape) -> Tensor:
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError("reshape: at most one -1")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        total = int(np.prod(x.shape))
+        if known == 0 or total % known:
+            raise ValueError(f"reshape: cannot make {list(x.shape)} into {shape}")
+        shape[shape.index(-1)] = total // known
+    return _one("ernie.reshape", [x], {}, [(shape, x.dtype)])
+
+
+def transpose(x: Tensor, perm) -> Tensor:
+    return _one("ernie.transpose", [x], {"perm": list(perm)})
+
+
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    """numpy broadcasting: x's dimensions align with the trailing ones."""
+    shape = list(shape)
+    if list(x.shape) == shape:
+        return x
+    offset = len(shape) - x.ndim
+    if offset < 0:
+        raise ValueError(f"cannot broadcast {list(x.shape)} to {shape}")
+    # Size-1 dimensions that grow are dropped first: broadcast maps each
+    # remaining operand dimension to a result dimension of the same size.
+    keep = [d for d in range(x.ndim) if x.shape[d] == shape[offset + d]]
+    for d in range(x.ndim):
+        if x.shape[d] != shape[offset + d] and x.shape[d] != 1:
+            raise ValueError(f"cannot broadcast {list(x.shape)} to {shape}")
+    if len(keep) != x.ndim:
+        x = reshape(x, [x.shape[d] for d in keep])
+    return _one("ernie.broadcast", [x], {"dims": [offset + d for d in keep]},
+                [(shape, x.dtype)])
+
+
+def _broadcast_pair(a: Tensor, b: Tensor):
+    shape = list(np.broadcast_shapes(a.shape, b.shape))
+    return broadcast_to(a, shape), broadcast_to(b, shape)
+
+
+def slice(x: Tensor, start, limit, step=None) -> Tensor:  # noqa: A001 - dialect name
+    step = list(step) if step is not None else [1] * x.ndim
+    return _one("ernie.slice", [x], {"start": list(start), "limit": list(limit), "step": step})
+
+
+def split(x: Tensor, sizes, axis: int) -> list:
+    return record("ernie.split", [x], {"axis": axis % x.ndim, "sizes": list(sizes)})
+
+
+def concat(xs, axis: int) -> Tensor:
+    return _one("ernie.concat", list(xs), {"axis": axis % xs[0].ndim})
+
+
+# ---------------------------------------------------------------------------
+# Elementwise
+# ---------------------------------------------------------------------------
+
+def _binary(name):
+    def op(a, b):
+        if not isinstance(a, Tensor):
+            a = as_tensor(a, b)
+        b = as_tensor(b, a)
+        a, b = _broadcast_pair(a, b)
+        return _one(f"ernie.{name}", [a, b])
+    op.__name__ = name
+    op.__doc__ = f"Elementwise {name}, numpy broadcasting."
+    return op
+
+
+add, sub, mul, div = _binary("add"), _binary("sub"), _binary("mul"), _binary("div")
+maximum, minimum, pow = _binary("maximum"), _binary("minimum"), _binary("pow")  # noqa: A001
+
+
+def _unary(name):
+    def op(x: Tensor) -> Tensor:
+        return _one(f"ernie.{name}", [x])
+    op.__name__ = name
+    return op
+
+
+neg, exp, log, sqrt, rsqrt = (_unary(n) for n in ("neg", "exp", "log", "sqrt", "rsqrt"))
+tanh, sigmoid, silu, relu, abs = (_unary(n) for n in ("tanh", "sigmoid", "silu", "relu", "abs"))  # noqa: A001
+erf, reciprocal, stop_gradient = (_unary(n) for n in ("erf", "reciprocal", "stop_gradient"))
+
+
+def gelu(x: Tensor, approximate: bool = False) -> Tensor:
+    return _one("ernie.gelu", [x], {"approximate": approximate})
+
+
+def compare(a: Tensor, b, direction: str) -> Tensor:
+    b = as_tensor(b, a)
+    a, b = _broadcast_pair(a, b)
+    return _one("ernie.compare", [a, b], {"direction": direction})
+
+
+def where(cond: Tensor, on_true: Tensor, on_false: Tensor) -> Tensor:
+    return _one("ernie.select", [cond, on_true, on_false])
+
+
+# ---------------------------------------------------------------------------
+# Linear algebra, reductions, normalisation
+# ---------------------------------------------------------------------------
+
+def matmul(a: Tensor, b: Tensor, transpose_a=False, transpose_b=False) -> Tensor:
+    return _one("ernie.matmul", [a, b], {"transpose_a": transpose_a, "transpose_b": transpose_b})
+
+
+def _axes(x, axis):
+    if axis is None:
+        return list(range(x.ndim))
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    return sorted(a % x.ndim for a in axes)
+
+
+def sum(x: Tensor, axis=None, keepdim=False) -> Tensor:  # noqa: A001
+    return _one("ernie.reduce_sum", [x], {"axes": _axes(x, axis), "keepdim": keepdim})
+
+
+def mean(x: Tensor, axis=None, keepdim=False) -> Tensor:
+    return _one("ernie.reduce_mean", [x], {"axes": _axes(x, axis), "keepdim": keepdim})
+
+
+def max(x: Tensor, axis=None, keepdim=False) -> Tensor:  # noqa: A001
+    return _one("ernie.reduce_max", [x], {"axes": _axes(x, axis), "keepdim": keepdim})
+
+
+def softmax(x: Tensor, axis=-1) -> Tensor:
+    return _one("ernie.softmax", [x], {"axis": axis % x.ndim})
+
+
+def log_softmax(x: Tensor, axis=-1) -> Tensor:
+    return _one("ernie.log_softmax", [x], {"axis": axis % x.ndim})
+
+
+def rms_norm(x: Tensor, weight: Tensor, epsilon=1e-6) -> Tensor:
+    return _one("ernie.rms_norm", [x, weight], {"epsilon": float(epsilon)})
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, epsilon=1e-5) -> Tensor:
+    return _one("ernie.layer_norm", [x, weight, bias], {"epsilon": float(epsilon)})
+
+
+# ---------------------------------------------------------------------------
+# Transformer pieces
+# ---------------------------------------------------------------------------
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    return _one("ernie.embedding", [ids, weight])
+
+
+def rope(x: Tensor, positions: Tensor, theta=10000.0, interleaved=False) -> Tensor:
+    """Rotary embedding of x [batch, seq, heads, head_dim] at `positions` [seq]."""
+    return _one("ernie.rope", [x, positions], {"theta": float(theta), "interleaved": interleaved})
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal=False, scale=None) -> Tensor:
+    """Scaled dot-product attention, [batch, seq, heads, head_dim] layout;
+    k and v may have fewer heads (grouped-query attention)."""
+    attrs = {"causal": causal}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    return _one("ernie.attention", [q, k, v], attrs)
+
+
+def cross_entropy(logits: Tensor, labels: Tensor, reduction="mean", ignore_index=-100) -> Tensor:
+    return _one("ernie.cross_entropy", [logits, labels],
+                {"reduction": reduction, "ignore_index": ignore_index})
+
+
+# ---------------------------------------------------------------------------
+# Sharding in the traced program
+# ---------------------------------------------------------------------------
+
+def sharding_constraint(x: Tensor, sharding: tuple, priority: int = 0) -> Tensor:
+    """Asks propagation for `sharding` here (mesh, dims, partials)."""
+    return _one("ernie.sharding_constraint", [x], {"sharding": sharding, "priority": priority})

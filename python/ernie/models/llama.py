@@ -1,0 +1,138 @@
+"""Llama (the Hugging Face architecture), named for Paddle's Llama plan.
+
+RMSNorm, rotary position embedding, grouped-query causal attention with a
+fused q/k/v projection (`self_attn.qkv_proj`, weight [hidden, (heads + 2 *
+kv_heads) * head_dim]), a SwiGLU MLP with a fused gate/up projection
+(`mlp.gate_up_proj`), an optional LM head tied to the embedding. Parameter
+names: `llama.embed_tokens.weight`, `llama.layers.{i}.input_layernorm.weight`,
+`llama.layers.{i}.self_attn.{qkv_proj,o_proj}.weight`,
+`llama.layers.{i}.post_attention_layernorm.weight`,
+`llama.layers.{i}.mlp.{gate_up_proj,down_proj}.weight`, `llama.norm.weight`,
+`lm_head.weight`. Linear weights are [in, out] (Paddle's layout).
+
+`LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
+logits against `labels`, which the data pipeline has already shifted by one
+(Paddle's pretraining criterion); without labels it returns the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import functional as F
+from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    dtype: str = "f32"
+    seed: int = 0
+
+    @property
+    def head_dim(self):
+        return self.hidden_size // self.num_attention_heads
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+
+def _linear(cfg, rng, n_in, n_out):
+    layer = Linear(n_in, n_out, bias=False, dtype=cfg.dtype, rng=rng)
+    layer.weight.value = rng.normal(0, cfg.initializer_range, size=(n_in, n_out)).astype(
+        layer.weight.value.dtype)
+    return layer
+
+
+class LlamaAttention(Module):
+    def __init__(self, cfg: LlamaConfig, rng):
+        super().__init__()
+        self.cfg = cfg
+        width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+        self.qkv_proj = _linear(cfg, rng, cfg.hidden_size, width)
+        self.o_proj = _linear(cfg, rng, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size)
+
+    def forward(self, x, positions):
+        cfg = self.cfg
+        b, s, _ = x.shape
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q, k, v = F.split(self.qkv_proj(x), [hq * d, hkv * d, hkv * d], axis=2)
+        q = F.rope(q.reshape(b, s, hq, d), positions, cfg.rope_theta)
+        k = F.rope(k.reshape(b, s, hkv, d), positions, cfg.rope_theta)
+        out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True)
+        return self.o_proj(out.reshape(b, s, hq * d))
+
+
+class LlamaMLP(Module):
+    def __init__(self, cfg: LlamaConfig, rng):
+        super().__init__()
+        self.gate_up_proj = _linear(cfg, rng, cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = _linear(cfg, rng, cfg.intermediate_size, cfg.hidden_size)
+        self.intermediate = cfg.intermediate_size
+
+    def forward(self, x):
+        gate, up = F.split(self.gate_up_proj(x), [self.intermediate, self.intermediate], axis=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(Module):
+    def __init__(self, cfg: LlamaConfig, rng):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = LlamaAttention(cfg, rng)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = LlamaMLP(cfg, rng)
+
+    def forward(self, x, positions):
+        x = x + self.self_attn(self.input_layernorm(x), positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(Module):
+    def __init__(self, cfg: LlamaConfig, rng):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype, rng,
+                                      std=cfg.initializer_range)
+        self.layers = LayerList(LlamaDecoderLayer(cfg, rng) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        positions = F.iota([input_ids.shape[1]], 0, "i64")
+        for layer in self.layers:
+            x = layer(x, positions)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        rng = np.random.default_rng(cfg.seed)
+        self.config = cfg
+        self.llama = LlamaModel(cfg, rng)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, rng, cfg.hidden_size, cfg.vocab_size)
+
+    def forward(self, input_ids, labels=None):
+        h = self.llama(input_ids)
+        if self.config.tie_word_embeddings:
+            logits = F.matmul(h, self.llama.embed_tokens.p("weight"), transpose_b=True)
+        else:
+            logits = self.lm_head(h)
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits, labels)

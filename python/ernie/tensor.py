@@ -1,0 +1,147 @@
+"""Symbolic tensors: what a model sees while it is traced.
+
+A `Tensor` is a handle to a value in the module the C++ tracer is building;
+calling an op on it records the op there (verified on the spot, so a shape
+error points at the Python line that made it). Shapes and dtypes come back
+from C++, never from rules re-written in Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+
+from . import _ernie
+
+_state = threading.local()
+
+# numpy dtype names <-> ernie element types.
+NUMPY_TO_ERNIE = {"float64": "f64", "float32": "f32", "float16": "f16",
+                  "int64": "i64", "int32": "i32", "bool": "i1"}
+ERNIE_TO_NUMPY = {v: k for k, v in NUMPY_TO_ERNIE.items()}
+FLOAT_DTYPES = ("f64", "f32", "f16", "bf16", "f8E4M3FN", "f8E5M2")
+
+
+def dtype_name(dtype) -> str:
+    """An ernie element type from 'f32', 'float32', np.float32 or np.dtype."""
+    if isinstance(dtype, str) and dtype in FLOAT_DTYPES + ("i64", "i32", "i1"):
+        return dtype
+    import numpy as np
+    name = np.dtype(dtype).name
+    if name not in NUMPY_TO_ERNIE:
+        raise TypeError(f"unsupported dtype {dtype!r}")
+    return NUMPY_TO_ERNIE[name]
+
+
+class Trace:
+    """One function being recorded."""
+
+    def __init__(self, name: str = "forward"):
+        self.tracer = _ernie.Tracer(name)
+
+    def argument(self, shape, dtype, param=None, sharding=None) -> "Tensor":
+        handle = self.tracer.argument(list(shape), dtype_name(dtype), param, sharding)
+        return Tensor(self, handle)
+
+
+@contextlib.contextmanager
+def tracing(trace: Trace):
+    previous = getattr(_state, "trace", None)
+    _state.trace = trace
+    try:
+        yield trace
+    finally:
+        _state.trace = previous
+
+
+def current_trace() -> Trace:
+    trace = getattr(_state, "trace", None)
+    if trace is None:
+        raise RuntimeError("ernie ops run on symbolic tensors inside ernie.compile "
+                           "(or an explicit ernie.tensor.tracing block)")
+    return trace
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_location() -> str:
+    """file:line of the first frame outside the ernie package, for the op's
+    location (errors and the program file name the user's line)."""
+    for frame in inspect.stack()[2:]:
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR):
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return ""
+
+
+def record(name: str, operands, attrs=None, result_types=None):
+    """Records op `name` on `operands`; returns its results as Tensors."""
+    operands = list(operands)
+    trace = operands[0].trace if operands and isinstance(operands[0], Tensor) else current_trace()
+    handles = []
+    for x in operands:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: operands must be ernie Tensors, got {type(x).__name__}")
+        if x.trace is not trace:
+            raise ValueError(f"{name}: operands come from different traces")
+        handles.append(x.handle)
+    types = None if result_types is None else [(list(s), dtype_name(d)) for s, d in result_types]
+    results = trace.tracer.op(name, handles, dict(attrs or {}), types, _caller_location())
+    return [Tensor(trace, h) for h in results]
+
+
+class Tensor:
+    """A symbolic tensor in a trace."""
+
+    __array_priority__ = 1000  # numpy defers to our operators
+
+    def __init__(self, trace: Trace, handle: int):
+        self.trace = trace
+        self.handle = handle
+        shape, dtype = trace.tracer.type_of(handle)
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self):
+        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype})"
+
+    # Arithmetic, through ernie.functional (imported late: it imports us).
+    def _binary(self, other, op, swap=False):
+        from . import functional as F
+        other = F.as_tensor(other, like=self)
+        a, b = (other, self) if swap else (self, other)
+        return getattr(F, op)(a, b)
+
+    def __add__(self, o): return self._binary(o, "add")
+    def __radd__(self, o): return self._binary(o, "add", swap=True)
+    def __sub__(self, o): return self._binary(o, "sub")
+    def __rsub__(self, o): return self._binary(o, "sub", swap=True)
+    def __mul__(self, o): return self._binary(o, "mul")
+    def __rmul__(self, o): return self._binary(o, "mul", swap=True)
+    def __truediv__(self, o): return self._binary(o, "div")
+    def __rtruediv__(self, o): return self._binary(o, "div", swap=True)
+    def __matmul__(self, o): return self._binary(o, "matmul")
+
+    def __neg__(self):
+        from . import functional as F
+        return F.neg(self)
+
+    def reshape(self, *shape):
+        from . import functional as F
+        if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+            shape = shape[0]
+        return F.reshape(self, shape)
+
+    def transpose(self, perm):
+        from . import functional as F
+        return F.transpose(self, perm)
+
+    def astype(self, dtype):
+        from . import functional as F
+        return F.cast(self, dtype)
