@@ -23,13 +23,13 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
           "i64": 8, "i32": 4, "i1": 1}
 
 
-def _pipeline(optimizer: Optimizer | None, partition: bool) -> str:
+def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool) -> str:
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
-    passes = [f"ernie-autodiff{{{text}}}"]
+    passes = [f"ernie-autodiff{{{text}}}"] if differentiate else []
     if partition:
         passes.append("ernie-auto-parallel-pipeline")
-    return f"builtin.module({','.join(passes)})"
+    return f"builtin.module({','.join(passes)})" if passes else ""
 
 
 def _input_sharding(mesh, value, shape, dp_axis):
@@ -66,7 +66,7 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
             out = model(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
         if not isinstance(loss, Tensor):
-            raise TypeError(f"the model must return a traced Tensor (the loss), not {type(loss).__name__}")
+            raise TypeError(f"the model must return a traced Tensor, not {type(loss).__name__}")
         trace.tracer.finish([loss.handle])
     finally:
         for _, p in params:
@@ -126,6 +126,10 @@ class Program:
         fn = "eval_step" if "eval_step" in self.functions() else "forward"
         (loss, *_rest) = self._session.call(fn, self._check_batch(batch))
         return float(loss)
+
+    def forward(self, *batch):
+        """The model's output (global) on a batch."""
+        return self._session.call("forward", self._check_batch(batch))[0]
 
     def grad(self, *batch):
         """(loss, {parameter: gradient}) at the current parameters."""
@@ -193,11 +197,14 @@ def collectives_of(module_text: str):
 
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
-            config=None, seed=0, check_finite=False, timeout=60.0) -> Program:
+            config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
-    it on every rank."""
+    it on every rank. With differentiate=False the model may return any
+    tensor (logits, say) and the program has only @forward."""
+    if not differentiate and optimizer is not None:
+        raise ValueError("an optimizer needs differentiate=True")
     from .distributed import parallelize
     if config is not None:
         parallelize(model, optimizer, mesh, config)
@@ -213,6 +220,6 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         raise NotImplementedError("shard_optimizer (ZeRO) is not available yet")
     dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
     traced = trace_model(model, example_inputs, mesh, dp_axis)
-    compiled, program_file = _ernie.compile(traced, _pipeline(optimizer, mesh is not None))
+    compiled, program_file = _ernie.compile(traced, _pipeline(optimizer, mesh is not None, differentiate))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout)

@@ -286,7 +286,8 @@ public:
                                                   {}, types));
       opName.destroyOpProperties(props);
       if (!ok)
-        throw py::value_error(diagnostics.take("'" + name + "': invalid operands or attributes"));
+        throw py::value_error("'" + name + "': " +
+                              diagnostics.take("invalid operands or attributes"));
     }
     OperationState state(loc, *info);
     state.addOperands(values);

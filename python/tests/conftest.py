@@ -1,11 +1,17 @@
 """Shared fixtures of the Python tests: where the built tools are."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+# The package as the build tree has it (build/python/ernie), unless an
+# installed one is asked for (ERNIE_USE_INSTALLED=1 after `pip install .`).
+if not os.environ.get("ERNIE_USE_INSTALLED"):
+    sys.path.insert(0, str(Path(os.environ.get("ERNIE_BUILD_DIR", REPO / "build")) / "python"))
 
 
 @pytest.fixture(scope="session")
