@@ -3,8 +3,9 @@
 # simplifies a one-layer Llama and compiles a transformer block with a dp x mp
 # plan into the per-rank program; then the Llama layer is trained by the
 # runtime (ernie-run) and the partitioned block runs on 4 ranks, as threads
-# and as Gloo processes, and is compared with the single-rank run. (The
-# Python training demo replaces this once the frontend lands.)
+# and as Gloo processes, and is compared with the single-rank run; last, the
+# Python frontend trains a small Llama on 8 thread ranks (dp x mp) and
+# prints its loss curve, plan and memory per rank.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,5 +71,11 @@ one, thr, gloo = (np.load(f"{w}/out_{k}/result0.npy") for k in ("1rank", "thread
 print(f"  4 ranks (threads) vs 1 rank: max relative difference {np.max(np.abs(thr - one)) / np.max(np.abs(one)):.2e}")
 print(f"  Gloo vs threads: {'bit for bit identical' if thr.tobytes() == gloo.tobytes() else 'DIFFERENT'}")
 PY
+
 echo
-echo "written: $BUILD_DIR/llama_block.simplified.mlir, $OUT, $WORK/*.ernie"
+echo "== 5. Python: train a small Llama on 8 thread ranks, dp=2 x mp=4 (examples/train_llama.py) =="
+PYTHONPATH="$BUILD_DIR/python" "${ERNIE_VENV:-$ROOT/.venv}/bin/python" \
+  "$ROOT/examples/train_llama.py" --steps "${ERNIE_DEMO_STEPS:-150}" --work "$WORK"
+
+echo
+echo "written: $BUILD_DIR/llama_block.simplified.mlir, $OUT, $WORK/*.ernie, $WORK/train_llama_report.json"

@@ -176,7 +176,8 @@ class Program:
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
                                     "parameter_bytes": local("parameter"),
                                     "optimizer_state_bytes": local("optimizer_state")}
-        out["collectives"] = collectives_of(self.mlir)
+        step = "train_step" if "train_step" in self.functions() else self.functions()[0]
+        out["collectives"] = collectives_of(self.mlir, step)
         return out
 
 
@@ -184,11 +185,30 @@ _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_a
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
 
 
-def collectives_of(module_text: str):
-    """{(kind, axes): (count, bytes of the operand per rank)} in `module_text`."""
+def _function_bodies(module_text: str):
+    """{name: body text} of every function in a printed module."""
+    starts = [(m.group(1), m.start()) for m in re.finditer(r"func\.func (?:private )?@(\w+)", module_text)]
+    return {name: module_text[start:(starts[i + 1][1] if i + 1 < len(starts) else len(module_text))]
+            for i, (name, start) in enumerate(starts)}
+
+
+def collectives_of(module_text: str, function: str | None = None):
+    """{"kind[axes]": {count, bytes per rank}} of the collectives one call of
+    `function` runs (its callees included), or of the whole module."""
+    text = module_text
+    if function is not None:
+        bodies = _function_bodies(module_text)
+        seen, todo, text = set(), [function], ""
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in bodies:
+                continue
+            seen.add(name)
+            text += bodies[name]
+            todo += re.findall(r"call @(\w+)", bodies[name])
     counts = Counter()
     volume = Counter()
-    for kind, axes, dims, dtype in _COLLECTIVE.findall(module_text):
+    for kind, axes, dims, dtype in _COLLECTIVE.findall(text):
         shape = [int(d) for d in dims.split("x") if d]
         key = f"{kind}[{axes}]"
         counts[key] += 1
