@@ -219,6 +219,8 @@ HostTensor RankRunner::gather(const TensorSpec &spec, const HostTensor &local) {
 
 Session::Session(Program program, SessionOptions options)
     : program_(std::move(program)), world_(program_.mesh(), options.timeout) {
+  if (options.blasThreads > 0)
+    setCpuBlasThreads(options.blasThreads);
   for (int64_t r = 0; r < program_.mesh().numRanks(); ++r) {
     comms_.push_back(world_.communicator(r));
     ranks_.push_back(

@@ -35,8 +35,6 @@
 #include <unistd.h>
 #include <vector>
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace fs = std::filesystem;
 using namespace ernie::runtime;
 
@@ -494,7 +492,7 @@ int launchGloo(const Program &program, const Options &o, char **argv) {
 
 int main(int argc, char **argv) {
   Options o = parseOptions(argc, argv);
-  openblas_set_num_threads(o.blasThreads);
+  setCpuBlasThreads(o.blasThreads);
   std::string who = o.rank ? "ernie-run: rank " + std::to_string(*o.rank) + ": "
                            : "ernie-run: ";
   try {

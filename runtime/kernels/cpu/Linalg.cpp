@@ -215,3 +215,7 @@ void registerLinalgKernels(Registry &r) {
 }
 
 } // namespace ernie::runtime::cpu
+
+namespace ernie::runtime {
+void setCpuBlasThreads(int threads) { openblas_set_num_threads(threads); }
+} // namespace ernie::runtime

@@ -82,6 +82,12 @@ const Kernel *findCpuKernel(std::string_view op);
 /// Every op the CPU backend implements, sorted.
 std::vector<std::string> cpuKernelNames();
 
+/// Threads each GEMM may use (OpenBLAS). Ranks that share a process each
+/// run their own GEMMs, so the default for them is one thread per rank:
+/// OpenBLAS's own threads would oversubscribe the cores and serialize
+/// concurrent calls on its internal lock.
+void setCpuBlasThreads(int threads);
+
 } // namespace ernie::runtime
 
 #endif // ERNIE_RUNTIME_KERNEL_H

@@ -92,6 +92,8 @@ private:
 struct SessionOptions {
   ExecutorOptions executor;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// GEMM threads per rank (setCpuBlasThreads); 0 leaves the setting alone.
+  int blasThreads = 1;
 };
 
 class Session {
