@@ -12,7 +12,7 @@ JOBS="${ERNIE_JOBS:-2}"
 
 APT_PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
-  cmake ninja-build ccache g++ python3 python3-venv libgtest-dev libgloo-dev
+  cmake ninja-build ccache g++ python3 python3-venv python3-dev libgtest-dev libgloo-dev
   libopenblas-dev libflatbuffers-dev flatbuffers-compiler
 )
 

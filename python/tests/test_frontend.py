@@ -259,3 +259,45 @@ def test_bad_input_is_a_clear_error():
             return ernie.functional.matmul(x, x)
     with pytest.raises(ValueError, match=r"'ernie.matmul': .*test_frontend.py:\d+.*contraction sizes differ"):
         ernie.compile(Bad(), None, [np.zeros((3, 4), np.float32)])
+
+
+def test_llama_matches_hugging_face():
+    """Optional: with `transformers` and `torch` installed, Hugging Face's own
+    LlamaForCausalLM with the same weights (mapped through state_dict names:
+    HF's q/k/v and gate/up are separate [out, in] Linears) gives the same
+    logits (f64, 1e-6 relative)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = LlamaConfig(**TINY, dtype="f64", seed=5)
+    model = LlamaForCausalLM(cfg)
+    ids, _ = batch(cfg)
+    ours = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False)
+    hf = transformers.LlamaForCausalLM(hf_cfg).double().eval()
+    p = {n: torch.tensor(v.value) for n, v in model.named_parameters()}
+    hq, hkv, d, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    state = {"model.embed_tokens.weight": p["llama.embed_tokens.weight"],
+             "model.norm.weight": p["llama.norm.weight"], "lm_head.weight": p["lm_head.weight"].T}
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"llama.layers.{i}.", f"model.layers.{i}."
+        qkv = p[src + "self_attn.qkv_proj.weight"]
+        gu = p[src + "mlp.gate_up_proj.weight"]
+        state.update({
+            dst + "input_layernorm.weight": p[src + "input_layernorm.weight"],
+            dst + "post_attention_layernorm.weight": p[src + "post_attention_layernorm.weight"],
+            dst + "self_attn.q_proj.weight": qkv[:, :hq * d].T,
+            dst + "self_attn.k_proj.weight": qkv[:, hq * d:(hq + hkv) * d].T,
+            dst + "self_attn.v_proj.weight": qkv[:, (hq + hkv) * d:].T,
+            dst + "self_attn.o_proj.weight": p[src + "self_attn.o_proj.weight"].T,
+            dst + "mlp.gate_proj.weight": gu[:, :inter].T,
+            dst + "mlp.up_proj.weight": gu[:, inter:].T,
+            dst + "mlp.down_proj.weight": p[src + "mlp.down_proj.weight"].T})
+    hf.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-9)
