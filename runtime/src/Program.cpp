@@ -193,8 +193,9 @@ TensorSpec decodeTensor(const fb::TensorSpec *t, const Function &fn,
                     " does not exist");
   const BufferSpec &b = fn.buffers[spec.buffer];
   check.require(b.shape == spec.localShape && b.type == spec.type,
-                where + ": local " + shapeString(spec.localShape) +
-                    " does not match its buffer " + shapeString(b.shape));
+                where + ": local " + shapeString(spec.localShape) + "x" +
+                    std::string(name(spec.type)) + " does not match its buffer " +
+                    shapeString(b.shape) + "x" + std::string(name(b.type)));
   check.require(spec.globalShape.size() == spec.localShape.size(),
                 where + ": global and local ranks differ");
   check.require(spec.sharding.dims.empty() ||
@@ -209,6 +210,61 @@ TensorSpec decodeTensor(const fb::TensorSpec *t, const Function &fn,
                       " times its sharding");
   }
   return spec;
+}
+
+/// Why the executor could not run collective `inst` on its buffers (the
+/// dialect verifier's shape rules: the executor writes the result from
+/// them), or "" when it can.
+std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
+                                   const Mesh &mesh) {
+  const BufferSpec &out = fn.buffers[inst.results[0]];
+  if (inst.op == "ernie.axis_index")
+    return out.type == DType::I64 && elementsOf(out.shape) == 1
+               ? ""
+               : "the result must be one i64";
+  const BufferSpec &in = fn.buffers[inst.operands[0]];
+  if (in.type != out.type || in.shape.size() != out.shape.size())
+    return "the result must keep the operand's rank and element type";
+  int64_t n = axesSize(mesh, inst.axes), rank = in.shape.size();
+  std::vector<int64_t> want = in.shape;
+  auto dim = [&](const char *key, int64_t &d) {
+    try {
+      d = inst.attrs.getInt(key);
+    } catch (const KernelError &) {
+      return false; // missing, or not an integer
+    }
+    return d >= 0 && d < rank;
+  };
+  auto divide = [&](int64_t d) {
+    if (want[d] % n != 0)
+      return false;
+    want[d] /= n;
+    return true;
+  };
+  int64_t d = 0, concat = 0;
+  if (inst.op == "ernie.all_gather" || inst.op == "ernie.reduce_scatter" ||
+      inst.op == "ernie.shard_slice") {
+    if (!dim("dim", d))
+      return "'dim' is missing or out of range";
+    if (inst.op == "ernie.all_gather")
+      want[d] *= n;
+    else if (!divide(d))
+      return "dimension " + std::to_string(d) + " does not divide over " +
+             std::to_string(n) + " ranks";
+  } else if (inst.op == "ernie.all_to_all") {
+    if (!dim("split_dim", d) || !dim("concat_dim", concat))
+      return "'split_dim' or 'concat_dim' is missing or out of range";
+    if (d != concat) {
+      if (!divide(d))
+        return "split_dim " + std::to_string(d) + " does not divide over " +
+               std::to_string(n) + " ranks";
+      want[concat] *= n;
+    }
+  }
+  if (out.shape != want)
+    return "the result must be " + shapeString(want) + ", not " +
+           shapeString(out.shape);
+  return "";
 }
 
 Function decodeFunction(const fb::Function *f, const Mesh &mesh,
@@ -293,6 +349,8 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                       where + ": wrong number of operands or results");
         check.require(!inst.axes.empty() || inst.op == "ernie.axis_index",
                       where + ": a collective needs mesh axes");
+        std::string problem = collectiveShapeProblem(inst, fn, mesh);
+        check.require(problem.empty(), where + ": " + problem);
       }
       fn.instructions.push_back(std::move(inst));
     }

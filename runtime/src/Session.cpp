@@ -221,6 +221,11 @@ Session::Session(Program program, SessionOptions options)
     : program_(std::move(program)), world_(program_.mesh(), options.timeout) {
   if (options.blasThreads > 0)
     setCpuBlasThreads(options.blasThreads);
+  // Results are assembled as if every rank ran the same function.
+  if (program_.numStages() != 1)
+    throw std::invalid_argument(program_.source() + ": a Session runs one "
+                                "stage; this program has " +
+                                std::to_string(program_.numStages()));
   for (int64_t r = 0; r < program_.mesh().numRanks(); ++r) {
     comms_.push_back(world_.communicator(r));
     ranks_.push_back(

@@ -32,6 +32,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -185,6 +186,13 @@ public:
   FunctionBuilder &function(std::string name, size_t stage = 0) {
     functions_.emplace_back(stage, FunctionBuilder(std::move(name)));
     return functions_.back().second;
+  }
+  /// The function added as `name` (the first, in any stage), to change it.
+  FunctionBuilder &get(const std::string &name) {
+    for (auto &entry : functions_)
+      if (entry.second.name == name)
+        return entry.second;
+    throw std::invalid_argument("ProgramBuilder: no function " + name);
   }
 
   uint32_t formatVersion = program::kFormatVersion;

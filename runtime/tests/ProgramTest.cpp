@@ -202,17 +202,21 @@ TEST(ProgramRejects, TruncatedFiles) {
 }
 
 TEST(ProgramRejects, AFlippedPayloadByte) {
+  // The envelope does not walk the payload: whatever byte of the program is
+  // damaged, the checksum is what catches it.
   std::vector<uint8_t> file = validProgram().bytes();
   auto [begin, end] = payloadRange(file);
-  for (size_t at : {begin, (begin + end) / 2, end - 1}) {
-    SCOPED_TRACE(at);
+  for (size_t i = begin; i < end; ++i) {
+    SCOPED_TRACE(i);
     std::vector<uint8_t> bad = file;
-    bad[at] ^= 0x10;
+    bad[i] ^= uint8_t(1u << (i % 8));
     std::string message = errorOfBytes(bad);
     EXPECT_THAT(message, HasSubstr("broken.ernie: "));
-    EXPECT_THAT(message, HasSubstr("checksum does not match"));
+    EXPECT_THAT(message, HasSubstr("is corrupted: the checksum does not match"));
+    if (::testing::Test::HasFailure())
+      break;
   }
-  // A stored checksum that is simply wrong reads the same.
+  // A stored checksum that is simply wrong.
   ProgramBuilder pb = validProgram();
   pb.checksum = 12345;
   EXPECT_THAT(errorOf(pb), HasSubstr("checksum does not match"));
@@ -228,14 +232,14 @@ TEST(ProgramRejects, AWrongIdentifier) {
 }
 
 TEST(ProgramRejects, AnotherFormatVersion) {
-  for (uint32_t version : {program::kFormatVersion + 1, 0u}) {
+  for (uint32_t version : {::ernie::program::kFormatVersion + 1, 0u}) {
     ProgramBuilder pb = validProgram();
     pb.formatVersion = version;
     std::string message = errorOf(pb);
     EXPECT_THAT(message, HasSubstr("broken.ernie: "));
     EXPECT_THAT(message, HasSubstr("format version " + std::to_string(version)));
     EXPECT_THAT(message, HasSubstr("reads version " +
-                                   std::to_string(program::kFormatVersion)));
+                                   std::to_string(::ernie::program::kFormatVersion)));
   }
 }
 
@@ -336,7 +340,7 @@ TEST(ProgramRejects, AnOpWithoutACpuKernel) {
 
 TEST(ProgramRejects, ACollectiveOnAnUnknownAxis) {
   ProgramBuilder pb = validProgram();
-  pb.function("main").instructions[0].axes = {"tp"};
+  pb.get("main").instructions[0].axes = {"tp"};
   std::string message = errorOf(pb);
   EXPECT_THAT(message, HasSubstr("broken.ernie: "));
   EXPECT_THAT(message, HasSubstr("function @main, instruction #0 (ernie.all_gather)"));
@@ -346,14 +350,77 @@ TEST(ProgramRejects, ACollectiveOnAnUnknownAxis) {
 TEST(ProgramRejects, ACollectiveWithoutAxesOrWithTheWrongArity) {
   {
     ProgramBuilder pb = validProgram();
-    pb.function("main").instructions[0].axes = {};
+    pb.get("main").instructions[0].axes = {};
     EXPECT_THAT(errorOf(pb), HasSubstr("a collective needs mesh axes"));
   }
   {
     ProgramBuilder pb = validProgram();
-    pb.function("main").instructions[0].operands = {0, 0};
+    pb.get("main").instructions[0].operands = {0, 0};
     EXPECT_THAT(errorOf(pb), HasSubstr("wrong number of operands or results"));
   }
+}
+
+TEST(ProgramRejects, ACollectiveWhoseShapesDoNotFit) {
+  // The executor writes a collective's result from these shapes: a result
+  // too small for the gathered rows would be written past its buffer.
+  auto broken = [](auto change) {
+    ProgramBuilder pb = validProgram();
+    change(pb.get("main"));
+    return errorOf(pb);
+  };
+  std::string message = broken([](FunctionBuilder &f) { f.buffers[1].shape = {2, 3}; });
+  EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #0 "
+                                 "(ernie.all_gather): the result must be [4, 3], "
+                                 "not [2, 3]"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) { f.buffers[1].type = DType::F64; }),
+              HasSubstr("keep the operand's rank and element type"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                f.instructions[0].attrs = {{"dim", int64_t(2)}};
+              }),
+              HasSubstr("'dim' is missing or out of range"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) { f.instructions[0].attrs = {}; }),
+              HasSubstr("'dim' is missing or out of range"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                f.instructions[0].attrs = {{"dim", 0.0}};
+              }),
+              HasSubstr("'dim' is missing or out of range"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                // [4, 3] scattered over 2 is [2, 3]; the result says [4, 3].
+                f.instructions[0].op = "ernie.reduce_scatter";
+                f.instructions[0].operands = {1};
+                f.instructions[0].results = {2};
+                f.instructions[1].operands = {2};
+              }),
+              HasSubstr("(ernie.reduce_scatter): the result must be [2, 3], not [4, 3]"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                // 3 columns do not split over 2 ranks.
+                f.instructions[0].op = "ernie.shard_slice";
+                f.instructions[0].attrs = {{"dim", int64_t(1)}};
+              }),
+              HasSubstr("dimension 1 does not divide over 2 ranks"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                f.instructions[0].op = "ernie.all_reduce";
+                f.instructions[0].attrs = {{"kind", std::string("sum")}};
+              }),
+              HasSubstr("(ernie.all_reduce): the result must be [2, 3], not [4, 3]"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                // [2, 3] split on 0, concatenated on 1 is [1, 6].
+                f.instructions[0].op = "ernie.all_to_all";
+                f.instructions[0].attrs = {{"split_dim", int64_t(0)},
+                                           {"concat_dim", int64_t(1)}};
+              }),
+              HasSubstr("(ernie.all_to_all): the result must be [1, 6], not [4, 3]"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                f.instructions[0].op = "ernie.all_to_all";
+                f.instructions[0].attrs = {{"split_dim", int64_t(1)},
+                                           {"concat_dim", int64_t(0)}};
+              }),
+              HasSubstr("split_dim 1 does not divide over 2 ranks"));
+  EXPECT_THAT(broken([](FunctionBuilder &f) {
+                uint32_t index = f.buffer(DType::I32, {});
+                f.op("ernie.axis_index", {}, {index}, {}, {"x"});
+              }),
+              HasSubstr("(ernie.axis_index): the result must be one i64"));
 }
 
 TEST(ProgramRejects, AConstantThatDoesNotFillItsBuffer) {
@@ -370,7 +437,7 @@ TEST(ProgramRejects, ShardingsInconsistentWithTheShapes) {
   {
     // Global 5 rows cannot be 2 local rows split in 2.
     ProgramBuilder pb = validProgram();
-    pb.function("main").arguments[0].second.global({5, 3});
+    pb.get("main").arguments[0].second.global({5, 3});
     std::string message = errorOf(pb);
     EXPECT_THAT(message, HasSubstr("broken.ernie: "));
     EXPECT_THAT(message, HasSubstr("function @main, argument 0: global [5, 3] is "
@@ -379,33 +446,40 @@ TEST(ProgramRejects, ShardingsInconsistentWithTheShapes) {
   {
     // Replicated, yet global differs from local.
     ProgramBuilder pb = validProgram();
-    pb.function("main").results[0].second.global({8, 3});
+    pb.get("main").results[0].second.global({8, 3});
     EXPECT_THAT(errorOf(pb), HasSubstr("result 0: global [8, 3] is not local "
                                        "[4, 3] times its sharding"));
   }
   {
     ProgramBuilder pb = validProgram();
-    pb.function("main").arguments[0].second.split({{"x"}}).global({4, 3});
+    pb.get("main").arguments[0].second.split({{"x"}}).global({4, 3});
     EXPECT_THAT(errorOf(pb),
                 HasSubstr("the sharding has the wrong number of dimensions"));
   }
   {
     ProgramBuilder pb = validProgram();
-    pb.function("main").arguments[0].second.split({{"x"}, {"y"}});
+    pb.get("main").arguments[0].second.split({{"x"}, {"y"}});
     EXPECT_THAT(errorOf(pb),
                 HasSubstr("sharding names axis 'y', which the mesh does not have"));
   }
   {
     ProgramBuilder pb = validProgram();
-    pb.function("main").arguments[0].second.partial("q", ReduceOp::Sum);
+    pb.get("main").arguments[0].second.partial("q", ReduceOp::Sum);
     EXPECT_THAT(errorOf(pb), HasSubstr("names axis 'q'"));
   }
   {
     // The local shape must be its buffer's.
     ProgramBuilder pb = validProgram();
-    pb.function("main").arguments[0].second.local({3, 2}).global({6, 2});
-    EXPECT_THAT(errorOf(pb),
-                HasSubstr("argument 0: local [3, 2] does not match its buffer [2, 3]"));
+    pb.get("main").arguments[0].second.local({3, 2}).global({6, 2});
+    EXPECT_THAT(errorOf(pb), HasSubstr("argument 0: local [3, 2]xf32 does not "
+                                       "match its buffer [2, 3]xf32"));
+  }
+  {
+    // So must its element type: the message says which differs.
+    ProgramBuilder pb = validProgram();
+    pb.get("main").arguments[0].second.typed(DType::BF16);
+    EXPECT_THAT(errorOf(pb), HasSubstr("argument 0: local [2, 3]xbf16 does not "
+                                       "match its buffer [2, 3]xf32"));
   }
 }
 
