@@ -23,10 +23,13 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
           "i64": 8, "i32": 4, "i1": 1}
 
 
-def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool) -> str:
+def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
+              zero_level: int = 0, zero_axis: str = "dp") -> str:
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = [f"ernie-autodiff{{{text}}}"] if differentiate else []
+    if zero_level:
+        passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
     if partition:
         passes.append("ernie-auto-parallel-pipeline")
     return f"builtin.module({','.join(passes)})" if passes else ""
@@ -230,16 +233,20 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         parallelize(model, optimizer, mesh, config)
     plan = getattr(model, "_ernie_plan", None)
     mesh = mesh or (plan["mesh"] if plan else None) or get_mesh()
-    if plan and plan.get("sharding_level"):
-        raise NotImplementedError("dp_config.sharding_level > 0 (ZeRO) is not available yet "
-                                  "(it lands with the ZeRO issue)")
     if plan and plan.get("pp_config") and mesh is not None and "pp" in mesh.dim_names \
             and mesh.get_dim_size("pp") > 1:
         raise NotImplementedError("pipeline parallelism is not available yet (pp_config is validated only)")
-    if optimizer is not None and getattr(optimizer, "sharding_level", 0):
-        raise NotImplementedError("shard_optimizer (ZeRO) is not available yet")
     dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
+    zero_level = max(plan.get("sharding_level", 0) if plan else 0,
+                     getattr(optimizer, "sharding_level", 0) if optimizer is not None else 0)
+    zero_axis = getattr(optimizer, "sharding_axis", None) or dp_axis or "dp"
+    if zero_level:
+        if optimizer is None:
+            raise ValueError("ZeRO (sharding_level > 0) shards optimizer state: it needs an optimizer")
+        if mesh is None or zero_axis not in mesh.dim_names:
+            raise ValueError(f"ZeRO shards over mesh dimension {zero_axis!r}, which the mesh lacks")
     traced = trace_model(model, example_inputs, mesh, dp_axis)
-    compiled, program_file = _ernie.compile(traced, _pipeline(optimizer, mesh is not None, differentiate))
+    compiled, program_file = _ernie.compile(
+        traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout)

@@ -390,6 +390,7 @@ class SequenceParallelDisable(_SequenceParallelPlan):
 
 
 class ShardingStage1:
+    """ZeRO stage 1 over mesh dimension `mesh_dim`: optimizer state split."""
     level = 1
 
     def __init__(self, mesh_dim="dp", mesh=None):
@@ -409,6 +410,7 @@ def shard_optimizer(optimizer, shard_fn=None):
     if shard_fn is not None and not isinstance(shard_fn, ShardingStage1):
         raise TypeError("shard_optimizer takes ShardingStage1/2/3")
     optimizer.sharding_level = shard_fn.level if shard_fn else 0
+    optimizer.sharding_axis = shard_fn.mesh_dim if shard_fn else None
     return optimizer
 
 
@@ -442,8 +444,8 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
             raise ValueError(f"dp_config needs a mesh dimension named 'dp'; the mesh has {mesh.dim_names}")
         plan_state["dp_axis"] = "dp"
         plan_state["sharding_level"] = level
-        if optimizer is not None:
-            optimizer.sharding_level = level
+        if optimizer is not None and level:
+            optimizer.sharding_level = level  # (level 0 keeps a shard_optimizer choice)
 
     mp = config.get("mp_config")
     if mp is not None:

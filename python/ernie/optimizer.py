@@ -39,7 +39,8 @@ class Optimizer:
         self.learning_rate = learning_rate
         self.weight_decay = weight_decay
         self.grad_clip = grad_clip
-        self.sharding_level = 0
+        self.sharding_level = 0   # ZeRO level (dist.shard_optimizer, dp_config)
+        self.sharding_axis = None
 
     def get_lr(self, step: int) -> float:
         lr = self.learning_rate

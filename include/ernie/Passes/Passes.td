@@ -193,6 +193,41 @@ def MemoryPlanPass : Pass<"ernie-memory-plan", "ModuleOp"> {
   }];
 }
 
+def ZeroShardingPass : Pass<"ernie-zero-sharding", "ModuleOp"> {
+  let summary = "ZeRO: shard optimizer state, gradients and parameters over dp";
+  let description = [{
+    Runs after `--ernie-autodiff` built `@train_step`, before propagation,
+    and says where ZeRO keeps the model state — as placements only; the
+    collectives come out of propagation and partition:
+
+    * level 1: every optimizer slot (`ernie.opt_state`: moments, fp32
+      master weights) and the result that updates it is split over `axis`
+      on its first dimension that divides; gradients are made whole on every
+      rank first (an all-reduce), each rank updates its shard, and the new
+      parameters, replicated as before, are all-gathered;
+    * level 2: as level 1, but gradients are only ever kept as shards
+      (Partial -> Shard: a reduce-scatter instead of the all-reduce);
+    * level 3: parameters (`ernie.param`) are split too; their uses in the
+      forward and backward all-gather them just before use.
+
+    A tensor none of whose dimensions divides stays replicated (with a
+    remark). The split goes minor to any axes already on that dimension
+    (dp x mp plans keep their mp split).
+
+    ```mlir
+    // level 1, dp = 4: {ernie.opt_state = "w:moment1"} on tensor<64x32xf32>
+    // gets ernie.sharding = #ernie.sharding<@mesh, [{dp}, {} ]>
+    ```
+  }];
+  let options = [
+    Option<"level", "level", "unsigned", "1", "ZeRO level: 1, 2 or 3">,
+    Option<"axis", "axis", "std::string", "\"dp\"", "The mesh axis to shard over">,
+    Option<"function", "function", "std::string", "\"train_step\"",
+           "The training step to shard">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

@@ -1,0 +1,194 @@
+//===- ZeroSharding.cpp - ZeRO as placements on the training step ------------===//
+//
+// ZeRO (Rajbhandari et al.) is a memory layout, and here it is only that:
+// this pass marks which state is split over the data-parallel axis, and
+// sharding propagation and partition derive the reduce-scatters and
+// all-gathers the update needs — the same machinery every other plan uses.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_ZEROSHARDINGPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+/// `sharding` with `axis` added (minor-most) to the first dimension of
+/// `type` it divides; null when none does or the axis is already used.
+ShardingAttr splitOver(ShardingAttr sharding, RankedTensorType type,
+                       MeshOp mesh, StringRef axis) {
+  if (llvm::is_contained(sharding.getUsedAxes(), axis))
+    return {};
+  auto names = mesh.getAxisNames().getAsValueRange<StringAttr>();
+  auto sizeOf = [&](StringRef a) {
+    return mesh.getAxisSizes()[std::distance(names.begin(), llvm::find(names, a))];
+  };
+  SmallVector<SmallVector<StringRef>> dims;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    dims.push_back(sharding.getDimAxes(d));
+  for (int64_t d = 0; d < type.getRank(); ++d) {
+    int64_t parts = sizeOf(axis);
+    for (StringRef a : dims[d])
+      parts *= sizeOf(a);
+    if (type.getDimSize(d) % parts != 0)
+      continue;
+    dims[d].push_back(axis);
+    return ShardingAttr::get(sharding.getContext(), sharding.getMesh(), dims,
+                             sharding.getPartials());
+  }
+  return {};
+}
+
+struct ZeroShardingPass
+    : ernie::impl::ZeroShardingPassBase<ZeroShardingPass> {
+  using ZeroShardingPassBase::ZeroShardingPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (level < 1 || level > 3) {
+      module.emitError() << "ZeRO level must be 1, 2 or 3, not "
+                         << static_cast<unsigned>(level);
+      return signalPassFailure();
+    }
+    auto step = module.lookupSymbol<func::FuncOp>(function);
+    if (!step || step.isExternal()) {
+      module.emitError() << "no function @" << function
+                         << " to shard (run --ernie-autodiff with an "
+                            "optimizer first)";
+      return signalPassFailure();
+    }
+    SmallVector<MeshOp> meshes(module.getOps<MeshOp>());
+    if (meshes.size() != 1) {
+      module.emitError() << "ZeRO needs exactly one ernie.mesh, found "
+                         << meshes.size();
+      return signalPassFailure();
+    }
+    MeshOp mesh = meshes.front();
+    if (!llvm::is_contained(mesh.getAxisNames().getAsValueRange<StringAttr>(),
+                            StringRef(axis))) {
+      mesh.emitError() << "the mesh has no axis '" << axis << "' to shard over";
+      return signalPassFailure();
+    }
+    MLIRContext *ctx = &getContext();
+    auto meshRef = FlatSymbolRefAttr::get(mesh.getSymNameAttr());
+    auto currentSharding = [&](DictionaryAttr attrs, Type type) {
+      if (auto s = attrs ? attrs.getAs<ShardingAttr>(kShardingAttrName) : ShardingAttr())
+        return s;
+      return ShardingAttr::getReplicated(ctx, meshRef,
+                                         cast<RankedTensorType>(type).getRank());
+    };
+
+    // Which states to split: slots from level 1, parameters at level 3.
+    llvm::StringMap<ShardingAttr> placed;
+    for (unsigned i = 0; i < step.getNumArguments(); ++i) {
+      DictionaryAttr attrs = step.getArgAttrDict(i);
+      StringAttr name;
+      if (attrs) {
+        name = attrs.getAs<StringAttr>(ErnieDialect::kOptStateAttrName);
+        if (!name && level == 3)
+          name = attrs.getAs<StringAttr>(ErnieDialect::kParamAttrName);
+      }
+      auto type = dyn_cast<RankedTensorType>(step.getArgumentTypes()[i]);
+      if (!name || !type)
+        continue;
+      // A slot ("w:moment1") starts from its parameter's layout, so a
+      // dp x mp plan keeps the slot's mp split and adds dp to it.
+      ShardingAttr base = currentSharding(attrs, type);
+      if (attrs && attrs.get(ErnieDialect::kOptStateAttrName)) {
+        StringRef param = name.getValue().rsplit(':').first;
+        if (ShardingAttr p = paramSharding(step, param, meshRef);
+            p && p.getRank() == type.getRank())
+          base = p;
+      }
+      ShardingAttr split = splitOver(base, type, mesh, axis);
+      if (!split) {
+        emitRemark(step.getLoc())
+            << "ZeRO: '" << name.getValue() << "' " << type
+            << " stays replicated: no dimension divides over " << axis;
+        continue;
+      }
+      step.setArgAttr(i, kShardingAttrName, split);
+      placed[name.getValue()] = split;
+    }
+    // The results that carry those states to the next step, laid out alike.
+    for (unsigned i = 0; i < step.getNumResults(); ++i)
+      if (auto updates = step.getResultAttrOfType<StringAttr>(
+              i, ErnieDialect::kUpdatesAttrName))
+        if (ShardingAttr s = placed.lookup(updates.getValue()))
+          step.setResultAttr(i, kShardingAttrName, s);
+
+    // Gradients: whole at level 1 (all-reduced), shards from level 2 on:
+    // the gradient function returns each gradient split like its
+    // parameter's slots, so its pending sum becomes a reduce-scatter.
+    if (level == 1) {
+      replicateGradients(step, meshRef);
+      return;
+    }
+    step.walk([&](func::CallOp call) {
+      auto grad = module.lookupSymbol<func::FuncOp>(call.getCallee());
+      if (!grad)
+        return;
+      for (unsigned i = 0; i < grad.getNumResults(); ++i) {
+        auto of = grad.getResultAttrOfType<StringAttr>(i, "ernie.grad_of");
+        auto type = dyn_cast<RankedTensorType>(grad.getResultTypes()[i]);
+        if (!of || !type)
+          continue;
+        ShardingAttr param = paramSharding(step, of.getValue(), meshRef);
+        if (!param)
+          continue;
+        if (ShardingAttr split = splitOver(param, type, mesh, axis))
+          grad.setResultAttr(i, kShardingAttrName, split);
+        else if (llvm::is_contained(param.getUsedAxes(), StringRef(axis)))
+          grad.setResultAttr(i, kShardingAttrName, param); // level 3
+      }
+    });
+  }
+
+  /// The sharding of parameter `name` as @train_step takes it.
+  ShardingAttr paramSharding(func::FuncOp step, StringRef name,
+                             FlatSymbolRefAttr meshRef) {
+    for (unsigned i = 0; i < step.getNumArguments(); ++i) {
+      auto p = step.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName);
+      if (!p || p.getValue() != name)
+        continue;
+      if (auto s = step.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName))
+        return s;
+      return ShardingAttr::getReplicated(
+          &getContext(), meshRef,
+          cast<RankedTensorType>(step.getArgumentTypes()[i]).getRank());
+    }
+    return {};
+  }
+
+  /// Level 1 keeps full gradients: a constraint on every gradient the
+  /// step's call returns (results after the loss) makes them replicated.
+  void replicateGradients(func::FuncOp step, FlatSymbolRefAttr meshRef) {
+    step.walk([&](func::CallOp call) {
+      OpBuilder b(call);
+      b.setInsertionPointAfter(call);
+      for (Value grad : call.getResults().drop_front()) {
+        auto type = dyn_cast<RankedTensorType>(grad.getType());
+        if (!type)
+          continue;
+        auto replicated =
+            ShardingAttr::getReplicated(&getContext(), meshRef, type.getRank());
+        auto constraint = ShardingConstraintOp::create(b, call.getLoc(), grad,
+                                                       replicated, uint64_t(0));
+        grad.replaceAllUsesExcept(constraint.getResult(), constraint);
+      }
+    });
+  }
+};
+
+} // namespace
