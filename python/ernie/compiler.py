@@ -81,22 +81,32 @@ class Program:
     """A compiled model on every rank of its mesh."""
 
     def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                 seed=0, check_finite=False, timeout=60.0):
+                 seed=0, check_finite=False, timeout=60.0, abstract=False):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
-        self._session = _ernie.Session(program_file, timeout, check_finite)
+        self.num_ranks, self._signatures = _ernie.describe(program_file)
         self._step_fn = "train_step" if optimizer is not None else "forward_grad"
+        self.abstract = abstract
         self._inputs = [(tuple(np.asarray(x.value if isinstance(x, DistTensor) else x).shape),
                          np.asarray(x.value if isinstance(x, DistTensor) else x).dtype)
                         for x in example_inputs]
+        self.step_count = 0
+        if abstract:  # compiled and planned, never run: nothing allocated
+            self._session = None
+            return
+        self._session = _ernie.Session(program_file, timeout, check_finite)
         values = {name: p.value for name, p in model.named_parameters()}
         for fn in self.functions():
             if fn in ("train_step", "eval_step", "forward", "forward_grad"):
                 self._session.init_state(fn, values, seed)
-        self.step_count = 0
 
     def functions(self):
-        return re.findall(r"func\.func @(\w+)", self.mlir)
+        return list(self._signatures)
+
+    def _require_session(self):
+        if self._session is None:
+            raise RuntimeError("an abstract program is compiled and planned but never runs")
+        return self._session
 
     def to_mlir(self) -> str:
         """The traced (unpartitioned) module."""
@@ -122,34 +132,34 @@ class Program:
         batch = self._check_batch(batch)
         self.step_count += 1
         lr = self.optimizer.get_lr(self.step_count)
-        (loss, *_rest) = self._session.call("train_step", batch, lr, self.step_count)
+        (loss, *_rest) = self._require_session().call("train_step", batch, lr, self.step_count)
         return float(loss)
 
     def eval(self, *batch) -> float:
         fn = "eval_step" if "eval_step" in self.functions() else "forward"
-        (loss, *_rest) = self._session.call(fn, self._check_batch(batch))
+        (loss, *_rest) = self._require_session().call(fn, self._check_batch(batch))
         return float(loss)
 
     def forward(self, *batch):
         """The model's output (global) on a batch."""
-        return self._session.call("forward", self._check_batch(batch))[0]
+        return self._require_session().call("forward", self._check_batch(batch))[0]
 
     def grad(self, *batch):
         """(loss, {parameter: gradient}) at the current parameters."""
-        results = self._session.call("forward_grad", self._check_batch(batch))
-        names = [r["name"] for r in self._session.signature("forward_grad")["arguments"]
+        results = self._require_session().call("forward_grad", self._check_batch(batch))
+        names = [r["name"] for r in self._signatures["forward_grad"]["arguments"]
                  if r["role"] == "parameter"]
         return float(results[0]), OrderedDict(zip(names, results[1:]))
 
     def _state_names(self):
         fn = self._step_fn if self._step_fn in self.functions() else "forward"
-        return fn, [a["name"] for a in self._session.signature(fn)["arguments"]
+        return fn, [a["name"] for a in self._signatures[fn]["arguments"]
                     if a["role"] in ("parameter", "optimizer_state")]
 
     def state_dict(self):
         """Global parameters and optimizer state, gathered from every rank."""
         fn, names = self._state_names()
-        return OrderedDict((n, self._session.state(fn, n)) for n in names)
+        return OrderedDict((n, self._require_session().state(fn, n)) for n in names)
 
     def load_state_dict(self, state):
         fn, names = self._state_names()
@@ -158,10 +168,10 @@ class Program:
             raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
         for f in self.functions():
             if f in ("train_step", "eval_step", "forward", "forward_grad"):
-                sig = [a["name"] for a in self._session.signature(f)["arguments"]]
+                sig = [a["name"] for a in self._signatures[f]["arguments"]]
                 for name, value in state.items():
                     if name in sig:
-                        self._session.set_state(f, name, np.ascontiguousarray(value))
+                        self._require_session().set_state(f, name, np.ascontiguousarray(value))
 
     def save(self, path):
         """Writes the program file `ernie-run` runs."""
@@ -169,16 +179,24 @@ class Program:
             f.write(self.program_file)
 
     def report(self):
-        """Per-rank memory (the arena of each function, the bytes of
-        parameters and optimizer state) and the collectives of one step."""
-        out = {"ranks": self._session.num_ranks, "functions": {}}
-        for fn in self.functions():
-            sig = self._session.signature(fn)
-            local = lambda role: sum(int(np.prod(a["local_shape"])) * _BYTES[a["dtype"]]
-                                     for a in sig["arguments"] if a["role"] == role)
+        """Per rank: each function's arena (the planned peak), the bytes of
+        parameters, gradients and optimizer state (`model_state_bytes`,
+        ZeRO's figure), and the collectives of one step."""
+        out = {"ranks": self.num_ranks, "functions": {}}
+        size = lambda t: int(np.prod(t["local_shape"])) * _BYTES[t["dtype"]]
+        for fn, sig in self._signatures.items():
+            local = lambda role: sum(size(a) for a in sig["arguments"] if a["role"] == role)
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
                                     "parameter_bytes": local("parameter"),
                                     "optimizer_state_bytes": local("optimizer_state")}
+        if "forward_grad" in self._signatures:
+            # Gradients as the step holds them: the gradient function's results.
+            grads = sum(size(r) for r in self._signatures["forward_grad"]["results"]
+                        if r["role"] != "loss")
+            step = out["functions"].get("train_step", out["functions"]["forward_grad"])
+            out["gradient_bytes"] = grads
+            out["model_state_bytes"] = (step["parameter_bytes"] + grads +
+                                        step["optimizer_state_bytes"])
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
         return out
@@ -220,12 +238,16 @@ def collectives_of(module_text: str, function: str | None = None):
 
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
-            config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True) -> Program:
+            config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
+            abstract=False) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
     it on every rank. With differentiate=False the model may return any
-    tensor (logits, say) and the program has only @forward."""
+    tensor (logits, say) and the program has only @forward. With
+    abstract=True nothing is loaded or allocated (build the model under
+    ernie.nn.abstract()): the program is compiled and planned, and report()
+    gives its per-rank memory."""
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
     from .distributed import parallelize
@@ -249,4 +271,4 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     compiled, program_file = _ernie.compile(
         traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                   seed=seed, check_finite=check_finite, timeout=timeout)
+                   seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract)

@@ -8,6 +8,7 @@ the `ernie.param` argument named by its qualified path
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import numpy as np
@@ -16,17 +17,44 @@ from . import functional as F
 from .tensor import ERNIE_TO_NUMPY, Tensor, dtype_name
 
 
+_abstract = False
+
+
+@contextlib.contextmanager
+def abstract():
+    """Models built inside have parameters with a shape and a dtype but no
+    values: full-size models compile (ernie.compile(..., abstract=True))
+    without allocating their tensors."""
+    global _abstract
+    previous, _abstract = _abstract, True
+    try:
+        yield
+    finally:
+        _abstract = previous
+
+
+def parameter(shape, dtype, init):
+    """A Parameter of `shape` whose value is `init()` — not called in
+    abstract mode."""
+    if _abstract:
+        return Parameter(None, dtype, shape=shape)
+    return Parameter(init(), dtype)
+
+
 class Parameter:
     """A trainable tensor: its value, and where it lives on the mesh."""
 
-    def __init__(self, value, dtype=None):
+    def __init__(self, value, dtype=None, shape=None):
+        self.placements = None  # list of distributed placements, per mesh dim
+        self.name = None        # set by the owning module tree
+        self.traced: Tensor | None = None  # the argument while tracing
+        if value is None:  # abstract: shape and dtype only
+            self.dtype, self.value, self.shape = dtype_name(dtype), None, tuple(shape)
+            return
         value = np.asarray(value)
         self.dtype = dtype_name(dtype or value.dtype)
         self.value = value.astype(ERNIE_TO_NUMPY.get(self.dtype, value.dtype))
         self.shape = tuple(value.shape)
-        self.placements = None  # list of distributed placements, per mesh dim
-        self.name = None        # set by the owning module tree
-        self.traced: Tensor | None = None  # the argument while tracing
 
     def __repr__(self):
         return f"Parameter(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype})"
@@ -70,7 +98,8 @@ class Module:
         return [p for _, p in self.named_parameters()]
 
     def state_dict(self):
-        """{qualified name: numpy value} of every parameter."""
+        """{qualified name: numpy value} of every parameter (None in abstract
+        models)."""
         return OrderedDict((n, p.value) for n, p in self.named_parameters())
 
     def set_state_dict(self, state, strict=True):
@@ -121,9 +150,10 @@ class Linear(Module):
         super().__init__()
         rng = rng or _default_rng
         bound = 1.0 / np.sqrt(in_features)
-        self.weight = Parameter(_uniform(rng, (in_features, out_features), bound, dtype), dtype)
+        self.weight = parameter((in_features, out_features), dtype,
+                                lambda: _uniform(rng, (in_features, out_features), bound, dtype))
         if bias:
-            self.bias = Parameter(np.zeros(out_features), dtype)
+            self.bias = parameter((out_features,), dtype, lambda: np.zeros(out_features))
         self.has_bias = bias
 
     def forward(self, x):
@@ -135,7 +165,8 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, dtype="f32", rng=None, std=0.02):
         super().__init__()
         rng = rng or _default_rng
-        self.weight = Parameter(rng.normal(0, std, size=(num_embeddings, embedding_dim)), dtype)
+        self.weight = parameter((num_embeddings, embedding_dim), dtype,
+                                lambda: rng.normal(0, std, size=(num_embeddings, embedding_dim)))
 
     def forward(self, ids):
         return F.embedding(ids, self.p("weight"))
@@ -144,7 +175,7 @@ class Embedding(Module):
 class RMSNorm(Module):
     def __init__(self, hidden_size, epsilon=1e-6, dtype="f32"):
         super().__init__()
-        self.weight = Parameter(np.ones(hidden_size), dtype)
+        self.weight = parameter((hidden_size,), dtype, lambda: np.ones(hidden_size))
         self.epsilon = epsilon
 
     def forward(self, x):
@@ -154,8 +185,8 @@ class RMSNorm(Module):
 class LayerNorm(Module):
     def __init__(self, hidden_size, epsilon=1e-5, dtype="f32"):
         super().__init__()
-        self.weight = Parameter(np.ones(hidden_size), dtype)
-        self.bias = Parameter(np.zeros(hidden_size), dtype)
+        self.weight = parameter((hidden_size,), dtype, lambda: np.ones(hidden_size))
+        self.bias = parameter((hidden_size,), dtype, lambda: np.zeros(hidden_size))
         self.epsilon = epsilon
 
     def forward(self, x):

@@ -457,6 +457,20 @@ py::dict describeTensor(const rt::TensorSpec &t) {
   return d;
 }
 
+/// A function's arguments, results and arena, for Python.
+py::dict describeFunction(const rt::Function &f) {
+  py::list args, results;
+  for (const auto &a : f.arguments)
+    args.append(describeTensor(a));
+  for (const auto &r : f.results)
+    results.append(describeTensor(r));
+  py::dict d;
+  d["arguments"] = args;
+  d["results"] = results;
+  d["arena_bytes"] = f.arenaBytes;
+  return d;
+}
+
 /// Runs `fn` with the GIL released: the ranks are C++ threads.
 template <typename Fn> auto withoutGil(Fn fn) {
   py::gil_scoped_release release;
@@ -493,20 +507,9 @@ public:
   }
 
   py::dict signature(const std::string &fn) {
-    const rt::Function &f =
-        translateErrors([&]() -> const rt::Function & {
-          return session_->program().requireFunction(0, fn);
-        });
-    py::list args, results;
-    for (const auto &a : f.arguments)
-      args.append(describeTensor(a));
-    for (const auto &r : f.results)
-      results.append(describeTensor(r));
-    py::dict d;
-    d["arguments"] = args;
-    d["results"] = results;
-    d["arena_bytes"] = f.arenaBytes;
-    return d;
+    return describeFunction(translateErrors([&]() -> const rt::Function & {
+      return session_->program().requireFunction(0, fn);
+    }));
   }
 
   void initState(const std::string &fn, py::dict given, uint64_t seed) {
@@ -650,6 +653,24 @@ PYBIND11_MODULE(_ernie, m) {
       .def("state", &PySession::state)
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
            py::arg("lr") = 0.0, py::arg("step") = 1);
+
+  m.def(
+      "describe",
+      [](py::bytes file) {
+        // Validates the file and describes stage 0's functions; allocates
+        // nothing (abstract compilation of full-size models uses it).
+        std::string bytes = file;
+        std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
+        std::memcpy(aligned.data(), bytes.data(), bytes.size());
+        rt::Program program = translateErrors([&] {
+          return rt::Program::parse(aligned.data(), bytes.size(), "<compiled program>");
+        });
+        py::dict out;
+        for (const rt::Function &f : program.functions(0))
+          out[py::str(f.name)] = describeFunction(f);
+        return py::make_tuple(program.mesh().numRanks(), out);
+      },
+      py::arg("program"));
 
   m.def("infer_spmd", &inferSpmd, py::arg("op"), py::arg("input_types"),
         py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),

@@ -53,8 +53,9 @@ class LlamaConfig:
 
 def _linear(cfg, rng, n_in, n_out):
     layer = Linear(n_in, n_out, bias=False, dtype=cfg.dtype, rng=rng)
-    layer.weight.value = rng.normal(0, cfg.initializer_range, size=(n_in, n_out)).astype(
-        layer.weight.value.dtype)
+    if layer.weight.value is not None:  # abstract models have no values
+        layer.weight.value = rng.normal(0, cfg.initializer_range, size=(n_in, n_out)).astype(
+            layer.weight.value.dtype)
     return layer
 
 
