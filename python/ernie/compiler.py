@@ -81,7 +81,7 @@ class Program:
     """A compiled model on every rank of its mesh."""
 
     def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                 seed=0, check_finite=False, timeout=60.0, abstract=False):
+                 seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
         self.num_ranks, self._signatures = _ernie.describe(program_file)
@@ -94,7 +94,7 @@ class Program:
         if abstract:  # compiled and planned, never run: nothing allocated
             self._session = None
             return
-        self._session = _ernie.Session(program_file, timeout, check_finite)
+        self._session = _ernie.Session(program_file, timeout, check_finite, trace)
         values = {name: p.value for name, p in model.named_parameters()}
         for fn in self.functions():
             if fn in ("train_step", "eval_step", "forward", "forward_grad"):
@@ -173,6 +173,11 @@ class Program:
                     if name in sig:
                         self._require_session().set_state(f, name, np.ascontiguousarray(value))
 
+    def write_trace(self, path):
+        """The timeline of every instruction on every rank so far, as a
+        Chrome-trace / Perfetto JSON file (compile(..., trace=True))."""
+        self._require_session().write_trace(str(path))
+
     def save(self, path):
         """Writes the program file `ernie-run` runs."""
         with open(path, "wb") as f:
@@ -239,7 +244,7 @@ def collectives_of(module_text: str, function: str | None = None):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False) -> Program:
+            abstract=False, trace=False) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
@@ -271,4 +276,5 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     compiled, program_file = _ernie.compile(
         traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                   seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract)
+                   seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
+                   trace=trace)

@@ -492,13 +492,14 @@ template <typename Fn> auto translateErrors(Fn fn) {
 
 class PySession {
 public:
-  PySession(py::bytes file, double timeoutSeconds, bool checkFinite) {
+  PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace) {
     std::string bytes = file;
     std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
     std::memcpy(aligned.data(), bytes.data(), bytes.size());
     rt::SessionOptions options;
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
     options.executor.checkFinite = checkFinite;
+    options.executor.trace = trace;
     session_ = translateErrors([&] {
       return std::make_unique<rt::Session>(
           rt::Program::parse(aligned.data(), bytes.size(), "<compiled program>"),
@@ -550,6 +551,13 @@ public:
   }
 
   int64_t numRanks() const { return session_->numRanks(); }
+
+  void writeTrace(const std::string &path) {
+    translateErrors([&] {
+      rt::writeChromeTrace(path, session_->traceEvents());
+      return 0;
+    });
+  }
 
 private:
   std::unique_ptr<rt::Session> session_;
@@ -643,8 +651,10 @@ PYBIND11_MODULE(_ernie, m) {
         "Runs a pass pipeline over a module; returns (text, program file bytes)");
 
   py::class_<PySession>(m, "Session")
-      .def(py::init<py::bytes, double, bool>(), py::arg("program"),
-           py::arg("timeout") = 60.0, py::arg("check_finite") = false)
+      .def(py::init<py::bytes, double, bool, bool>(), py::arg("program"),
+           py::arg("timeout") = 60.0, py::arg("check_finite") = false,
+           py::arg("trace") = false)
+      .def("write_trace", &PySession::writeTrace)
       .def_property_readonly("num_ranks", &PySession::numRanks)
       .def("signature", &PySession::signature)
       .def("init_state", &PySession::initState, py::arg("function"),

@@ -400,3 +400,19 @@ def test_zero_memory_matches_the_paper():
         assert abs(got / gb - 1) < 0.01, (level, got, gb)
         with pytest.raises(RuntimeError, match="abstract"):
             prog.step(ids, ids)
+
+
+def test_trace_timeline(tmp_path):
+    import json
+    cfg = LlamaConfig(**TINY)
+    ids, labels = batch(cfg)
+    mesh = dist.ProcessMesh([0, 1], ["dp"])
+    prog = ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.SGD(0.1), [ids, labels], mesh=mesh,
+                         trace=True)
+    prog.step(ids, labels)
+    prog.write_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert any(e["name"] == "ernie.all_reduce" and e["tid"] == 1 for e in spans)
+    assert any(e["name"] == "ernie.matmul" and e["tid"] == 0 for e in spans)

@@ -4,9 +4,11 @@
 
 #include "ernie/runtime/ProgramFormat.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 namespace ernie::runtime {
@@ -247,9 +249,21 @@ std::vector<HostTensor> Executor::run(const std::string &name,
                 inputs[i].bytes.size());
   }
 
+  auto now = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
     try {
+      int64_t start = options_.trace ? now() : 0;
       execute(fn, fn.instructions[i], buffers);
+      if (options_.trace) {
+        const Instruction &inst = fn.instructions[i];
+        trace_.push_back({inst.op, fn.name, isExecutorOp(inst.op) &&
+                                                inst.op != "ernie.constant",
+                          start, now() - start});
+      }
     } catch (const CommunicationError &e) {
       fail(fn, i, e.what(), /*inCollective=*/true);
     } catch (const std::exception &e) {
@@ -273,6 +287,57 @@ std::vector<HostTensor> Executor::run(const std::string &name,
     results.push_back(std::move(out));
   }
   return results;
+}
+
+namespace {
+std::string jsonEscape(const std::string &s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20)
+      out += c;
+  }
+  return out;
+}
+} // namespace
+
+void writeChromeTrace(const std::string &path,
+                      const std::vector<std::vector<TraceEvent>> &events,
+                      int64_t firstRank) {
+  std::ofstream out(path);
+  if (!out)
+    throw std::runtime_error(path + ": cannot write the trace");
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto comma = [&] {
+    if (!first)
+      out << ",\n";
+    first = false;
+  };
+  for (size_t r = 0; r < events.size(); ++r) {
+    int64_t rank = firstRank + static_cast<int64_t>(r);
+    comma();
+    out << "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " << rank
+        << ", \"args\": {\"name\": \"rank " << rank << "\"}}";
+    for (int tid = 0; tid < 2; ++tid) {
+      comma();
+      out << "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " << rank
+          << ", \"tid\": " << tid << ", \"args\": {\"name\": \""
+          << (tid ? "communication" : "compute") << "\"}}";
+    }
+    for (const TraceEvent &e : events[r]) {
+      comma();
+      out << "{\"ph\": \"X\", \"name\": \"" << jsonEscape(e.name)
+          << "\", \"cat\": \"" << (e.collective ? "collective" : "compute")
+          << "\", \"pid\": " << rank << ", \"tid\": " << (e.collective ? 1 : 0)
+          << ", \"ts\": " << e.startMicros << ", \"dur\": " << e.durationMicros
+          << ", \"args\": {\"function\": \"" << jsonEscape(e.function) << "\"}}";
+    }
+  }
+  out << "\n]}\n";
+  if (!out)
+    throw std::runtime_error(path + ": write failed");
 }
 
 } // namespace ernie::runtime

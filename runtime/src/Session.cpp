@@ -308,4 +308,11 @@ std::vector<HostTensor> Session::call(const std::string &fn,
   return results;
 }
 
+std::vector<std::vector<TraceEvent>> Session::traceEvents() const {
+  std::vector<std::vector<TraceEvent>> events;
+  for (const auto &rank : ranks_)
+    events.push_back(rank->executor().traceEvents());
+  return events;
+}
+
 } // namespace ernie::runtime

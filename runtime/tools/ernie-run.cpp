@@ -3,6 +3,7 @@
 //   ernie-run prog.ernie [--ranks N] [--backend threads|gloo] [--steps K]
 //             [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]
 //             [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]
+//             [--trace FILE]
 //             [--rank R (--store DIR | --store-address HOST:PORT)]
 //
 // Runs K calls of a function (train_step when the program has one), carrying
@@ -46,7 +47,7 @@ struct Options {
   std::string backend = "threads";
   int64_t steps = 1;
   std::string function;
-  std::string inputs, outputs;
+  std::string inputs, outputs, trace;
   double lr = 1e-3;
   uint64_t seed = 0;
   bool checkFinite = false;
@@ -61,6 +62,7 @@ struct Options {
 const char *kUsage =
     "usage: ernie-run PROGRAM [--ranks N] [--backend threads|gloo] [--steps K]\n"
     "                 [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]\n"
+    "                 [--trace FILE]\n"
     "                 [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]\n"
     "                 [--blas-threads N]\n"
     "                 [--rank R (--store DIR | --store-address HOST:PORT)]\n"
@@ -77,6 +79,8 @@ const char *kUsage =
     "                    <name>.npy and losses.npy (every step's loss, f64)\n"
     "  --lr X            the learning rate fed to train_step (default 1e-3)\n"
     "  --check-finite    fail when the loss is NaN or infinite\n"
+    "  --trace FILE      a Chrome-trace / Perfetto timeline of every\n"
+    "                    instruction on every rank (Gloo: FILE.rank<r>.json)\n"
     "  --timeout S       seconds a collective waits for its peers (default 60)\n";
 
 [[noreturn]] void usageError(const std::string &message) {
@@ -120,6 +124,8 @@ Options parseOptions(int argc, char **argv) {
       o.inputs = value();
     } else if (arg == "--outputs") {
       o.outputs = value();
+    } else if (arg == "--trace") {
+      o.trace = value();
     } else if (arg == "--lr") {
       o.lr = parseNumber<double>(arg, value());
     } else if (arg == "--seed") {
@@ -337,6 +343,7 @@ void writeOutputs(const std::string &dir, const Function &fn,
 int runThreads(const Program &program, const Options &o) {
   SessionOptions options;
   options.executor.checkFinite = o.checkFinite;
+  options.executor.trace = !o.trace.empty();
   options.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
   Session session(program, options);
   std::string name = chooseFunction(program, o);
@@ -368,6 +375,8 @@ int runThreads(const Program &program, const Options &o) {
         state.emplace_back(arg.name, session.state(name, arg.name));
     writeOutputs(o.outputs, fn, results, state, losses);
   }
+  if (!o.trace.empty())
+    writeChromeTrace(o.trace, session.traceEvents());
   return 0;
 }
 
@@ -381,6 +390,7 @@ int runGlooRank(const Program &program, const Options &o) {
       createGlooCommunicator(program.mesh(), *o.rank, gloo);
   ExecutorOptions options;
   options.checkFinite = o.checkFinite;
+  options.trace = !o.trace.empty();
   RankRunner runner(program, *comm, options);
   std::string name = chooseFunction(program, o);
   const Function &fn = runner.function(name);
@@ -418,6 +428,9 @@ int runGlooRank(const Program &program, const Options &o) {
     if (leader)
       writeOutputs(o.outputs, fn, results, state, losses);
   }
+  if (!o.trace.empty())
+    writeChromeTrace(o.trace + ".rank" + std::to_string(*o.rank) + ".json",
+                     {runner.executor().traceEvents()}, *o.rank);
   comm->barrier(program.mesh().axisNames());
   return 0;
 }

@@ -228,6 +228,26 @@ def ZeroShardingPass : Pass<"ernie-zero-sharding", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
+  let summary = "Write the per-rank memory and communication of a partitioned program";
+  let description = [{
+    For every function with a body, after partition: the bytes per rank of
+    its arguments by role (parameters, optimizer state, batch inputs), of
+    the gradients (`@forward_grad`'s results after the loss), the planned
+    arena and live peak (MemoryPlan.h), and the collectives one call runs —
+    its callees included — by kind and mesh axes: count and bytes of the
+    operands per rank. Written as JSON to `file` ("-": stdout). Changes
+    nothing.
+
+    ```
+    ernie-opt prog.mlir --ernie-auto-parallel-pipeline "--ernie-plan-report=file=plan.json"
+    ```
+  }];
+  let options = [
+    Option<"file", "file", "std::string", "\"-\"", "Where to write the JSON report">,
+  ];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

@@ -40,7 +40,24 @@ struct ExecutionError : std::runtime_error {
 struct ExecutorOptions {
   /// Fail when a result marked as the loss is NaN or infinite.
   bool checkFinite = false;
+  /// Record every instruction's start and duration (traceEvents()).
+  bool trace = false;
 };
+
+/// One instruction's interval on a rank's timeline, for a Chrome trace.
+struct TraceEvent {
+  std::string name;     // the op
+  std::string function; // the function it belongs to
+  bool collective = false;
+  int64_t startMicros = 0; // steady clock: comparable across ranks of a host
+  int64_t durationMicros = 0;
+};
+
+/// Writes `events` (per rank) as Chrome-trace / Perfetto JSON: a process
+/// per rank, compute and communication on separate threads.
+void writeChromeTrace(const std::string &path,
+                      const std::vector<std::vector<TraceEvent>> &events,
+                      int64_t firstRank = 0);
 
 class Executor {
 public:
@@ -60,6 +77,9 @@ public:
   std::vector<HostTensor> run(const std::string &name,
                               const std::vector<HostTensor> &inputs);
 
+  /// The intervals recorded so far (ExecutorOptions::trace).
+  const std::vector<TraceEvent> &traceEvents() const { return trace_; }
+
 private:
   struct Arena;
   void execute(const Function &fn, const Instruction &inst,
@@ -75,6 +95,7 @@ private:
   int64_t rank_, stage_;
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
   std::vector<uint8_t> scratch_; // packing for collectives on inner dims
+  std::vector<TraceEvent> trace_;
 };
 
 } // namespace ernie::runtime

@@ -111,6 +111,9 @@ public:
   /// The global value of state `name`.
   HostTensor state(const std::string &fn, const std::string &name) const;
 
+  /// Every rank's recorded intervals (SessionOptions::executor.trace).
+  std::vector<std::vector<TraceEvent>> traceEvents() const;
+
   /// RankRunner::call on every rank at once; returns the global results.
   /// The first rank to fail stops the others; its error is rethrown.
   std::vector<HostTensor> call(const std::string &fn,

@@ -1,0 +1,117 @@
+//===- PlanReport.cpp - per-rank memory and communication as JSON ------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Export/MemoryPlan.h"
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/ToolOutputFile.h"
+
+#include <map>
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_PLANREPORTPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+int64_t bytesOf(Type type) {
+  RankedTensorType t = storageType(type);
+  if (!t || !t.hasStaticShape())
+    return 0;
+  return t.getNumElements() * storageBytes(t.getElementType());
+}
+
+/// "all_reduce[dp]" -> (count, bytes) over `fn` and everything it calls.
+void collectCollectives(ModuleOp module, func::FuncOp fn,
+                        std::map<std::string, std::pair<int64_t, int64_t>> &out,
+                        llvm::SmallPtrSetImpl<Operation *> &seen) {
+  if (!seen.insert(fn).second || fn.isExternal())
+    return;
+  fn.walk([&](Operation *op) {
+    if (auto call = dyn_cast<func::CallOp>(op)) {
+      if (auto callee = module.lookupSymbol<func::FuncOp>(call.getCallee()))
+        collectCollectives(module, callee, out, seen);
+      return;
+    }
+    if (!isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp>(op))
+      return;
+    std::string key = op->getName().stripDialect().str() + "[";
+    auto axes = op->getAttrOfType<ArrayAttr>("axes");
+    for (auto [i, a] : llvm::enumerate(axes))
+      key += (i ? "," : "") + cast<StringAttr>(a).getValue().str();
+    key += "]";
+    auto &entry = out[key];
+    entry.first += 1;
+    entry.second += bytesOf(op->getOperand(0).getType());
+  });
+}
+
+struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
+  using PlanReportPassBase::PlanReportPassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    llvm::json::Object functions;
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (fn.isExternal())
+        continue;
+      FailureOr<MemoryPlan> plan = planMemory(fn);
+      if (failed(plan))
+        return signalPassFailure();
+      int64_t params = 0, slots = 0, inputs = 0;
+      for (unsigned i = 0; i < fn.getNumArguments(); ++i) {
+        int64_t b = bytesOf(fn.getArgumentTypes()[i]);
+        if (fn.getArgAttr(i, ErnieDialect::kParamAttrName))
+          params += b;
+        else if (fn.getArgAttr(i, ErnieDialect::kOptStateAttrName))
+          slots += b;
+        else
+          inputs += b;
+      }
+      int64_t grads = 0;
+      for (unsigned i = 0; i < fn.getNumResults(); ++i)
+        if (fn.getResultAttr(i, "ernie.grad_of"))
+          grads += bytesOf(fn.getResultTypes()[i]);
+      std::map<std::string, std::pair<int64_t, int64_t>> collectives;
+      llvm::SmallPtrSet<Operation *, 8> seen;
+      collectCollectives(module, fn, collectives, seen);
+      llvm::json::Object comm;
+      for (auto &[key, value] : collectives)
+        comm[key] = llvm::json::Object{{"count", value.first},
+                                       {"bytes", value.second}};
+      functions[fn.getSymName()] = llvm::json::Object{
+          {"parameter_bytes", params},
+          {"optimizer_state_bytes", slots},
+          {"input_bytes", inputs},
+          {"gradient_bytes", grads},
+          {"arena_bytes", plan->arenaBytes},
+          {"live_peak_bytes", plan->livePeakBytes},
+          {"collectives", std::move(comm)}};
+    }
+    int64_t ranks = 1;
+    for (auto mesh : module.getOps<MeshOp>())
+      for (int64_t n : mesh.getAxisSizes())
+        ranks *= n;
+    llvm::json::Value report =
+        llvm::json::Object{{"ranks", ranks}, {"functions", std::move(functions)}};
+    std::string error;
+    std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(file, &error);
+    if (!out) {
+      module.emitError() << "cannot write the plan report: " << error;
+      return signalPassFailure();
+    }
+    out->os() << llvm::formatv("{0:2}", report) << "\n";
+    out->keep();
+    markAllAnalysesPreserved();
+  }
+};
+
+} // namespace
