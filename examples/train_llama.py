@@ -73,7 +73,7 @@ def human(n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--compare-steps", type=int, default=5)
     parser.add_argument("--work", default=os.environ.get("ERNIE_DEMO_DIR", "build/demo"))
     parser.add_argument("--report", default=None)

@@ -75,7 +75,7 @@ PY
 echo
 echo "== 5. Python: train a small Llama on 8 thread ranks, dp=2 x mp=4 (examples/train_llama.py) =="
 PYTHONPATH="$BUILD_DIR/python" "${ERNIE_VENV:-$ROOT/.venv}/bin/python" \
-  "$ROOT/examples/train_llama.py" --steps "${ERNIE_DEMO_STEPS:-150}" --work "$WORK"
+  "$ROOT/examples/train_llama.py" --steps "${ERNIE_DEMO_STEPS:-200}" --work "$WORK"
 
 echo
 echo "written: $BUILD_DIR/llama_block.simplified.mlir, $OUT, $WORK/*.ernie, $WORK/train_llama_report.json"

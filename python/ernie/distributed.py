@@ -363,30 +363,86 @@ class PrepareLayerOutput(PlanBase):
         _wrap_forward(layer, post=lambda l, out: hook(l, None, out))
 
 
+# Sequence parallelism (Korthikanti et al.): between Begin and End the
+# activations stay split along the sequence over mp; layers marked Disable
+# (attention, MLP: the tensor-parallel ones) gather their input and hand
+# back a sequence-split output, so the column-parallel matmul is preceded by
+# an all-gather and the row-parallel one followed by a reduce-scatter. The
+# plan only places constraints; propagation and partition derive the
+# collectives (and mirror them in the backward). The constraints are weaker
+# (priority 1) than parameter placements, so a weight's mp split wins over
+# an activation's sequence split where they meet: the activation moves.
+_SP_PRIORITY = 1
+
+
+def _sequence_split(x, mesh, mp_axis):
+    """x [batch, seq, ...] split along seq over mp."""
+    from . import functional as F
+    if x.ndim < 2:
+        return x
+    dims = [[] for _ in x.shape]
+    dims[1] = [mp_axis]
+    if x.shape[1] % mesh.get_dim_size(mp_axis):
+        raise ValueError(f"sequence parallelism: sequence length {x.shape[1]} does not divide "
+                         f"over {mp_axis}={mesh.get_dim_size(mp_axis)}")
+    return F.sharding_constraint(x, ("mesh", dims, []), _SP_PRIORITY)
+
+
+def _sequence_whole(x, mesh, mp_axis):
+    from . import functional as F
+    return F.sharding_constraint(x, ("mesh", [[] for _ in x.shape], []), _SP_PRIORITY)
+
+
+def _first(out, fn):
+    if isinstance(out, tuple):
+        return (fn(out[0]),) + out[1:]
+    return fn(out)
+
+
 class _SequenceParallelPlan(PlanBase):
     def __init__(self, need_transpose=True):
+        # Paddle's SP layout is [seq, batch, hidden] and need_transpose moves
+        # between it and [batch, seq, hidden]; ernie keeps [batch, seq, ...]
+        # throughout and splits dimension 1, so there is nothing to move.
         self.need_transpose = need_transpose
 
     def apply(self, layer, mesh, mp_axis, name):
-        raise NotImplementedError(
-            f"{type(self).__name__} on {name}: sequence parallelism is not available yet "
-            "(it lands with the sequence-parallel issue)")
+        if isinstance(layer, Parameter):
+            raise TypeError(f"{type(self).__name__} applies to a layer; {name} is a parameter")
+        self._apply(layer, mesh, mp_axis)
 
 
 class SequenceParallelBegin(_SequenceParallelPlan):
-    pass
+    """The layer's output starts the sequence-parallel region."""
+
+    def _apply(self, layer, mesh, mp_axis):
+        _wrap_forward(layer, post=lambda _, out: _first(out, lambda y: _sequence_split(y, mesh, mp_axis)))
 
 
 class SequenceParallelEnd(_SequenceParallelPlan):
-    pass
+    """The layer's output leaves the region: gathered along the sequence."""
+
+    def _apply(self, layer, mesh, mp_axis):
+        _wrap_forward(layer, post=lambda _, out: _first(out, lambda y: _sequence_whole(y, mesh, mp_axis)))
 
 
 class SequenceParallelEnable(_SequenceParallelPlan):
-    pass
+    """The layer runs on its share of the tokens (norms, elementwise)."""
+
+    def _apply(self, layer, mesh, mp_axis):
+        _wrap_forward(layer,
+                      pre=lambda _, args: (_sequence_split(args[0], mesh, mp_axis),) + tuple(args[1:]),
+                      post=lambda _, out: _first(out, lambda y: _sequence_split(y, mesh, mp_axis)))
 
 
 class SequenceParallelDisable(_SequenceParallelPlan):
-    pass
+    """A tensor-parallel layer inside the region: its input is gathered
+    along the sequence and its output handed back split."""
+
+    def _apply(self, layer, mesh, mp_axis):
+        _wrap_forward(layer,
+                      pre=lambda _, args: (_sequence_whole(args[0], mesh, mp_axis),) + tuple(args[1:]),
+                      post=lambda _, out: _first(out, lambda y: _sequence_split(y, mesh, mp_axis)))
 
 
 class ShardingStage1:
