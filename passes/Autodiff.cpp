@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -159,6 +160,20 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
   SmallVector<Value> results{loss};
   for (BlockArgument p : params) {
     Value g = grads.lookup(p);
+    // A gradient is laid out like its parameter. Without this, results are
+    // unconstrained and come out replicated: every column-parallel weight's
+    // gradient would be all-gathered here and sliced again by the update.
+    // The constraint is weaker (priority 1) than the plan's own
+    // placements, so a gradient still pending a sum over dp is all-reduced
+    // into this layout rather than forcing the activations to be gathered.
+    auto constrain = [&](Value v) -> Value {
+      auto layout = gradFn.getArgAttrOfType<ShardingAttr>(p.getArgNumber(),
+                                                          kShardingAttrName);
+      if (!layout)
+        return v;
+      return ShardingConstraintOp::create(builder, ret.getLoc(), v, layout,
+                                          uint64_t(1));
+    };
     if (!g) {
       g = FullOp::create(builder, ret.getLoc(),
                          cast<RankedTensorType>(p.getType()), 0.0);
@@ -168,7 +183,7 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
                         FullOp::create(builder, ret.getLoc(), type,
                                        lossScale));
     }
-    results.push_back(g);
+    results.push_back(constrain(g));
   }
   func::ReturnOp::create(builder, ret.getLoc(), results);
   ret.erase();

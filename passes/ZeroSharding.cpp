@@ -171,21 +171,27 @@ struct ZeroShardingPass
     return {};
   }
 
-  /// Level 1 keeps full gradients: a constraint on every gradient the
-  /// step's call returns (results after the loss) makes them replicated.
+  /// Level 1 keeps full gradients over `axis`: a constraint on every
+  /// gradient the step's call returns lays it out like its parameter (whole
+  /// over dp, any mp split kept), so the pending sum is all-reduced.
   void replicateGradients(func::FuncOp step, FlatSymbolRefAttr meshRef) {
+    ModuleOp module = getOperation();
     step.walk([&](func::CallOp call) {
+      auto grad = module.lookupSymbol<func::FuncOp>(call.getCallee());
+      if (!grad)
+        return;
       OpBuilder b(call);
       b.setInsertionPointAfter(call);
-      for (Value grad : call.getResults().drop_front()) {
-        auto type = dyn_cast<RankedTensorType>(grad.getType());
-        if (!type)
+      for (unsigned i = 0; i < call.getNumResults(); ++i) {
+        auto of = grad.getResultAttrOfType<StringAttr>(i, "ernie.grad_of");
+        ShardingAttr layout =
+            of ? paramSharding(step, of.getValue(), meshRef) : ShardingAttr();
+        Value g = call.getResult(i);
+        if (!layout || !isa<RankedTensorType>(g.getType()))
           continue;
-        auto replicated =
-            ShardingAttr::getReplicated(&getContext(), meshRef, type.getRank());
-        auto constraint = ShardingConstraintOp::create(b, call.getLoc(), grad,
-                                                       replicated, uint64_t(0));
-        grad.replaceAllUsesExcept(constraint.getResult(), constraint);
+        auto constraint = ShardingConstraintOp::create(b, call.getLoc(), g,
+                                                       layout, uint64_t(0));
+        g.replaceAllUsesExcept(constraint.getResult(), constraint);
       }
     });
   }

@@ -19,19 +19,23 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 
 // Level 1: the slots of w split on dim 0 over dp (its mp split kept); the
 // parameter stays as it was; a 3-element slot cannot split and stays whole;
-// gradients are constrained whole (all-reduced) before the update.
+// gradients are constrained to their parameter's layout — whole over dp
+// (all-reduced), their mp split kept — before the update.
 // L1-LABEL: func.func @train_step
 // L1-SAME: {ernie.param = "w", ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}
 // L1-SAME: {ernie.opt_state = "w:moment1", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
 // L1-SAME: {ernie.opt_state = "w:moment2", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
 // L1-SAME: %{{[a-z0-9]+}}: tensor<3xf32> {ernie.opt_state = "odd:moment1"}
 // L1-SAME: tensor<16x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>, ernie.updates = "w:moment1"}
-// L1: ernie.sharding_constraint %{{.*}}#1 <@mesh, [{}, {}]>
+// L1: ernie.sharding_constraint %{{.*}}#1 <@mesh, [{}, {mp}]>
 
-// Level 2: no gradient constraint; the gradient function returns w's
-// gradient split like its slots.
+// Level 2: the gradient function returns w's gradient split like its
+// slots (autodiff's own constraint there, laying it out like w, is weaker),
+// and the step adds no gradient constraint.
 // L2-LABEL: func.func @forward_grad
 // L2-SAME: -> (tensor<f32>, tensor<16x8xf32> {ernie.grad_of = "w", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
+// L2: ernie.sharding_constraint {{.*}}<@mesh, [{}, {mp}]> {priority = 1 : i64}
+// L2-LABEL: func.func @train_step
 // L2-NOT: ernie.sharding_constraint
 
 // Level 3: the parameter itself is split.
