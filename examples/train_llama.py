@@ -22,20 +22,12 @@ import numpy as np
 
 import ernie
 import ernie.distributed as dist
-from ernie.models.llama import LlamaConfig, LlamaForCausalLM
+from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
          "eighteen", "nineteen", "twenty"]
 
-PLAN = {
-    "llama.embed_tokens": dist.ColWiseParallel(),
-    "llama.layers.*.self_attn.qkv_proj": dist.ColWiseParallel(),
-    "llama.layers.*.self_attn.o_proj": dist.RowWiseParallel(),
-    "llama.layers.*.mlp.gate_up_proj": dist.ColWiseParallel(),
-    "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
-    "lm_head": dist.ColWiseParallel(),
-}
 
 
 def corpus(path: Path, sentences=20000, seed=0) -> bytes:
@@ -91,7 +83,7 @@ def main():
     mesh = dist.ProcessMesh(np.arange(8).reshape(2, 4), ["dp", "mp"])
     schedule = ernie.optimizer.LinearWarmupCosine(3e-3, warmup_steps=20, total_steps=args.steps,
                                                   min_lr=3e-4)
-    config = {"dp_config": {"sharding_level": 0}, "mp_config": {"parallelize_plan": PLAN}}
+    config = {"dp_config": {"sharding_level": 0}, "mp_config": {"parallelize_plan": parallelize_plan()}}
     example = next(batches(data, batch, seq))
 
     t0 = time.time()

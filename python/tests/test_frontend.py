@@ -13,7 +13,7 @@ import pytest
 
 import ernie
 import ernie.distributed as dist
-from ernie.models.llama import LlamaConfig, LlamaForCausalLM
+from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan
 
 TINY = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
@@ -106,17 +106,10 @@ def test_llama_logits_and_gradients_match_numpy(tied):
 # Training under plans equals the single-rank run.
 # ---------------------------------------------------------------------------
 
-LLAMA_PLAN = {
-    "llama.embed_tokens": dist.ColWiseParallel(),
-    "llama.layers.*.self_attn.qkv_proj": dist.ColWiseParallel(),
-    "llama.layers.*.self_attn.o_proj": dist.RowWiseParallel(),
-    "llama.layers.*.mlp.gate_up_proj": dist.ColWiseParallel(),
-    "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
-    "lm_head": dist.ColWiseParallel(),
-}
+LLAMA_PLAN = parallelize_plan()
 
 
-def train(mesh_shape, names, steps=20):
+def train(mesh_shape, names, steps=20, sequence_parallel=False):
     cfg = LlamaConfig(**TINY, seed=7)
     model = LlamaForCausalLM(cfg)
     opt = ernie.optimizer.AdamW(ernie.optimizer.LinearWarmupCosine(3e-3, 5, steps), weight_decay=0.01)
@@ -129,7 +122,7 @@ def train(mesh_shape, names, steps=20):
         if "dp" in names:
             config["dp_config"] = {"sharding_level": 0}
         if "mp" in names:
-            config["mp_config"] = {"parallelize_plan": LLAMA_PLAN}
+            config["mp_config"] = {"parallelize_plan": parallelize_plan(sequence_parallel)}
         prog = ernie.compile(model, opt, [ids, labels], mesh=mesh, config=config)
     return prog, [prog.step(ids, labels) for _ in range(steps)]
 
@@ -139,14 +132,18 @@ def single_rank_losses():
     return train(None, None)[1]
 
 
-@pytest.mark.parametrize("shape,names", [([2], ["dp"]), ([2], ["mp"]), ([2, 2], ["dp", "mp"])])
-def test_training_under_plans_matches_single_rank(single_rank_losses, shape, names):
-    prog, losses = train(shape, names)
+@pytest.mark.parametrize("shape,names,sp", [([2], ["dp"], False), ([2], ["mp"], False),
+                                             ([2, 2], ["dp", "mp"], False), ([2], ["mp"], True),
+                                             ([2, 2], ["dp", "mp"], True)])
+def test_training_under_plans_matches_single_rank(single_rank_losses, shape, names, sp):
+    prog, losses = train(shape, names, sequence_parallel=sp)
     np.testing.assert_allclose(losses, single_rank_losses, rtol=1e-5)
     assert losses[-1] < losses[0]  # it learns
     if "mp" in names:
         kinds = prog.report()["collectives"]
         assert any(k.endswith("[mp]") for k in kinds), kinds
+        if sp:  # activations leave the row-parallel matmuls split along the sequence
+            assert "reduce_scatter[mp]" in kinds, kinds
 
 
 def test_state_dict_is_global_and_round_trips():

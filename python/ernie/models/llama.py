@@ -137,3 +137,27 @@ class LlamaForCausalLM(Module):
         if labels is None:
             return logits
         return F.cross_entropy(logits, labels)
+
+
+def parallelize_plan(sequence_parallel: bool = False) -> dict:
+    """Paddle's tensor-parallel plan for Llama (`mp_config.parallelize_plan`):
+    Megatron's column/row pairs for attention and MLP, the embedding and LM
+    head split on the hidden/vocabulary dimension; with sequence_parallel,
+    activations between layers stay split along the sequence."""
+    from .. import distributed as dist
+    plan = {
+        "llama.embed_tokens": dist.ColWiseParallel(),
+        "llama.layers.*.self_attn.qkv_proj": dist.ColWiseParallel(),
+        "llama.layers.*.self_attn.o_proj": dist.RowWiseParallel(),
+        "llama.layers.*.mlp.gate_up_proj": dist.ColWiseParallel(),
+        "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
+        "lm_head": dist.ColWiseParallel(),
+    }
+    if sequence_parallel:
+        plan.update({
+            "llama.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
+            "llama.layers.*.self_attn": dist.SequenceParallelDisable(),
+            "llama.layers.*.mlp": dist.SequenceParallelDisable(),
+            "llama.norm": dist.SequenceParallelEnd(),
+        })
+    return plan
