@@ -53,6 +53,13 @@ void matmul(const std::vector<TensorView> &in,
   int64_t n = tb ? b.shape[rb - 2] : b.shape[rb - 1];
   int64_t batches = a.numElements() / (m * k);
   bool sharedRhs = rb == 2;
+  // A shared weight applied to untransposed batches is one GEMM over every
+  // batch's rows ([batches * m, k] x [k, n]): the batches are contiguous,
+  // and one large call runs far faster than many short ones.
+  if (sharedRhs && !ta && batches > 1) {
+    m *= batches;
+    batches = 1;
+  }
   dispatchNumeric(a.type, [&](auto zero) {
     using T = decltype(zero);
     for (int64_t i = 0; i < batches; ++i)
