@@ -1,12 +1,15 @@
 //===- Transformer.cpp - CPU kernels of rope, attention and the loss --------===//
 //
 // Straight from the op definitions (ErnieOps.td), in the element type with
-// index-order accumulation. Attention recomputes its probabilities in the
+// index-order accumulation. Attention runs as OpenBLAS GEMMs per (batch,
+// query head) on strided head views and recomputes its probabilities in the
 // backward, as flash attention does.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Registry.h"
+
+#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -56,31 +59,73 @@ void rope(const std::vector<TensorView> &in, const std::vector<TensorView> &out,
   });
 }
 
-/// Softmax probabilities of query head h against its key/value head, for
-/// one batch and query position: p[t] for t < kvSeq.
-template <typename T>
-void probabilities(const T *q, const T *k, const Layout4 &Q, const Layout4 &K,
-                   int64_t b, int64_t s, int64_t h, int64_t kvHead, bool causal,
-                   T scale, std::vector<T> &p) {
-  p.assign(K.s, T(0));
-  T peak = -std::numeric_limits<T>::infinity();
-  int64_t last = causal ? s : K.s - 1;
-  for (int64_t t = 0; t <= last; ++t) {
-    T dot = 0;
-    for (int64_t d = 0; d < Q.d; ++d)
-      dot += q[Q.at(b, s, h, d)] * k[K.at(b, t, kvHead, d)];
-    p[t] = dot * scale;
-    peak = std::max(peak, p[t]);
-  }
-  T total = 0;
-  for (int64_t t = 0; t <= last; ++t) {
-    p[t] = std::exp(p[t] - peak);
-    total += p[t];
-  }
-  for (int64_t t = 0; t <= last; ++t)
-    p[t] /= total;
+/// Row-major GEMM C = alpha * op(A) op(B) + beta * C on strided views
+/// (leading dimensions are row strides, so head slices of [b, s, h, d]
+/// tensors need no copies).
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+          float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
+              beta, c, ldc);
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+          const double *a, int64_t lda, const double *b, int64_t ldb,
+          double beta, double *c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb,
+              beta, c, ldc);
 }
 
+/// As gemm, but safe for empty extents: nothing to write when m or n is 0,
+/// and an empty sum (k == 0) gives beta * C without calling BLAS.
+template <typename T>
+void stridedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
+                 const T *a, int64_t lda, const T *b, int64_t ldb, T beta,
+                 T *c, int64_t ldc) {
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  gemm(ta, tb, m, n, k, alpha, a, std::max<int64_t>(lda, 1), b,
+       std::max<int64_t>(ldb, 1), beta, c, std::max<int64_t>(ldc, 1));
+}
+
+/// Softmax probabilities P [sq, sk] (row stride sk) of one query head
+/// against its key head: S = scale * Q K^T by GEMM, then per row the
+/// max-subtracted softmax over the visible keys (t <= row when causal);
+/// masked entries are 0.
+template <typename T>
+void probabilities(const T *qh, int64_t ldq, const T *kh, int64_t ldk,
+                   int64_t sq, int64_t sk, int64_t d, bool causal, T scale,
+                   T *p) {
+  stridedGemm(false, true, sq, sk, d, scale, qh, ldq, kh, ldk, T(0), p, sk);
+  for (int64_t s = 0; s < sq; ++s) {
+    T *row = p + s * sk;
+    int64_t last = causal ? s : sk - 1;
+    T peak = -std::numeric_limits<T>::infinity();
+    for (int64_t t = 0; t <= last; ++t)
+      peak = std::max(peak, row[t]);
+    T total = 0;
+    for (int64_t t = 0; t <= last; ++t) {
+      row[t] = std::exp(row[t] - peak);
+      total += row[t];
+    }
+    for (int64_t t = 0; t <= last; ++t)
+      row[t] /= total;
+    for (int64_t t = last + 1; t < sk; ++t)
+      row[t] = T(0);
+  }
+}
+
+/// Per (batch, query head) GEMMs on strided head views. Query head h reads
+/// key/value head h / (hq / hkv); shared key/value heads accumulate their
+/// gradients over query heads in increasing order, so results are
+/// reproducible bit for bit.
 void attention(const std::vector<TensorView> &in,
                const std::vector<TensorView> &out, const Attrs &attrs,
                bool backward) {
@@ -100,52 +145,62 @@ void attention(const std::vector<TensorView> &in,
     using T = decltype(zero);
     const T *q = in[0].as<T>(), *k = in[1].as<T>(), *v = in[2].as<T>();
     T scale = static_cast<T>(scaleAttr);
-    std::vector<T> p;
+    // Row strides of one head's [seq, dim] slice.
+    int64_t ldq = Q.h * Q.d, ldk = K.h * K.d, ldv = V.h * V.d, ldo = Q.h * V.d;
+    int64_t sq = Q.s, sk = K.s;
+    std::vector<T> scratch((backward ? 2 : 1) * sq * sk);
+    T *p = scratch.data(), *dp = p + sq * sk;
+    auto qHead = [&](auto *base, int64_t b, int64_t h, int64_t dim) {
+      return base + (b * sq * Q.h + h) * dim;
+    };
+    auto kvHead = [&](auto *base, int64_t b, int64_t h, int64_t dim) {
+      return base + (b * sk * K.h + h) * dim;
+    };
     if (!backward) {
       T *o = out[0].as<T>();
-      Layout4 O(out[0]);
       for (int64_t b = 0; b < Q.b; ++b)
-        for (int64_t s = 0; s < Q.s; ++s)
-          for (int64_t h = 0; h < Q.h; ++h) {
-            probabilities(q, k, Q, K, b, s, h, h / group, causal, scale, p);
-            for (int64_t d = 0; d < V.d; ++d) {
-              T acc = 0;
-              for (int64_t t = 0; t < K.s; ++t)
-                acc += p[t] * v[V.at(b, t, h / group, d)];
-              o[O.at(b, s, h, d)] = acc;
-            }
-          }
+        for (int64_t h = 0; h < Q.h; ++h) {
+          int64_t kv = h / group;
+          probabilities(qHead(q, b, h, Q.d), ldq, kvHead(k, b, kv, K.d), ldk,
+                        sq, sk, Q.d, causal, scale, p);
+          stridedGemm(false, false, sq, V.d, sk, T(1), p, sk,
+                      kvHead(v, b, kv, V.d), ldv, T(0), qHead(o, b, h, V.d),
+                      ldo);
+        }
       return;
     }
     const T *dout = in[3].as<T>();
-    Layout4 D(in[3]);
     T *dq = out[0].as<T>(), *dk = out[1].as<T>(), *dv = out[2].as<T>();
     std::fill(dq, dq + in[0].numElements(), T(0));
     std::fill(dk, dk + in[1].numElements(), T(0));
     std::fill(dv, dv + in[2].numElements(), T(0));
-    std::vector<T> dp(K.s);
     for (int64_t b = 0; b < Q.b; ++b)
-      for (int64_t s = 0; s < Q.s; ++s)
-        for (int64_t h = 0; h < Q.h; ++h) {
-          int64_t kv = h / group;
-          probabilities(q, k, Q, K, b, s, h, kv, causal, scale, p);
+      for (int64_t h = 0; h < Q.h; ++h) {
+        int64_t kv = h / group;
+        const T *qh = qHead(q, b, h, Q.d), *doh = qHead(dout, b, h, V.d);
+        const T *kh = kvHead(k, b, kv, K.d), *vh = kvHead(v, b, kv, V.d);
+        probabilities(qh, ldq, kh, ldk, sq, sk, Q.d, causal, scale, p);
+        // dV += P^T dO; dP = dO V^T.
+        stridedGemm(true, false, sk, V.d, sq, T(1), p, sk, doh, ldo, T(1),
+                    kvHead(dv, b, kv, V.d), ldv);
+        stridedGemm(false, true, sq, sk, V.d, T(1), doh, ldo, vh, ldv, T(0),
+                    dp, sk);
+        // dS = P * (dP - rowsum(dP * P)), in place of dP.
+        for (int64_t s = 0; s < sq; ++s) {
+          const T *prow = p + s * sk;
+          T *row = dp + s * sk;
           T dot = 0;
-          for (int64_t t = 0; t < K.s; ++t) {
-            dp[t] = 0;
-            for (int64_t d = 0; d < V.d; ++d) {
-              dp[t] += dout[D.at(b, s, h, d)] * v[V.at(b, t, kv, d)];
-              dv[V.at(b, t, kv, d)] += p[t] * dout[D.at(b, s, h, d)];
-            }
-            dot += dp[t] * p[t];
-          }
-          for (int64_t t = 0; t < K.s; ++t) {
-            T ds = p[t] * (dp[t] - dot) * scale;
-            for (int64_t d = 0; d < Q.d; ++d) {
-              dq[Q.at(b, s, h, d)] += ds * k[K.at(b, t, kv, d)];
-              dk[K.at(b, t, kv, d)] += ds * q[Q.at(b, s, h, d)];
-            }
-          }
+          for (int64_t t = 0; t < sk; ++t)
+            dot += row[t] * prow[t];
+          for (int64_t t = 0; t < sk; ++t)
+            row[t] = prow[t] * (row[t] - dot);
         }
+        // dQ = scale * dS K; dK += scale * dS^T Q.
+        stridedGemm(false, false, sq, Q.d, sk, scale, dp, sk, kh, ldk, T(0),
+                    qHead(dq, b, h, Q.d), ldq);
+        stridedGemm(true, false, sk, K.d, sq, scale, dp, sk, qh, ldq, T(1),
+                    kvHead(dk, b, kv, K.d), ldk);
+      }
   });
 }
 
