@@ -294,11 +294,21 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
       slots.push_back({i, "moment2", stateType});
     }
   }
+  // State is laid out like its parameter, in and out of the step: an
+  // unannotated argument or result of a public function is replicated, so
+  // without this every mp-split parameter would be all-gathered after its
+  // update and its slots kept whole on every rank.
+  auto layoutOf = [&](unsigned i) {
+    return forward.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName);
+  };
   for (const Slot &slot : slots) {
     inputs.push_back(slot.type);
-    inputAttrs.push_back(b.getDictionaryAttr(b.getNamedAttr(
+    SmallVector<NamedAttribute> attrs{b.getNamedAttr(
         ErnieDialect::kOptStateAttrName,
-        b.getStringAttr(paramName(slot.param) + ":" + slot.name))));
+        b.getStringAttr(paramName(slot.param) + ":" + slot.name))};
+    if (ShardingAttr layout = layoutOf(slot.param))
+      attrs.push_back(b.getNamedAttr(kShardingAttrName, layout));
+    inputAttrs.push_back(b.getDictionaryAttr(attrs));
   }
   for (unsigned i : batchIdx) {
     inputs.push_back(anyType(i));
@@ -386,12 +396,18 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     resultTypes.push_back(v.getType());
   train.setType(b.getFunctionType(inputs, resultTypes));
   train.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
-  for (auto [k, i] : llvm::enumerate(paramIdx))
+  for (auto [k, i] : llvm::enumerate(paramIdx)) {
     train.setResultAttr(1 + k, ErnieDialect::kUpdatesAttrName, b.getStringAttr(paramName(i)));
-  for (auto [k, slot] : llvm::enumerate(slots))
+    if (ShardingAttr layout = layoutOf(i))
+      train.setResultAttr(1 + k, kShardingAttrName, layout);
+  }
+  for (auto [k, slot] : llvm::enumerate(slots)) {
     train.setResultAttr(1 + nParams + k, ErnieDialect::kUpdatesAttrName,
                         b.getStringAttr(paramName(slot.param) + ":" +
                                         slot.name));
+    if (ShardingAttr layout = layoutOf(slot.param))
+      train.setResultAttr(1 + nParams + k, kShardingAttrName, layout);
+  }
 
   // Evaluation: the forward alone.
   SmallVector<Type> evalInputs;

@@ -25,11 +25,12 @@ using namespace mlir::ernie;
 namespace {
 
 /// `sharding` with `axis` added (minor-most) to the first dimension of
-/// `type` it divides; null when none does or the axis is already used.
+/// `type` it divides; `sharding` itself when it already uses the axis (a
+/// slot of a parameter split at level 3); null when no dimension divides.
 ShardingAttr splitOver(ShardingAttr sharding, RankedTensorType type,
                        MeshOp mesh, StringRef axis) {
   if (llvm::is_contained(sharding.getUsedAxes(), axis))
-    return {};
+    return sharding;
   auto names = mesh.getAxisNames().getAsValueRange<StringAttr>();
   auto sizeOf = [&](StringRef a) {
     return mesh.getAxisSizes()[std::distance(names.begin(), llvm::find(names, a))];
@@ -147,10 +148,9 @@ struct ZeroShardingPass
         ShardingAttr param = paramSharding(step, of.getValue(), meshRef);
         if (!param)
           continue;
+        // (At level 3 the parameter is already split: its layout is kept.)
         if (ShardingAttr split = splitOver(param, type, mesh, axis))
           grad.setResultAttr(i, kShardingAttrName, split);
-        else if (llvm::is_contained(param.getUsedAxes(), StringRef(axis)))
-          grad.setResultAttr(i, kShardingAttrName, param); // level 3
       }
     });
   }
