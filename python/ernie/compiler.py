@@ -35,6 +35,11 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
     return f"builtin.module({','.join(passes)})" if passes else ""
 
 
+def _global_array(value) -> np.ndarray:
+    """The global value of an example input or batch element."""
+    return np.asarray(value.value if isinstance(value, DistTensor) else value)
+
+
 def _input_sharding(mesh, value, shape, dp_axis):
     if isinstance(value, DistTensor):
         return placements_to_sharding(value.process_mesh, value.placements, shape)
@@ -53,7 +58,7 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
         trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape)
     inputs = []
     for i, value in enumerate(example_inputs):
-        array = value.value if isinstance(value, DistTensor) else np.asarray(value)
+        array = _global_array(value)
         inputs.append(trace.argument(array.shape, array.dtype,
                                      sharding=_input_sharding(mesh, value, array.shape, dp_axis)))
     params = list(model.named_parameters())
@@ -87,9 +92,7 @@ class Program:
         self.num_ranks, self._signatures = _ernie.describe(program_file)
         self._step_fn = "train_step" if optimizer is not None else "forward_grad"
         self.abstract = abstract
-        self._inputs = [(tuple(np.asarray(x.value if isinstance(x, DistTensor) else x).shape),
-                         np.asarray(x.value if isinstance(x, DistTensor) else x).dtype)
-                        for x in example_inputs]
+        self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
         if abstract:  # compiled and planned, never run: nothing allocated
             self._session = None
@@ -117,7 +120,7 @@ class Program:
             raise ValueError(f"the model takes {len(self._inputs)} inputs, got {len(batch)}")
         out = []
         for i, (x, (shape, dtype)) in enumerate(zip(batch, self._inputs)):
-            x = np.asarray(x.value if isinstance(x, DistTensor) else x)
+            x = _global_array(x)
             if x.shape != shape:
                 raise ValueError(f"input {i} has shape {list(x.shape)}, compiled for {list(shape)}")
             if x.dtype != dtype:

@@ -494,15 +494,13 @@ class PySession {
 public:
   PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace) {
     std::string bytes = file;
-    std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
-    std::memcpy(aligned.data(), bytes.data(), bytes.size());
     rt::SessionOptions options;
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
     options.executor.checkFinite = checkFinite;
     options.executor.trace = trace;
     session_ = translateErrors([&] {
       return std::make_unique<rt::Session>(
-          rt::Program::parse(aligned.data(), bytes.size(), "<compiled program>"),
+          rt::Program::fromBytes(bytes, "<compiled program>"),
           options);
     });
   }
@@ -670,11 +668,8 @@ PYBIND11_MODULE(_ernie, m) {
         // Validates the file and describes stage 0's functions; allocates
         // nothing (abstract compilation of full-size models uses it).
         std::string bytes = file;
-        std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
-        std::memcpy(aligned.data(), bytes.data(), bytes.size());
-        rt::Program program = translateErrors([&] {
-          return rt::Program::parse(aligned.data(), bytes.size(), "<compiled program>");
-        });
+        rt::Program program = translateErrors(
+            [&] { return rt::Program::fromBytes(bytes, "<compiled program>"); });
         py::dict out;
         for (const rt::Function &f : program.functions(0))
           out[py::str(f.name)] = describeFunction(f);

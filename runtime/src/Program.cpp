@@ -432,12 +432,15 @@ Program Program::load(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw ProgramError(path + ": cannot open the program file");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
-  // FlatBuffers reads scalars in place: keep the buffer 8-byte aligned.
+  std::string bytes((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  return fromBytes(bytes, path);
+}
+
+Program Program::fromBytes(std::string_view bytes, const std::string &source) {
   std::vector<uint64_t> aligned((bytes.size() + 7) / 8);
   std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char *>(aligned.data()));
-  return parse(aligned.data(), bytes.size(), path);
+  return parse(aligned.data(), bytes.size(), source);
 }
 
 int64_t Program::stageOf(int64_t rank) const {

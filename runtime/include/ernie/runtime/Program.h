@@ -20,6 +20,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ernie::runtime {
@@ -81,8 +82,11 @@ class Program {
 public:
   /// Reads and validates `path`; throws ProgramError.
   static Program load(const std::string &path);
-  /// Validates `size` bytes at `data`; `source` names them in messages.
+  /// Validates `size` bytes at `data` (8-byte aligned: FlatBuffers reads
+  /// scalars in place); `source` names them in messages.
   static Program parse(const void *data, size_t size, const std::string &source);
+  /// The same for bytes at any address: they are copied to aligned storage.
+  static Program fromBytes(std::string_view bytes, const std::string &source);
 
   const Mesh &mesh() const { return mesh_; }
   const std::string &source() const { return source_; }
