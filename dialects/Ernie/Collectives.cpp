@@ -97,6 +97,8 @@ ERNIE_COLLECTIVE_COMMON(AllGatherOp)
 ERNIE_COLLECTIVE_COMMON(ReduceScatterOp)
 ERNIE_COLLECTIVE_COMMON(AllToAllOp)
 ERNIE_COLLECTIVE_COMMON(ShardSliceOp)
+ERNIE_COLLECTIVE_COMMON(ShardInsertOp)
+ERNIE_COLLECTIVE_COMMON(CollectivePermuteStartOp)
 ERNIE_COLLECTIVE_COMMON(PartialInitOp)
 ERNIE_COLLECTIVE_COMMON(AxisIndexOp)
 #undef ERNIE_COLLECTIVE_COMMON
@@ -140,6 +142,32 @@ LogicalResult ReduceScatterOp::verify() {
 
 LogicalResult ShardSliceOp::verify() {
   return verifyResizedDim(*this, /*gathers=*/false);
+}
+
+LogicalResult ShardInsertOp::verify() {
+  auto piece = cast<ShapedType>(getPiece().getType());
+  if (failed(checkDim(*this, getDim(), piece.getRank(), "dim")))
+    return failure();
+  MeshOp mesh = meshOf(*this);
+  if (!mesh)
+    return success();
+  return checkResized(*this, piece, cast<ShapedType>(getType()), getDim(),
+                      getGroupSize(mesh), 1);
+}
+
+LogicalResult CollectivePermuteStartOp::verify() {
+  // The future is read exactly once, by a wait later in this block: the
+  // memory plan keeps the input alive until there, and the runtime pairs
+  // each start with its wait.
+  Value future = getResult();
+  if (!future.hasOneUse())
+    return emitOpError("result must be waited for exactly once, found ")
+           << std::distance(future.use_begin(), future.use_end()) << " uses";
+  Operation *user = *future.user_begin();
+  if (!isa<WaitOp>(user) || user->getBlock() != (*this)->getBlock())
+    return emitOpError("result must be used by an 'ernie.wait' in the same "
+                       "block");
+  return success();
 }
 
 LogicalResult AllToAllOp::verify() {
@@ -190,6 +218,12 @@ int64_t AllToAllOp::getBytesAccessed() {
   int64_t n = mesh ? getGroupSize(mesh) : 1;
   return bytesOf(getType()) * (n - 1) / n;
 }
+int64_t CollectivePermuteStartOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return (n > 1 && getShift() % n != 0) ? bytesOf(getInput().getType()) : 0;
+}
 int64_t ShardSliceOp::getBytesAccessed() { return 0; }
+int64_t ShardInsertOp::getBytesAccessed() { return 0; }
 int64_t PartialInitOp::getBytesAccessed() { return 0; }
 int64_t AxisIndexOp::getBytesAccessed() { return 0; }

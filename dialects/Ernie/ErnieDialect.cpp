@@ -24,6 +24,9 @@ using namespace mlir::ernie;
 #define GET_ATTRDEF_CLASSES
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
 
+#define GET_TYPEDEF_CLASSES
+#include "ernie/Dialect/Ernie/IR/ErnieTypes.cpp.inc"
+
 namespace {
 /// Every ernie op may be inlined: they are value-semantic and region-free
 /// (autodiff and propagation inline calls to see whole computations).
@@ -50,6 +53,10 @@ void ErnieDialect::initialize() {
   addAttributes<
 #define GET_ATTRDEF_LIST
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.cpp.inc"
+      >();
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "ernie/Dialect/Ernie/IR/ErnieTypes.cpp.inc"
       >();
 }
 

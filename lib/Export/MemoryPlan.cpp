@@ -2,6 +2,7 @@
 
 #include "ernie/Export/MemoryPlan.h"
 
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/runtime/ProgramFormat.h"
 
 #include "mlir/IR/OpDefinition.h"
@@ -25,6 +26,8 @@ int64_t mlir::ernie::storageBytes(Type t) {
 }
 
 RankedTensorType mlir::ernie::storageType(Type type) {
+  if (auto future = dyn_cast<FutureType>(type))
+    return future.getValueType(); // the buffer the collective writes into
   if (auto tensor = dyn_cast<RankedTensorType>(type))
     return tensor;
   if (type.isIntOrFloat())
@@ -37,11 +40,16 @@ static int64_t alignUp(int64_t bytes) {
   return (bytes + a - 1) / a * a;
 }
 
-/// The elementwise ops whose kernels may write their result over an operand.
-static bool mayWriteOverOperand(Operation *op) {
-  return op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
-         op->getDialect() &&
-         op->getDialect()->getNamespace() == "ernie";
+/// The operands an op's kernel may write its result over when they die
+/// there: any operand of an elementwise op, the tensor a shard_insert
+/// writes into.
+static SmallVector<Value> overwritableOperands(Operation *op) {
+  if (auto insert = dyn_cast<ShardInsertOp>(op))
+    return {insert.getDest()};
+  if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
+      isa<ErnieDialect>(op->getDialect()))
+    return llvm::to_vector(op->getOperands());
+  return {};
 }
 
 FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
@@ -60,6 +68,9 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   auto lastUse = [&](Value v, int64_t defined) {
     int64_t end = defined;
     for (Operation *user : v.getUsers()) {
+      // An asynchronous send reads its input until its wait.
+      if (auto start = dyn_cast<CollectivePermuteStartOp>(user))
+        user = *start->user_begin();
       Operation *top = body.findAncestorOpInBlock(*user);
       int64_t at = top->hasTrait<OpTrait::IsTerminator>() ? exit : position[top];
       end = std::max(end, at);
@@ -92,9 +103,19 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
     int64_t at = position[&op];
     if (op.getNumRegions())
       return op.emitError("a memory plan needs ops without regions");
-    if (mayWriteOverOperand(&op)) {
+    if (auto wait = dyn_cast<WaitOp>(op)) {
+      // The collective received into the future's buffer: that is the
+      // tensor, no copy.
+      unsigned id = plan.bufferOf.lookup(wait.getFuture());
+      plan.buffers[id].end = std::max(plan.buffers[id].end,
+                                      lastUse(wait.getResult(), at));
+      plan.bufferOf[wait.getResult()] = id;
+      continue;
+    }
+    if (SmallVector<Value> candidates = overwritableOperands(&op);
+        !candidates.empty()) {
       Value result = op.getResult(0);
-      for (Value operand : op.getOperands()) {
+      for (Value operand : candidates) {
         auto it = plan.bufferOf.find(operand);
         if (it == plan.bufferOf.end() || operand.getType() != result.getType())
           continue;

@@ -228,6 +228,50 @@ def ZeroShardingPass : Pass<"ernie-zero-sharding", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def SequenceParallelOverlapPass
+    : Pass<"ernie-sequence-parallel-overlap", "ModuleOp"> {
+  let summary = "Overlap sequence-parallel collectives with their matmuls";
+  let description = [{
+    Runs after partition. Rewrites the collectives sequence parallelism puts
+    around its matmuls into decomposed collective matmuls (Wang et al.,
+    "Overlap communication with dependent computation via decomposition";
+    ERNIE's `all_gather_gemm` / `gemm_reduce_scatter`), forward and backward
+    alike:
+
+    * `all_gather` along a row dimension of a matmul's left operand: the
+      `n` pieces travel around the ring (`collective_permute_start` shift 1
+      / `wait`), and each piece's GEMM runs while the next one moves; the
+      products land in place with `shard_insert`. Several matmuls of one
+      gathered value share the ring, and a user that needs the gathered
+      value itself (a weight gradient contracting over the sequence) gets
+      it assembled from the same pieces.
+    * a matmul whose only user is a sum `reduce_scatter` along one of its
+      row dimensions: each rank computes its partial product for one
+      destination at a time and sends it there (`shift = k` at step `k`)
+      while it computes the next; the received partials are summed in rank
+      order, the order `reduce_scatter` itself sums in, so the result is
+      bitwise that of the original.
+
+    Pairs whose matmul reads the gathered dimension as its contraction, or
+    whose weight is not yet available where the collective stands, are left
+    alone.
+
+    ```mlir
+    // before (mp = 2)
+    %g = ernie.all_gather %x over @mesh[mp] dim = 1 : tensor<2x4x8xf32> -> tensor<2x8x8xf32>
+    %y = ernie.matmul %g, %w : tensor<2x8x8xf32>, tensor<8x16xf32> -> tensor<2x8x16xf32>
+    // after
+    %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<2x4x8xf32>
+    %p0 = ernie.matmul %x, %w : ...
+    %y0 = ernie.shard_insert %p0 into %init over @mesh[mp] dim = 1 : ...
+    %x1 = ernie.wait %f : tensor<2x4x8xf32>
+    %p1 = ernie.matmul %x1, %w : ...
+    %y = ernie.shard_insert %p1 into %y0 over @mesh[mp] dim = 1 shift = -1 : ...
+    ```
+  }];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   let summary = "Write the per-rank memory and communication of a partitioned program";
   let description = [{

@@ -77,3 +77,53 @@ func.func @no_axes(%x: tensor<8xf32>) {
   %0 = ernie.all_reduce %x over @mesh[] sum : tensor<8xf32>
   return
 }
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @insert_shape(%x: tensor<8x16xf32>, %p: tensor<8x8xf32>) {
+  // expected-error @+1 {{result dimension 1 must be 32, got 16}}
+  %0 = ernie.shard_insert %p into %x over @mesh[mp] dim = 1 : tensor<8x8xf32> -> tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @start_without_wait(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{result must be waited for exactly once, found 0 uses}}
+  %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @waited_twice(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{result must be waited for exactly once, found 2 uses}}
+  %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<8x16xf32>
+  %0 = ernie.wait %f : tensor<8x16xf32>
+  %1 = ernie.wait %f : tensor<8x16xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @wait_type(%x: tensor<8x16xf32>) {
+  // expected-note @+1 {{prior use here}}
+  %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<8x16xf32>
+  // expected-error @+1 {{use of value '%f' expects different type than prior uses}}
+  %0 = ernie.wait %f : tensor<8x8xf32>
+  return
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2, mp = 4)
+func.func @permute_axis(%x: tensor<8x16xf32>) {
+  // expected-error @+1 {{mesh @mesh has no axis 'tp'}}
+  %f = ernie.collective_permute_start %x over @mesh[tp] shift = 1 : tensor<8x16xf32>
+  %0 = ernie.wait %f : tensor<8x16xf32>
+  return
+}

@@ -24,5 +24,16 @@ func.func @collectives(%x: tensor<8x16xf32>) {
   %6 = ernie.partial_init %x over @mesh[dp] min : tensor<8x16xf32>
   // CHECK: ernie.axis_index over @mesh[dp, mp] : tensor<i64>
   %7 = ernie.axis_index over @mesh[dp, mp] : tensor<i64>
+  // CHECK: ernie.shard_slice %{{.*}} over @mesh[mp] dim = 1 shift = -3 : tensor<8x16xf32> -> tensor<8x4xf32>
+  %8 = ernie.shard_slice %x over @mesh[mp] dim = 1 shift = -3 : tensor<8x16xf32> -> tensor<8x4xf32>
+  // CHECK: ernie.shard_insert %{{.*}} into %{{.*}} over @mesh[mp] dim = 1 shift = 2 : tensor<8x4xf32> -> tensor<8x16xf32>
+  %9 = ernie.shard_insert %8 into %x over @mesh[mp] dim = 1 shift = 2 : tensor<8x4xf32> -> tensor<8x16xf32>
+  // The default shift is not printed.
+  // CHECK: ernie.shard_insert %{{.*}} into %{{.*}} over @mesh[mp] dim = 1 : tensor<8x4xf32> -> tensor<8x16xf32>
+  %10 = ernie.shard_insert %8 into %x over @mesh[mp] dim = 1 shift = 0 : tensor<8x4xf32> -> tensor<8x16xf32>
+  // CHECK: %[[F:.+]] = ernie.collective_permute_start %{{.*}} over @mesh[mp] shift = 1 : tensor<8x16xf32>
+  %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<8x16xf32>
+  // CHECK: ernie.wait %[[F]] : tensor<8x16xf32>
+  %11 = ernie.wait %f : tensor<8x16xf32>
   return
 }

@@ -61,6 +61,7 @@ def Ernie_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kBufferOffsetsAttrName = "ernie.buffer_offsets";
   }];
   let useDefaultAttributePrinterParser = 1;
+  let useDefaultTypePrinterParser = 1;
 }
 
 //===----------------------------------------------------------------------===//

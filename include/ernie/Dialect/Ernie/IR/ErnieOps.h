@@ -6,6 +6,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieInterfaces.h"
+#include "ernie/Dialect/Ernie/IR/ErnieTypes.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"

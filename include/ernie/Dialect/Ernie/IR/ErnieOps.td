@@ -12,6 +12,7 @@
 include "ernie/Dialect/Ernie/IR/ErnieBase.td"
 include "ernie/Dialect/Ernie/IR/ErnieAttrs.td"
 include "ernie/Dialect/Ernie/IR/ErnieInterfaces.td"
+include "ernie/Dialect/Ernie/IR/ErnieTypes.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
@@ -968,22 +969,96 @@ def Ernie_AllToAllOp : Ernie_CollectiveOp<"all_to_all"> {
 def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice"> {
   let summary = "keep this rank's piece of a replicated dimension";
   let description = [{
-    No communication: member `i` of the group keeps piece `i` along `dim`.
+    No communication: member `i` of an `n`-member group keeps piece
+    `(i + shift) mod n` along `dim` (piece `i` unless `shift` says otherwise:
+    a decomposed collective matmul walks the pieces with it).
 
     ```mlir
     %y = ernie.shard_slice %x over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<4x16xf32>
+    %z = ernie.shard_slice %x over @mesh[dp] dim = 0 shift = 1 : tensor<8x16xf32> -> tensor<4x16xf32>
     ```
   }];
   let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
                        StrArrayAttr:$axes,
-                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim);
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim,
+                       DefaultValuedAttr<I64Attr, "0">:$shift);
   let results = (outs Ernie_Tensor:$result);
   let assemblyFormat = [{
-    $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim attr-dict `:`
-    type($input) `->` type($result)
+    $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim
+    (`shift` `=` $shift^)? attr-dict `:` type($input) `->` type($result)
   }];
   // Every piece of a splat is the same splat.
   let hasFolder = 1;
+}
+
+def Ernie_ShardInsertOp : Ernie_CollectiveOp<"shard_insert",
+    [AllTypesMatch<["dest", "result"]>]> {
+  let summary = "write this rank's piece into a tensor";
+  let description = [{
+    No communication; the inverse of `shard_slice`: `dest` with piece
+    `(i + shift) mod n` along `dim` replaced by `piece`, for member `i` of an
+    `n`-member group. How a decomposed collective matmul assembles the
+    pieces it computed one ring step at a time.
+
+    ```mlir
+    %y = ernie.shard_insert %p into %acc over @mesh[mp] dim = 1 shift = -1 : tensor<2x4x8xf32> -> tensor<2x16x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$piece, Ernie_Tensor:$dest,
+                       FlatSymbolRefAttr:$mesh, StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim,
+                       DefaultValuedAttr<I64Attr, "0">:$shift);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $piece `into` $dest `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim
+    (`shift` `=` $shift^)? attr-dict `:` type($piece) `->` type($result)
+  }];
+}
+
+def Ernie_CollectivePermuteStartOp
+    : Ernie_CollectiveOp<"collective_permute_start", [
+        TypesMatchWith<"the result is a future of the input's type", "input",
+                       "result",
+                       "::mlir::ernie::FutureType::get($_self.getContext(), "
+                       "::llvm::cast<::mlir::RankedTensorType>($_self))">]> {
+  let summary = "start sending a tensor `shift` members along the group";
+  let description = [{
+    Member `i` of an `n`-member group sends `input` to member
+    `(i + shift) mod n` and receives from member `(i - shift) mod n`. The
+    transfer runs asynchronously: the result is a future that exactly one
+    `ernie.wait` later in the block turns into the received tensor, and
+    `input` stays untouched until then. One step of a ring.
+
+    ```mlir
+    %f = ernie.collective_permute_start %x over @mesh[mp] shift = 1 : tensor<2x4x8xf32>
+    %y = ernie.wait %f : tensor<2x4x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes, I64Attr:$shift);
+  let results = (outs Ernie_FutureType:$result);
+  let assemblyFormat = [{
+    $input `over` custom<MeshAxes>($mesh, $axes) `shift` `=` $shift attr-dict
+    `:` type($input)
+  }];
+}
+
+def Ernie_WaitOp : Ernie_Op<"wait", [
+    TypesMatchWith<"the future holds the result's type", "result", "future",
+                   "::mlir::ernie::FutureType::get($_self.getContext(), "
+                   "::llvm::cast<::mlir::RankedTensorType>($_self))">]> {
+  let summary = "the tensor an asynchronous collective produced";
+  let description = [{
+    Blocks until the collective that returned `future` has finished, and
+    yields its tensor.
+
+    ```mlir
+    %y = ernie.wait %f : tensor<2x4x8xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FutureType:$future);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$future attr-dict `:` type($result)";
 }
 
 def Ernie_PartialInitOp : Ernie_CollectiveOp<"partial_init",
