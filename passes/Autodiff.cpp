@@ -193,6 +193,8 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
   gradFn.setType(FunctionType::get(gradFn.getContext(),
                                    body.getArgumentTypes(), resultTypes));
   gradFn.removeResAttrsAttr(); // The forward's result attributes do not apply.
+  gradFn.setResultAttr(0, ErnieDialect::kLossAttrName,
+                       UnitAttr::get(gradFn.getContext()));
   for (auto [i, name] : llvm::enumerate(names))
     gradFn.setResultAttr(i + 1, kGradOfAttrName, name);
   return gradFn;

@@ -31,6 +31,9 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
       fn->setAttr(ErnieDialect::kArenaBytesAttrName, b.getI64IntegerAttr(plan->arenaBytes));
       fn->setAttr(ErnieDialect::kLivePeakBytesAttrName,
                   b.getI64IntegerAttr(plan->livePeakBytes));
+      if (plan->activationBytes)
+        fn->setAttr(ErnieDialect::kActivationBytesAttrName,
+                    b.getI64IntegerAttr(plan->activationBytes));
       for (BlockArgument arg : fn.getArguments())
         fn.setArgAttr(arg.getArgNumber(), ErnieDialect::kBufferOffsetAttrName,
                       b.getI64IntegerAttr(offsetOf(arg)));

@@ -41,7 +41,8 @@ void collectCollectives(ModuleOp module, func::FuncOp fn,
         collectCollectives(module, callee, out, seen);
       return;
     }
-    if (!isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp>(op))
+    if (!isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
+             CollectivePermuteStartOp>(op))
       return;
     std::string key = op->getName().stripDialect().str() + "[";
     auto axes = op->getAttrOfType<ArrayAttr>("axes");
@@ -94,6 +95,7 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
           {"gradient_bytes", grads},
           {"arena_bytes", plan->arenaBytes},
           {"live_peak_bytes", plan->livePeakBytes},
+          {"activation_bytes", plan->activationBytes},
           {"collectives", std::move(comm)}};
     }
     int64_t ranks = 1;

@@ -24,7 +24,7 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
 
 
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
-              zero_level: int = 0, zero_axis: str = "dp") -> str:
+              zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False) -> str:
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = [f"ernie-autodiff{{{text}}}"] if differentiate else []
@@ -32,6 +32,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
     if partition:
         passes.append("ernie-auto-parallel-pipeline")
+        if overlap:
+            passes.append("ernie-sequence-parallel-overlap")
     return f"builtin.module({','.join(passes)})" if passes else ""
 
 
@@ -189,7 +191,8 @@ class Program:
     def report(self):
         """Per rank: each function's arena (the planned peak), the bytes of
         parameters, gradients and optimizer state (`model_state_bytes`,
-        ZeRO's figure), and the collectives of one step."""
+        ZeRO's figure), the activations the forward keeps for the backward
+        (`activation_bytes`), and the collectives of one step."""
         out = {"ranks": self.num_ranks, "functions": {}}
         size = lambda t: int(np.prod(t["local_shape"])) * _BYTES[t["dtype"]]
         for fn, sig in self._signatures.items():
@@ -205,12 +208,23 @@ class Program:
             out["gradient_bytes"] = grads
             out["model_state_bytes"] = (step["parameter_bytes"] + grads +
                                         step["optimizer_state_bytes"])
+        # What the forward keeps for the backward (the memory plan at the
+        # loss of the gradient function): Korthikanti et al.'s activations.
+        planned, _ = _ernie.compile(self.mlir, "builtin.module(ernie-memory-plan)",
+                                    write_program=False)
+        for name, value in _ACTIVATION_BYTES.findall(planned):
+            if name in out["functions"]:
+                out["functions"][name]["activation_bytes"] = int(value)
+        if "forward_grad" in out["functions"]:
+            out["activation_bytes"] = out["functions"]["forward_grad"].get("activation_bytes", 0)
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
         return out
 
 
-_COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all) %\S+ over "
+_ACTIVATION_BYTES = re.compile(r"func\.func (?:private )?@(\w+)\(.*ernie\.activation_bytes = (\d+)")
+_COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute_start)"
+                         r" %\S+ over "
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
 
 
@@ -277,7 +291,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
             raise ValueError(f"ZeRO shards over mesh dimension {zero_axis!r}, which the mesh lacks")
     traced = trace_model(model, example_inputs, mesh, dp_axis)
     compiled, program_file = _ernie.compile(
-        traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis))
+        traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
+                          overlap=bool(plan and plan.get("sequence_parallel_overlap"))))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace)

@@ -486,7 +486,8 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
         raise ValueError(f"unknown parallelize config keys {sorted(unknown)} "
                          f"(known: {sorted(_CONFIG_KEYS)})")
     model._name_parameters()
-    plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None}
+    plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None,
+                  "sequence_parallel_overlap": False}
 
     dp = config.get("dp_config")
     if dp is not None:
@@ -505,11 +506,16 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
 
     mp = config.get("mp_config")
     if mp is not None:
-        unknown = set(mp) - {"parallelize_plan"}
+        unknown = set(mp) - {"parallelize_plan", "sequence_parallel_overlap"}
         if unknown:
             raise ValueError(f"unknown mp_config keys {sorted(unknown)}")
         if "mp" not in mesh.dim_names:
             raise ValueError(f"mp_config needs a mesh dimension named 'mp'; the mesh has {mesh.dim_names}")
+        overlap = mp.get("sequence_parallel_overlap", False)
+        if not isinstance(overlap, bool):
+            raise TypeError(f"mp_config.sequence_parallel_overlap is a bool, not {overlap!r}")
+        # Decomposed collective matmuls (--ernie-sequence-parallel-overlap).
+        plan_state["sequence_parallel_overlap"] = overlap
         layers = dict(model.named_sublayers())
         params = dict(model.named_parameters())
         for key, plans in mp.get("parallelize_plan", {}).items():

@@ -22,7 +22,13 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 // slots alike; the gradients of @forward_grad are the same halves. The
 // step's call tree all-reduces the row-parallel output over mp and the
 // gradients over dp.
+// What the forward keeps for the backward, per rank, where the local loss
+// is computed: the 4x16 pre-activation and activation, the all-reduced
+// output (the loss's gradient reads it), the square the loss op is reading,
+// and the 0 and 1/128 splats the backward uses (canonicalization hoists
+// constants to the top): 6 x 256 bytes, and the scalar loss.
 // CHECK:      "forward_grad": {
+// CHECK:        "activation_bytes": 1540,
 // CHECK:        "gradient_bytes": 2048,
 // CHECK:        "parameter_bytes": 2048
 // CHECK:      "train_step": {

@@ -9,7 +9,9 @@
 //     CUDA elementwise kernels read element i before writing element i);
 //   * offsets: buffers are placed largest first, each at the lowest aligned
 //     offset free for its whole lifetime (greedy by size, as TFLite's arena
-//     planner does), so the arena is close to the peak of live bytes.
+//     planner does), so the arena is close to the peak of live bytes;
+//   * asynchronous collectives: a wait's tensor is its future's buffer, and
+//     a start's input lives until the wait (the transfer reads it).
 // Plans are per rank: after partition, every rank has the same local shapes.
 //
 //===----------------------------------------------------------------------===//
@@ -41,6 +43,11 @@ struct MemoryPlan {
   int64_t livePeakBytes = 0;
   /// Results written over a dying operand.
   int64_t inPlaceReuses = 0;
+  /// In a function that returns a loss (`ernie.loss`): the bytes live, other
+  /// than the arguments, just after the loss is computed — what the forward
+  /// keeps for the backward (Korthikanti et al.'s activation memory). 0
+  /// when the function returns no loss, or a loss a call computed.
+  int64_t activationBytes = 0;
 };
 
 /// Bytes one element of `type` takes in a runtime buffer (i1: one byte), or

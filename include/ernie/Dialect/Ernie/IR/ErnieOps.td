@@ -875,6 +875,14 @@ def Ernie_ReshardOp : Ernie_Op<"reshard",
 // Collectives: what partition lowers reshards to. They name mesh axes, never
 // ranks: the group of a rank is every rank that differs from it only along
 // the named axes, ordered by those axes' coordinates (major to minor).
+//
+// Every rank runs the same program, so a rewrite of a collective happens on
+// all of them alike: collectives are Pure, and CSE merges two that reduce
+// the same value (one all-reduce, not one per use). Two are not: a started
+// transfer stays paired with its wait, and an all-gather's result is group
+// size times its input — keeping it for a later use (the backward) costs
+// that memory, so a later use gathers again, as Megatron's sequence
+// parallelism does.
 //===----------------------------------------------------------------------===//
 
 class Ernie_CollectiveOp<string mnemonic, list<Trait> traits = []>
@@ -891,7 +899,7 @@ class Ernie_CollectiveOp<string mnemonic, list<Trait> traits = []>
 }
 
 def Ernie_AllReduceOp : Ernie_CollectiveOp<"all_reduce",
-    [SameOperandsAndResultType]> {
+    [Pure, SameOperandsAndResultType]> {
   let summary = "reduce over a group; every member gets the result";
   let description = [{
     ```mlir
@@ -924,7 +932,7 @@ def Ernie_AllGatherOp : Ernie_CollectiveOp<"all_gather"> {
   }];
 }
 
-def Ernie_ReduceScatterOp : Ernie_CollectiveOp<"reduce_scatter"> {
+def Ernie_ReduceScatterOp : Ernie_CollectiveOp<"reduce_scatter", [Pure]> {
   let summary = "reduce over a group, each member keeping its piece";
   let description = [{
     Member `i` keeps piece `i` along `dim` of the reduced tensor.
@@ -944,7 +952,7 @@ def Ernie_ReduceScatterOp : Ernie_CollectiveOp<"reduce_scatter"> {
   }];
 }
 
-def Ernie_AllToAllOp : Ernie_CollectiveOp<"all_to_all"> {
+def Ernie_AllToAllOp : Ernie_CollectiveOp<"all_to_all", [Pure]> {
   let summary = "exchange pieces: split one dimension, concatenate another";
   let description = [{
     Each member cuts its tensor into group-size pieces along `split_dim`,
@@ -966,7 +974,7 @@ def Ernie_AllToAllOp : Ernie_CollectiveOp<"all_to_all"> {
   }];
 }
 
-def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice"> {
+def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice", [Pure]> {
   let summary = "keep this rank's piece of a replicated dimension";
   let description = [{
     No communication: member `i` of an `n`-member group keeps piece
@@ -992,7 +1000,7 @@ def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice"> {
 }
 
 def Ernie_ShardInsertOp : Ernie_CollectiveOp<"shard_insert",
-    [AllTypesMatch<["dest", "result"]>]> {
+    [Pure, AllTypesMatch<["dest", "result"]>]> {
   let summary = "write this rank's piece into a tensor";
   let description = [{
     No communication; the inverse of `shard_slice`: `dest` with piece
@@ -1062,7 +1070,7 @@ def Ernie_WaitOp : Ernie_Op<"wait", [
 }
 
 def Ernie_PartialInitOp : Ernie_CollectiveOp<"partial_init",
-    [SameOperandsAndResultType]> {
+    [Pure, SameOperandsAndResultType]> {
   let summary = "turn a replicated value into a pending reduction";
   let description = [{
     No communication. For `sum` the first member of each group keeps the
@@ -1082,7 +1090,7 @@ def Ernie_PartialInitOp : Ernie_CollectiveOp<"partial_init",
   }];
 }
 
-def Ernie_AxisIndexOp : Ernie_CollectiveOp<"axis_index"> {
+def Ernie_AxisIndexOp : Ernie_CollectiveOp<"axis_index", [Pure]> {
   let summary = "this rank's coordinate along mesh axes";
   let description = [{
     The rank's linear index within its group over `axes` (row-major over the
