@@ -4,7 +4,7 @@
 // dz over the batch, and the unused parameter's an explicit zero.
 // CHECK-LABEL: func.func @forward_grad
 // CHECK-SAME: (%[[X:[a-z0-9]+]]: tensor<4x8xf32>, %[[W:[a-z0-9]+]]: tensor<8x3xf32> {ernie.param = "w"}
-// CHECK-SAME: -> (tensor<f32>, tensor<8x3xf32> {ernie.grad_of = "w"}, tensor<3xf32> {ernie.grad_of = "b"}, tensor<3xf32> {ernie.grad_of = "unused"})
+// CHECK-SAME: -> (tensor<f32> {ernie.loss}, tensor<8x3xf32> {ernie.grad_of = "w"}, tensor<3xf32> {ernie.grad_of = "b"}, tensor<3xf32> {ernie.grad_of = "unused"})
 // CHECK-DAG: %[[ZERO:.+]] = ernie.full 0.000000e+00 : tensor<3xf32>
 // CHECK-DAG: %[[ONE:.+]] = ernie.full 1.000000e+00 : tensor<f32>
 // CHECK: %[[A:.+]] = ernie.tanh

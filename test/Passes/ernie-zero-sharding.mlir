@@ -33,7 +33,7 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 // slots (autodiff's own constraint there, laying it out like w, is weaker),
 // and the step adds no gradient constraint.
 // L2-LABEL: func.func @forward_grad
-// L2-SAME: -> (tensor<f32>, tensor<16x8xf32> {ernie.grad_of = "w", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
+// L2-SAME: -> (tensor<f32> {ernie.loss}, tensor<16x8xf32> {ernie.grad_of = "w", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
 // L2: ernie.sharding_constraint {{.*}}<@mesh, [{}, {mp}]> {priority = 1 : i64}
 // L2-LABEL: func.func @train_step
 // L2-NOT: ernie.sharding_constraint
