@@ -167,6 +167,11 @@ void reduceInOrder(const std::vector<const void *> &inputs, void *out,
   std::memcpy(out, acc.data(), bytes);
 }
 
+int64_t shiftedIndex(int64_t index, int64_t shift, int64_t n) {
+  int64_t k = (index + shift % n) % n; // |index + shift % n| < 2n: no overflow
+  return k < 0 ? k + n : k;
+}
+
 std::string describeAxes(const Axes &axes) {
   std::string s = "[";
   for (size_t i = 0; i < axes.size(); ++i)

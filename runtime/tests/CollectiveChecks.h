@@ -123,6 +123,49 @@ inline void checkEveryCollective(Communicator &comm, const Mesh &mesh,
   comm.barrier(axes);
 }
 
+/// Permutes over `axes` by 1, -1, n + 1, 0 and -(2n + 1) (n = group size),
+/// out of place and in place, then two started back to back: member i must
+/// hold what member (i - shift) mod n sent.
+inline void checkPermutes(Communicator &comm, const Mesh &mesh,
+                          const Axes &axes) {
+  constexpr size_t kChunk = 5;
+  int64_t r = comm.rank();
+  std::vector<int64_t> group = mesh.group(r, axes);
+  int64_t n = group.size(), me = mesh.indexInGroup(r, axes);
+  auto source = [&](int64_t shift) {
+    int64_t from = (me - shift) % n;
+    return group[from < 0 ? from + n : from];
+  };
+  std::vector<double> in(kChunk);
+  for (size_t i = 0; i < kChunk; ++i)
+    in[i] = value(r, i);
+  for (int64_t shift :
+       {int64_t(1), int64_t(-1), n + 1, int64_t(0), -(2 * n + 1)}) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r << ", shift " << shift
+                                      << " over " << describeAxes(axes));
+    std::vector<double> out(kChunk, -1.0), inPlace(in);
+    comm.permute(in.data(), out.data(), kChunk * sizeof(double), shift, axes);
+    comm.permute(inPlace.data(), inPlace.data(), kChunk * sizeof(double), shift,
+                 axes);
+    for (size_t i = 0; i < kChunk; ++i) {
+      EXPECT_EQ(out[i], value(source(shift), i)) << "element " << i;
+      EXPECT_EQ(inPlace[i], value(source(shift), i)) << "element " << i;
+    }
+  }
+  // Started back to back: each pairs with the same start on the peers.
+  std::vector<double> first(kChunk), second(kChunk);
+  AsyncHandle a = comm.start([&] {
+    comm.permute(in.data(), first.data(), kChunk * sizeof(double), 1, axes);
+  });
+  AsyncHandle b = comm.start([&] {
+    comm.permute(in.data(), second.data(), kChunk * sizeof(double), -1, axes);
+  });
+  a.wait();
+  b.wait();
+  EXPECT_EQ(first[kChunk - 1], value(source(1), kChunk - 1));
+  EXPECT_EQ(second[kChunk - 1], value(source(-1), kChunk - 1));
+}
+
 /// Two collectives started back to back on a 2-rank group over `axis`, many
 /// rounds: every rank must pair them in start order (with a thread per
 /// started collective they raced, and ranks paired the first with the

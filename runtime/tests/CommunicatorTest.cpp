@@ -3,8 +3,8 @@
 // Meshes [2], [4], [2,2] and [2,2,2]; for every non-empty subset of axes (in
 // both orders where it matters) every collective runs on all ranks at once,
 // and each rank's output is checked against the definition computed from
-// the mesh's groups directly. Plus async collectives, point-to-point,
-// timeouts and aborts.
+// the mesh's groups directly. Plus permutes, async collectives,
+// point-to-point, timeouts and aborts.
 //
 //===----------------------------------------------------------------------===//
 
@@ -60,6 +60,17 @@ INSTANTIATE_TEST_SUITE_P(Meshes, Collectives,
                                            std::vector<int64_t>{4},
                                            std::vector<int64_t>{2, 2},
                                            std::vector<int64_t>{2, 2, 2}));
+
+// A 2-D mesh, so a group over one axis is not the whole world: each axis,
+// both together, in both orders.
+TEST(ThreadCommunicator, PermutesShiftAroundTheGroup) {
+  Mesh mesh({"a", "b"}, {2, 3});
+  ThreadWorld world(mesh, std::chrono::seconds(20));
+  onAllRanks(world, [&](Communicator &comm) {
+    for (const Axes &axes : axisSubsets(mesh))
+      checkPermutes(comm, mesh, axes);
+  });
+}
 
 TEST(ThreadCommunicator, FloatSumsAreBitwiseIdenticalOnEveryRank) {
   Mesh mesh({"dp"}, {8});

@@ -12,6 +12,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include <cstring>
 #include <filesystem>
@@ -29,6 +30,12 @@ using Ctx = std::shared_ptr<gloo::Context>;
 
 /// The key (TCP store) or file name (file store) an abort is published as.
 constexpr const char *kAbortKey = "ernie.abort";
+
+/// The slot prefix of permutes on a group's context: Gloo's collectives use
+/// 0x01-0x08 (gloo/types.h), and point-to-point send/recv have contexts of
+/// their own, so permute slots (this prefix, a per-group sequence number)
+/// meet no other traffic.
+constexpr uint8_t kPermuteSlotPrefix = 0x45;
 
 class GlooCommunicator final : public Communicator {
 public:
@@ -118,6 +125,46 @@ public:
       gloo::BarrierOptions opts(ctx);
       opts.setTimeout(options_.timeout);
       gloo::barrier(opts);
+    });
+  }
+
+  /// The receive and the send are both posted before either is waited for:
+  /// a send on an unbound buffer waits for its receiver, so send-then-recv
+  /// around a ring would deadlock.
+  void permute(const void *in, void *out, size_t bytes, int64_t shift,
+               const Axes &axes) override {
+    std::vector<int64_t> members = mesh_.group(rank_, axes);
+    int64_t n = members.size(), me = mesh_.indexInGroup(rank_, axes);
+    if (shiftedIndex(0, shift, n) == 0) {
+      if (in != out)
+        std::memmove(out, in, bytes);
+      return;
+    }
+    if (bytes == 0)
+      return;
+    uint64_t slot = gloo::Slot::build(kPermuteSlotPrefix, nextPermute(members));
+    int to = static_cast<int>(shiftedIndex(me, shift % n, n));
+    int from = static_cast<int>(shiftedIndex(me, -(shift % n), n));
+    // The receive lands while the send may still read: overlapping buffers
+    // send from a copy.
+    const char *src = static_cast<const char *>(in);
+    char *dst = static_cast<char *>(out);
+    std::vector<char> copy;
+    if (src < dst + bytes && dst < src + bytes) {
+      copy.assign(src, src + bytes);
+      src = copy.data();
+    }
+    run("permute", axes, [&](const Ctx &ctx) {
+      auto recvBuf = ctx->createUnboundBuffer(dst, bytes);
+      auto sendBuf = ctx->createUnboundBuffer(const_cast<char *>(src), bytes);
+      recvBuf->recv(from, slot);
+      sendBuf->send(to, slot);
+      if (!recvBuf->waitRecv(nullptr, options_.timeout))
+        throw CommunicationError("the receive from group member " +
+                                 std::to_string(from) + " did not complete");
+      if (!sendBuf->waitSend(nullptr, options_.timeout))
+        throw CommunicationError("the send to group member " +
+                                 std::to_string(to) + " did not complete");
     });
   }
 
@@ -265,6 +312,13 @@ private:
     }
   }
 
+  /// The tag of the next permute over `members`: every member numbers the
+  /// group's permutes in the same (program) order.
+  uint32_t nextPermute(const std::vector<int64_t> &members) {
+    std::lock_guard<std::mutex> lock(contextMutex_);
+    return permutes_[members]++;
+  }
+
   gloo::rendezvous::Store &store() {
     if (tcpStore_)
       return *tcpStore_;
@@ -302,6 +356,7 @@ private:
   std::unique_ptr<TcpStore> tcpStore_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::string, std::unique_ptr<Channel>> channels_; // contextMutex_
+  std::map<std::vector<int64_t>, uint32_t> permutes_;        // contextMutex_
   std::mutex contextMutex_, mutex_;
   std::string aborted_;
 };

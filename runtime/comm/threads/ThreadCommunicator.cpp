@@ -125,6 +125,23 @@ public:
                });
   }
 
+  /// A rendezvous like the collectives (its own sequence, keyed "permute"):
+  /// each member copies out the posted input of the member `shift` before it.
+  void permute(const void *in, void *out, size_t bytes, int64_t shift,
+               const Axes &axes) override {
+    int64_t n = groupSize(axes);
+    if (shiftedIndex(0, shift, n) == 0) {
+      if (in != out)
+        std::memmove(out, in, bytes);
+      return;
+    }
+    collective("permute", axes, in, bytes,
+               [&](const std::vector<const void *> &all, int64_t me) {
+                 std::memcpy(out, all[shiftedIndex(me, -(shift % n), n)],
+                             bytes);
+               });
+  }
+
   void barrier(const Axes &axes) override {
     collective("barrier", axes, nullptr, 0,
                [](const std::vector<const void *> &, int64_t) {});

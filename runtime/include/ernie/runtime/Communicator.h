@@ -73,6 +73,13 @@ public:
   /// Every member's `data` becomes the data of the member at `rootIndex`.
   virtual void broadcast(void *data, size_t bytes, int64_t rootIndex,
                          const Axes &axes) = 0;
+  /// A cyclic shift over the group: member i sends its `bytes` at `in` to
+  /// member (i + shift) mod n and receives member (i - shift) mod n's into
+  /// `out` (n = group size; any shift, negative too). A shift that is a
+  /// multiple of n copies `in` to `out` without communicating. `in` and `out`
+  /// may overlap. Every member must pass the same shift.
+  virtual void permute(const void *in, void *out, size_t bytes, int64_t shift,
+                       const Axes &axes) = 0;
   virtual void send(const void *data, size_t bytes, int64_t peer,
                     int64_t tag) = 0;
   virtual void recv(void *data, size_t bytes, int64_t peer, int64_t tag) = 0;
@@ -109,6 +116,9 @@ void reduceInOrder(const std::vector<const void *> &inputs, void *out,
                    size_t count, DType type, ReduceOp op);
 /// "[dp, mp]", for messages.
 std::string describeAxes(const Axes &axes);
+/// `index + shift` modulo `n` (in [0, n), for any sign of shift): the member
+/// a permute sends to, or the piece a shifted shard_slice keeps.
+int64_t shiftedIndex(int64_t index, int64_t shift, int64_t n);
 
 } // namespace ernie::runtime
 

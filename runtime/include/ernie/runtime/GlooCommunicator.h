@@ -9,7 +9,10 @@
 //
 // Reductions are made deterministic by construction: members exchange their
 // inputs (all-gather, all-to-all) and each reduces in group order, exactly
-// as the thread engine does, so both give the same bits.
+// as the thread engine does, so both give the same bits. A permute posts its
+// receive and its send on the group's context before waiting for either
+// (blocking sends around a ring would deadlock), under a slot prefix of its
+// own numbered per group.
 //
 //===----------------------------------------------------------------------===//
 
