@@ -4,6 +4,7 @@
 
 #include "ernie/runtime/ProgramFormat.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -39,13 +40,30 @@ Executor::Executor(const Program &program, Communicator &comm,
         "the communicator's mesh does not match the program's");
 }
 
-Executor::~Executor() = default;
+// run() leaves nothing started; this only guards the arenas against an
+// unforeseen exit.
+Executor::~Executor() { abandonStarted(); }
 
 const Function &Executor::function(const std::string &name) const {
   return program_.requireFunction(stage_, name);
 }
 
 namespace {
+
+int64_t nowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// The collectives that block the calling thread on the group. (A start
+/// communicates too, but on the communication thread; shard_slice,
+/// shard_insert, partial_init and axis_index only read the rank's
+/// position.)
+bool isBlockingCollective(const std::string &op) {
+  return op == "ernie.all_reduce" || op == "ernie.all_gather" ||
+         op == "ernie.reduce_scatter" || op == "ernie.all_to_all";
+}
 
 ReduceOp reduceKind(const Attrs &attrs) {
   std::string kind = attrs.getString("kind", "sum");
@@ -163,8 +181,9 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
                   elementBytes);
   } else if (op == "ernie.shard_slice") {
     int64_t dim = inst.attrs.getInt("dim");
+    int64_t piece = shiftedIndex(me, inst.attrs.getInt("shift", 0), members);
     extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
-                 offsetAlong(in.shape.size(), dim, me * out.shape[dim]),
+                 offsetAlong(in.shape.size(), dim, piece * out.shape[dim]),
                  static_cast<uint8_t *>(out.data), out.shape, elementBytes);
   } else if (op == "ernie.partial_init") {
     // A pending sum starts on the first member; max/min/avg hold the value
@@ -178,9 +197,97 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
   }
 }
 
-void Executor::execute(const Function &fn, const Instruction &inst,
+/// out = dest with piece (i + shift) mod n along `dim` replaced by `piece`,
+/// i this rank's index in the group of n.
+void Executor::insertShard(const Instruction &inst, const TensorView &dest,
+                           const TensorView &piece, const TensorView &out) {
+  int64_t members =
+      static_cast<int64_t>(program_.mesh().group(rank_, inst.axes).size());
+  int64_t me = program_.mesh().indexInGroup(rank_, inst.axes);
+  int64_t dim = inst.attrs.getInt("dim");
+  int64_t at = shiftedIndex(me, inst.attrs.getInt("shift", 0), members);
+  const uint8_t *src = static_cast<const uint8_t *>(piece.data);
+  uint8_t *dst = static_cast<uint8_t *>(out.data);
+  std::vector<uint8_t> copy; // the piece, when copying dest would clobber it
+  if (src < dst + bytesOf(out) && dst < src + bytesOf(piece)) {
+    copy.assign(src, src + bytesOf(piece));
+    src = copy.data();
+  }
+  if (out.data != dest.data)
+    std::memmove(out.data, dest.data, bytesOf(out));
+  insertBlock(src, piece.shape, dst, out.shape,
+              offsetAlong(out.shape.size(), dim, at * piece.shape[dim]),
+              byteSize(out.type));
+}
+
+void Executor::start(const Function &fn, size_t index, const TensorView &in,
+                     const TensorView &out) {
+  const Instruction &inst = fn.instructions[index];
+  const void *src = in.data;
+  void *dst = out.data;
+  size_t bytes = bytesOf(in);
+  int64_t shift = inst.attrs.getInt("shift");
+  // The program outlives this executor, and run() waits for every transfer
+  // before it returns or throws: the references and the arena stay valid.
+  const Axes &axes = inst.axes;
+  const std::string &op = inst.op, &function = fn.name;
+  bool trace = options_.trace;
+  AsyncHandle handle = comm_.start([this, src, dst, bytes, shift, trace, &axes,
+                                    &op, &function] {
+    int64_t begin = trace ? nowMicros() : 0;
+    comm_.permute(src, dst, bytes, shift, axes);
+    if (trace)
+      record({op, function, /*collective=*/true, begin, nowMicros() - begin});
+  });
+  started_[inst.results[0]] = {std::move(handle), index};
+}
+
+void Executor::wait(const Instruction &inst, std::vector<TensorView> &buffers) {
+  auto it = started_.find(inst.operands[0]);
+  if (it == started_.end()) // Program::load rules this out.
+    throw KernelError("nothing was started into buffer " +
+                      std::to_string(inst.operands[0]));
+  AsyncHandle handle = std::move(it->second.handle);
+  started_.erase(it);
+  handle.wait();
+  const TensorView &received = buffers[inst.operands[0]];
+  const TensorView &out = buffers[inst.results[0]];
+  if (out.data != received.data)
+    std::memmove(out.data, received.data, bytesOf(out));
+}
+
+void Executor::waitForStarted(const Function &fn, const std::string &why,
+                              bool forget) {
+  std::vector<std::pair<size_t, uint32_t>> oldestFirst;
+  for (auto &[buffer, started] : started_)
+    if (started.handle.valid())
+      oldestFirst.emplace_back(started.instruction, buffer);
+  if (oldestFirst.empty()) {
+    if (forget)
+      started_.clear();
+    return;
+  }
+  std::sort(oldestFirst.begin(), oldestFirst.end());
+  int64_t begin = options_.trace ? nowMicros() : 0;
+  for (const auto &[index, buffer] : oldestFirst) {
+    try {
+      started_[buffer].handle.wait();
+    } catch (const CommunicationError &e) {
+      fail(fn, index, e.what(), /*inCollective=*/true);
+    } catch (const std::exception &e) {
+      fail(fn, index, e.what(), /*inCollective=*/false);
+    }
+  }
+  if (forget)
+    started_.clear();
+  if (options_.trace)
+    record({"ernie.wait (" + why + ")", fn.name, /*collective=*/false, begin,
+            nowMicros() - begin});
+}
+
+void Executor::execute(const Function &fn, size_t index,
                        std::vector<TensorView> &buffers) {
-  (void)fn;
+  const Instruction &inst = fn.instructions[index];
   if (inst.kernel) {
     std::vector<TensorView> inputs, outputs;
     for (uint32_t b : inst.operands)
@@ -200,6 +307,13 @@ void Executor::execute(const Function &fn, const Instruction &inst,
     if (out.type != DType::I64)
       throw KernelError("axis_index must produce i64");
     *out.as<int64_t>() = index;
+  } else if (inst.op == "ernie.collective_permute_start") {
+    start(fn, index, buffers[inst.operands[0]], out);
+  } else if (inst.op == "ernie.wait") {
+    wait(inst, buffers);
+  } else if (inst.op == "ernie.shard_insert") {
+    insertShard(inst, buffers[inst.operands[kShardInsertDest]],
+                buffers[inst.operands[kShardInsertPiece]], out);
   } else {
     runCollective(inst, buffers[inst.operands[0]], out);
   }
@@ -216,7 +330,22 @@ void Executor::fail(const Function &fn, size_t index, const std::string &cause,
   os << ": " << cause;
   std::string message = os.str();
   comm_.abort(message);
+  abandonStarted();
   throw ExecutionError(message, inCollective);
+}
+
+void Executor::abandonStarted() {
+  // Transfers still in flight write into the arena: let them end before it
+  // may be reused or freed. After an abort those waiting for a peer fail at
+  // once (threads) or when the peer's process exits or the timeout passes
+  // (Gloo).
+  for (auto &entry : started_) {
+    try {
+      entry.second.handle.wait();
+    } catch (...) {
+    }
+  }
+  started_.clear();
 }
 
 std::vector<HostTensor> Executor::run(const std::string &name,
@@ -249,27 +378,25 @@ std::vector<HostTensor> Executor::run(const std::string &name,
                 inputs[i].bytes.size());
   }
 
-  auto now = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
+    const Instruction &inst = fn.instructions[i];
+    bool blocking = isBlockingCollective(inst.op);
+    if (blocking)
+      waitForStarted(fn, "before " + inst.op, /*forget=*/false);
     try {
-      int64_t start = options_.trace ? now() : 0;
-      execute(fn, fn.instructions[i], buffers);
-      if (options_.trace) {
-        const Instruction &inst = fn.instructions[i];
-        trace_.push_back({inst.op, fn.name, isExecutorOp(inst.op) &&
-                                                inst.op != "ernie.constant",
-                          start, now() - start});
-      }
+      int64_t begin = options_.trace ? nowMicros() : 0;
+      execute(fn, i, buffers);
+      // A start's transfer is recorded where it runs (start()); here it is
+      // the moment compute handed it over.
+      if (options_.trace)
+        record({inst.op, fn.name, blocking, begin, nowMicros() - begin});
     } catch (const CommunicationError &e) {
       fail(fn, i, e.what(), /*inCollective=*/true);
     } catch (const std::exception &e) {
       fail(fn, i, e.what(), /*inCollective=*/false);
     }
   }
+  waitForStarted(fn, "end of @" + name, /*forget=*/true);
 
   std::vector<HostTensor> results;
   for (size_t i = 0; i < fn.results.size(); ++i) {
@@ -287,6 +414,16 @@ std::vector<HostTensor> Executor::run(const std::string &name,
     results.push_back(std::move(out));
   }
   return results;
+}
+
+void Executor::record(TraceEvent event) {
+  std::lock_guard<std::mutex> lock(traceMutex_);
+  trace_.push_back(std::move(event));
+}
+
+std::vector<TraceEvent> Executor::traceEvents() const {
+  std::lock_guard<std::mutex> lock(traceMutex_);
+  return trace_;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 namespace ernie::runtime {
@@ -21,12 +22,40 @@ bool ShardingSpec::isReplicated() const {
                      [](const Axes &axes) { return axes.empty(); });
 }
 
+namespace {
+
+/// The ops the executor runs itself, besides constants: how many operands
+/// each takes (each has one result) and whether it names a group by axes.
+struct ExecutorOpSignature {
+  const char *op;
+  size_t operands;
+  bool needsAxes;
+};
+
+constexpr ExecutorOpSignature kExecutorOps[] = {
+    {"ernie.all_reduce", 1, true},
+    {"ernie.all_gather", 1, true},
+    {"ernie.reduce_scatter", 1, true},
+    {"ernie.all_to_all", 1, true},
+    {"ernie.collective_permute_start", 1, true},
+    {"ernie.wait", 1, false},
+    {"ernie.shard_slice", 1, true},
+    {"ernie.shard_insert", 2, true},
+    {"ernie.partial_init", 1, true},
+    {"ernie.axis_index", 0, false},
+};
+
+const ExecutorOpSignature *executorOpSignature(const std::string &op) {
+  for (const ExecutorOpSignature &s : kExecutorOps)
+    if (op == s.op)
+      return &s;
+  return nullptr;
+}
+
+} // namespace
+
 bool isExecutorOp(const std::string &op) {
-  static const char *const ops[] = {
-      "ernie.constant",     "ernie.all_reduce",  "ernie.all_gather",
-      "ernie.reduce_scatter", "ernie.all_to_all", "ernie.shard_slice",
-      "ernie.partial_init", "ernie.axis_index"};
-  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
+  return op == "ernie.constant" || executorOpSignature(op) != nullptr;
 }
 
 namespace {
@@ -222,7 +251,10 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
     return out.type == DType::I64 && elementsOf(out.shape) == 1
                ? ""
                : "the result must be one i64";
-  const BufferSpec &in = fn.buffers[inst.operands[0]];
+  // The operand the result is shaped from (shard_insert: the destination).
+  const BufferSpec &in =
+      fn.buffers[inst.operands
+                     [inst.op == "ernie.shard_insert" ? kShardInsertDest : 0]];
   if (in.type != out.type || in.shape.size() != out.shape.size())
     return "the result must keep the operand's rank and element type";
   int64_t n = axesSize(mesh, inst.axes), rank = in.shape.size();
@@ -241,6 +273,18 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
     want[d] /= n;
     return true;
   };
+  // `shift`: an integer, required by the permute, optional (0) elsewhere.
+  bool shifted = inst.op == "ernie.collective_permute_start" ||
+                 inst.op == "ernie.shard_slice" ||
+                 inst.op == "ernie.shard_insert";
+  if (shifted && (inst.attrs.has("shift") ||
+                  inst.op == "ernie.collective_permute_start")) {
+    try {
+      inst.attrs.getInt("shift");
+    } catch (const KernelError &) {
+      return "'shift' is missing or not an integer";
+    }
+  }
   int64_t d = 0, concat = 0;
   if (inst.op == "ernie.all_gather" || inst.op == "ernie.reduce_scatter" ||
       inst.op == "ernie.shard_slice") {
@@ -251,6 +295,22 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
     else if (!divide(d))
       return "dimension " + std::to_string(d) + " does not divide over " +
              std::to_string(n) + " ranks";
+  } else if (inst.op == "ernie.shard_insert") {
+    // out is dest; the piece is dest's n-th part along `dim`.
+    if (!dim("dim", d))
+      return "'dim' is missing or out of range";
+    const BufferSpec &piece = fn.buffers[inst.operands[kShardInsertPiece]];
+    std::vector<int64_t> part = in.shape;
+    if (part[d] % n != 0)
+      return "dimension " + std::to_string(d) + " does not divide over " +
+             std::to_string(n) + " ranks";
+    part[d] /= n;
+    if (piece.type != in.type || piece.shape != part)
+      return "the piece must be " + shapeString(part) + "x" +
+             std::string(name(in.type)) + " (the destination " +
+             shapeString(in.shape) + " split " + std::to_string(n) +
+             " ways along dimension " + std::to_string(d) + "), not " +
+             shapeString(piece.shape) + "x" + std::string(name(piece.type));
   } else if (inst.op == "ernie.all_to_all") {
     if (!dim("split_dim", d) || !dim("concat_dim", concat))
       return "'split_dim' or 'concat_dim' is missing or out of range";
@@ -265,6 +325,73 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
     return "the result must be " + shapeString(want) + ", not " +
            shapeString(out.shape);
   return "";
+}
+
+/// The two buffers share arena bytes.
+bool overlap(const BufferSpec &a, const BufferSpec &b) {
+  return a.bytes && b.bytes && a.offset < b.offset + b.bytes &&
+         b.offset < a.offset + a.bytes;
+}
+
+/// Every ernie.wait takes the result of an earlier
+/// ernie.collective_permute_start, and every start has exactly one later
+/// wait. Between the two the communication thread reads the start's operand
+/// and writes its result, so no instruction in between may write memory of
+/// either or read memory of the result: the executor would race with the
+/// transfer.
+void checkStartsAndWaits(const Function &fn, const std::string &at,
+                         const Checker &check) {
+  auto where = [&](size_t index) {
+    return at + ", instruction #" + std::to_string(index) + " (" +
+           fn.instructions[index].op + ")";
+  };
+  auto buffer = [](uint32_t b) { return "buffer " + std::to_string(b); };
+  std::map<uint32_t, size_t> inFlight; // a start's result -> its index
+  for (size_t i = 0; i < fn.instructions.size(); ++i) {
+    const Instruction &inst = fn.instructions[i];
+    if (inst.op == "ernie.wait") {
+      auto it = inFlight.find(inst.operands[0]);
+      check.require(it != inFlight.end(),
+                    where(i) + ": its operand (" + buffer(inst.operands[0]) +
+                        ") is not the result of an earlier "
+                        "ernie.collective_permute_start awaiting its wait");
+      inFlight.erase(it); // Its result is written now: checked below.
+    }
+    if (inst.op == "ernie.collective_permute_start") {
+      auto it = inFlight.find(inst.results[0]);
+      if (it != inFlight.end())
+        check.fail(where(i) + ": its result (" + buffer(inst.results[0]) +
+                   ") is still in flight from instruction #" +
+                   std::to_string(it->second));
+    }
+    for (const auto &[result, start] : inFlight) {
+      uint32_t operand = fn.instructions[start].operands[0];
+      auto conflict = [&](uint32_t b, const char *verb, uint32_t other,
+                          const char *role) {
+        std::string startAt = "the ernie.collective_permute_start at "
+                              "instruction #" +
+                              std::to_string(start);
+        check.fail(where(i) + ": " + verb + " " + buffer(b) +
+                   ", whose memory overlaps " + buffer(other) + ", the " +
+                   role + " of " + startAt +
+                   ", which is in flight until its ernie.wait");
+      };
+      for (uint32_t b : inst.results) {
+        if (overlap(fn.buffers[b], fn.buffers[operand]))
+          conflict(b, "writes", operand, "operand");
+        if (overlap(fn.buffers[b], fn.buffers[result]))
+          conflict(b, "writes", result, "result");
+      }
+      for (uint32_t b : inst.operands)
+        if (overlap(fn.buffers[b], fn.buffers[result]))
+          conflict(b, "reads", result, "result");
+    }
+    if (inst.op == "ernie.collective_permute_start")
+      inFlight[inst.results[0]] = i;
+  }
+  for (const auto &[result, start] : inFlight)
+    check.fail(where(start) + ": no later ernie.wait takes its result (" +
+               buffer(result) + ")");
 }
 
 Function decodeFunction(const fb::Function *f, const Mesh &mesh,
@@ -344,16 +471,18 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                           inst.data.size() == fn.buffers[inst.results[0]].bytes,
                       where + ": the constant's data does not fill its buffer");
       } else {
+        const ExecutorOpSignature &signature = *executorOpSignature(inst.op);
         check.require(inst.results.size() == 1 &&
-                          inst.operands.size() == (inst.op == "ernie.axis_index" ? 0u : 1u),
+                          inst.operands.size() == signature.operands,
                       where + ": wrong number of operands or results");
-        check.require(!inst.axes.empty() || inst.op == "ernie.axis_index",
+        check.require(!inst.axes.empty() || !signature.needsAxes,
                       where + ": a collective needs mesh axes");
         std::string problem = collectiveShapeProblem(inst, fn, mesh);
         check.require(problem.empty(), where + ": " + problem);
       }
       fn.instructions.push_back(std::move(inst));
     }
+  checkStartsAndWaits(fn, at, check);
   return fn;
 }
 

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 
 using namespace ernie::runtime;
 using namespace ernie::runtime::testing;
@@ -937,6 +938,312 @@ TEST(Executor, AResultMayBeAnArgumentsBuffer) {
 }
 
 //===----------------------------------------------------------------------===//
+// Started collectives: collective_permute_start, wait, shard_insert
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+const MeshShape kRing4{{"sp"}, {4}};
+
+/// Rank r's piece of the ring tests' input, element i: distinct integers,
+/// so sums are exact in any order.
+float ringValue(int64_t r, int64_t i) { return float(100 * r + i); }
+
+struct TracedRun {
+  std::vector<std::vector<HostTensor>> results; // by rank
+  std::vector<std::vector<TraceEvent>> events;  // by rank
+};
+
+/// runOnEveryRank with tracing on.
+TracedRun
+runTraced(const Program &program, const std::string &fn,
+          const std::function<std::vector<HostTensor>(int64_t)> &inputs) {
+  int64_t n = program.mesh().numRanks();
+  ThreadWorld world(program.mesh(), std::chrono::seconds(10));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int64_t r = 0; r < n; ++r)
+    comms.push_back(world.communicator(r));
+  TracedRun run;
+  run.results.resize(n);
+  run.events.resize(n);
+  ExecutorOptions options;
+  options.trace = true;
+  onThreads(n, [&](int64_t r) {
+    Executor executor(program, *comms[r], options);
+    run.results[r] = executor.run(fn, inputs(r));
+    run.events[r] = executor.traceEvents();
+  });
+  return run;
+}
+
+/// The all_gather -> matmul decomposition as the overlap pass writes it, a
+/// neg standing in for the matmul: the pieces go around the ring (shift 1,
+/// spelled 1, 5 and -3), each negated while the next travels and inserted
+/// at its source's place (shift -k, spelled -1, 2, -3). The last wait writes
+/// another buffer than its start's (the executor copies). Then the gathered
+/// value is sliced with shift 2.
+Program ringGatherProgram() {
+  ProgramBuilder pb(kRing4.names, kRing4.sizes);
+  FunctionBuilder &f = pb.function("gather");
+  Shape piece{2, 3}, whole{8, 3};
+  uint32_t x = f.buffer(DType::F32, piece);
+  uint32_t gathered = f.buffer(DType::F32, whole),
+           products = f.buffer(DType::F32, whole);
+  Axes sp{"sp"};
+  f.arg(x, Tensor().named("x").split({sp, {}}))
+      .constant(gathered, std::vector<float>(24, 0.0f))
+      .constant(products, std::vector<float>(24, 0.0f));
+  auto insert = [&](uint32_t part, uint32_t into, int64_t shift) {
+    f.op("ernie.shard_insert", {part, into}, {into},
+         {{"dim", int64_t(0)}, {"shift", shift}}, sp);
+  };
+  const int64_t sendShifts[] = {1, 5, -3};
+  const int64_t insertShifts[] = {0, -1, 2, -3};
+  uint32_t current = x;
+  for (int step = 0; step < 4; ++step) {
+    uint32_t received = 0;
+    if (step < 3) {
+      received = f.buffer(DType::F32, piece);
+      f.op("ernie.collective_permute_start", {current}, {received},
+           {{"shift", sendShifts[step]}}, sp);
+    }
+    uint32_t product = f.buffer(DType::F32, piece);
+    f.op("ernie.neg", {current}, {product});
+    insert(product, products, insertShifts[step]);
+    insert(current, gathered, insertShifts[step]);
+    if (step < 3) {
+      uint32_t next = received;
+      if (step == 2) {
+        next = f.buffer(DType::F32, piece);
+      }
+      f.op("ernie.wait", {received}, {next}, {}, {},
+           "ring.mlir:" + std::to_string(step));
+      current = next;
+    }
+  }
+  uint32_t sliced = f.buffer(DType::F32, piece);
+  f.op("ernie.shard_slice", {gathered}, {sliced},
+       {{"dim", int64_t(0)}, {"shift", int64_t(2)}}, sp)
+      .ret(gathered)
+      .ret(products)
+      .ret(sliced);
+  return pb.parse();
+}
+
+/// The matmul -> reduce_scatter decomposition as the overlap pass writes it
+/// (a neg for the matmul): at step k member i sends its partial for member
+/// i + k (shard_slice shift k) with shift k, two transfers in flight at a
+/// time, and places each received partial at its source (shift -k).
+Program ringScatterProgram() {
+  ProgramBuilder pb(kRing4.names, kRing4.sizes);
+  FunctionBuilder &f = pb.function("scatter");
+  Shape piece{2, 3}, whole{8, 3};
+  Axes sp{"sp"};
+  uint32_t z = f.buffer(DType::F32, whole),
+           bySource = f.buffer(DType::F32, whole);
+  f.arg(z, Tensor().named("z").partial("sp", ReduceOp::Sum))
+      .constant(bySource, std::vector<float>(24, 0.0f));
+  auto partialOf = [&](int64_t step) {
+    uint32_t slice = f.buffer(DType::F32, piece),
+             partial = f.buffer(DType::F32, piece);
+    f.op("ernie.shard_slice", {z}, {slice},
+         {{"dim", int64_t(0)}, {"shift", step}}, sp)
+        .op("ernie.neg", {slice}, {partial});
+    return partial;
+  };
+  auto place = [&](uint32_t partial, int64_t step) {
+    f.op("ernie.shard_insert", {partial, bySource}, {bySource},
+         {{"dim", int64_t(0)}, {"shift", -step}}, sp);
+  };
+  std::optional<uint32_t> inFlight;
+  for (int64_t step = 1; step < 4; ++step) {
+    uint32_t sent = f.buffer(DType::F32, piece);
+    f.op("ernie.collective_permute_start", {partialOf(step)}, {sent},
+         {{"shift", step}}, sp);
+    if (inFlight) {
+      f.op("ernie.wait", {*inFlight}, {*inFlight});
+      place(*inFlight, step - 1);
+    }
+    inFlight = sent;
+  }
+  place(partialOf(0), 0);
+  f.op("ernie.wait", {*inFlight}, {*inFlight});
+  place(*inFlight, 3);
+  f.ret(bySource);
+  return pb.parse();
+}
+
+} // namespace
+
+TEST(StartedCollectives, ARingOfPermutesGathersLikeAllGather) {
+  Program program = ringGatherProgram();
+  auto results = runOnEveryRank(program, "gather", [](int64_t r) {
+    return std::vector<HostTensor>{
+        f32({2, 3}, [&](int64_t i) { return ringValue(r, i); })};
+  });
+  // Row j of the whole is row j % 2 of rank j / 2's piece.
+  HostTensor whole =
+      f32({8, 3}, [](int64_t i) { return ringValue(i / 6, i % 6); });
+  HostTensor negated =
+      f32({8, 3}, [](int64_t i) { return -ringValue(i / 6, i % 6); });
+  for (int64_t r = 0; r < 4; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    ASSERT_EQ(results[r].size(), 3u);
+    EXPECT_TRUE(sameTensor(results[r][0], whole));
+    EXPECT_TRUE(sameTensor(results[r][1], negated));
+    // shard_slice shift 2: rank r keeps piece (r + 2) mod 4.
+    EXPECT_TRUE(sameTensor(results[r][2], f32({2, 3}, [&](int64_t i) {
+                             return ringValue((r + 2) % 4, i);
+                           })));
+  }
+}
+
+TEST(StartedCollectives, PartialsSentToTheirOwnersLandAtTheirSource) {
+  Program program = ringScatterProgram();
+  // Rank m's z: element (row, col) = 1000 m + 3 row + col.
+  auto zOf = [](int64_t m) {
+    return f32({8, 3}, [&](int64_t i) { return float(1000 * m + i); });
+  };
+  auto results = runOnEveryRank(program, "scatter", [&](int64_t r) {
+    return std::vector<HostTensor>{zOf(r)};
+  });
+  for (int64_t r = 0; r < 4; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    // Block m (rows 2m, 2m + 1) is -(rank m's rows 2r, 2r + 1).
+    EXPECT_TRUE(sameTensor(results[r][0], f32({8, 3}, [&](int64_t i) {
+                             int64_t row = i / 3, col = i % 3, m = row / 2;
+                             return -float(1000 * m + 3 * (2 * r + row % 2) +
+                                           col);
+                           })));
+  }
+}
+
+TEST(StartedCollectives, TheTransferIsTracedOnTheCommunicationThread) {
+  // A start, a kernel chain long enough to overlap with it, the wait.
+  ProgramBuilder pb(kMesh2.names, kMesh2.sizes);
+  FunctionBuilder &f = pb.function("overlap");
+  const int64_t n = 1 << 16;
+  uint32_t x = f.buffer(DType::F32, {n}), r = f.buffer(DType::F32, {n}),
+           a = f.buffer(DType::F32, {n}), b = f.buffer(DType::F32, {n});
+  f.arg(x).op("ernie.collective_permute_start", {x}, {r},
+              {{"shift", int64_t(1)}}, {"x"});
+  f.op("ernie.mul", {x, x}, {a});
+  for (int i = 0; i < 8; ++i)
+    f.op("ernie.tanh", {a}, {b}).op("ernie.mul", {b, x}, {a});
+  f.op("ernie.wait", {r}, {r}).ret(r).ret(a);
+  Program program = pb.parse();
+  TracedRun run = runTraced(program, "overlap", [&](int64_t rank) {
+    return std::vector<HostTensor>{
+        f32({n}, [&](int64_t i) { return float(rank * n + i); })};
+  });
+  std::string path = tempPath("overlap.json");
+  writeChromeTrace(path, run.events);
+  std::string json = fileText(path);
+  std::remove(path.c_str());
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    EXPECT_TRUE(sameTensor(run.results[rank][0], f32({n}, [&](int64_t i) {
+                             return float((1 - rank) * n + i);
+                           })));
+    const TraceEvent *issued = nullptr, *transfer = nullptr, *waited = nullptr;
+    for (const TraceEvent &e : run.events[rank]) {
+      EXPECT_EQ(e.function, "overlap");
+      if (e.name == "ernie.collective_permute_start")
+        (e.collective ? transfer : issued) = &e;
+      else if (e.name == "ernie.wait")
+        waited = &e;
+      else
+        EXPECT_FALSE(e.collective) << e.name << " is compute";
+    }
+    ASSERT_TRUE(issued && transfer && waited);
+    EXPECT_FALSE(waited->collective); // the time compute was blocked
+    EXPECT_GE(transfer->startMicros, issued->startMicros);
+    EXPECT_LE(transfer->startMicros + transfer->durationMicros,
+              waited->startMicros + waited->durationMicros);
+    EXPECT_THAT(json, HasSubstr("{\"ph\": \"X\", \"name\": "
+                                "\"ernie.collective_permute_start\", \"cat\": "
+                                "\"collective\", \"pid\": " +
+                                std::to_string(rank) + ", \"tid\": 1, "));
+    EXPECT_THAT(json, HasSubstr("{\"ph\": \"X\", \"name\": \"ernie.wait\", "
+                                "\"cat\": \"compute\", \"pid\": " +
+                                std::to_string(rank) + ", \"tid\": 0, "));
+  }
+}
+
+// Engines pair a group's collectives by order: a blocking collective while
+// a transfer is pending waits for it first (traced as compute time).
+TEST(StartedCollectives, ABlockingCollectiveWaitsForStartedTransfersFirst) {
+  ProgramBuilder pb(kMesh22.names, kMesh22.sizes);
+  FunctionBuilder &f = pb.function("mixed");
+  uint32_t x = f.buffer(DType::F32, {3}), r = f.buffer(DType::F32, {3}),
+           s = f.buffer(DType::F32, {3}), y = f.buffer(DType::F32, {3});
+  f.arg(x)
+      .op("ernie.collective_permute_start", {x}, {r}, {{"shift", int64_t(-1)}},
+          {"y"})
+      .op("ernie.all_reduce", {x}, {s}, {{"kind", std::string("sum")}}, {"y"})
+      .op("ernie.wait", {r}, {y})
+      .ret(s)
+      .ret(y);
+  Program program = pb.parse();
+  TracedRun run = runTraced(program, "mixed", [](int64_t rank) {
+    return std::vector<HostTensor>{
+        f32({3}, [&](int64_t i) { return float(10 * rank + i); })};
+  });
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    // Groups over y are {0, 1} and {2, 3}: the peer is rank ^ 1.
+    int64_t peer = rank ^ 1;
+    EXPECT_TRUE(sameTensor(run.results[rank][0], f32({3}, [&](int64_t i) {
+                             return float(10 * rank + i + 10 * peer + i);
+                           })));
+    EXPECT_TRUE(sameTensor(run.results[rank][1], f32({3}, [&](int64_t i) {
+                             return float(10 * peer + i);
+                           })));
+    std::vector<std::string> names;
+    for (const TraceEvent &e : run.events[rank])
+      names.push_back(e.name + (e.collective ? "@1" : "@0"));
+    EXPECT_THAT(names, ::testing::IsSupersetOf(
+                           {"ernie.wait (before ernie.all_reduce)@0",
+                            "ernie.all_reduce@1", "ernie.wait@0",
+                            "ernie.collective_permute_start@1"}));
+  }
+}
+
+TEST(StartedCollectives, ShardInsertCopiesItsDestinationWhenNotInPlace) {
+  ProgramBuilder pb(kMesh24.names, kMesh24.sizes);
+  FunctionBuilder &f = pb.function("insert");
+  uint32_t dest = f.buffer(DType::I32, {2, 8}),
+           piece = f.buffer(DType::I32, {2, 2}),
+           out = f.buffer(DType::I32, {2, 8});
+  f.arg(dest)
+      .arg(piece)
+      .op("ernie.shard_insert", {piece, dest}, {out},
+          {{"dim", int64_t(1)}, {"shift", int64_t(-5)}}, {"y"})
+      .ret(out)
+      .ret(dest);
+  Program program = pb.parse();
+  auto results = runOnEveryRank(program, "insert", [](int64_t r) {
+    return std::vector<HostTensor>{
+        filled<int32_t>(DType::I32, {2, 8},
+                        [](int64_t i) { return int32_t(i); }),
+        filled<int32_t>(DType::I32, {2, 2},
+                        [&](int64_t i) { return int32_t(-100 * r - i - 1); })};
+  });
+  for (int64_t r = 0; r < 8; ++r) {
+    int64_t me = r % 4, at = ((me - 5) % 4 + 4) % 4; // columns 2 at .. 2 at + 1
+    for (int64_t i = 0; i < 16; ++i) {
+      int64_t row = i / 8, col = i % 8;
+      int32_t want = col / 2 == at ? int32_t(-100 * r - (row * 2 + col % 2) - 1)
+                                   : int32_t(i);
+      EXPECT_EQ(results[r][0].as<int32_t>()[i], want)
+          << "rank " << r << " element " << i;
+      EXPECT_EQ(results[r][1].as<int32_t>()[i], int32_t(i))
+          << "dest is untouched";
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
 // Faults
 //===----------------------------------------------------------------------===//
 
@@ -1025,6 +1332,53 @@ TEST(ExecutorFaults, PeersWaitingInACollectiveFailWithTheRootCause) {
   EXPECT_THAT(messages[0], HasSubstr("rank 0: @lookup instruction #1 'ernie.all_gather'"));
   EXPECT_THAT(messages[0], HasSubstr("aborted"));
   EXPECT_THAT(messages[0], HasSubstr("rank 1"));
+}
+
+// Rank 1 fails before its start; rank 0's transfer cannot complete, and its
+// wait reports the abort at the wait, with the root cause.
+TEST(ExecutorFaults, AWaitForAFailedTransferReportsTheRootCause) {
+  ProgramBuilder pb({"x"}, {2});
+  FunctionBuilder &f = pb.function("lookup");
+  uint32_t tokens = f.buffer(DType::I64, {2}),
+           vocab = f.buffer(DType::F32, {4, 3}),
+           rows = f.buffer(DType::F32, {2, 3}),
+           got = f.buffer(DType::F32, {2, 3});
+  f.arg(tokens)
+      .arg(vocab)
+      .op("ernie.embedding", {tokens, vocab}, {rows}, {}, {}, "model.mlir:7:5")
+      .op("ernie.collective_permute_start", {rows}, {got},
+          {{"shift", int64_t(1)}}, {"x"}, "model.mlir:8:5")
+      .op("ernie.wait", {got}, {got}, {}, {}, "model.mlir:9:5")
+      .ret(got);
+  Program program = pb.parse();
+  ThreadWorld world(program.mesh(), std::chrono::seconds(30));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int64_t r = 0; r < 2; ++r)
+    comms.push_back(world.communicator(r));
+  HostTensor table = f32({4, 3}, [](int64_t i) { return float(i); });
+  std::vector<std::string> messages(2);
+  std::vector<int> collective(2, -1);
+  double seconds = secondsOf([&] {
+    onThreads(2, [&](int64_t r) {
+      Executor executor(program, *comms[r]);
+      try {
+        executor.run("lookup", {r == 0 ? ids({0, 3}) : ids({1, 7}), table});
+      } catch (const ExecutionError &e) {
+        messages[r] = e.what();
+        collective[r] = e.inCollective;
+      }
+    });
+  });
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(collective[1], 0);
+  EXPECT_THAT(messages[1], HasSubstr("rank 1: @lookup instruction #0"));
+  EXPECT_EQ(collective[0], 1);
+  EXPECT_THAT(messages[0], HasSubstr("rank 0: @lookup instruction #2 "
+                                     "'ernie.wait' at model.mlir:9:5: "));
+  EXPECT_THAT(messages[0], HasSubstr("permute over [x]"));
+  EXPECT_THAT(messages[0], HasSubstr("aborted: rank 1"));
+  EXPECT_THAT(messages[0],
+              HasSubstr("embedding index 7 is outside the vocabulary"));
 }
 
 namespace {

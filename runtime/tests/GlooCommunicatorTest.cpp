@@ -2,13 +2,16 @@
 //
 // Every rank is a thread with its own Gloo device and context over TCP on
 // 127.0.0.1, rendezvousing through a temporary directory or through the TCP
-// store on a free loopback port: the same checks as the thread engine, and
-// bitwise the same float sums.
+// store on a free loopback port: the same checks as the thread engine,
+// bitwise the same float sums, and started permutes through the executor.
 //
 //===----------------------------------------------------------------------===//
 
 #include "CollectiveChecks.h"
+#include "ProgramBuilder.h"
+#include "ernie/runtime/Executor.h"
 #include "ernie/runtime/GlooCommunicator.h"
+#include "ernie/runtime/HostTensor.h"
 #include "ernie/runtime/ThreadCommunicator.h"
 
 #include <gtest/gtest.h>
@@ -141,6 +144,46 @@ TEST_P(GlooCommunicator, PermutesShiftAroundTheGroup) {
   onGlooRanks(mesh, store("permute"), [&](Communicator &comm) {
     for (const Axes &axes : axisSubsets(mesh))
       checkPermutes(comm, mesh, axes);
+  });
+}
+
+// Through the executor: a start, a blocking all_gather on the same group
+// while the transfer is pending (the executor waits for it first: on one
+// context, the two ranks could otherwise meet the two operations in
+// different orders), then a second start shifting the piece back.
+TEST_P(GlooCommunicator,
+       AnExecutorRunsStartsAndWaitsAroundABlockingCollective) {
+  ProgramBuilder pb({"sp"}, {4});
+  FunctionBuilder &f = pb.function("ring");
+  uint32_t x = f.buffer(DType::F64, {2}), r = f.buffer(DType::F64, {2}),
+           g = f.buffer(DType::F64, {8}), n = f.buffer(DType::F64, {2}),
+           back = f.buffer(DType::F64, {2});
+  f.arg(x)
+      .op("ernie.collective_permute_start", {x}, {r}, {{"shift", int64_t(1)}},
+          {"sp"})
+      .op("ernie.all_gather", {x}, {g}, {{"dim", int64_t(0)}}, {"sp"})
+      .op("ernie.neg", {x}, {n})
+      .op("ernie.wait", {r}, {r})
+      .op("ernie.collective_permute_start", {r}, {back},
+          {{"shift", int64_t(-1)}}, {"sp"})
+      .op("ernie.wait", {back}, {back})
+      .ret(r)
+      .ret(g)
+      .ret(back);
+  Program program = pb.parse();
+  TestStore where = store("executor");
+  onThreads(4, [&](int64_t rank) {
+    auto comm = createGlooCommunicator(program.mesh(), rank, where.options());
+    Executor executor(program, *comm);
+    HostTensor in(DType::F64, {2});
+    in.as<double>()[0] = value(rank, 0);
+    in.as<double>()[1] = value(rank, 1);
+    std::vector<HostTensor> out = executor.run("ring", {in});
+    int64_t from = (rank + 3) % 4;
+    EXPECT_EQ(out[0].as<double>()[1], value(from, 1)) << "rank " << rank;
+    for (int64_t m = 0; m < 4; ++m)
+      EXPECT_EQ(out[1].as<double>()[2 * m], value(m, 0)) << "rank " << rank;
+    EXPECT_EQ(out[2].bytes, in.bytes) << "rank " << rank;
   });
 }
 

@@ -547,3 +547,178 @@ TEST(ProgramLoad, AMissingPath) {
   EXPECT_THAT(message, HasSubstr(missing));
   EXPECT_THAT(message, HasSubstr("cannot open"));
 }
+
+namespace {
+
+/// A valid overlapped step on mesh x=2: a piece sent one member along while
+/// a kernel runs, then written into an accumulator. Buffers: 0 = a f32[2, 3],
+/// 1 = r (the start's), 2 = n (neg of a), 3 = acc f32[4, 3].
+/// Instructions: #0 start, #1 neg, #2 wait, #3 shard_insert, #4 shard_slice.
+ProgramBuilder overlapProgram() {
+  ProgramBuilder pb({"x"}, {2});
+  FunctionBuilder &f = pb.function("main");
+  uint32_t a = f.buffer(DType::F32, {2, 3}), r = f.buffer(DType::F32, {2, 3}),
+           n = f.buffer(DType::F32, {2, 3}), acc = f.buffer(DType::F32, {4, 3});
+  f.arg(a)
+      .arg(acc)
+      .op("ernie.collective_permute_start", {a}, {r}, {{"shift", int64_t(1)}},
+          {"x"})
+      .op("ernie.neg", {a}, {n})
+      .op("ernie.wait", {r}, {r})
+      .op("ernie.shard_insert", {r, acc}, {acc},
+          {{"dim", int64_t(0)}, {"shift", int64_t(-1)}}, {"x"})
+      .op("ernie.shard_slice", {acc}, {n},
+          {{"dim", int64_t(0)}, {"shift", int64_t(1)}}, {"x"})
+      .ret(acc)
+      .ret(n);
+  return pb;
+}
+
+std::string
+brokenOverlap(const std::function<void(FunctionBuilder &)> &change) {
+  ProgramBuilder pb = overlapProgram();
+  change(pb.get("main"));
+  return errorOf(pb);
+}
+
+} // namespace
+
+TEST(Program, LoadsStartsWaitsAndShardInserts) {
+  Program p = overlapProgram().parse();
+  const Function &f = *p.function(0, "main");
+  for (size_t i : {0, 2, 3, 4}) {
+    EXPECT_TRUE(isExecutorOp(f.instructions[i].op)) << f.instructions[i].op;
+    EXPECT_EQ(f.instructions[i].kernel, nullptr);
+  }
+  EXPECT_EQ(f.instructions[0].attrs.getInt("shift"), 1);
+  EXPECT_EQ(f.instructions[3].attrs.getInt("shift"), -1);
+  // A wait needs no axes: it names its start's buffer.
+  EXPECT_TRUE(f.instructions[2].axes.empty());
+}
+
+TEST(ProgramRejects, AWaitOnABufferNoStartIsFilling) {
+  std::string message = brokenOverlap([](FunctionBuilder &f) {
+    f.instructions[2].operands = {2}; // the neg's result
+    f.instructions[2].results = {2};
+  });
+  EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #2 "
+                                 "(ernie.wait): its operand (buffer 2) is not "
+                                 "the result of an earlier "
+                                 "ernie.collective_permute_start awaiting its "
+                                 "wait"));
+  // Nor one whose start is already waited for.
+  EXPECT_THAT(
+      brokenOverlap([](FunctionBuilder &f) { f.op("ernie.wait", {1}, {1}); }),
+      HasSubstr("instruction #5 (ernie.wait): its operand (buffer 1) "
+                "is not the result"));
+  // Nor a wait before its start.
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                std::swap(f.instructions[0], f.instructions[2]);
+              }),
+              HasSubstr("instruction #0 (ernie.wait): its operand (buffer 1)"));
+}
+
+TEST(ProgramRejects, AStartWithoutItsWait) {
+  std::string message = brokenOverlap([](FunctionBuilder &f) {
+    f.instructions.erase(f.instructions.begin() + 2);
+    f.instructions[2].operands = {2, 3}; // inserts the neg instead
+  });
+  EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #0 "
+                                 "(ernie.collective_permute_start): no later "
+                                 "ernie.wait takes its result (buffer 1)"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                // A second start into the same buffer before the wait.
+                f.instructions.insert(f.instructions.begin() + 1,
+                                      f.instructions[0]);
+              }),
+              HasSubstr("instruction #1 (ernie.collective_permute_start): its "
+                        "result (buffer 1) is still in flight from "
+                        "instruction #0"));
+}
+
+TEST(ProgramRejects, AStartWithoutAShiftOrWithTheWrongShape) {
+  EXPECT_THAT(
+      brokenOverlap([](FunctionBuilder &f) { f.instructions[0].attrs = {}; }),
+      HasSubstr("instruction #0 (ernie.collective_permute_start): "
+                "'shift' is missing or not an integer"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.instructions[4].attrs = {{"dim", int64_t(0)}, {"shift", 1.5}};
+              }),
+              HasSubstr("instruction #4 (ernie.shard_slice): 'shift' is "
+                        "missing or not an integer"));
+  EXPECT_THAT(
+      brokenOverlap([](FunctionBuilder &f) { f.instructions[0].axes = {}; }),
+      HasSubstr("instruction #0 (ernie.collective_permute_start): a "
+                "collective needs mesh axes"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.buffers[1].shape = {3, 2};
+              }),
+              HasSubstr("instruction #0 (ernie.collective_permute_start): the "
+                        "result must be [2, 3], not [3, 2]"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.instructions[2].results = {3}; // acc: f32[4, 3]
+              }),
+              HasSubstr("instruction #2 (ernie.wait): the result must be "
+                        "[2, 3], not [4, 3]"));
+}
+
+TEST(ProgramRejects, AShardInsertWhoseShapesDoNotFit) {
+  std::string message = brokenOverlap([](FunctionBuilder &f) {
+    f.instructions[3].results = {2}; // f32[2, 3], not the destination's type
+  });
+  EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #3 "
+                                 "(ernie.shard_insert): the result must be "
+                                 "[4, 3], not [2, 3]"));
+  EXPECT_THAT(
+      brokenOverlap([](FunctionBuilder &f) {
+        f.instructions[3].operands = {1, 1}; // a piece as the destination
+      }),
+      HasSubstr("(ernie.shard_insert): the piece must be [1, 3]xf32 "
+                "(the destination [2, 3] split 2 ways along dimension "
+                "0), not [2, 3]xf32"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.buffers[1].shape = {1, 3}; // the piece
+                f.buffers[0].shape = {1, 3};
+                f.buffers[2].shape = {1, 3};
+              }),
+              HasSubstr("instruction #3 (ernie.shard_insert): the piece must "
+                        "be [2, 3]xf32 (the destination [4, 3] split 2 ways "
+                        "along dimension 0), not [1, 3]xf32"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.instructions[3].attrs = {{"dim", int64_t(1)}};
+              }),
+              HasSubstr("(ernie.shard_insert): dimension 1 does not divide "
+                        "over 2 ranks"));
+  EXPECT_THAT(
+      brokenOverlap([](FunctionBuilder &f) {
+        f.instructions[3].attrs = {{"dim", int64_t(2)}};
+      }),
+      HasSubstr("(ernie.shard_insert): 'dim' is missing or out of range"));
+  EXPECT_THAT(brokenOverlap(
+                  [](FunctionBuilder &f) { f.instructions[3].operands = {1}; }),
+              HasSubstr("(ernie.shard_insert): wrong number of operands or "
+                        "results"));
+}
+
+// Between a start and its wait the communication thread reads the operand
+// and writes the result: memory the plan gave either to another value then
+// is a race, refused at load.
+TEST(ProgramRejects, MemoryInUseByATransferInFlight) {
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.buffers[2].offset = 0; // the neg writes over the operand
+              }),
+              HasSubstr("instruction #1 (ernie.neg): writes buffer 2, whose "
+                        "memory overlaps buffer 0, the operand of the "
+                        "ernie.collective_permute_start at instruction #0, "
+                        "which is in flight until its ernie.wait"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.buffers[2].offset = 64; // ... or over the result
+              }),
+              HasSubstr("instruction #1 (ernie.neg): writes buffer 2, whose "
+                        "memory overlaps buffer 1, the result of"));
+  EXPECT_THAT(brokenOverlap([](FunctionBuilder &f) {
+                f.instructions[1].operands = {1}; // reads the result early
+              }),
+              HasSubstr("instruction #1 (ernie.neg): reads buffer 1, whose "
+                        "memory overlaps buffer 1, the result of"));
+}

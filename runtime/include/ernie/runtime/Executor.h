@@ -6,6 +6,14 @@
 // instructions — kernels from the backend's table, collectives through the
 // rank's Communicator — and copies the results out.
 //
+// ernie.collective_permute_start hands its transfer to the communicator's
+// communication thread and the executor goes on; the matching ernie.wait
+// blocks until it is done. Started transfers are pending by the buffer the
+// start writes. Engines pair a group's collectives by their order, so before
+// any blocking collective, and at the end of every function, the executor
+// waits for everything it started: a blocking collective never overtakes a
+// started one on any rank.
+//
 // A failure on one rank stops every rank: the executor aborts its
 // communicator with a message naming the rank, the instruction (index, op,
 // source location) and the cause, and throws ExecutionError. Peers waiting in
@@ -22,6 +30,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,9 +54,12 @@ struct ExecutorOptions {
 };
 
 /// One instruction's interval on a rank's timeline, for a Chrome trace.
+/// A started permute's interval is its transfer, timed on the communication
+/// thread; the ernie.wait that blocks on it is compute time.
 struct TraceEvent {
   std::string name;     // the op
   std::string function; // the function it belongs to
+  /// On the communication track: a collective or a started transfer.
   bool collective = false;
   int64_t startMicros = 0; // steady clock: comparable across ranks of a host
   int64_t durationMicros = 0;
@@ -77,15 +89,33 @@ public:
   std::vector<HostTensor> run(const std::string &name,
                               const std::vector<HostTensor> &inputs);
 
-  /// The intervals recorded so far (ExecutorOptions::trace).
-  const std::vector<TraceEvent> &traceEvents() const { return trace_; }
+  /// The intervals recorded so far (ExecutorOptions::trace), in the order
+  /// they ended.
+  std::vector<TraceEvent> traceEvents() const;
 
 private:
   struct Arena;
-  void execute(const Function &fn, const Instruction &inst,
+  /// A transfer on the communication thread, by the buffer it writes.
+  struct Started {
+    AsyncHandle handle;
+    size_t instruction; // the start's index, for messages
+  };
+
+  void execute(const Function &fn, size_t index,
                std::vector<TensorView> &buffers);
   void runCollective(const Instruction &inst, const TensorView &in,
                      const TensorView &out);
+  void insertShard(const Instruction &inst, const TensorView &dest,
+                   const TensorView &piece, const TensorView &out);
+  void start(const Function &fn, size_t index, const TensorView &in,
+             const TensorView &out);
+  void wait(const Instruction &inst, std::vector<TensorView> &buffers);
+  /// Waits for every started transfer, oldest first; a failure is reported
+  /// at its start. They stay pending for their ernie.wait unless `forget`.
+  void waitForStarted(const Function &fn, const std::string &why, bool forget);
+  /// Waits for every started transfer, ignoring failures, and forgets them.
+  void abandonStarted();
+  void record(TraceEvent event);
   [[noreturn]] void fail(const Function &fn, size_t index,
                          const std::string &cause, bool inCollective);
 
@@ -95,6 +125,8 @@ private:
   int64_t rank_, stage_;
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
   std::vector<uint8_t> scratch_; // packing for collectives on inner dims
+  std::map<uint32_t, Started> started_;
+  mutable std::mutex traceMutex_; // the communication thread records too
   std::vector<TraceEvent> trace_;
 };
 

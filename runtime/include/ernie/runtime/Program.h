@@ -111,8 +111,13 @@ private:
 };
 
 /// True for the ops the executor runs itself rather than through a kernel:
-/// constants, collectives and the mesh-position ops.
+/// constants, collectives (blocking, and started with their waits) and the
+/// mesh-position ops.
 bool isExecutorOp(const std::string &op);
+
+/// Where ernie.shard_insert's operands are: the dialect's order ("%piece
+/// into %dest"), which the program file keeps.
+constexpr size_t kShardInsertPiece = 0, kShardInsertDest = 1;
 
 } // namespace ernie::runtime
 
