@@ -505,6 +505,40 @@ struct SpmdPartitionPass
     Partitioner partitioner(module, MeshShape::get(*meshes.begin()));
     if (failed(partitioner.run()))
       return signalPassFailure();
+    for (auto fn : module.getOps<func::FuncOp>())
+      regatherForBackward(fn);
+  }
+
+  /// A value all-gathered in the forward and read again in the backward
+  /// (a weight gradient reads a column-parallel matmul's input; ZeRO-3 reads
+  /// a parameter) is gathered again where the backward first needs it, so
+  /// the forward keeps the 1/n piece, not the whole: Megatron's sequence
+  /// parallelism and ZeRO-3 trade this communication for that memory.
+  static void regatherForBackward(func::FuncOp fn) {
+    Operation *loss = getLocalLossOp(fn);
+    if (!loss)
+      return;
+    for (auto gather :
+         llvm::make_early_inc_range(fn.getBody().front().getOps<AllGatherOp>())) {
+      if (!gather->isBeforeInBlock(loss))
+        break;
+      Operation *firstLate = nullptr;
+      for (Operation *user : gather->getUsers()) {
+        Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
+        if (loss->isBeforeInBlock(top) &&
+            (!firstLate || top->isBeforeInBlock(firstLate)))
+          firstLate = top;
+      }
+      if (!firstLate)
+        continue;
+      OpBuilder b(firstLate);
+      Operation *again = b.clone(*gather);
+      gather.getResult().replaceUsesWithIf(again->getResult(0), [&](OpOperand &use) {
+        Operation *top =
+            fn.getBody().front().findAncestorOpInBlock(*use.getOwner());
+        return loss->isBeforeInBlock(top);
+      });
+    }
   }
 };
 

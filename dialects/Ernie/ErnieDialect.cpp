@@ -11,6 +11,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/CallInterfaces.h"
 #include "mlir/Interfaces/FunctionInterfaces.h"
 #include "mlir/Transforms/InliningUtils.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -132,4 +133,23 @@ Operation *ErnieDialect::materializeConstant(OpBuilder &builder,
                             cast<TypedAttr>(splat.getSplatValue<Attribute>()));
   }
   return ConstantOp::create(builder, loc, type, elements);
+}
+
+Operation *mlir::ernie::getLocalLossOp(func::FuncOp fn) {
+  if (fn.isExternal())
+    return nullptr;
+  Operation *ret = fn.getBody().front().getTerminator();
+  for (auto [i, operand] : llvm::enumerate(ret->getOperands())) {
+    if (!fn.getResultAttr(i, ErnieDialect::kLossAttrName))
+      continue;
+    Operation *loss = operand.getDefiningOp();
+    // Partition reduces the loss over the batch where it is returned,
+    // after the backward.
+    while (isa_and_nonnull<AllReduceOp>(loss))
+      loss = loss->getOperand(0).getDefiningOp();
+    if (!loss || isa<CallOpInterface>(loss))
+      return nullptr;
+    return fn.getBody().front().findAncestorOpInBlock(*loss);
+  }
+  return nullptr;
 }

@@ -6,7 +6,6 @@
 #include "ernie/runtime/ProgramFormat.h"
 
 #include "mlir/IR/OpDefinition.h"
-#include "mlir/Interfaces/CallInterfaces.h"
 #include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
@@ -165,23 +164,11 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
 
   // Activation memory: live at the forward's end (the loss), arguments
   // aside (they live from position 0, which no op has).
-  for (auto [i, operand] :
-       llvm::enumerate(body.getTerminator()->getOperands())) {
-    // (Measured where the loss is computed, not where a call returns it.)
-    Operation *lossOp = operand.getDefiningOp();
-    if (!lossOp || isa<CallOpInterface>(lossOp) ||
-        !fn.getResultAttr(i, ErnieDialect::kLossAttrName))
-      continue;
-    // Partition reduces the loss over the batch where it is returned, after
-    // the backward: the forward ends where the local loss is computed.
-    while (isa<AllReduceOp>(lossOp) &&
-           lossOp->getOperand(0).getDefiningOp())
-      lossOp = lossOp->getOperand(0).getDefiningOp();
-    int64_t at = position[body.findAncestorOpInBlock(*lossOp)];
+  if (Operation *loss = getLocalLossOp(fn)) {
+    int64_t at = position[loss];
     for (const PlannedBuffer &b : plan.buffers)
       if (b.start > 0 && b.start <= at && at <= b.end)
         plan.activationBytes += b.bytes;
-    break;
   }
 
   // The lower bound: most bytes live at any one position.

@@ -166,6 +166,12 @@ def SpmdPartitionPass : Pass<"ernie-spmd-partition", "ModuleOp"> {
     Function arguments and results keep the global layout they are a piece
     of as `ernie.shard_of`; op result shardings are dropped.
 
+    In a function that computes a loss, a value all-gathered before the
+    loss and read again after it (in the backward: a weight gradient reads
+    a column-parallel matmul's gathered input, ZeRO-3 a parameter) is
+    gathered again where the backward first needs it: the forward keeps the
+    1/n piece (Megatron's sequence parallelism and ZeRO-3 make this trade).
+
     ```mlir
     // before: %r = ernie.reshard %y <@mesh, [{dp}, {} ]> (y Partial over mp)
     // after:  %r = ernie.all_reduce %y over @mesh[mp] sum : tensor<4x16xf32>

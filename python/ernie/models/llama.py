@@ -143,7 +143,8 @@ def parallelize_plan(sequence_parallel: bool = False) -> dict:
     """Paddle's tensor-parallel plan for Llama (`mp_config.parallelize_plan`):
     Megatron's column/row pairs for attention and MLP, the embedding and LM
     head split on the hidden/vocabulary dimension; with sequence_parallel,
-    activations between layers stay split along the sequence."""
+    activations between layers (the residual stream and the norms) stay
+    split along the sequence."""
     from .. import distributed as dist
     plan = {
         "llama.embed_tokens": dist.ColWiseParallel(),
@@ -156,6 +157,7 @@ def parallelize_plan(sequence_parallel: bool = False) -> dict:
     if sequence_parallel:
         plan.update({
             "llama.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
+            "llama.layers.*.(input|post_attention)_layernorm": dist.SequenceParallelEnable(),
             "llama.layers.*.self_attn": dist.SequenceParallelDisable(),
             "llama.layers.*.mlp": dist.SequenceParallelDisable(),
             "llama.norm": dist.SequenceParallelEnd(),

@@ -8,6 +8,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieInterfaces.h"
 #include "ernie/Dialect/Ernie/IR/ErnieTypes.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/SymbolTable.h"
@@ -23,6 +24,10 @@ bool hasAddressableSize(ShapedType type);
 /// Bytes one element of `element` occupies in a buffer (i1 takes a byte);
 /// 0 for types that are not integers or floats.
 int64_t getElementByteSize(Type element);
+/// The op of `fn`'s body that computes its `ernie.loss` result on each rank
+/// — where the forward ends — looking through the all-reduce partition puts
+/// at the return; null when no result is a loss or a call computes it.
+Operation *getLocalLossOp(func::FuncOp fn);
 
 namespace detail {
 /// Runs an op's inferReturnTypes as its verifier: the shape rules of ops with
