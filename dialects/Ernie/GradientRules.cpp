@@ -714,12 +714,23 @@ LogicalResult CrossEntropyOp::buildGradient(OpBuilder &builder,
 /// The gradient keeps the constraint's split dimensions (the backward of a
 /// column-parallel activation is column-parallel, as Megatron and GSPMD lay
 /// it out) but not its pending reductions: the adjoint of "sum the summands
-/// across ranks" hands every rank the whole gradient.
+/// across ranks" hands every rank the whole gradient. A constraint that
+/// splits nothing asks for a whole value — sequence parallelism's gather
+/// before a column-parallel matmul — and the adjoint of that gather is a
+/// reduce-scatter, not an all-reduce: its gradient is left to propagation,
+/// so the pending sum goes straight to the split the backward needs next.
 LogicalResult ShardingConstraintOp::buildGradient(OpBuilder &builder,
                                                   ValueRange grads,
                                                   SmallVectorImpl<Value> &out) {
   return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
     ShardingAttr sharding = getSharding();
+    bool splitsNothing = llvm::all_of(
+        llvm::seq<int64_t>(0, sharding.getRank()),
+        [&](int64_t d) { return sharding.getDimAxes(d).empty(); });
+    if (splitsNothing) {
+      out.push_back(g);
+      return;
+    }
     ShardingAttr split = ShardingAttr::get(
         sharding.getContext(), sharding.getMesh(), sharding.getDims(),
         ArrayAttr::get(sharding.getContext(), {}),

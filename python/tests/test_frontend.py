@@ -38,6 +38,20 @@ def np_rope(x, theta):
     return x * cos + rot * sin
 
 
+def np_projections(p, cfg):
+    """A layer's q, k, v, gate and up weights [in, out], fused or not."""
+    hq, hkv, d, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    if cfg.fuse_attention_qkv:
+        qkv = p("self_attn.qkv_proj.weight")
+        attn = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
+    else:
+        attn = tuple(p(f"self_attn.{n}_proj.weight") for n in "qkv")
+    if cfg.fuse_attention_ffn:
+        gu = p("mlp.gate_up_proj.weight")
+        return attn + (gu[:, :inter], gu[:, inter:])
+    return attn + (p("mlp.gate_proj.weight"), p("mlp.up_proj.weight"))
+
+
 def np_llama(params, ids, labels, cfg):
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     x = params["llama.embed_tokens.weight"][ids]
@@ -45,10 +59,10 @@ def np_llama(params, ids, labels, cfg):
     for i in range(cfg.num_hidden_layers):
         p = lambda n: params[f"llama.layers.{i}.{n}"]
         h = np_rms(x, p("input_layernorm.weight"), cfg.rms_norm_eps)
-        qkv = h @ p("self_attn.qkv_proj.weight")
-        q = np_rope(qkv[..., :hq * d].reshape(b, s, hq, d), cfg.rope_theta)
-        k = np_rope(qkv[..., hq * d:(hq + hkv) * d].reshape(b, s, hkv, d), cfg.rope_theta)
-        v = qkv[..., (hq + hkv) * d:].reshape(b, s, hkv, d)
+        wq, wk, wv, wgate, wup = np_projections(lambda n: params[f"llama.layers.{i}.{n}"], cfg)
+        q = np_rope((h @ wq).reshape(b, s, hq, d), cfg.rope_theta)
+        k = np_rope((h @ wk).reshape(b, s, hkv, d), cfg.rope_theta)
+        v = (h @ wv).reshape(b, s, hkv, d)
         k, v = np.repeat(k, hq // hkv, axis=2), np.repeat(v, hq // hkv, axis=2)
         scores = np.einsum("bshd,bthd->bhst", q, k) / np.sqrt(d)
         scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
@@ -57,8 +71,7 @@ def np_llama(params, ids, labels, cfg):
         att = np.einsum("bhst,bthd->bshd", probs, v).reshape(b, s, hq * d)
         x = x + att @ p("self_attn.o_proj.weight")
         h = np_rms(x, p("post_attention_layernorm.weight"), cfg.rms_norm_eps)
-        gu = h @ p("mlp.gate_up_proj.weight")
-        gate, up = gu[..., :cfg.intermediate_size], gu[..., cfg.intermediate_size:]
+        gate, up = h @ wgate, h @ wup
         x = x + (gate / (1 + np.exp(-gate)) * up) @ p("mlp.down_proj.weight")
     x = np_rms(x, params["llama.norm.weight"], cfg.rms_norm_eps)
     head = (params["llama.embed_tokens.weight"].T if cfg.tie_word_embeddings
@@ -75,9 +88,10 @@ def batch(cfg, b=2, s=8, seed=1):
     return rng.integers(0, cfg.vocab_size, size=(b, s)), rng.integers(0, cfg.vocab_size, size=(b, s))
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_llama_logits_and_gradients_match_numpy(tied):
-    cfg = LlamaConfig(**TINY, dtype="f64", tie_word_embeddings=tied, seed=3)
+@pytest.mark.parametrize("tied,fused", [(False, False), (True, False), (False, True)])
+def test_llama_logits_and_gradients_match_numpy(tied, fused):
+    cfg = LlamaConfig(**TINY, dtype="f64", tie_word_embeddings=tied, seed=3,
+                      fuse_attention_qkv=fused, fuse_attention_ffn=fused)
     model = LlamaForCausalLM(cfg)
     ids, labels = batch(cfg)
     params = {n: p.value.astype(np.float64) for n, p in model.named_parameters()}
@@ -196,12 +210,12 @@ def test_plan_regexes_match_full_names():
     mesh = dist.ProcessMesh([0, 1], ["mp"])
     dist.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": {
         "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
-        "llama.layers.1.self_attn.qkv_proj.weight": dist.ColWiseParallel()}}})
+        "llama.layers.1.self_attn.q_proj.weight": dist.ColWiseParallel()}}})
     placed = {n: p.placements for n, p in model.named_parameters() if p.placements}
     assert set(placed) == {"llama.layers.0.mlp.down_proj.weight", "llama.layers.1.mlp.down_proj.weight",
-                           "llama.layers.1.self_attn.qkv_proj.weight"}
+                           "llama.layers.1.self_attn.q_proj.weight"}
     assert placed["llama.layers.0.mlp.down_proj.weight"] == [dist.Shard(0)]
-    assert placed["llama.layers.1.self_attn.qkv_proj.weight"] == [dist.Shard(1)]
+    assert placed["llama.layers.1.self_attn.q_proj.weight"] == [dist.Shard(1)]
 
 
 def test_reshard_partial_to_replicate():
@@ -223,7 +237,7 @@ def test_traced_module_names_parameters():
     model = LlamaForCausalLM(LlamaConfig(**dict(TINY, num_hidden_layers=1)))
     ids, labels = batch(model.config)
     text = ernie.trace_model(model, [ids, labels], None)
-    assert 'ernie.param = "llama.layers.0.self_attn.qkv_proj.weight"' in text
+    assert 'ernie.param = "llama.layers.0.self_attn.q_proj.weight"' in text
     assert "ernie.cross_entropy" in text
 
 
@@ -278,22 +292,20 @@ def test_llama_matches_hugging_face():
         attention_bias=False, mlp_bias=False)
     hf = transformers.LlamaForCausalLM(hf_cfg).double().eval()
     p = {n: torch.tensor(v.value) for n, v in model.named_parameters()}
-    hq, hkv, d, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
     state = {"model.embed_tokens.weight": p["llama.embed_tokens.weight"],
              "model.norm.weight": p["llama.norm.weight"], "lm_head.weight": p["lm_head.weight"].T}
     for i in range(cfg.num_hidden_layers):
         src, dst = f"llama.layers.{i}.", f"model.layers.{i}."
-        qkv = p[src + "self_attn.qkv_proj.weight"]
-        gu = p[src + "mlp.gate_up_proj.weight"]
+        wq, wk, wv, wgate, wup = np_projections(lambda n: p[src + n], cfg)
         state.update({
             dst + "input_layernorm.weight": p[src + "input_layernorm.weight"],
             dst + "post_attention_layernorm.weight": p[src + "post_attention_layernorm.weight"],
-            dst + "self_attn.q_proj.weight": qkv[:, :hq * d].T,
-            dst + "self_attn.k_proj.weight": qkv[:, hq * d:(hq + hkv) * d].T,
-            dst + "self_attn.v_proj.weight": qkv[:, (hq + hkv) * d:].T,
+            dst + "self_attn.q_proj.weight": wq.T,
+            dst + "self_attn.k_proj.weight": wk.T,
+            dst + "self_attn.v_proj.weight": wv.T,
             dst + "self_attn.o_proj.weight": p[src + "self_attn.o_proj.weight"].T,
-            dst + "mlp.gate_proj.weight": gu[:, :inter].T,
-            dst + "mlp.up_proj.weight": gu[:, inter:].T,
+            dst + "mlp.gate_proj.weight": wgate.T,
+            dst + "mlp.up_proj.weight": wup.T,
             dst + "mlp.down_proj.weight": p[src + "mlp.down_proj.weight"].T})
     hf.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=False)
     with torch.no_grad():

@@ -1,14 +1,20 @@
 """Llama (the Hugging Face architecture), named for Paddle's Llama plan.
 
-RMSNorm, rotary position embedding, grouped-query causal attention with a
-fused q/k/v projection (`self_attn.qkv_proj`, weight [hidden, (heads + 2 *
-kv_heads) * head_dim]), a SwiGLU MLP with a fused gate/up projection
-(`mlp.gate_up_proj`), an optional LM head tied to the embedding. Parameter
-names: `llama.embed_tokens.weight`, `llama.layers.{i}.input_layernorm.weight`,
-`llama.layers.{i}.self_attn.{qkv_proj,o_proj}.weight`,
+RMSNorm, rotary position embedding, grouped-query causal attention, a
+SwiGLU MLP, an optional LM head tied to the embedding. Parameter names:
+`llama.embed_tokens.weight`, `llama.layers.{i}.input_layernorm.weight`,
+`llama.layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
 `llama.layers.{i}.post_attention_layernorm.weight`,
-`llama.layers.{i}.mlp.{gate_up_proj,down_proj}.weight`, `llama.norm.weight`,
+`llama.layers.{i}.mlp.{gate,up,down}_proj.weight`, `llama.norm.weight`,
 `lm_head.weight`. Linear weights are [in, out] (Paddle's layout).
+
+PaddleNLP's `fuse_attention_qkv` / `fuse_attention_ffn` fuse the
+projections into `self_attn.qkv_proj` ([hidden, (heads + 2 * kv_heads) *
+head_dim]) and `mlp.gate_up_proj` ([hidden, 2 * intermediate]): one GEMM
+instead of three or two, but a column split over mp then cuts across the
+q/k/v (gate/up) boundaries and the plan must reshard around the split
+(Megatron lays fused weights out per rank instead). Separate projections
+are the default, as in Paddle and Hugging Face.
 
 `LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
 logits against `labels`, which the data pipeline has already shifted by one
@@ -36,6 +42,8 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    fuse_attention_qkv: bool = False
+    fuse_attention_ffn: bool = False
     initializer_range: float = 0.02
     dtype: str = "f32"
     seed: int = 0
@@ -63,15 +71,23 @@ class LlamaAttention(Module):
     def __init__(self, cfg: LlamaConfig, rng):
         super().__init__()
         self.cfg = cfg
-        width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-        self.qkv_proj = _linear(cfg, rng, cfg.hidden_size, width)
-        self.o_proj = _linear(cfg, rng, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size)
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        if cfg.fuse_attention_qkv:
+            self.qkv_proj = _linear(cfg, rng, cfg.hidden_size, (hq + 2 * hkv) * d)
+        else:
+            self.q_proj = _linear(cfg, rng, cfg.hidden_size, hq * d)
+            self.k_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
+            self.v_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
+        self.o_proj = _linear(cfg, rng, hq * d, cfg.hidden_size)
 
     def forward(self, x, positions):
         cfg = self.cfg
         b, s, _ = x.shape
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v = F.split(self.qkv_proj(x), [hq * d, hkv * d, hkv * d], axis=2)
+        if cfg.fuse_attention_qkv:
+            q, k, v = F.split(self.qkv_proj(x), [hq * d, hkv * d, hkv * d], axis=2)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = F.rope(q.reshape(b, s, hq, d), positions, cfg.rope_theta)
         k = F.rope(k.reshape(b, s, hkv, d), positions, cfg.rope_theta)
         out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True)
@@ -81,12 +97,20 @@ class LlamaAttention(Module):
 class LlamaMLP(Module):
     def __init__(self, cfg: LlamaConfig, rng):
         super().__init__()
-        self.gate_up_proj = _linear(cfg, rng, cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.fused = cfg.fuse_attention_ffn
+        if self.fused:
+            self.gate_up_proj = _linear(cfg, rng, cfg.hidden_size, 2 * cfg.intermediate_size)
+        else:
+            self.gate_proj = _linear(cfg, rng, cfg.hidden_size, cfg.intermediate_size)
+            self.up_proj = _linear(cfg, rng, cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = _linear(cfg, rng, cfg.intermediate_size, cfg.hidden_size)
         self.intermediate = cfg.intermediate_size
 
     def forward(self, x):
-        gate, up = F.split(self.gate_up_proj(x), [self.intermediate, self.intermediate], axis=-1)
+        if self.fused:
+            gate, up = F.split(self.gate_up_proj(x), [self.intermediate, self.intermediate], axis=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -148,9 +172,9 @@ def parallelize_plan(sequence_parallel: bool = False) -> dict:
     from .. import distributed as dist
     plan = {
         "llama.embed_tokens": dist.ColWiseParallel(),
-        "llama.layers.*.self_attn.qkv_proj": dist.ColWiseParallel(),
+        "llama.layers.*.self_attn.(q|k|v|qkv)_proj": dist.ColWiseParallel(),
         "llama.layers.*.self_attn.o_proj": dist.RowWiseParallel(),
-        "llama.layers.*.mlp.gate_up_proj": dist.ColWiseParallel(),
+        "llama.layers.*.mlp.(gate|up|gate_up)_proj": dist.ColWiseParallel(),
         "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
         "lm_head": dist.ColWiseParallel(),
     }
