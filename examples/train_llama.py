@@ -63,6 +63,25 @@ def human(n):
     return f"{n:.1f} TiB"
 
 
+def print_plan(report, single):
+    """The plan report as two tables: memory per rank beside the single-rank
+    program's, and the collectives of one training step."""
+    step = report["functions"]["train_step"]
+    one = single["functions"]["train_step"]
+    rows = [("parameters", step["parameter_bytes"], one["parameter_bytes"]),
+            ("gradients", report["gradient_bytes"], single["gradient_bytes"]),
+            ("optimizer state", step["optimizer_state_bytes"], one["optimizer_state_bytes"]),
+            ("activations kept for backward", report["activation_bytes"], single["activation_bytes"]),
+            ("step arena (planned peak)", step["arena_bytes"], one["arena_bytes"])]
+    ranks = f"{report['ranks']} ranks"
+    print(f"\n{'memory per rank':32s} {ranks:>10} {'1 rank':>10} {'ratio':>6}")
+    for name, ours, ref in rows:
+        print(f"  {name:30s} {human(ours):>10} {human(ref):>10} {ours / ref if ref else 0:6.2f}")
+    print(f"\n{'collectives per step, per rank':32s} {'count':>10} {'bytes':>10}")
+    for kind, c in report["collectives"].items():
+        print(f"  {kind:30s} {c['count']:10d} {human(c['bytes']):>10}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -94,13 +113,7 @@ def main():
     print(f"compiled for mesh dp=2 x mp=4 and for 1 rank in {time.time() - t0:.1f} s")
 
     report = program.report()
-    step_fn = report["functions"]["train_step"]
-    print("\nplan (collectives in one training step, per rank):")
-    for kind, c in report["collectives"].items():
-        print(f"  {kind:24s} x{c['count']:<4d} {human(c['bytes'])}")
-    print("memory per rank: parameters {}, optimizer state {}, step arena {}".format(
-        human(step_fn["parameter_bytes"]), human(step_fn["optimizer_state_bytes"]),
-        human(step_fn["arena_bytes"])))
+    print_plan(report, single.report())
 
     print(f"\n{'step':>5} {'loss (8 ranks)':>15} {'loss (1 rank)':>14} {'ms/step':>8}")
     losses, times = [], []
