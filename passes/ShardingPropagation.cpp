@@ -77,9 +77,21 @@ public:
   Propagator(ModuleOp module, const MeshShape &mesh)
       : module(module), mesh(mesh) {}
 
+  /// Two rounds over the priority levels. The first assigns a value only
+  /// the sharding its op fully determines — every factor of the value
+  /// appears in a tensor that already has a sharding — so a weight's
+  /// sharding does not declare the batch and sequence of the activations it
+  /// meets unsplit before a constraint on those activations has been heard
+  /// (a norm's weight, broadcast over [batch, seq, hidden] in its gradient,
+  /// replicated the whole residual stream of a sequence-parallel step). The
+  /// second lets the projection fill the factors nothing determined
+  /// (unsplit), as a pure tensor-parallel plan needs.
   void run() {
-    for (int64_t level : levels)
-      propagateAt(level);
+    for (bool guess : {false, true}) {
+      guessing = guess;
+      for (int64_t level : levels)
+        propagateAt(level);
+    }
     replicateTheRest();
   }
 
@@ -168,7 +180,33 @@ private:
   /// The user's sharding for each function's results.
   llvm::DenseMap<std::pair<Operation *, unsigned>, ShardingAttr> resultSpecs;
   std::set<int64_t> levels{0};
+  /// Whether open values may take factors no known tensor determines.
+  bool guessing = false;
 };
+
+/// Whether every factor of operand (or result) `index` of `rule` occurs in
+/// some tensor `state` knows, or cannot be split anyway.
+bool isDetermined(const OpShardingRule &rule, const OpState &state,
+                  bool isResult, unsigned index) {
+  llvm::SmallDenseSet<int64_t> known;
+  auto collect = [&](ArrayRef<TensorFactors> tensors,
+                     ArrayRef<ShardingAttr> shardings) {
+    for (auto [factors, sharding] : llvm::zip(tensors, shardings))
+      if (sharding)
+        for (const DimFactors &dim : factors)
+          known.insert(dim.begin(), dim.end());
+  };
+  collect(rule.operands, state.operands);
+  collect(rule.results, state.results);
+  const TensorFactors &mine =
+      isResult ? rule.results[index] : rule.operands[index];
+  for (const DimFactors &dim : mine)
+    for (int64_t f : dim)
+      if (!known.count(f) && rule.factors[f].size > 1 &&
+          rule.factors[f].kind != FactorKind::NeedReplication)
+        return false;
+  return true;
+}
 
 LogicalResult Propagator::seed() {
   module.walk([&](func::CallOp call) {
@@ -289,13 +327,16 @@ bool Propagator::visit(Operation *op, int64_t level) {
               llvm::any_of(state.results, unknown);
   if (!any || !open)
     return false;
-  OpShardings resolved = resolveShardings(
-      op->getContext(), ruleOp.getShardingRule(), state.operands,
-      state.results, state.operandTypes, state.resultTypes, mesh);
-  for (auto [v, s] : llvm::zip(op->getOperands(), resolved.operands))
-    changed |= offerDerived(v, s, level);
-  for (auto [v, s] : llvm::zip(op->getResults(), resolved.results))
-    changed |= offerDerived(v, s, level);
+  OpShardingRule rule = ruleOp.getShardingRule();
+  OpShardings resolved =
+      resolveShardings(op->getContext(), rule, state.operands, state.results,
+                       state.operandTypes, state.resultTypes, mesh);
+  for (auto [i, v, s] : llvm::enumerate(op->getOperands(), resolved.operands))
+    if (guessing || isDetermined(rule, state, /*isResult=*/false, i))
+      changed |= offerDerived(v, s, level);
+  for (auto [i, v, s] : llvm::enumerate(op->getResults(), resolved.results))
+    if (guessing || isDetermined(rule, state, /*isResult=*/true, i))
+      changed |= offerDerived(v, s, level);
   return changed;
 }
 

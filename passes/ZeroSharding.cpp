@@ -101,7 +101,18 @@ struct ZeroShardingPass
           name = attrs.getAs<StringAttr>(ErnieDialect::kParamAttrName);
       }
       auto type = dyn_cast<RankedTensorType>(step.getArgumentTypes()[i]);
-      if (!name || !type)
+      if (!type)
+        continue;
+      // Below level 3 a parameter stays as the plan lays it out, said
+      // explicitly: left open, the optimizer update would hand it its
+      // slots' split.
+      if (!name && attrs && attrs.get(ErnieDialect::kParamAttrName)) {
+        ShardingAttr kept = currentSharding(attrs, type);
+        step.setArgAttr(i, kShardingAttrName, kept);
+        placed[attrs.getAs<StringAttr>(ErnieDialect::kParamAttrName).getValue()] = kept;
+        continue;
+      }
+      if (!name)
         continue;
       // A slot ("w:moment1") starts from its parameter's layout, so a
       // dp x mp plan keeps the slot's mp split and adds dp to it.
