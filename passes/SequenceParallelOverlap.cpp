@@ -19,6 +19,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Dominance.h"
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/SymbolTable.h"
 
 namespace mlir::ernie {
@@ -135,6 +136,28 @@ LogicalResult overlapAllGather(AllGatherOp gather, MeshOp mesh,
   return success();
 }
 
+/// Whether `v` is a sum of matmul products, each splitting its rows at
+/// `dim` and read only by the sum: a gradient that adds up the data
+/// gradients of q, k and v. Collects the ops, operands before users.
+bool isSumOfProducts(Value v, int64_t dim, Block *block,
+                     SmallVectorImpl<Operation *> &ops) {
+  Operation *def = v.getDefiningOp();
+  if (!def || !def->hasOneUse() || def->getBlock() != block)
+    return false;
+  if (auto matmul = dyn_cast<MatmulOp>(def)) {
+    if (!splitsRows(matmul, dim))
+      return false;
+  } else if (auto add = dyn_cast<AddOp>(def)) {
+    if (!isSumOfProducts(add.getLhs(), dim, block, ops) ||
+        !isSumOfProducts(add.getRhs(), dim, block, ops))
+      return false;
+  } else {
+    return false;
+  }
+  ops.push_back(def);
+  return true;
+}
+
 /// matmul -> reduce_scatter(sum): at step k a rank computes the partial
 /// product of piece i + k and sends it to member i + k, computing the next
 /// while it travels; the partials received are summed in rank order. (A
@@ -142,29 +165,41 @@ LogicalResult overlapAllGather(AllGatherOp gather, MeshOp mesh,
 LogicalResult overlapReduceScatter(ReduceScatterOp scatter, MeshOp mesh) {
   int64_t members = scatter.getGroupSize(mesh);
   int64_t dim = scatter.getDim();
-  auto matmul = scatter.getInput().getDefiningOp<MatmulOp>();
-  if (members < 2 || scatter.getKind() != ReduceKind::sum || !matmul ||
-      !matmul->hasOneUse() || matmul->getBlock() != scatter->getBlock() ||
-      !splitsRows(matmul, dim))
+  SmallVector<Operation *> sum;
+  if (members < 2 || scatter.getKind() != ReduceKind::sum ||
+      !isSumOfProducts(scatter.getInput(), dim, scatter->getBlock(), sum))
     return failure();
 
   OpBuilder b(scatter);
   Location loc = scatter.getLoc();
-  auto lhsType = cast<RankedTensorType>(matmul.getLhs().getType());
-  SmallVector<int64_t> pieceShape(lhsType.getShape());
-  pieceShape[dim] /= members;
-  auto pieceType = RankedTensorType::get(pieceShape, lhsType.getElementType());
+  // The partial product of piece `step`: every matmul on its piece of rows,
+  // added up as the original adds (the same association, so each element
+  // is the same float).
   auto partialOf = [&](int64_t step) {
-    Value piece = ShardSliceOp::create(b, loc, pieceType, matmul.getLhs(),
-                                       scatter.getMeshAttr(),
-                                       scatter.getAxesAttr(),
-                                       b.getI64IntegerAttr(dim),
-                                       b.getI64IntegerAttr(step));
-    return pieceProduct(b, matmul, piece, dim, members);
+    IRMapping pieces;
+    for (Operation *op : sum) {
+      if (auto add = dyn_cast<AddOp>(op)) {
+        pieces.map(add.getResult(),
+                   AddOp::create(b, loc, pieces.lookup(add.getLhs()),
+                                 pieces.lookup(add.getRhs())));
+        continue;
+      }
+      auto matmul = cast<MatmulOp>(op);
+      auto lhsType = cast<RankedTensorType>(matmul.getLhs().getType());
+      SmallVector<int64_t> shape(lhsType.getShape());
+      shape[dim] /= members;
+      Value piece = ShardSliceOp::create(
+          b, loc, RankedTensorType::get(shape, lhsType.getElementType()),
+          matmul.getLhs(), scatter.getMeshAttr(), scatter.getAxesAttr(),
+          b.getI64IntegerAttr(dim), b.getI64IntegerAttr(step));
+      pieces.map(matmul.getResult(),
+                 pieceProduct(b, matmul, piece, dim, members));
+    }
+    return pieces.lookup(scatter.getInput());
   };
   // Partials by source member, at the source's index along `dim`: the
   // partial received at step k comes from member i - k.
-  Value bySource = zeros(b, loc, matmul.getType());
+  Value bySource = zeros(b, loc, scatter.getInput().getType());
   auto place = [&](Value partial, int64_t step) {
     bySource = ShardInsertOp::create(b, loc, bySource.getType(), partial,
                                      bySource, scatter.getMeshAttr(),
@@ -190,7 +225,7 @@ LogicalResult overlapReduceScatter(ReduceScatterOp scatter, MeshOp mesh) {
   auto pieceOfResult = cast<RankedTensorType>(scatter.getType());
   int64_t rows = pieceOfResult.getDimSize(dim);
   int64_t rank = pieceOfResult.getRank();
-  Value sum;
+  Value total;
   for (int64_t source = 0; source < members; ++source) {
     SmallVector<int64_t> start(rank, 0), limit(pieceOfResult.getShape()),
         strides(rank, 1);
@@ -200,11 +235,12 @@ LogicalResult overlapReduceScatter(ReduceScatterOp scatter, MeshOp mesh) {
                                  b.getDenseI64ArrayAttr(start),
                                  b.getDenseI64ArrayAttr(limit),
                                  b.getDenseI64ArrayAttr(strides));
-    sum = sum ? AddOp::create(b, loc, sum, part).getResult() : part;
+    total = total ? AddOp::create(b, loc, total, part).getResult() : part;
   }
-  scatter.getResult().replaceAllUsesWith(sum);
+  scatter.getResult().replaceAllUsesWith(total);
   scatter.erase();
-  matmul.erase();
+  for (Operation *op : llvm::reverse(sum))
+    op->erase();
   return success();
 }
 

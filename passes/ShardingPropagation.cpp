@@ -184,6 +184,25 @@ private:
   bool guessing = false;
 };
 
+/// The sharding of an `add` whose operands are all the same pending sum:
+/// the sum of pending sums is pending, and reducing once after the adds
+/// moves the bytes once instead of once per summand (the gradient of a
+/// value read by q, k and v projections is three partial products).
+ShardingAttr pendingSum(Operation *op,
+                        function_ref<ShardingAttr(Value)> shardingOf) {
+  if (!isa<AddOp>(op))
+    return {};
+  ShardingAttr first = shardingOf(op->getOperand(0));
+  if (!first || !first.isPartial() ||
+      llvm::any_of(first.getPartials(),
+                   [](auto p) { return p.second != ReduceKind::sum; }))
+    return {};
+  for (Value v : op->getOperands().drop_front())
+    if (shardingOf(v) != first)
+      return {};
+  return first;
+}
+
 /// Whether every factor of operand (or result) `index` of `rule` occurs in
 /// some tensor `state` knows, or cannot be split anyway.
 bool isDetermined(const OpShardingRule &rule, const OpState &state,
@@ -315,6 +334,8 @@ bool Propagator::visit(Operation *op, int64_t level) {
     changed |= offerDerived(constraint.getInput(), lookup(constraint.getResult(), level), level);
     return changed;
   }
+  if (ShardingAttr pending = pendingSum(op, [&](Value v) { return lookup(v, level); }))
+    return offerDerived(op->getResult(0), pending, level);
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
     return false;
@@ -405,6 +426,11 @@ OpPlan Propagator::planOp(Operation *op) {
   }
   if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
     plan.operands[0] = constraint.getSharding();
+    return plan;
+  }
+  if (ShardingAttr pending = pendingSum(op, [&](Value v) { return get(v); });
+      pending && get(op->getResult(0)) == pending) {
+    plan.operands.assign(op->getNumOperands(), pending);
     return plan;
   }
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);

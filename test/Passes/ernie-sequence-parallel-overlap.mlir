@@ -118,3 +118,26 @@ func.func @left_alone(%x: tensor<8x4xf32>, %w: tensor<8x8xf32>, %v: tensor<8x8xf
   %m = ernie.reduce_scatter %f over @mesh[mp] dim = 0 max : tensor<8x8xf32> -> tensor<4x8xf32>
   return %a, %b, %d, %r, %e, %s, %m : tensor<8x8xf32>, tensor<8x8xf32>, tensor<8x8xf32>, tensor<4x8xf32>, tensor<8x8xf32>, tensor<8x4xf32>, tensor<4x8xf32>
 }
+
+// -----
+
+// A reduce-scatter of a sum of products (the data gradient of a value read
+// by two column-parallel matmuls): each step adds the pieces' products in
+// the original association before sending.
+ernie.mesh @mesh(mp = 2)
+// CHECK-LABEL: func.func @sum_of_products
+// CHECK-SAME: (%[[A:[a-z0-9]+]]: tensor<8x4xf32>, %[[B:[a-z0-9]+]]: tensor<8x4xf32>, %[[W:[a-z0-9]+]]: tensor<4x8xf32>, %[[V:[a-z0-9]+]]: tensor<4x8xf32>)
+// CHECK: %[[A1:.+]] = ernie.shard_slice %[[A]] over @mesh[mp] dim = 0 shift = 1
+// CHECK: %[[P1:.+]] = ernie.matmul %[[A1]], %[[W]]
+// CHECK: %[[B1:.+]] = ernie.shard_slice %[[B]] over @mesh[mp] dim = 0 shift = 1
+// CHECK: %[[Q1:.+]] = ernie.matmul %[[B1]], %[[V]]
+// CHECK: %[[S1:.+]] = ernie.add %[[P1]], %[[Q1]] : tensor<4x8xf32>
+// CHECK: ernie.collective_permute_start %[[S1]] over @mesh[mp] shift = 1
+// CHECK-NOT: ernie.reduce_scatter
+func.func @sum_of_products(%a: tensor<8x4xf32>, %b: tensor<8x4xf32>, %w: tensor<4x8xf32>, %v: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %p = ernie.matmul %a, %w : tensor<8x4xf32>, tensor<4x8xf32> -> tensor<8x8xf32>
+  %q = ernie.matmul %b, %v : tensor<8x4xf32>, tensor<4x8xf32> -> tensor<8x8xf32>
+  %s = ernie.add %p, %q : tensor<8x8xf32>
+  %r = ernie.reduce_scatter %s over @mesh[mp] dim = 0 sum : tensor<8x8xf32> -> tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}

@@ -251,8 +251,10 @@ def SequenceParallelOverlapPass
       gathered value share the ring, and a user that needs the gathered
       value itself (a weight gradient contracting over the sequence) gets
       it assembled from the same pieces.
-    * a matmul whose only user is a sum `reduce_scatter` along one of its
-      row dimensions: each rank computes its partial product for one
+    * a matmul (or a sum of matmuls, each read only by the sum: the data
+      gradient of a value several projections read) whose only user is a
+      sum `reduce_scatter` along one of its row dimensions: each rank
+      computes its partial product for one
       destination at a time and sends it there (`shift = k` at step `k`)
       while it computes the next; the received partials are summed in rank
       order, the order `reduce_scatter` itself sums in, so the result is
