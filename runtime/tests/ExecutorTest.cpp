@@ -1303,27 +1303,48 @@ TEST(ExecutorFaults, AKernelErrorOnOneRankStopsEveryRankPromptly) {
   EXPECT_THAT(message, HasSubstr("embedding index 9 is outside the vocabulary of 4"));
 }
 
-TEST(ExecutorFaults, PeersWaitingInACollectiveFailWithTheRootCause) {
-  Program program = embeddingProgram();
+namespace {
+
+/// How each of two ranks' runs of @lookup ended: the failure message and
+/// whether the cause was a collective (-1: it did not fail), and how long.
+struct TwoRankFailure {
+  std::vector<std::string> messages = std::vector<std::string>(2);
+  std::vector<int> collective = std::vector<int>(2, -1);
+  double seconds = 0;
+};
+
+/// Runs @lookup of `program` on two thread ranks over the same 4x3 table,
+/// rank r looking up `tokens[r]`.
+TwoRankFailure runLookupOnTwoRanks(const Program &program,
+                                   std::vector<HostTensor> tokens) {
   ThreadWorld world(program.mesh(), std::chrono::seconds(30));
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int64_t r = 0; r < 2; ++r)
     comms.push_back(world.communicator(r));
   HostTensor table = f32({4, 3}, [](int64_t i) { return float(i); });
-  std::vector<std::string> messages(2);
-  std::vector<int> collective(2, -1);
-  double seconds = secondsOf([&] {
+  TwoRankFailure out;
+  out.seconds = secondsOf([&] {
     onThreads(2, [&](int64_t r) {
       Executor executor(program, *comms[r]);
       try {
-        executor.run("lookup", {r == 0 ? ids({0, 3}) : ids({1, -1}), table});
+        executor.run("lookup", {tokens[r], table});
       } catch (const ExecutionError &e) {
-        messages[r] = e.what();
-        collective[r] = e.inCollective;
+        out.messages[r] = e.what();
+        out.collective[r] = e.inCollective;
       }
     });
   });
-  EXPECT_LT(seconds, 5.0);
+  return out;
+}
+
+} // namespace
+
+TEST(ExecutorFaults, PeersWaitingInACollectiveFailWithTheRootCause) {
+  Program program = embeddingProgram();
+  TwoRankFailure run = runLookupOnTwoRanks(program, {ids({0, 3}), ids({1, -1})});
+  const std::vector<std::string> &messages = run.messages;
+  const std::vector<int> &collective = run.collective;
+  EXPECT_LT(run.seconds, 5.0);
   EXPECT_EQ(collective[1], 0);
   EXPECT_THAT(messages[1], HasSubstr("rank 1: @lookup instruction #0"));
   EXPECT_THAT(messages[1], HasSubstr("index -1"));
@@ -1351,25 +1372,10 @@ TEST(ExecutorFaults, AWaitForAFailedTransferReportsTheRootCause) {
       .op("ernie.wait", {got}, {got}, {}, {}, "model.mlir:9:5")
       .ret(got);
   Program program = pb.parse();
-  ThreadWorld world(program.mesh(), std::chrono::seconds(30));
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (int64_t r = 0; r < 2; ++r)
-    comms.push_back(world.communicator(r));
-  HostTensor table = f32({4, 3}, [](int64_t i) { return float(i); });
-  std::vector<std::string> messages(2);
-  std::vector<int> collective(2, -1);
-  double seconds = secondsOf([&] {
-    onThreads(2, [&](int64_t r) {
-      Executor executor(program, *comms[r]);
-      try {
-        executor.run("lookup", {r == 0 ? ids({0, 3}) : ids({1, 7}), table});
-      } catch (const ExecutionError &e) {
-        messages[r] = e.what();
-        collective[r] = e.inCollective;
-      }
-    });
-  });
-  EXPECT_LT(seconds, 5.0);
+  TwoRankFailure run = runLookupOnTwoRanks(program, {ids({0, 3}), ids({1, 7})});
+  const std::vector<std::string> &messages = run.messages;
+  const std::vector<int> &collective = run.collective;
+  EXPECT_LT(run.seconds, 5.0);
   EXPECT_EQ(collective[1], 0);
   EXPECT_THAT(messages[1], HasSubstr("rank 1: @lookup instruction #0"));
   EXPECT_EQ(collective[0], 1);
