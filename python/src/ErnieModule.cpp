@@ -7,6 +7,7 @@
 //   * compile(): runs a pass pipeline (the same textual pipelines ernie-opt
 //     takes) and writes the program file, returning its bytes;
 //   * Session: the runtime's in-process sessions over numpy arrays;
+//   * convert_float: the runtime's exact f32 <-> narrow float conversions;
 //   * infer_spmd and the dims_mapping conversions of the sharding library.
 // Errors become Python exceptions carrying the MLIR diagnostics.
 //
@@ -18,6 +19,7 @@
 #include "ernie/Export/ProgramFile.h"
 #include "ernie/InitAll.h"
 #include "ernie/Sharding/InferSpmd.h"
+#include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/Session.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -561,6 +563,50 @@ private:
   std::unique_ptr<rt::Session> session_;
 };
 
+/// f32 values to a narrow float type's bits, or bits back to f32, with the
+/// runtime's conversions (FloatConvert.h), so Python sees exactly the
+/// numbers the kernels compute with. Bits travel as numpy's unsigned
+/// integers of the type's width, as HostTensor's .npy files store them.
+py::array convertFloat(py::handle object, const std::string &from,
+                       const std::string &to) {
+  auto narrowType = [](const std::string &spelling) {
+    std::optional<rt::DType> t = rt::parseDType(spelling);
+    if (!t || !rt::isNarrowFloat(*t))
+      throw py::value_error("'" + spelling +
+                            "' is not a narrow float type (f16, bf16, "
+                            "f8E4M3FN, f8E5M2)");
+    return *t;
+  };
+  if ((from == "f32") == (to == "f32"))
+    throw py::value_error("convert_float converts f32 to a narrow float "
+                          "type or back, not '" +
+                          from + "' to '" + to + "'");
+  bool encode = from == "f32";
+  rt::DType narrow = narrowType(encode ? to : from);
+  auto array = py::array::ensure(object, py::array::c_style);
+  if (!array)
+    throw py::type_error("convert_float expects a numpy array");
+  std::string kind = py::str(array.dtype()).cast<std::string>();
+  std::string bits = rt::byteSize(narrow) == 1 ? "uint8" : "uint16";
+  std::string want = encode ? "float32" : bits;
+  if (kind != want)
+    throw py::type_error("converting " + from + " to " + to + " needs a " +
+                         want + " array, not " + kind);
+  std::vector<py::ssize_t> shape(array.shape(), array.shape() + array.ndim());
+  py::array out(py::dtype(encode ? bits : "float32"), shape);
+  int64_t n = array.size();
+  const void *src = array.data();
+  void *dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (encode)
+      rt::floatToNarrow(narrow, static_cast<const float *>(src), dst, n);
+    else
+      rt::narrowToFloat(narrow, src, static_cast<float *>(dst), n);
+  }
+  return out;
+}
+
 //===----------------------------------------------------------------------===//
 // infer_spmd
 //===----------------------------------------------------------------------===//
@@ -676,6 +722,11 @@ PYBIND11_MODULE(_ernie, m) {
         return py::make_tuple(program.mesh().numRanks(), out);
       },
       py::arg("program"));
+
+  m.def("convert_float", &convertFloat, py::arg("array"), py::arg("from"),
+        py::arg("to"),
+        "f32 to a narrow float type's raw bits (uint8/uint16), or back; "
+        "types by their MLIR spelling (f16, bf16, f8E4M3FN, f8E5M2)");
 
   m.def("infer_spmd", &inferSpmd, py::arg("op"), py::arg("input_types"),
         py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),
