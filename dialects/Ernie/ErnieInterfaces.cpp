@@ -40,12 +40,14 @@ int64_t mlir::ernie::detail::countOperandAndResultBytes(Operation *op) {
 }
 
 /// 2·m·n·k per batch: one multiply and one add per term.
-int64_t MatmulOp::getFlops() {
-  auto lhs = cast<ShapedType>(getLhs().getType());
-  int64_t k = getTransposeA() ? lhs.getShape()[lhs.getRank() - 2]
-                              : lhs.getShape().back();
-  return 2 * getType().getNumElements() * k;
+template <typename OpTy> static int64_t matmulFlops(OpTy op) {
+  auto lhs = cast<ShapedType>(op.getLhs().getType());
+  int64_t k = op.getTransposeA() ? lhs.getShape()[lhs.getRank() - 2]
+                                 : lhs.getShape().back();
+  return 2 * cast<ShapedType>(op.getType()).getNumElements() * k;
 }
+int64_t MatmulOp::getFlops() { return matmulFlops(*this); }
+int64_t ScaledMatmulOp::getFlops() { return matmulFlops(*this); }
 
 /// Two GEMMs per head (q·kᵀ and p·v) plus the softmax; causal masking halves
 /// the useful work but not what a dense kernel computes.

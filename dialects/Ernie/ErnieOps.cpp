@@ -250,29 +250,21 @@ LogicalResult IotaOp::verify() {
 // MatmulOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult MatmulOp::inferReturnTypes(MLIRContext *context,
-                                         std::optional<Location> loc,
-                                         Adaptor adaptor,
-                                         SmallVectorImpl<Type> &inferred) {
-  auto lhs = rankedOperand(loc, adaptor.getLhs(), "lhs");
-  auto rhs = rankedOperand(loc, adaptor.getRhs(), "rhs");
-  if (failed(lhs) || failed(rhs))
-    return failure();
-  if (lhs->getRank() < 2 || rhs->getRank() < 2)
+/// The shape of `lhs x rhs` under the matmul rules (shared by matmul and
+/// scaled_matmul).
+static FailureOr<SmallVector<int64_t>>
+matmulShape(std::optional<Location> loc, RankedTensorType lhs,
+            RankedTensorType rhs, bool transposeA, bool transposeB) {
+  if (lhs.getRank() < 2 || rhs.getRank() < 2)
     return emitOptionalError(loc, "matmul operands need rank >= 2, got ",
-                             lhs->getRank(), " and ", rhs->getRank());
-  if (lhs->getElementType() != rhs->getElementType())
-    return emitOptionalError(loc, "matmul operands have different element "
-                                  "types: ",
-                             lhs->getElementType(), " and ",
-                             rhs->getElementType());
-  ArrayRef<int64_t> a = lhs->getShape(), b = rhs->getShape();
+                             lhs.getRank(), " and ", rhs.getRank());
+  ArrayRef<int64_t> a = lhs.getShape(), b = rhs.getShape();
   int64_t ra = a.size(), rb = b.size();
   int64_t m = a[ra - 2], ka = a[ra - 1];
-  if (adaptor.getTransposeA())
+  if (transposeA)
     std::swap(m, ka);
   int64_t kb = b[rb - 2], n = b[rb - 1];
-  if (adaptor.getTransposeB())
+  if (transposeB)
     std::swap(kb, n);
   if (ka != kb)
     return emitOptionalError(loc, "matmul contraction sizes differ: lhs has ",
@@ -284,7 +276,45 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *context,
         shapeStr(batchB), " (only a rank-2 rhs is applied to every batch)");
   SmallVector<int64_t> shape(batchA);
   shape.append({m, n});
-  inferred.push_back(RankedTensorType::get(shape, lhs->getElementType()));
+  return shape;
+}
+
+LogicalResult ScaledMatmulOp::verify() {
+  FailureOr<SmallVector<int64_t>> shape =
+      matmulShape(getLoc(), cast<RankedTensorType>(getLhs().getType()),
+                  cast<RankedTensorType>(getRhs().getType()), getTransposeA(),
+                  getTransposeB());
+  if (failed(shape))
+    return failure();
+  auto result = cast<RankedTensorType>(getType());
+  if (result.getShape() != ArrayRef<int64_t>(*shape))
+    return emitOpError("result must have shape ")
+           << shapeStr(*shape) << ", got " << shapeStr(result.getShape());
+  for (Value scale : {getLhsScaleInv(), getRhsScaleInv()})
+    if (cast<RankedTensorType>(scale.getType()).getRank() != 0)
+      return emitOpError("takes per-tensor scales (rank-0 f32 tensors)");
+  return success();
+}
+
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *context,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &inferred) {
+  auto lhs = rankedOperand(loc, adaptor.getLhs(), "lhs");
+  auto rhs = rankedOperand(loc, adaptor.getRhs(), "rhs");
+  if (failed(lhs) || failed(rhs))
+    return failure();
+  if (lhs->getRank() >= 2 && rhs->getRank() >= 2 &&
+      lhs->getElementType() != rhs->getElementType())
+    return emitOptionalError(loc, "matmul operands have different element "
+                                  "types: ",
+                             lhs->getElementType(), " and ",
+                             rhs->getElementType());
+  FailureOr<SmallVector<int64_t>> shape = matmulShape(
+      loc, *lhs, *rhs, adaptor.getTransposeA(), adaptor.getTransposeB());
+  if (failed(shape))
+    return failure();
+  inferred.push_back(RankedTensorType::get(*shape, lhs->getElementType()));
   return success();
 }
 

@@ -145,25 +145,33 @@ OpShardingRule IotaOp::getShardingRule() {
 
 /// Batch, m and n are parallel; k is a sum reduction (a k-split matmul yields
 /// partial sums). A rank-2 rhs has no batch dimensions.
-OpShardingRule MatmulOp::getShardingRule() {
-  RuleBuilder b(*this);
-  int64_t ra = rankOf(getLhs()), rb = rankOf(getRhs()), rr = rankOf(getResult());
+/// Operands 0 and 1 multiplied as a matmul (batch, m, n parallel; k summed).
+template <typename OpTy>
+static OpShardingRule matmulRule(OpTy op) {
+  RuleBuilder b(op);
+  int64_t ra = rankOf(op.getLhs()), rb = rankOf(op.getRhs()),
+          rr = rankOf(op.getResult());
   for (int64_t d = 0; d < ra - 2; ++d) {
     if (rb == 2)
       b.parallel(operand(0, d), {result(0, d)});
     else
       b.parallel(operand(0, d), {operand(1, d), result(0, d)});
   }
-  int64_t mDim = getTransposeA() ? ra - 1 : ra - 2;
-  int64_t kDimA = getTransposeA() ? ra - 2 : ra - 1;
-  int64_t kDimB = getTransposeB() ? rb - 1 : rb - 2;
-  int64_t nDim = getTransposeB() ? rb - 2 : rb - 1;
+  int64_t mDim = op.getTransposeA() ? ra - 1 : ra - 2;
+  int64_t kDimA = op.getTransposeA() ? ra - 2 : ra - 1;
+  int64_t kDimB = op.getTransposeB() ? rb - 1 : rb - 2;
+  int64_t nDim = op.getTransposeB() ? rb - 2 : rb - 1;
   b.parallel(operand(0, mDim), {result(0, rr - 2)});
   b.parallel(operand(1, nDim), {result(0, rr - 1)});
   b.add(b.dimSize(operand(0, kDimA)), FactorKind::Reduction,
         {operand(0, kDimA), operand(1, kDimB)}, ReduceKind::sum);
   return b.take();
 }
+
+OpShardingRule MatmulOp::getShardingRule() { return matmulRule(*this); }
+
+/// The scalar scales have no dimensions: every rank holds them whole.
+OpShardingRule ScaledMatmulOp::getShardingRule() { return matmulRule(*this); }
 
 template <typename ReduceOp>
 static OpShardingRule reduceRule(ReduceOp op, ReduceKind kind) {

@@ -280,6 +280,47 @@ def SequenceParallelOverlapPass
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
+  let summary = "Run the linear layers' GEMMs in FP8";
+  let description = [{
+    Runs after `--ernie-autodiff`, before propagation, so the scale
+    reductions shard like every other reduction (a per-tensor amax of a
+    split tensor becomes a pending max that partition all-reduces: every
+    rank uses one scale). The GEMMs of a linear layer — the forward `x @ W`,
+    the data gradient `dy @ W^T` and the weight gradient `x^T @ dy` of every
+    parameter `W` whose `ernie.param` name `exclude` does not match — become
+    `ernie.scaled_matmul`s of fp8 operands: activations and weights in
+    `fwd-format`, gradients in `grad-format`, accumulated in f32, the result
+    cast back to the GEMM's type.
+
+    Recipe `current`: per-tensor scaling by this step's amax, `s = fp8_max /
+    amax` (1 for an all-zero or infinite tensor, at most FLT_MAX), codes =
+    the saturating round-to-nearest-even of `x * s`, the GEMM scaled by the
+    two `1 / s` — the conventions of `ernie.fp8.quantize`. Identical
+    quantisations are CSE'd, so a weight gradient reads the forward's fp8
+    input. `delayed` (amax history) and `blockwise` (1x128 / 128x128 tiles)
+    are not implemented yet and are rejected.
+
+    ```
+    ernie-opt m.mlir --ernie-autodiff=optimizer=adamw "--ernie-fp8-lowering=recipe=current" --ernie-auto-parallel-pipeline
+    ```
+  }];
+  let options = [
+    Option<"recipe", "recipe", "std::string", "\"current\"",
+           "Scaling recipe: current (delayed, blockwise: not yet)">,
+    Option<"fwdFormat", "fwd-format", "std::string", "\"e4m3\"",
+           "Format of activations and weights: e4m3 or e5m2">,
+    Option<"gradFormat", "grad-format", "std::string", "\"e5m2\"",
+           "Format of gradients: e4m3 or e5m2">,
+    Option<"exclude", "exclude", "std::string",
+           "\"(^|.*\\\\.)(embed|embed_tokens|lm_head|router)(\\\\..*)?$\"",
+           "Parameters (regex on the ernie.param name) whose GEMMs stay as they are">,
+    Option<"include", "include", "std::string", "\".*\"",
+           "Parameters (regex) whose GEMMs run in fp8; each must be read by matmuls only">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
 def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   let summary = "Write the per-rank memory and communication of a partitioned program";
   let description = [{

@@ -68,6 +68,22 @@ void matmul(const std::vector<TensorView> &in,
   });
 }
 
+/// fp8 codes reach here decoded to f32 (exactly) by the narrow-float
+/// wrapper: the GEMM accumulates their products in f32, and the product of
+/// the two dequantisation multipliers scales the result once, as cuBLASLt's
+/// FP8 GEMM applies its scale pointers.
+void scaledMatmul(const std::vector<TensorView> &in,
+                  const std::vector<TensorView> &out, const Attrs &attrs) {
+  expectCount(in, 4, "ernie.scaled_matmul");
+  if (in[2].type != DType::F32 || in[3].type != DType::F32 ||
+      in[2].numElements() != 1 || in[3].numElements() != 1)
+    throw KernelError("ernie.scaled_matmul takes two f32 scalar scales");
+  matmul({in[0], in[1]}, out, attrs);
+  float scale = in[2].as<float>()[0] * in[3].as<float>()[0];
+  float *y = out[0].as<float>();
+  for (int64_t i = 0, e = out[0].numElements(); i < e; ++i)
+    y[i] *= scale;
+}
 
 enum class Reduction { Sum, Mean, Max };
 
@@ -198,6 +214,7 @@ void norm(const std::vector<TensorView> &in,
 
 void registerLinalgKernels(Registry &r) {
   r["ernie.matmul"] = matmul;
+  r["ernie.scaled_matmul"] = scaledMatmul;
   r["ernie.reduce_sum"] = [](auto &in, auto &out, auto &a) {
     reduce(in, out, a, Reduction::Sum);
   };

@@ -283,6 +283,37 @@ def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
   }];
 }
 
+def Ernie_ScaledMatmulOp : Ernie_PureOp<"scaled_matmul",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>,
+     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "matrix product of fp8 codes, dequantised and accumulated in f32";
+  let description = [{
+    `matmul` of two fp8 operands (e4m3fn or e5m2, either mix) given with
+    the dequantisation multipliers of their quantisation (`scale_inv`, the
+    convention of Transformer Engine and `ernie.fp8.quantize`): the product
+    of the dequantised values `lhs * lhs_scale_inv` and `rhs *
+    rhs_scale_inv`, accumulated in f32, written as f32 or bf16. Per-tensor
+    scales are scalars. What `--ernie-fp8-lowering` makes of a linear
+    layer's GEMMs; the CUDA backend's form is cuBLASLt's FP8 GEMM.
+
+    ```mlir
+    %y = ernie.scaled_matmul %a, %b, %sa, %sb {transpose_b} : tensor<16x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<f32>, tensor<f32> -> tensor<16x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_TensorOf<[F8E4M3FN, F8E5M2]>:$lhs,
+                       Ernie_TensorOf<[F8E4M3FN, F8E5M2]>:$rhs,
+                       Ernie_TensorOf<[F32]>:$lhs_scale_inv,
+                       Ernie_TensorOf<[F32]>:$rhs_scale_inv,
+                       UnitAttr:$transpose_a, UnitAttr:$transpose_b);
+  let results = (outs Ernie_TensorOf<[F32, BF16]>:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $lhs_scale_inv `,` $rhs_scale_inv attr-dict `:`
+    type($lhs) `,` type($rhs) `,` type($lhs_scale_inv) `,`
+    type($rhs_scale_inv) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 class Ernie_ReduceOp<string mnemonic, Type type, string math>
     : Ernie_InferredOp<mnemonic, [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = math # " over the given axes";
