@@ -219,6 +219,11 @@ bool isDetermined(const OpShardingRule &rule, const OpState &state,
   collect(rule.results, state.results);
   const TensorFactors &mine =
       isResult ? rule.results[index] : rule.operands[index];
+  // A scalar has no factors, but whether it is whole or a pending
+  // reduction (an amax over a split tensor) is its producer's to say: a
+  // user fixing it whole would force that producer's input to be gathered.
+  if (!isResult && mine.empty())
+    return false;
   for (const DimFactors &dim : mine)
     for (int64_t f : dim)
       if (!known.count(f) && rule.factors[f].size > 1 &&

@@ -23,13 +23,43 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
           "i64": 8, "i32": 4, "i1": 1}
 
 
+_FP8_KEYS = {"recipe": "recipe", "fwd_format": "fwd-format", "grad_format": "grad-format",
+             "exclude": "exclude", "include": "include"}
+
+
+def _fp8_pass(fp8_config: dict) -> str:
+    """`fp8_config` (recipe, fwd_format, grad_format, exclude, include) as
+    the --ernie-fp8-lowering pass with its options."""
+    unknown = set(fp8_config) - set(_FP8_KEYS) - {"history_length", "margin", "amax_compute"}
+    if unknown:
+        raise ValueError(f"unknown fp8_config keys {sorted(unknown)} (known: {sorted(_FP8_KEYS)})")
+    recipe = fp8_config.get("recipe", "current")
+    if recipe not in ("current", "delayed", "blockwise"):
+        raise ValueError(f"fp8_config.recipe must be current, delayed or blockwise, not {recipe!r}")
+    if recipe != "current" or {"history_length", "margin", "amax_compute"} & set(fp8_config):
+        raise NotImplementedError("only the 'current' fp8 recipe is implemented yet "
+                                  "(delayed scaling with an amax history and blockwise scaling are not)")
+    for key in ("fwd_format", "grad_format"):
+        if fp8_config.get(key, "e4m3") not in ("e4m3", "e5m2"):
+            raise ValueError(f"fp8_config.{key} must be 'e4m3' or 'e5m2', not {fp8_config[key]!r}")
+    options = []
+    for key, value in fp8_config.items():
+        if '"' in str(value):
+            raise ValueError(f"fp8_config.{key} may not contain a double quote")
+        options.append(f'{_FP8_KEYS[key]}="{value}"')
+    return f"ernie-fp8-lowering{{{' '.join(options)}}}"
+
+
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
-              zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False) -> str:
+              zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
+              fp8_config: dict | None = None) -> str:
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = [f"ernie-autodiff{{{text}}}"] if differentiate else []
     if zero_level:
         passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
+    if fp8_config is not None:
+        passes.append(_fp8_pass(fp8_config))
     if partition:
         passes.append("ernie-auto-parallel-pipeline")
         if overlap:
@@ -261,7 +291,7 @@ def collectives_of(module_text: str, function: str | None = None):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False) -> Program:
+            abstract=False, trace=False, fp8_config=None) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
@@ -269,7 +299,10 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     tensor (logits, say) and the program has only @forward. With
     abstract=True nothing is loaded or allocated (build the model under
     ernie.nn.abstract()): the program is compiled and planned, and report()
-    gives its per-rank memory."""
+    gives its per-rank memory. `fp8_config` ({"recipe": "current",
+    "fwd_format": "e4m3", "grad_format": "e5m2", "exclude": regex, "include":
+    regex}, or `config["fp8_config"]`) runs the linear layers' GEMMs in FP8
+    (--ernie-fp8-lowering)."""
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
     from .distributed import parallelize
@@ -292,7 +325,9 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     traced = trace_model(model, example_inputs, mesh, dp_axis)
     compiled, program_file = _ernie.compile(
         traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
-                          overlap=bool(plan and plan.get("sequence_parallel_overlap"))))
+                          overlap=bool(plan and plan.get("sequence_parallel_overlap")),
+                          fp8_config=fp8_config if fp8_config is not None
+                          else (plan.get("fp8_config") if plan else None)))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace)

@@ -470,7 +470,7 @@ def shard_optimizer(optimizer, shard_fn=None):
     return optimizer
 
 
-_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config"}
+_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "fp8_config"}
 
 
 def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None):
@@ -533,6 +533,11 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
                     if not isinstance(plan, PlanBase):
                         raise TypeError(f"parallelize_plan[{key!r}] holds {plan!r}, not a plan")
                     plan.apply(target, mesh, "mp", name)
+
+    if config.get("fp8_config") is not None:
+        if not isinstance(config["fp8_config"], dict):
+            raise TypeError("fp8_config is a dict (recipe, fwd_format, grad_format, exclude, include)")
+        plan_state["fp8_config"] = dict(config["fp8_config"])
 
     pp = config.get("pp_config")
     if pp is not None:

@@ -1,0 +1,17 @@
+// Bad FP8 requests are clear errors with a non-zero exit.
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=recipe=fancy" 2>&1 | FileCheck %s --check-prefix=RECIPE
+// RECIPE: error: fp8 recipe 'fancy' is not available (known: current; delayed and blockwise are not implemented yet)
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=fwd-format=e3m4" 2>&1 | FileCheck %s --check-prefix=FORMAT
+// FORMAT: error: unknown fp8 format 'e3m4' (known: e4m3, e5m2)
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=exclude=(" 2>&1 | FileCheck %s --check-prefix=REGEX
+// REGEX: error: fp8 exclude is not a regex
+// An explicit include of a parameter some non-matmul reads (a norm's weight).
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=include=norm" 2>&1 | FileCheck %s --check-prefix=NOTMATMUL
+// NOTMATMUL: :[[@LINE+5]]:8: error: fp8 is requested for parameter 'norm.weight', but this 'ernie.rms_norm' reads it, and only matmuls run in fp8
+
+func.func @forward(%x: tensor<8x16xf32>, %g: tensor<16xf32> {ernie.param = "norm.weight"},
+                   %w: tensor<16x16xf32> {ernie.param = "proj.weight"}) -> tensor<8x16xf32> {
+  %h = ernie.matmul %x, %w : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+  %n = ernie.rms_norm %h, %g, epsilon = 1.0e-6 : tensor<8x16xf32>, tensor<16xf32>
+  return %n : tensor<8x16xf32>
+}

@@ -1,0 +1,45 @@
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd --ernie-fp8-lowering --cse | FileCheck %s
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=grad-format=e4m3 exclude=down" --cse | FileCheck %s --check-prefix=OPTS
+
+// The current recipe on a two-layer MLP with an LM head. Forward GEMMs take
+// e4m3 activations and weights; the data gradient an e5m2 gradient and the
+// e4m3 weight read transposed; the weight gradient the forward's e4m3 input
+// (the same quantisation, CSE'd: it is saved in fp8) and an e5m2 gradient.
+// The LM head is excluded by default and stays a plain matmul.
+// CHECK-LABEL: func.func @forward_grad
+// CHECK-SAME: %[[X:[a-z0-9]+]]: tensor<8x16xf32>, %[[W1:[a-z0-9]+]]: tensor<16x32xf32>
+// CHECK: %[[AX:.+]] = ernie.abs %[[X]] : tensor<8x16xf32>
+// CHECK: %[[MX:.+]] = ernie.reduce_max %[[AX]] axes = [0, 1] : tensor<8x16xf32> -> tensor<f32>
+// CHECK: %[[SX0:.+]] = ernie.div %{{.+}}, %[[MX]] : tensor<f32>
+// CHECK: %[[XQ:.+]] = ernie.cast %{{.+}} : tensor<8x16xf32> -> tensor<8x16xf8E4M3FN>
+// CHECK: %[[XI:.+]] = ernie.div %{{.+}}, %{{.+}} : tensor<f32>
+// CHECK: %[[WQ:.+]] = ernie.cast %{{.+}} : tensor<16x32xf32> -> tensor<16x32xf8E4M3FN>
+// CHECK: ernie.scaled_matmul %[[XQ]], %[[WQ]], %[[XI]], %{{.+}} : tensor<8x16xf8E4M3FN>, tensor<16x32xf8E4M3FN>, tensor<f32>, tensor<f32> -> tensor<8x32xf32>
+// CHECK: %[[HQ:.+]] = ernie.cast %{{.+}} : tensor<8x32xf32> -> tensor<8x32xf8E4M3FN>
+// CHECK: ernie.scaled_matmul %[[HQ]], %{{.+}} : tensor<8x32xf8E4M3FN>, tensor<32x16xf8E4M3FN>, tensor<f32>, tensor<f32> -> tensor<8x16xf32>
+// CHECK: ernie.matmul %{{.+}}, %{{.+}} : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+// CHECK: ernie.matmul {{.*}}{transpose_b} : tensor<8x16xf32>, tensor<16x16xf32>
+// CHECK: %[[DYQ:.+]] = ernie.cast %{{.+}} : tensor<8x16xf32> -> tensor<8x16xf8E5M2>
+// CHECK: ernie.scaled_matmul %[[DYQ]], %{{.+}} {transpose_b} : tensor<8x16xf8E5M2>, tensor<32x16xf8E4M3FN>, tensor<f32>, tensor<f32> -> tensor<8x32xf32>
+// CHECK: ernie.scaled_matmul %[[HQ]], %[[DYQ]], %{{.+}} {transpose_a} : tensor<8x32xf8E4M3FN>, tensor<8x16xf8E5M2>, tensor<f32>, tensor<f32> -> tensor<32x16xf32>
+// CHECK: ernie.scaled_matmul %[[XQ]], %{{.+}} {transpose_a} : tensor<8x16xf8E4M3FN>, tensor<8x32xf8E5M2>, tensor<f32>, tensor<f32> -> tensor<16x32xf32>
+// CHECK-LABEL: func.func @train_step
+
+// Options: e4m3 gradients, and a regex that leaves the down projection
+// (and nothing else: the LM head is now included) in f32.
+// OPTS-LABEL: func.func @forward_grad
+// OPTS-NOT: f8E5M2
+// OPTS: ernie.scaled_matmul {{.*}} -> tensor<8x32xf32>
+// OPTS: ernie.matmul {{.*}} : tensor<8x32xf32>, tensor<32x16xf32> -> tensor<8x16xf32>
+// OPTS: ernie.scaled_matmul {{.*}} : tensor<8x16xf8E4M3FN>, tensor<16x16xf8E4M3FN>, tensor<f32>, tensor<f32> -> tensor<8x16xf32>
+func.func @forward(%x: tensor<8x16xf32>, %w1: tensor<16x32xf32> {ernie.param = "mlp.up.weight"},
+                   %w2: tensor<32x16xf32> {ernie.param = "mlp.down.weight"},
+                   %e: tensor<16x16xf32> {ernie.param = "lm_head.weight"}) -> tensor<f32> {
+  %h = ernie.matmul %x, %w1 : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+  %a = ernie.relu %h : tensor<8x32xf32>
+  %y = ernie.matmul %a, %w2 : tensor<8x32xf32>, tensor<32x16xf32> -> tensor<8x16xf32>
+  %z = ernie.matmul %y, %e : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+  %sq = ernie.mul %z, %z : tensor<8x16xf32>
+  %l = ernie.reduce_mean %sq axes = [0, 1] : tensor<8x16xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
