@@ -52,8 +52,17 @@ struct Gemm {
 };
 
 /// `x` quantised per tensor: (codes, 1 / s) with s = max / amax(x).
+/// Per-tensor scaling commutes with reshapes, so a reshaped value is
+/// quantised before its reshape: the weight gradient's 2-D view of a layer
+/// input then shares the forward's codes (CSE), and the backward keeps the
+/// input in fp8.
 std::pair<Value, Value> quantize(OpBuilder &b, Location loc, Value x,
                                  Fp8Format format) {
+  if (auto reshape = x.getDefiningOp<ReshapeOp>()) {
+    auto [codes, inverse] = quantize(b, loc, reshape.getInput(), format);
+    auto type = cast<RankedTensorType>(x.getType()).clone(format.type);
+    return {ReshapeOp::create(b, loc, type, codes), inverse};
+  }
   auto type = cast<RankedTensorType>(x.getType());
   Type f32 = b.getF32Type();
   auto scalar = RankedTensorType::get({}, f32);

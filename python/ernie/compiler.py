@@ -64,6 +64,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         passes.append("ernie-auto-parallel-pipeline")
         if overlap:
             passes.append("ernie-sequence-parallel-overlap")
+    elif passes:
+        passes.append("ernie-simplify-pipeline")  # canonicalize, CSE (as partition's pipeline does)
     return f"builtin.module({','.join(passes)})" if passes else ""
 
 
