@@ -14,9 +14,11 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
 #include "llvm/Support/Regex.h"
 
 #include <cfloat>
+#include <cmath>
 #include <limits>
 
 namespace mlir::ernie {
@@ -45,56 +47,145 @@ FailureOr<Fp8Format> parseFormat(MLIRContext *ctx, StringRef name) {
   return failure();
 }
 
-/// One GEMM to lower, with the format of each operand.
+/// How scales are chosen.
+struct Recipe {
+  bool delayed = false;
+  int64_t historyLength = 16;
+  int64_t margin = 0;
+  bool mostRecent = false; // amax-compute=most_recent, else max
+};
+
+/// Quantises the GEMM operands of one function, each tensor once: the
+/// forward's codes of a layer input serve its weight gradient too, so the
+/// backward keeps the input in fp8.
+class Quantizer {
+public:
+  Quantizer(const Recipe &recipe, func::FuncOp fn, bool delayed)
+      : recipe(recipe), fn(fn), delayed(delayed) {}
+
+  /// (codes, 1 / s) of `x` in `format`; with delayed scaling `name` names
+  /// the amax history its scale comes from. Per-tensor scaling commutes
+  /// with reshapes, so a reshaped value is quantised before its reshape.
+  std::pair<Value, Value> get(OpBuilder &b, Location loc, Value x,
+                              Fp8Format format, StringRef name) {
+    if (auto reshape = x.getDefiningOp<ReshapeOp>()) {
+      auto [codes, inverse] = get(b, loc, reshape.getInput(), format, name);
+      auto type = cast<RankedTensorType>(x.getType()).clone(format.type);
+      return {ReshapeOp::create(b, loc, type, codes), inverse};
+    }
+    auto key = std::make_pair(x, format.type);
+    if (auto it = cache.find(key); it != cache.end())
+      return it->second;
+    return cache[key] = quantize(b, loc, x, format, name);
+  }
+
+  /// Delayed scaling: each history (name, argument, updated value).
+  SmallVector<std::tuple<std::string, BlockArgument, Value>> histories;
+
+private:
+  Value scalar(OpBuilder &b, Location loc, double v) {
+    return FullOp::create(b, loc, RankedTensorType::get({}, b.getF32Type()), v);
+  }
+
+  /// s = max / amax / 2^margin, but 1 where amax is 0 or infinite, and at
+  /// most FLT_MAX (NaN stays NaN: the step's non-finite check reports it).
+  Value scaleFor(OpBuilder &b, Location loc, Value amax, Fp8Format format) {
+    Value s = DivOp::create(b, loc,
+                            scalar(b, loc, std::ldexp(format.max, -recipe.margin)),
+                            amax);
+    s = MinimumOp::create(b, loc, s, scalar(b, loc, FLT_MAX));
+    for (double bad : {0.0, std::numeric_limits<double>::infinity()}) {
+      Value hit = CompareOp::create(b, loc, CompareDirection::eq, amax,
+                                    scalar(b, loc, bad));
+      s = SelectOp::create(b, loc, hit, scalar(b, loc, 1.0), s);
+    }
+    return s;
+  }
+
+  std::pair<Value, Value> quantize(OpBuilder &b, Location loc, Value x,
+                                   Fp8Format format, StringRef name) {
+    auto type = cast<RankedTensorType>(x.getType());
+    Type f32 = b.getF32Type();
+    auto wide = type.clone(f32);
+    if (type.getElementType() != f32)
+      x = CastOp::create(b, loc, wide, x);
+    auto all = llvm::to_vector(llvm::seq<int64_t>(0, type.getRank()));
+    auto scalarType = RankedTensorType::get({}, f32);
+    Value amax = ReduceMaxOp::create(b, loc, scalarType,
+                                     AbsOp::create(b, loc, x),
+                                     b.getDenseI64ArrayAttr(all), false);
+    Value s = delayed ? historyScale(b, loc, amax, format, name)
+                      : scaleFor(b, loc, amax, format);
+    Value scaled = MulOp::create(
+        b, loc, x,
+        BroadcastOp::create(b, loc, wide, s, b.getDenseI64ArrayAttr({})));
+    Value codes = CastOp::create(b, loc, type.clone(format.type), scaled);
+    Value inverse = DivOp::create(b, loc, scalar(b, loc, 1.0), s);
+    return {codes, inverse};
+  }
+
+  /// Transformer Engine's delayed scaling: the scale comes from the amax
+  /// history of earlier steps (its max, or the most recent), a new argument
+  /// of the function; this step's amax enters the history at the front.
+  Value historyScale(OpBuilder &b, Location loc, Value amaxNow,
+                     Fp8Format format, StringRef name) {
+    int64_t n = recipe.historyLength;
+    auto historyType = RankedTensorType::get({n}, b.getF32Type());
+    auto one = RankedTensorType::get({1}, b.getF32Type());
+    unsigned index = fn.getNumArguments();
+    (void)fn.insertArgument(
+        index, historyType,
+        b.getDictionaryAttr(b.getNamedAttr(ErnieDialect::kOptStateAttrName,
+                                           b.getStringAttr(name))),
+        fn.getLoc());
+    BlockArgument history = fn.getArgument(index);
+    auto slice = [&](int64_t from, int64_t to) {
+      return SliceOp::create(b, loc,
+                             RankedTensorType::get({to - from}, b.getF32Type()),
+                             history, b.getDenseI64ArrayAttr({from}),
+                             b.getDenseI64ArrayAttr({to}),
+                             b.getDenseI64ArrayAttr({1}))
+          .getResult();
+    };
+    Value past =
+        recipe.mostRecent
+            ? ReshapeOp::create(b, loc, RankedTensorType::get({}, b.getF32Type()),
+                                slice(0, 1))
+                  .getResult()
+            : ReduceMaxOp::create(b, loc,
+                                  RankedTensorType::get({}, b.getF32Type()),
+                                  history, b.getDenseI64ArrayAttr({0}), false)
+                  .getResult();
+    Value now = ReshapeOp::create(b, loc, one, amaxNow);
+    Value updated =
+        n == 1 ? now
+               : ConcatOp::create(b, loc, historyType,
+                                  ValueRange{now, slice(0, n - 1)},
+                                  b.getI64IntegerAttr(0))
+                     .getResult();
+    histories.push_back({name.str(), history, updated});
+    return scaleFor(b, loc, past, format);
+  }
+
+  const Recipe &recipe;
+  func::FuncOp fn;
+  bool delayed;
+  llvm::DenseMap<std::pair<Value, Type>, std::pair<Value, Value>> cache;
+};
+
+/// One GEMM to lower, with the format and history name of each operand.
 struct Gemm {
   MatmulOp op;
   Fp8Format lhs, rhs;
+  std::string lhsName, rhsName;
 };
 
-/// `x` quantised per tensor: (codes, 1 / s) with s = max / amax(x).
-/// Per-tensor scaling commutes with reshapes, so a reshaped value is
-/// quantised before its reshape: the weight gradient's 2-D view of a layer
-/// input then shares the forward's codes (CSE), and the backward keeps the
-/// input in fp8.
-std::pair<Value, Value> quantize(OpBuilder &b, Location loc, Value x,
-                                 Fp8Format format) {
-  if (auto reshape = x.getDefiningOp<ReshapeOp>()) {
-    auto [codes, inverse] = quantize(b, loc, reshape.getInput(), format);
-    auto type = cast<RankedTensorType>(x.getType()).clone(format.type);
-    return {ReshapeOp::create(b, loc, type, codes), inverse};
-  }
-  auto type = cast<RankedTensorType>(x.getType());
-  Type f32 = b.getF32Type();
-  auto scalar = RankedTensorType::get({}, f32);
-  auto wide = type.clone(f32);
-  if (type.getElementType() != f32)
-    x = CastOp::create(b, loc, wide, x);
-  auto all = llvm::to_vector(llvm::seq<int64_t>(0, type.getRank()));
-  Value amax = ReduceMaxOp::create(b, loc, scalar, AbsOp::create(b, loc, x),
-                                   b.getDenseI64ArrayAttr(all), false);
-  auto constant = [&](double v) { return FullOp::create(b, loc, scalar, v); };
-  // s = max / amax, but 1 where amax is 0 or infinite, and at most FLT_MAX
-  // (NaN stays NaN: the step's non-finite check reports it).
-  Value s = DivOp::create(b, loc, constant(format.max), amax);
-  s = MinimumOp::create(b, loc, s, constant(FLT_MAX));
-  for (double bad : {0.0, std::numeric_limits<double>::infinity()}) {
-    Value hit = CompareOp::create(b, loc, CompareDirection::eq, amax,
-                                  constant(bad));
-    s = SelectOp::create(b, loc, hit, constant(1.0), s);
-  }
-  Value scaled = MulOp::create(
-      b, loc, x, BroadcastOp::create(b, loc, wide, s, b.getDenseI64ArrayAttr({})));
-  Value codes = CastOp::create(b, loc, type.clone(format.type), scaled);
-  Value inverse = DivOp::create(b, loc, constant(1.0), s);
-  return {codes, inverse};
-}
-
-void lower(const Gemm &gemm) {
+void lower(const Gemm &gemm, Quantizer &quantizer) {
   MatmulOp op = gemm.op;
   OpBuilder b(op);
   Location loc = op.getLoc();
-  auto [a, sa] = quantize(b, loc, op.getLhs(), gemm.lhs);
-  auto [c, sc] = quantize(b, loc, op.getRhs(), gemm.rhs);
+  auto [a, sa] = quantizer.get(b, loc, op.getLhs(), gemm.lhs, gemm.lhsName);
+  auto [c, sc] = quantizer.get(b, loc, op.getRhs(), gemm.rhs, gemm.rhsName);
   auto type = cast<RankedTensorType>(op.getType());
   Type out = type.getElementType().isBF16() ? type.getElementType()
                                             : Type(b.getF32Type());
@@ -131,10 +222,19 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     MLIRContext *ctx = &getContext();
-    if (recipe != "current") {
+    if (recipe != "current" && recipe != "delayed") {
       module.emitError() << "fp8 recipe '" << recipe
-                         << "' is not available (known: current; delayed and "
-                            "blockwise are not implemented yet)";
+                         << "' is not available (known: current, delayed; "
+                            "blockwise is not implemented yet)";
+      return signalPassFailure();
+    }
+    if (amaxCompute != "max" && amaxCompute != "most_recent") {
+      module.emitError() << "fp8 amax-compute must be max or most_recent, not '"
+                         << amaxCompute << "'";
+      return signalPassFailure();
+    }
+    if (historyLength < 1) {
+      module.emitError() << "fp8 history-length must be at least 1";
       return signalPassFailure();
     }
     FailureOr<Fp8Format> fwd = parseFormat(ctx, fwdFormat);
@@ -153,18 +253,34 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
         module.emitError() << "fp8 " << name << " is not a regex: " << why;
         return signalPassFailure();
       }
+    Recipe scaling{recipe == "delayed", static_cast<int64_t>(historyLength),
+                   static_cast<int64_t>(margin), amaxCompute == "most_recent"};
 
-    for (auto fn : module.getOps<func::FuncOp>()) {
+    for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
       if (fn.isExternal())
         continue;
-      if (failed(lowerFunction(fn, included, excluded, *fwd, *grad)))
+      // Delayed scaling keeps histories in the gradient function, which a
+      // training step calls; other functions (a forward, an evaluation)
+      // scale by the current amax.
+      bool delayed = scaling.delayed && isGradientFunction(fn);
+      Quantizer quantizer(scaling, fn, delayed);
+      if (failed(lowerFunction(fn, quantizer, included, excluded, *fwd, *grad)))
         return signalPassFailure();
+      if (!quantizer.histories.empty())
+        threadHistories(module, fn, quantizer.histories);
     }
   }
 
-  LogicalResult lowerFunction(func::FuncOp fn, llvm::Regex &included,
-                              llvm::Regex &excluded, Fp8Format fwd,
-                              Fp8Format grad) {
+  static bool isGradientFunction(func::FuncOp fn) {
+    for (unsigned i = 0; i < fn.getNumResults(); ++i)
+      if (fn.getResultAttr(i, kGradOfAttrName))
+        return true;
+    return false;
+  }
+
+  LogicalResult lowerFunction(func::FuncOp fn, Quantizer &quantizer,
+                              llvm::Regex &included, llvm::Regex &excluded,
+                              Fp8Format fwd, Fp8Format grad) {
     // Ops after the loss are the backward: a matmul there reading W on
     // the right is a data gradient, its left operand a gradient.
     Operation *loss = getLocalLossOp(fn);
@@ -199,8 +315,11 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
       if (reads.empty())
         continue;
       selected[name.getValue()] = arg;
+      std::string w = name.getValue().str() + ":fp8_amax.";
       for (MatmulOp m : reads)
-        gemms.push_back({m, inBackward(m) ? grad : fwd, fwd});
+        gemms.push_back(inBackward(m)
+                            ? Gemm{m, grad, fwd, w + "output_grad", w + "weight"}
+                            : Gemm{m, fwd, fwd, w + "input", w + "weight"});
     }
     // Weight gradients: the matmuls whose products are W's gradient.
     Operation *ret = fn.getBody().front().getTerminator();
@@ -210,13 +329,71 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
         continue;
       SmallVector<MatmulOp> producers;
       collectProducers(ret->getOperand(i), producers);
+      std::string w = of.getValue().str() + ":fp8_amax.";
       for (MatmulOp m : producers)
         if (!llvm::any_of(gemms, [&](const Gemm &g) { return g.op == m; }))
-          gemms.push_back({m, fwd, grad});
+          gemms.push_back({m, fwd, grad, w + "input", w + "output_grad"});
     }
+    // In program order, so a tensor is quantised where it is first used
+    // and later GEMMs (the backward) read those codes.
+    llvm::sort(gemms, [](const Gemm &a, const Gemm &b) {
+      return a.op->isBeforeInBlock(b.op);
+    });
     for (const Gemm &g : gemms)
-      lower(g);
+      lower(g, quantizer);
     return success();
+  }
+
+  /// The gradient function returns its updated histories; every caller
+  /// takes them as arguments (optimizer state, `<param>:fp8_amax.<which>`,
+  /// zeros at the start) and returns the updates as its results
+  /// (`ernie.updates`), so they are carried from step to step.
+  void threadHistories(
+      ModuleOp module, func::FuncOp fn,
+      ArrayRef<std::tuple<std::string, BlockArgument, Value>> histories) {
+    Builder b(module.getContext());
+    Operation *ret = fn.getBody().front().getTerminator();
+    unsigned first = fn.getNumResults();
+    for (auto [i, h] : llvm::enumerate(histories)) {
+      Value updated = std::get<2>(h);
+      (void)fn.insertResult(first + i, updated.getType(), DictionaryAttr());
+      ret->insertOperands(ret->getNumOperands(), updated);
+    }
+    auto uses = SymbolTable::getSymbolUses(fn, module);
+    if (!uses)
+      return;
+    for (const SymbolTable::SymbolUse &use : *uses) {
+      auto call = dyn_cast<func::CallOp>(use.getUser());
+      if (!call)
+        continue;
+      auto caller = call->getParentOfType<func::FuncOp>();
+      SmallVector<Value> operands(call.getOperands());
+      SmallVector<Value> historyArgs;
+      for (auto &[name, arg, updated] : histories) {
+        unsigned index = caller.getNumArguments();
+        (void)caller.insertArgument(
+            index, arg.getType(),
+            b.getDictionaryAttr(b.getNamedAttr(ErnieDialect::kOptStateAttrName,
+                                               b.getStringAttr(name))),
+            caller.getLoc());
+        operands.push_back(caller.getArgument(index));
+      }
+      OpBuilder builder(call);
+      auto wider = func::CallOp::create(builder, call.getLoc(), fn, operands);
+      for (unsigned i = 0; i < call.getNumResults(); ++i)
+        call.getResult(i).replaceAllUsesWith(wider.getResult(i));
+      call.erase();
+      Operation *callerRet = caller.getBody().front().getTerminator();
+      for (auto [i, h] : llvm::enumerate(histories)) {
+        unsigned index = caller.getNumResults();
+        (void)caller.insertResult(
+            index, std::get<1>(h).getType(),
+            b.getDictionaryAttr(b.getNamedAttr(ErnieDialect::kUpdatesAttrName,
+                                               b.getStringAttr(std::get<0>(h)))));
+        callerRet->insertOperands(callerRet->getNumOperands(),
+                                  wider.getResult(first + i));
+      }
+    }
   }
 };
 

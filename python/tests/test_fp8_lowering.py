@@ -108,9 +108,33 @@ def test_fp8_scales_are_global(fp8_single_rank, shape, names):
     assert "ernie.all_reduce" in prog.mlir and " max :" in prog.mlir
 
 
+def test_fp8_delayed_scaling_carries_amax_history(fp8_single_rank):
+    """Transformer Engine's default: each tensor's scale comes from the max
+    of an amax history carried from step to step as optimizer state (zeros
+    at first: scale 1 on step 1). On a fixed batch the amaxes barely move,
+    so the run tracks the current-scaling run after the first step, and the
+    history holds the recent amaxes, most recent first."""
+    config = {"recipe": "delayed", "history_length": 4, "amax_compute": "max"}
+    prog, losses = _llama_losses(config, steps=40)
+    current = fp8_single_rank[1]
+    assert losses[0] != current[0]  # step 1 quantised with scale 1
+    assert abs(losses[-1] / current[-1] - 1) < 0.02
+    state = prog.state_dict()
+    history = state["llama.layers.0.self_attn.q_proj.weight:fp8_amax.weight"]
+    weight = state["llama.layers.0.self_attn.q_proj.weight"]
+    assert history.shape == (4,)
+    # The newest entry is the amax of the weight the last step read: the
+    # weight before the last update, close to (not equal to) the current one.
+    assert abs(history[0] / np.max(np.abs(weight)) - 1) < 0.05
+    assert np.all(history > 0)
+
+
 @pytest.mark.parametrize("config,error,match", [
     ({"recipe": "sometimes"}, ValueError, "recipe must be current, delayed or blockwise"),
-    ({"recipe": "delayed"}, NotImplementedError, "only the 'current' fp8 recipe"),
+    ({"recipe": "blockwise"}, NotImplementedError, "blockwise fp8 recipe is not implemented"),
+    ({"margin": 1}, ValueError, "belong to the delayed recipe"),
+    ({"recipe": "delayed", "history_length": 0}, ValueError, "history_length must be an integer >= 1"),
+    ({"recipe": "delayed", "amax_compute": "mean"}, ValueError, "amax_compute must be"),
     ({"fwd_format": "e3m4"}, ValueError, "fwd_format must be 'e4m3' or 'e5m2'"),
     ({"scaling": "x"}, ValueError, "unknown fp8_config keys"),
 ])
@@ -142,3 +166,17 @@ def test_fp8_weight_gradient_input_is_saved_in_fp8():
     # Per layer, the q/k/v, gate/up and o/down inputs ([8, 64, 128] and
     # [8, 64, 384] floats) are now codes; other saved tensors stay.
     assert saved["fp8"] < 0.9 * saved["f32"], saved
+
+
+def test_fp8_delayed_scaling_under_dp_mp_equals_single_rank():
+    """The histories are replicated state and every amax is all-reduced, so
+    every rank of a dp x mp run scales like the single rank: equal losses
+    over the first steps (f32 rounding, 1e-5)."""
+    config = {"recipe": "delayed", "history_length": 2}
+    _, single = _llama_losses(config, steps=3)
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "mp"])
+    prog, losses = _llama_losses(config, steps=3, mesh=mesh,
+                                 config={"dp_config": {"sharding_level": 0},
+                                         "mp_config": {"parallelize_plan": parallelize_plan()}})
+    np.testing.assert_allclose(losses, single, rtol=1e-5)
+    assert "fp8_amax" in prog.mlir

@@ -1,8 +1,12 @@
 // Bad FP8 requests are clear errors with a non-zero exit.
 // RUN: not ernie-opt %s "--ernie-fp8-lowering=recipe=fancy" 2>&1 | FileCheck %s --check-prefix=RECIPE
-// RECIPE: error: fp8 recipe 'fancy' is not available (known: current; delayed and blockwise are not implemented yet)
+// RECIPE: error: fp8 recipe 'fancy' is not available (known: current, delayed; blockwise is not implemented yet)
 // RUN: not ernie-opt %s "--ernie-fp8-lowering=fwd-format=e3m4" 2>&1 | FileCheck %s --check-prefix=FORMAT
 // FORMAT: error: unknown fp8 format 'e3m4' (known: e4m3, e5m2)
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=recipe=delayed amax-compute=mean" 2>&1 | FileCheck %s --check-prefix=AMAX
+// AMAX: error: fp8 amax-compute must be max or most_recent, not 'mean'
+// RUN: not ernie-opt %s "--ernie-fp8-lowering=recipe=delayed history-length=0" 2>&1 | FileCheck %s --check-prefix=HISTORY
+// HISTORY: error: fp8 history-length must be at least 1
 // RUN: not ernie-opt %s "--ernie-fp8-lowering=exclude=(" 2>&1 | FileCheck %s --check-prefix=REGEX
 // REGEX: error: fp8 exclude is not a regex
 // An explicit include of a parameter some non-matmul reads (a norm's weight).

@@ -1,5 +1,7 @@
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd --ernie-fp8-lowering --cse | FileCheck %s
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=grad-format=e4m3 exclude=down" --cse | FileCheck %s --check-prefix=OPTS
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=4 margin=1" --cse | FileCheck %s --check-prefix=DELAYED
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=1 amax-compute=most_recent" --cse | FileCheck %s --check-prefix=RECENT
 
 // The current recipe on a two-layer MLP with an LM head. Forward GEMMs take
 // e4m3 activations and weights; the data gradient an e5m2 gradient and the
@@ -43,3 +45,40 @@ func.func @forward(%x: tensor<8x16xf32>, %w1: tensor<16x32xf32> {ernie.param = "
   %l = ernie.reduce_mean %sq axes = [0, 1] : tensor<8x16xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// Delayed scaling: one amax history per quantised tensor (the layer input,
+// shared by the forward and the weight gradient; the weight; the output
+// gradient) enters the gradient function and leaves it updated, and the
+// training step carries it as optimizer state. The scale is 448 / 2^margin
+// over the history's max; this step's amax goes in front.
+// DELAYED-LABEL: func.func @forward_grad
+// DELAYED-SAME: %[[H:[a-z0-9]+]]: tensor<4xf32> {ernie.opt_state = "mlp.up.weight:fp8_amax.input"}
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.up.weight:fp8_amax.weight"}
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.down.weight:fp8_amax.input"}
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.down.weight:fp8_amax.weight"}
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.down.weight:fp8_amax.output_grad"}
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.up.weight:fp8_amax.output_grad"}
+// DELAYED-NOT: fp8_amax
+// DELAYED-SAME: -> (tensor<f32> {ernie.loss}, {{.*}}, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>)
+// DELAYED: %[[NOW:.+]] = ernie.reduce_max %{{.+}} axes = [0, 1] : tensor<8x16xf32> -> tensor<f32>
+// DELAYED: %[[PAST:.+]] = ernie.reduce_max %[[H]] axes = [0] : tensor<4xf32> -> tensor<f32>
+// DELAYED: %[[FRONT:.+]] = ernie.reshape %[[NOW]] : tensor<f32> -> tensor<1xf32>
+// DELAYED: %[[KEEP:.+]] = ernie.slice %[[H]] [0:3] : tensor<4xf32> -> tensor<3xf32>
+// DELAYED: ernie.concat %[[FRONT]], %[[KEEP]] axis = 0 : tensor<1xf32>, tensor<3xf32> -> tensor<4xf32>
+// margin=1 halves 448.
+// DELAYED: %[[M:.+]] = ernie.full 2.240000e+02 : tensor<f32>
+// DELAYED: ernie.div %[[M]], %[[PAST]] : tensor<f32>
+// DELAYED-LABEL: func.func @train_step
+// DELAYED-SAME: tensor<4xf32> {ernie.opt_state = "mlp.up.weight:fp8_amax.input"}
+// DELAYED-SAME: tensor<4xf32> {ernie.updates = "mlp.up.weight:fp8_amax.input"}
+// DELAYED: call @forward_grad
+// The forward alone (and evaluation) scales by the current amax.
+// DELAYED-LABEL: func.func @eval_step
+// DELAYED-NOT: fp8_amax
+
+// A one-step history of the most recent amax: no max over it, no concat.
+// RECENT-LABEL: func.func @forward_grad
+// RECENT-SAME: tensor<1xf32> {ernie.opt_state = "mlp.up.weight:fp8_amax.input"}
+// RECENT-NOT: ernie.concat
+// RECENT: ernie.reshape %{{.+}} : tensor<1xf32> -> tensor<f32>
+// RECENT-LABEL: func.func @train_step

@@ -296,10 +296,19 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
     Recipe `current`: per-tensor scaling by this step's amax, `s = fp8_max /
     amax` (1 for an all-zero or infinite tensor, at most FLT_MAX), codes =
     the saturating round-to-nearest-even of `x * s`, the GEMM scaled by the
-    two `1 / s` — the conventions of `ernie.fp8.quantize`. Identical
-    quantisations are CSE'd, so a weight gradient reads the forward's fp8
-    input. `delayed` (amax history) and `blockwise` (1x128 / 128x128 tiles)
-    are not implemented yet and are rejected.
+    two `1 / s` — the conventions of `ernie.fp8.quantize`. Each tensor is
+    quantised once (a reshaped one before its reshape), so a weight
+    gradient reads the forward's fp8 input.
+
+    Recipe `delayed` (Transformer Engine's default): in the gradient
+    function, each quantised tensor's scale comes from an amax history of
+    `history-length` earlier steps (its max, or the most recent), divided
+    by `2^margin`; this step's amax enters the history at the front. The
+    histories are new arguments (`ernie.opt_state = "<param>:fp8_amax.
+    input|weight|output_grad"`, zeros at the start: scale 1 on the first
+    step) that the training step carries like optimizer state; functions
+    without gradients scale by the current amax. `blockwise` (1x128 /
+    128x128 tiles) is not implemented yet and is rejected.
 
     ```
     ernie-opt m.mlir --ernie-autodiff=optimizer=adamw "--ernie-fp8-lowering=recipe=current" --ernie-auto-parallel-pipeline
@@ -317,6 +326,12 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
            "Parameters (regex on the ernie.param name) whose GEMMs stay as they are">,
     Option<"include", "include", "std::string", "\".*\"",
            "Parameters (regex) whose GEMMs run in fp8; each must be read by matmuls only">,
+    Option<"historyLength", "history-length", "unsigned", "16",
+           "delayed: steps of amax history">,
+    Option<"margin", "margin", "unsigned", "0",
+           "delayed: the scale is divided by 2^margin">,
+    Option<"amaxCompute", "amax-compute", "std::string", "\"max\"",
+           "delayed: max over the history, or most_recent">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
