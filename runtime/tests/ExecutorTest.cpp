@@ -166,19 +166,26 @@ HostTensor f32(const Shape &shape, std::vector<float> values) {
 }
 
 /// Runs `fn` of `program` on every rank (threads), each with its own inputs;
-/// returns every rank's results.
+/// returns every rank's results (and, when `events` is given, every rank's
+/// trace).
 std::vector<std::vector<HostTensor>>
 runOnEveryRank(const Program &program, const std::string &fn,
-               const std::function<std::vector<HostTensor>(int64_t)> &inputs) {
+               const std::function<std::vector<HostTensor>(int64_t)> &inputs,
+               ExecutorOptions options = {},
+               std::vector<std::vector<TraceEvent>> *events = nullptr) {
   int64_t n = program.mesh().numRanks();
   ThreadWorld world(program.mesh(), std::chrono::seconds(10));
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int64_t r = 0; r < n; ++r)
     comms.push_back(world.communicator(r));
   std::vector<std::vector<HostTensor>> results(n);
+  if (events)
+    events->resize(n);
   onThreads(n, [&](int64_t r) {
-    Executor executor(program, *comms[r]);
+    Executor executor(program, *comms[r], options);
     results[r] = executor.run(fn, inputs(r));
+    if (events)
+      (*events)[r] = executor.traceEvents();
   });
   return results;
 }
@@ -958,21 +965,10 @@ struct TracedRun {
 TracedRun
 runTraced(const Program &program, const std::string &fn,
           const std::function<std::vector<HostTensor>(int64_t)> &inputs) {
-  int64_t n = program.mesh().numRanks();
-  ThreadWorld world(program.mesh(), std::chrono::seconds(10));
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (int64_t r = 0; r < n; ++r)
-    comms.push_back(world.communicator(r));
-  TracedRun run;
-  run.results.resize(n);
-  run.events.resize(n);
   ExecutorOptions options;
   options.trace = true;
-  onThreads(n, [&](int64_t r) {
-    Executor executor(program, *comms[r], options);
-    run.results[r] = executor.run(fn, inputs(r));
-    run.events[r] = executor.traceEvents();
-  });
+  TracedRun run;
+  run.results = runOnEveryRank(program, fn, inputs, options, &run.events);
   return run;
 }
 
