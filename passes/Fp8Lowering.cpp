@@ -17,7 +17,9 @@
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/Support/Regex.h"
 
+#include <array>
 #include <cfloat>
+#include <tuple>
 #include <cmath>
 #include <limits>
 
@@ -50,6 +52,9 @@ FailureOr<Fp8Format> parseFormat(MLIRContext *ctx, StringRef name) {
 /// How scales are chosen.
 struct Recipe {
   bool delayed = false;
+  /// Blockwise: tiles of `block` along a GEMM's contraction (activations,
+  /// gradients) and block x block squares (weights), 0 for per-tensor.
+  int64_t block = 0;
   int64_t historyLength = 16;
   int64_t margin = 0;
   bool mostRecent = false; // amax-compute=most_recent, else max
@@ -79,6 +84,9 @@ public:
     return cache[key] = quantize(b, loc, x, format, name);
   }
 
+  bool isBlockwise() const { return recipe.block > 0; }
+  int64_t blockSize() const { return recipe.block; }
+
   /// Delayed scaling: each history (name, argument, updated value).
   SmallVector<std::tuple<std::string, BlockArgument, Value>> histories;
 
@@ -87,17 +95,77 @@ private:
     return FullOp::create(b, loc, RankedTensorType::get({}, b.getF32Type()), v);
   }
 
+public:
+  /// Blockwise: `x` quantised in tiles of `tile` over its last two
+  /// dimensions (one scale per tile: s = max / amax), returned dequantised
+  /// as f32 — codes times their tile's 1 / s — for an f32 GEMM: the product
+  /// of the exact fp8 values and their scales, accumulated in f32.
+  FailureOr<Value> blockwise(OpBuilder &b, Location loc, Value x,
+                             Fp8Format format, std::array<int64_t, 2> tile,
+                             StringRef what, Operation *gemm) {
+    auto key = std::make_tuple(x, format.type, tile[0], tile[1]);
+    if (auto it = tiled.find(key); it != tiled.end())
+      return it->second;
+    auto type = cast<RankedTensorType>(x.getType());
+    int64_t rank = type.getRank();
+    SmallVector<int64_t> tiledShape(type.getShape().drop_back(2));
+    for (int64_t i = 0; i < 2; ++i) {
+      int64_t size = type.getDimSize(rank - 2 + i);
+      if (size % tile[i] != 0)
+        return gemm->emitError()
+               << "fp8 blockwise: dimension " << rank - 2 + i << " of the "
+               << what << " has size " << size
+               << ", which tiles of " << tile[0] << "x" << tile[1]
+               << " do not divide";
+      tiledShape.append({size / tile[i], tile[i]});
+    }
+    Type f32 = b.getF32Type();
+    auto wideTiled = RankedTensorType::get(tiledShape, f32);
+    if (type.getElementType() != f32)
+      x = CastOp::create(b, loc, type.clone(f32), x);
+    Value tiles = ReshapeOp::create(b, loc, wideTiled, x);
+    // One amax per tile: reduce the in-tile dimensions (rank - 1, rank + 1).
+    SmallVector<int64_t> scaleShape(type.getShape().drop_back(2));
+    scaleShape.append({tiledShape[rank - 2], tiledShape[rank]});
+    auto scaleType = RankedTensorType::get(scaleShape, f32);
+    Value amax = ReduceMaxOp::create(
+        b, loc, scaleType, AbsOp::create(b, loc, tiles),
+        b.getDenseI64ArrayAttr({rank - 1, rank + 1}), false);
+    Value s = scaleFor(b, loc, amax, format);
+    SmallVector<int64_t> toTiles = llvm::to_vector(llvm::seq<int64_t>(0, rank - 2));
+    toTiles.append({rank - 2, rank});
+    auto spread = [&](Value perTile) {
+      return BroadcastOp::create(b, loc, wideTiled, perTile,
+                                 b.getDenseI64ArrayAttr(toTiles));
+    };
+    Value codes = CastOp::create(b, loc, wideTiled.clone(format.type),
+                                 MulOp::create(b, loc, tiles, spread(s)));
+    Value inverse = DivOp::create(b, loc, constant(b, loc, scaleType, 1.0), s);
+    Value dequantised = MulOp::create(
+        b, loc, CastOp::create(b, loc, wideTiled, codes), spread(inverse));
+    Value whole = ReshapeOp::create(b, loc, type.clone(f32), dequantised);
+    tiled[key] = whole;
+    return whole;
+  }
+
+private:
+  Value constant(OpBuilder &b, Location loc, RankedTensorType type, double v) {
+    return FullOp::create(b, loc, type, v);
+  }
+
   /// s = max / amax / 2^margin, but 1 where amax is 0 or infinite, and at
-  /// most FLT_MAX (NaN stays NaN: the step's non-finite check reports it).
+  /// most FLT_MAX (NaN stays NaN: the step's non-finite check reports it);
+  /// elementwise for blockwise amaxes.
   Value scaleFor(OpBuilder &b, Location loc, Value amax, Fp8Format format) {
-    Value s = DivOp::create(b, loc,
-                            scalar(b, loc, std::ldexp(format.max, -recipe.margin)),
-                            amax);
-    s = MinimumOp::create(b, loc, s, scalar(b, loc, FLT_MAX));
+    auto type = cast<RankedTensorType>(amax.getType());
+    Value s = DivOp::create(
+        b, loc, constant(b, loc, type, std::ldexp(format.max, -recipe.margin)),
+        amax);
+    s = MinimumOp::create(b, loc, s, constant(b, loc, type, FLT_MAX));
     for (double bad : {0.0, std::numeric_limits<double>::infinity()}) {
       Value hit = CompareOp::create(b, loc, CompareDirection::eq, amax,
-                                    scalar(b, loc, bad));
-      s = SelectOp::create(b, loc, hit, scalar(b, loc, 1.0), s);
+                                    constant(b, loc, type, bad));
+      s = SelectOp::create(b, loc, hit, constant(b, loc, type, 1.0), s);
     }
     return s;
   }
@@ -171,6 +239,7 @@ private:
   func::FuncOp fn;
   bool delayed;
   llvm::DenseMap<std::pair<Value, Type>, std::pair<Value, Value>> cache;
+  llvm::DenseMap<std::tuple<Value, Type, int64_t, int64_t>, Value> tiled;
 };
 
 /// One GEMM to lower, with the format and history name of each operand.
@@ -178,7 +247,38 @@ struct Gemm {
   MatmulOp op;
   Fp8Format lhs, rhs;
   std::string lhsName, rhsName;
+  /// The right operand is the layer's weight (forward, data gradient).
+  bool rhsIsWeight = true;
 };
+
+/// Blockwise: tiles along the contraction as the GEMM reads each operand
+/// (1 x block, or block x 1 for a transposed read), block x block for the
+/// weight; the dequantised operands meet in an f32 GEMM.
+LogicalResult lowerBlockwise(const Gemm &gemm, Quantizer &quantizer,
+                             int64_t block) {
+  MatmulOp op = gemm.op;
+  OpBuilder b(op);
+  Location loc = op.getLoc();
+  std::array<int64_t, 2> along = {1, block}, across = {block, 1},
+                         square = {block, block};
+  FailureOr<Value> a = quantizer.blockwise(
+      b, loc, op.getLhs(), gemm.lhs, op.getTransposeA() ? across : along,
+      "left operand", op);
+  FailureOr<Value> c = quantizer.blockwise(
+      b, loc, op.getRhs(), gemm.rhs,
+      gemm.rhsIsWeight ? square : (op.getTransposeB() ? along : across),
+      "right operand", op);
+  if (failed(a) || failed(c))
+    return failure();
+  auto type = cast<RankedTensorType>(op.getType());
+  Value y = MatmulOp::create(b, loc, type.clone(b.getF32Type()), *a, *c,
+                             op.getTransposeAAttr(), op.getTransposeBAttr());
+  if (type.getElementType() != b.getF32Type())
+    y = CastOp::create(b, loc, type, y);
+  op.getResult().replaceAllUsesWith(y);
+  op.erase();
+  return success();
+}
 
 void lower(const Gemm &gemm, Quantizer &quantizer) {
   MatmulOp op = gemm.op;
@@ -222,10 +322,14 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     MLIRContext *ctx = &getContext();
-    if (recipe != "current" && recipe != "delayed") {
+    if (recipe != "current" && recipe != "delayed" && recipe != "blockwise") {
       module.emitError() << "fp8 recipe '" << recipe
-                         << "' is not available (known: current, delayed; "
-                            "blockwise is not implemented yet)";
+                         << "' is not available (known: current, delayed, "
+                            "blockwise)";
+      return signalPassFailure();
+    }
+    if (recipe == "blockwise" && blockSize < 1) {
+      module.emitError() << "fp8 block-size must be at least 1";
       return signalPassFailure();
     }
     if (amaxCompute != "max" && amaxCompute != "most_recent") {
@@ -253,7 +357,9 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
         module.emitError() << "fp8 " << name << " is not a regex: " << why;
         return signalPassFailure();
       }
-    Recipe scaling{recipe == "delayed", static_cast<int64_t>(historyLength),
+    Recipe scaling{recipe == "delayed",
+                   recipe == "blockwise" ? static_cast<int64_t>(blockSize) : 0,
+                   static_cast<int64_t>(historyLength),
                    static_cast<int64_t>(margin), amaxCompute == "most_recent"};
 
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
@@ -332,15 +438,20 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
       std::string w = of.getValue().str() + ":fp8_amax.";
       for (MatmulOp m : producers)
         if (!llvm::any_of(gemms, [&](const Gemm &g) { return g.op == m; }))
-          gemms.push_back({m, fwd, grad, w + "input", w + "output_grad"});
+          gemms.push_back({m, fwd, grad, w + "input", w + "output_grad",
+                           /*rhsIsWeight=*/false});
     }
     // In program order, so a tensor is quantised where it is first used
     // and later GEMMs (the backward) read those codes.
     llvm::sort(gemms, [](const Gemm &a, const Gemm &b) {
       return a.op->isBeforeInBlock(b.op);
     });
-    for (const Gemm &g : gemms)
-      lower(g, quantizer);
+    for (const Gemm &g : gemms) {
+      if (!quantizer.isBlockwise())
+        lower(g, quantizer);
+      else if (failed(lowerBlockwise(g, quantizer, quantizer.blockSize())))
+        return failure();
+    }
     return success();
   }
 

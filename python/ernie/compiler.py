@@ -25,34 +25,38 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
 
 _FP8_KEYS = {"recipe": "recipe", "fwd_format": "fwd-format", "grad_format": "grad-format",
              "exclude": "exclude", "include": "include", "history_length": "history-length",
-             "margin": "margin", "amax_compute": "amax-compute"}
+             "margin": "margin", "amax_compute": "amax-compute", "block_size": "block-size"}
 
 
 def _fp8_pass(fp8_config: dict) -> str:
     """`fp8_config` as the --ernie-fp8-lowering pass with its options."""
-    unknown = set(fp8_config) - set(_FP8_KEYS)
+    unknown = set(fp8_config) - set(_FP8_KEYS) - {"pow2_scale"}
     if unknown:
         raise ValueError(f"unknown fp8_config keys {sorted(unknown)} (known: {sorted(_FP8_KEYS)})")
     recipe = fp8_config.get("recipe", "current")
     if recipe not in ("current", "delayed", "blockwise"):
         raise ValueError(f"fp8_config.recipe must be current, delayed or blockwise, not {recipe!r}")
-    if recipe == "blockwise":
-        raise NotImplementedError("the blockwise fp8 recipe is not implemented yet (current and delayed are)")
-    if recipe == "current" and {"history_length", "margin", "amax_compute"} & set(fp8_config):
+    if recipe != "delayed" and {"history_length", "margin", "amax_compute"} & set(fp8_config):
         raise ValueError("history_length, margin and amax_compute belong to the delayed recipe")
+    if recipe != "blockwise" and "block_size" in fp8_config:
+        raise ValueError("block_size belongs to the blockwise recipe")
+    if fp8_config.get("pow2_scale"):
+        raise NotImplementedError("power-of-two scales are not implemented in the lowering yet "
+                                  "(ernie.fp8.quantize has them)")
     for key in ("fwd_format", "grad_format"):
         if fp8_config.get(key, "e4m3") not in ("e4m3", "e5m2"):
             raise ValueError(f"fp8_config.{key} must be 'e4m3' or 'e5m2', not {fp8_config[key]!r}")
     if fp8_config.get("amax_compute", "max") not in ("max", "most_recent"):
         raise ValueError(f"fp8_config.amax_compute must be 'max' or 'most_recent', "
                          f"not {fp8_config['amax_compute']!r}")
-    for key in ("history_length", "margin"):
-        value = fp8_config.get(key, 1)
-        if not isinstance(value, int) or value < (1 if key == "history_length" else 0):
-            raise ValueError(f"fp8_config.{key} must be an integer >= "
-                             f"{1 if key == 'history_length' else 0}, not {value!r}")
+    for key, least in (("history_length", 1), ("margin", 0), ("block_size", 1)):
+        value = fp8_config.get(key, least)
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"fp8_config.{key} must be an integer >= {least}, not {value!r}")
     options = []
     for key, value in fp8_config.items():
+        if key == "pow2_scale":
+            continue
         if '"' in str(value):
             raise ValueError(f"fp8_config.{key} may not contain a double quote")
         options.append(f'{_FP8_KEYS[key]}="{value}"')

@@ -2,6 +2,7 @@
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=grad-format=e4m3 exclude=down" --cse | FileCheck %s --check-prefix=OPTS
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=4 margin=1" --cse | FileCheck %s --check-prefix=DELAYED
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=1 amax-compute=most_recent" --cse | FileCheck %s --check-prefix=RECENT
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=blockwise block-size=4" --cse | FileCheck %s --check-prefix=BLOCK
 
 // The current recipe on a two-layer MLP with an LM head. Forward GEMMs take
 // e4m3 activations and weights; the data gradient an e5m2 gradient and the
@@ -82,3 +83,20 @@ func.func @forward(%x: tensor<8x16xf32>, %w1: tensor<16x32xf32> {ernie.param = "
 // RECENT-NOT: ernie.concat
 // RECENT: ernie.reshape %{{.+}} : tensor<1xf32> -> tensor<f32>
 // RECENT-LABEL: func.func @train_step
+
+// Blockwise, tiles of 4: the forward's input in 1x4 tiles along the
+// contraction, weights in 4x4 squares (one scale each), an f32 GEMM of the
+// dequantised tiles. The weight gradient reads x and dy transposed, so it
+// tiles them 4x1, along the tokens.
+// BLOCK-LABEL: func.func @forward_grad
+// BLOCK: %[[XT:.+]] = ernie.reshape %{{.+}} : tensor<8x16xf32> -> tensor<8x1x4x4xf32>
+// BLOCK: ernie.reduce_max %{{.+}} axes = [1, 3] : tensor<8x1x4x4xf32> -> tensor<8x4xf32>
+// BLOCK: ernie.cast %{{.+}} : tensor<8x1x4x4xf32> -> tensor<8x1x4x4xf8E4M3FN>
+// BLOCK: %[[X:.+]] = ernie.reshape %{{.+}} : tensor<8x1x4x4xf32> -> tensor<8x16xf32>
+// BLOCK: ernie.reduce_max %{{.+}} axes = [1, 3] : tensor<4x4x8x4xf32> -> tensor<4x8xf32>
+// BLOCK: %[[W:.+]] = ernie.reshape %{{.+}} : tensor<4x4x8x4xf32> -> tensor<16x32xf32>
+// BLOCK: ernie.matmul %[[X]], %[[W]] : tensor<8x16xf32>, tensor<16x32xf32> -> tensor<8x32xf32>
+// BLOCK: ernie.reduce_max %{{.+}} axes = [1, 3] : tensor<2x4x32x1xf32> -> tensor<2x32xf32>
+// BLOCK: ernie.cast %{{.+}} : tensor<2x4x16x1xf32> -> tensor<2x4x16x1xf8E5M2>
+// BLOCK: ernie.matmul %{{.+}}, %{{.+}} {transpose_a} : tensor<8x32xf32>, tensor<8x16xf32> -> tensor<32x16xf32>
+// BLOCK-NOT: scaled_matmul

@@ -307,8 +307,14 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
     histories are new arguments (`ernie.opt_state = "<param>:fp8_amax.
     input|weight|output_grad"`, zeros at the start: scale 1 on the first
     step) that the training step carries like optimizer state; functions
-    without gradients scale by the current amax. `blockwise` (1x128 /
-    128x128 tiles) is not implemented yet and is rejected.
+    without gradients scale by the current amax.
+
+    Recipe `blockwise` (DeepSeek-V3, ERNIE 4.5): one scale per tile — 1 x
+    `block-size` along the contraction as the GEMM reads an activation or
+    gradient (`block-size` x 1 for a transposed read: the weight gradient
+    quantises its operands along the tokens), `block-size` squares for
+    weights — and the GEMM multiplies the dequantised tiles in f32. A
+    dimension the tiles do not divide is an error at the GEMM.
 
     ```
     ernie-opt m.mlir --ernie-autodiff=optimizer=adamw "--ernie-fp8-lowering=recipe=current" --ernie-auto-parallel-pipeline
@@ -332,6 +338,8 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
            "delayed: the scale is divided by 2^margin">,
     Option<"amaxCompute", "amax-compute", "std::string", "\"max\"",
            "delayed: max over the history, or most_recent">,
+    Option<"blockSize", "block-size", "unsigned", "128",
+           "blockwise: tile length along the contraction; weights use squares">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
