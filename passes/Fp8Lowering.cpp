@@ -58,6 +58,7 @@ struct Recipe {
   int64_t historyLength = 16;
   int64_t margin = 0;
   bool mostRecent = false; // amax-compute=most_recent, else max
+  bool pow2 = false;       // scales rounded down to powers of two
 };
 
 /// Quantises the GEMM operands of one function, each tensor once: the
@@ -153,9 +154,35 @@ private:
     return FullOp::create(b, loc, type, v);
   }
 
+  /// The largest power of two not above `s` (DeepSeek-V3's scales: the
+  /// dequantisation multiplier 1 / s is then exact): 2^trunc(log2 s) through
+  /// ln / ln 2, at most 2^127, then one halving or doubling where rounding
+  /// or truncation put it on the wrong side of s. NaN stays NaN.
+  Value pow2Floor(OpBuilder &b, Location loc, Value s) {
+    auto type = cast<RankedTensorType>(s.getType());
+    auto c = [&](double v) { return constant(b, loc, type, v); };
+    auto compare = [&](CompareDirection d, Value x, Value y) {
+      return CompareOp::create(b, loc, d, x, y);
+    };
+    Value log2 =
+        DivOp::create(b, loc, LogOp::create(b, loc, s), c(std::log(2.0)));
+    Value k = CastOp::create(
+        b, loc, type,
+        CastOp::create(b, loc, type.clone(b.getI32Type()),
+                       MinimumOp::create(b, loc, log2, c(127.0))));
+    Value p = PowOp::create(b, loc, c(2.0), k);
+    p = SelectOp::create(b, loc, compare(CompareDirection::gt, p, s),
+                         MulOp::create(b, loc, p, c(0.5)), p);
+    Value twice = MulOp::create(b, loc, p, c(2.0));
+    p = SelectOp::create(b, loc, compare(CompareDirection::le, twice, s),
+                         twice, p);
+    return SelectOp::create(b, loc, compare(CompareDirection::ne, s, s), s, p);
+  }
+
   /// s = max / amax / 2^margin, but 1 where amax is 0 or infinite, and at
   /// most FLT_MAX (NaN stays NaN: the step's non-finite check reports it);
-  /// elementwise for blockwise amaxes.
+  /// elementwise for blockwise amaxes; with pow2, rounded down to a power
+  /// of two.
   Value scaleFor(OpBuilder &b, Location loc, Value amax, Fp8Format format) {
     auto type = cast<RankedTensorType>(amax.getType());
     Value s = DivOp::create(
@@ -167,7 +194,7 @@ private:
                                     constant(b, loc, type, bad));
       s = SelectOp::create(b, loc, hit, constant(b, loc, type, 1.0), s);
     }
-    return s;
+    return recipe.pow2 ? pow2Floor(b, loc, s) : s;
   }
 
   std::pair<Value, Value> quantize(OpBuilder &b, Location loc, Value x,
@@ -360,7 +387,8 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
     Recipe scaling{recipe == "delayed",
                    recipe == "blockwise" ? static_cast<int64_t>(blockSize) : 0,
                    static_cast<int64_t>(historyLength),
-                   static_cast<int64_t>(margin), amaxCompute == "most_recent"};
+                   static_cast<int64_t>(margin), amaxCompute == "most_recent",
+                   pow2Scale};
 
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>())) {
       if (fn.isExternal())

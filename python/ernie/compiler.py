@@ -25,12 +25,13 @@ _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
 
 _FP8_KEYS = {"recipe": "recipe", "fwd_format": "fwd-format", "grad_format": "grad-format",
              "exclude": "exclude", "include": "include", "history_length": "history-length",
-             "margin": "margin", "amax_compute": "amax-compute", "block_size": "block-size"}
+             "margin": "margin", "amax_compute": "amax-compute", "block_size": "block-size",
+             "pow2_scale": "pow2-scale"}
 
 
 def _fp8_pass(fp8_config: dict) -> str:
     """`fp8_config` as the --ernie-fp8-lowering pass with its options."""
-    unknown = set(fp8_config) - set(_FP8_KEYS) - {"pow2_scale"}
+    unknown = set(fp8_config) - set(_FP8_KEYS)
     if unknown:
         raise ValueError(f"unknown fp8_config keys {sorted(unknown)} (known: {sorted(_FP8_KEYS)})")
     recipe = fp8_config.get("recipe", "current")
@@ -40,9 +41,8 @@ def _fp8_pass(fp8_config: dict) -> str:
         raise ValueError("history_length, margin and amax_compute belong to the delayed recipe")
     if recipe != "blockwise" and "block_size" in fp8_config:
         raise ValueError("block_size belongs to the blockwise recipe")
-    if fp8_config.get("pow2_scale"):
-        raise NotImplementedError("power-of-two scales are not implemented in the lowering yet "
-                                  "(ernie.fp8.quantize has them)")
+    if not isinstance(fp8_config.get("pow2_scale", False), bool):
+        raise ValueError(f"fp8_config.pow2_scale is a bool, not {fp8_config['pow2_scale']!r}")
     for key in ("fwd_format", "grad_format"):
         if fp8_config.get(key, "e4m3") not in ("e4m3", "e5m2"):
             raise ValueError(f"fp8_config.{key} must be 'e4m3' or 'e5m2', not {fp8_config[key]!r}")
@@ -55,8 +55,8 @@ def _fp8_pass(fp8_config: dict) -> str:
             raise ValueError(f"fp8_config.{key} must be an integer >= {least}, not {value!r}")
     options = []
     for key, value in fp8_config.items():
-        if key == "pow2_scale":
-            continue
+        if isinstance(value, bool):
+            value = str(value).lower()
         if '"' in str(value):
             raise ValueError(f"fp8_config.{key} may not contain a double quote")
         options.append(f'{_FP8_KEYS[key]}="{value}"')

@@ -131,7 +131,7 @@ def test_fp8_delayed_scaling_carries_amax_history(fp8_single_rank):
 
 @pytest.mark.parametrize("config,error,match", [
     ({"recipe": "sometimes"}, ValueError, "recipe must be current, delayed or blockwise"),
-    ({"recipe": "blockwise", "pow2_scale": True}, NotImplementedError, "power-of-two scales"),
+    ({"recipe": "blockwise", "pow2_scale": 1}, ValueError, "pow2_scale is a bool"),
     ({"block_size": 8}, ValueError, "block_size belongs to the blockwise recipe"),
     ({"recipe": "blockwise", "block_size": 5}, ValueError, "tiles of 1x5 do not divide"),
     ({"margin": 1}, ValueError, "belong to the delayed recipe"),
@@ -184,13 +184,14 @@ def test_fp8_delayed_scaling_under_dp_mp_equals_single_rank():
     assert "fp8_amax" in prog.mlir
 
 
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-def test_fp8_blockwise_gemm_is_the_product_of_the_quantised_tiles(fmt):
+@pytest.mark.parametrize("fmt,pow2", [("e4m3", False), ("e5m2", False), ("e4m3", True)])
+def test_fp8_blockwise_gemm_is_the_product_of_the_quantised_tiles(fmt, pow2):
     """Blockwise (DeepSeek-V3): the activation in 1x128 tiles along the
     contraction, the weight in 128x128 blocks; the GEMM multiplies the
     dequantised tiles in f32. Equal to the same product of
     ernie.fp8.quantize's tiles (1e-5 of the row's |x||w|: f32 rounding),
-    and an outlier spoils only its own tile."""
+    and an outlier spoils only its own tile. With power-of-two scales
+    (DeepSeek-V3) the lowering's scales are exactly quantize's."""
     rng = np.random.default_rng(4)
     k, n = 256, 128
     x = rng.normal(0, 1, (2, 8, k)).astype(np.float32)
@@ -198,10 +199,13 @@ def test_fp8_blockwise_gemm_is_the_product_of_the_quantised_tiles(fmt):
     model = Projection(k, n, rng)
     w = model.proj.weight.value
     prog = ernie.compile(model, None, [x], differentiate=False,
-                         fp8_config={"recipe": "blockwise", "fwd_format": fmt, "block_size": 128})
+                         fp8_config={"recipe": "blockwise", "fwd_format": fmt, "block_size": 128,
+                                     "pow2_scale": pow2})
     y = prog.forward(x)
-    qx, sx = fp8.quantize(x, fmt, block=(1, 128))
-    qw, sw = fp8.quantize(w, fmt, block=(128, 128))
+    qx, sx = fp8.quantize(x, fmt, block=(1, 128), pow2_scale=pow2)
+    qw, sw = fp8.quantize(w, fmt, block=(128, 128), pow2_scale=pow2)
+    if pow2:
+        assert np.all(np.frexp(sx)[0] == 0.5) and "ernie.pow" in prog.mlir
     dx = fp8.dequantize(qx, sx, fmt, block=(1, 128)).astype(np.float64)
     dw = fp8.dequantize(qw, sw, fmt, block=(128, 128)).astype(np.float64)
     mag = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64)

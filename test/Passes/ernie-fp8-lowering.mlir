@@ -3,6 +3,7 @@
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=4 margin=1" --cse | FileCheck %s --check-prefix=DELAYED
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=delayed history-length=1 amax-compute=most_recent" --cse | FileCheck %s --check-prefix=RECENT
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=recipe=blockwise block-size=4" --cse | FileCheck %s --check-prefix=BLOCK
+// RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd "--ernie-fp8-lowering=pow2-scale=true" --cse | FileCheck %s --check-prefix=POW2
 
 // The current recipe on a two-layer MLP with an LM head. Forward GEMMs take
 // e4m3 activations and weights; the data gradient an e5m2 gradient and the
@@ -100,3 +101,16 @@ func.func @forward(%x: tensor<8x16xf32>, %w1: tensor<16x32xf32> {ernie.param = "
 // BLOCK: ernie.cast %{{.+}} : tensor<2x4x16x1xf32> -> tensor<2x4x16x1xf8E5M2>
 // BLOCK: ernie.matmul %{{.+}}, %{{.+}} {transpose_a} : tensor<8x32xf32>, tensor<8x16xf32> -> tensor<32x16xf32>
 // BLOCK-NOT: scaled_matmul
+
+// Power-of-two scales: 2^trunc(log2 s) (at most 2^127), then a halving where
+// it lies above s and a doubling where twice it still fits.
+// POW2-LABEL: func.func @forward_grad
+// POW2: ernie.full (0x7F800000 : f32) : tensor<f32>
+// POW2: %[[S:.+]] = ernie.select %{{.+}} : tensor<i1>, tensor<f32>
+// POW2: %[[LN:.+]] = ernie.log %[[S]] : tensor<f32>
+// POW2: %[[L2:.+]] = ernie.div %[[LN]], %{{.+}} : tensor<f32>
+// POW2: %[[CAP:.+]] = ernie.minimum %[[L2]], %{{.+}} : tensor<f32>
+// POW2: %[[K:.+]] = ernie.cast %[[CAP]] : tensor<f32> -> tensor<i32>
+// POW2: %[[KF:.+]] = ernie.cast %[[K]] : tensor<i32> -> tensor<f32>
+// POW2: %[[P:.+]] = ernie.pow %{{.+}}, %[[KF]] : tensor<f32>
+// POW2: ernie.compare gt, %[[P]], %[[S]] : tensor<f32>

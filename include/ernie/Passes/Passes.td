@@ -340,6 +340,8 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
            "delayed: max over the history, or most_recent">,
     Option<"blockSize", "block-size", "unsigned", "128",
            "blockwise: tile length along the contraction; weights use squares">,
+    Option<"pow2Scale", "pow2-scale", "bool", "false",
+           "Round every scale down to a power of two (exact dequantisation)">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
