@@ -175,6 +175,15 @@ class Program:
             out.append(np.ascontiguousarray(x))
         return out
 
+    def _call(self, fn, batch, *args):
+        """Runs `fn`; results of narrow float types (bf16, fp8), which the
+        runtime hands over as raw bits, come back as float32 values."""
+        results = self._require_session().call(fn, batch, *args)
+        kinds = [r["dtype"] for r in self._signatures[fn]["results"]]
+        return [_ernie.convert_float(np.ascontiguousarray(r), kind, "f32").reshape(np.shape(r))
+                if kind in ("bf16", "f8E4M3FN", "f8E5M2") else r
+                for r, kind in zip(results, kinds)]
+
     def step(self, *batch) -> float:
         """One training step on a global batch; returns the loss."""
         if self.optimizer is None:
@@ -182,21 +191,21 @@ class Program:
         batch = self._check_batch(batch)
         self.step_count += 1
         lr = self.optimizer.get_lr(self.step_count)
-        (loss, *_rest) = self._require_session().call("train_step", batch, lr, self.step_count)
+        (loss, *_rest) = self._call("train_step", batch, lr, self.step_count)
         return float(loss)
 
     def eval(self, *batch) -> float:
         fn = "eval_step" if "eval_step" in self.functions() else "forward"
-        (loss, *_rest) = self._require_session().call(fn, self._check_batch(batch))
+        (loss, *_rest) = self._call(fn, self._check_batch(batch))
         return float(loss)
 
     def forward(self, *batch):
         """The model's output (global) on a batch."""
-        return self._require_session().call("forward", self._check_batch(batch))[0]
+        return self._call("forward", self._check_batch(batch))[0]
 
     def grad(self, *batch):
         """(loss, {parameter: gradient}) at the current parameters."""
-        results = self._require_session().call("forward_grad", self._check_batch(batch))
+        results = self._call("forward_grad", self._check_batch(batch))
         names = [r["name"] for r in self._signatures["forward_grad"]["arguments"]
                  if r["role"] == "parameter"]
         return float(results[0]), OrderedDict(zip(names, results[1:]))

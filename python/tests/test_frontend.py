@@ -464,3 +464,20 @@ def test_sequence_parallel_replaces_all_reduces(t):
     # more gathers the last layer's output where the region ends (the head).
     assert sp["reduce_scatter[mp]"] == {"count": 2 * layers, "bytes": 2 * layers * act}, sp
     assert sp["all_gather[mp]"] == {"count": 2 * layers + 1, "bytes": (2 * layers + 1) * act // t}, sp
+
+
+def test_bf16_results_come_back_as_values():
+    """The runtime hands narrow floats over as raw bits; the Program API
+    returns their values: a bf16 model's loss and logits equal the f32
+    model's to bf16 rounding (its weights are the f32 ones rounded)."""
+    results = {}
+    for dtype in ("f32", "bf16"):
+        cfg = LlamaConfig(**TINY, dtype=dtype, seed=0)
+        model = LlamaForCausalLM(cfg)
+        ids, labels = batch(cfg)
+        loss = ernie.compile(model, None, [ids, labels], differentiate=False).forward(ids, labels)
+        logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+        results[dtype] = (float(loss), np.asarray(logits))
+    assert results["bf16"][1].dtype == np.float32
+    assert abs(results["bf16"][0] / results["f32"][0] - 1) < 2e-2
+    np.testing.assert_allclose(results["bf16"][1], results["f32"][1], atol=2e-2)
