@@ -278,6 +278,15 @@ struct Gemm {
   bool rhsIsWeight = true;
 };
 
+/// Replaces the GEMM `op` by `y` (its product in another element type),
+/// cast back to the GEMM's type where they differ.
+void replaceGemm(OpBuilder &b, MatmulOp op, Value y) {
+  if (y.getType() != op.getType())
+    y = CastOp::create(b, op.getLoc(), op.getType(), y);
+  op.getResult().replaceAllUsesWith(y);
+  op.erase();
+}
+
 /// Blockwise: tiles along the contraction as the GEMM reads each operand
 /// (1 x block, or block x 1 for a transposed read), block x block for the
 /// weight; the dequantised operands meet in an f32 GEMM.
@@ -298,12 +307,9 @@ LogicalResult lowerBlockwise(const Gemm &gemm, Quantizer &quantizer,
   if (failed(a) || failed(c))
     return failure();
   auto type = cast<RankedTensorType>(op.getType());
-  Value y = MatmulOp::create(b, loc, type.clone(b.getF32Type()), *a, *c,
-                             op.getTransposeAAttr(), op.getTransposeBAttr());
-  if (type.getElementType() != b.getF32Type())
-    y = CastOp::create(b, loc, type, y);
-  op.getResult().replaceAllUsesWith(y);
-  op.erase();
+  replaceGemm(b, op,
+              MatmulOp::create(b, loc, type.clone(b.getF32Type()), *a, *c,
+                               op.getTransposeAAttr(), op.getTransposeBAttr()));
   return success();
 }
 
@@ -316,13 +322,10 @@ void lower(const Gemm &gemm, Quantizer &quantizer) {
   auto type = cast<RankedTensorType>(op.getType());
   Type out = type.getElementType().isBF16() ? type.getElementType()
                                             : Type(b.getF32Type());
-  Value y = ScaledMatmulOp::create(b, loc, type.clone(out), a, c, sa, sc,
-                                   op.getTransposeAAttr(),
-                                   op.getTransposeBAttr());
-  if (out != type.getElementType())
-    y = CastOp::create(b, loc, type, y);
-  op.getResult().replaceAllUsesWith(y);
-  op.erase();
+  replaceGemm(b, op,
+              ScaledMatmulOp::create(b, loc, type.clone(out), a, c, sa, sc,
+                                     op.getTransposeAAttr(),
+                                     op.getTransposeBAttr()));
 }
 
 /// The matmuls a gradient is the (possibly summed, reshaped, constrained)
