@@ -16,7 +16,7 @@ namespace ernie::program {
 
 /// Bumped on every incompatible change of program.fbs or of what its fields
 /// mean; a reader rejects every other version.
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
 
 /// Byte alignment of every buffer in an arena (a cache line; also enough for
 /// any SIMD load the kernels do).

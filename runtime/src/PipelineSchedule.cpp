@@ -1,0 +1,2 @@
+// Placeholder: being written (see PipelineSchedule.h).
+#include "ernie/runtime/PipelineSchedule.h"
