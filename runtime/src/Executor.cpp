@@ -62,7 +62,9 @@ int64_t nowMicros() {
 /// position.)
 bool isBlockingCollective(const std::string &op) {
   return op == "ernie.all_reduce" || op == "ernie.all_gather" ||
-         op == "ernie.reduce_scatter" || op == "ernie.all_to_all";
+         op == "ernie.reduce_scatter" || op == "ernie.all_to_all" ||
+         op == "ernie.send" || op == "ernie.recv" ||
+         op == "ernie.stage_all_reduce" || op == "ernie.stage_broadcast";
 }
 
 ReduceOp reduceKind(const Attrs &attrs) {
@@ -197,6 +199,67 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
   }
 }
 
+int64_t Executor::peerRank(int64_t stage) const {
+  return program_.rankInStage(rank_, stage);
+}
+
+void Executor::runStageOp(const Instruction &inst,
+                          std::vector<TensorView> &buffers) {
+  const PipelineSpec *pipeline = program_.pipeline();
+  if (!pipeline) // Program::load rules this out.
+    throw KernelError("only pipelined programs talk between stages");
+  const int64_t m = pipeline->microBatches, S = program_.numStages();
+  const int64_t channel = inst.attrs.getInt("channel");
+  if (inst.op == "ernie.send" || inst.op == "ernie.recv") {
+    const int64_t tag = channel * m + microBatch_;
+    const int64_t peer = peerRank(inst.attrs.getInt("peer") % S);
+    if (inst.op == "ernie.send") {
+      const TensorView &in = buffers[inst.operands[0]];
+      comm_.send(in.data, bytesOf(in), peer, tag);
+    } else {
+      const TensorView &out = buffers[inst.results[0]];
+      comm_.recv(out.data, bytesOf(out), peer, tag);
+    }
+    return;
+  }
+  // The stage collectives: members in `stages` order, tagged as micro-batch 0.
+  const int64_t tag = channel * m;
+  const std::vector<int64_t> stages = inst.attrs.getInts("stages");
+  const TensorView &in = buffers[inst.operands[0]];
+  const TensorView &out = buffers[inst.results[0]];
+  const size_t bytes = bytesOf(in);
+  if (inst.op == "ernie.stage_broadcast") {
+    if (stages.front() == stage_) {
+      for (int64_t t : stages)
+        if (t != stage_)
+          comm_.send(in.data, bytes, peerRank(t), tag);
+      if (out.data != in.data)
+        std::memmove(out.data, in.data, bytes);
+    } else {
+      comm_.recv(out.data, bytes, peerRank(stages.front()), tag);
+    }
+    return;
+  }
+  // ernie.stage_all_reduce: every member sends its value to every other and
+  // sums all of them in member order, so every member gets the same bits.
+  for (int64_t t : stages)
+    if (t != stage_)
+      comm_.send(in.data, bytes, peerRank(t), tag);
+  std::vector<std::vector<uint8_t>> received(stages.size());
+  std::vector<const void *> values;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i] == stage_) {
+      values.push_back(in.data);
+      continue;
+    }
+    received[i].resize(bytes);
+    comm_.recv(received[i].data(), bytes, peerRank(stages[i]), tag);
+    values.push_back(received[i].data());
+  }
+  // reduceInOrder reads every input before it writes `out`.
+  reduceInOrder(values, out.data, in.numElements(), in.type, ReduceOp::Sum);
+}
+
 /// out = dest with piece (i + shift) mod n along `dim` replaced by `piece`,
 /// i this rank's index in the group of n.
 void Executor::insertShard(const Instruction &inst, const TensorView &dest,
@@ -297,6 +360,13 @@ void Executor::execute(const Function &fn, size_t index,
     (*inst.kernel)(inputs, outputs, inst.attrs);
     return;
   }
+  if (program_.isPipelined() &&
+      (inst.op == "ernie.send" || inst.op == "ernie.recv" ||
+       inst.op == "ernie.stage_all_reduce" ||
+       inst.op == "ernie.stage_broadcast")) {
+    runStageOp(inst, buffers);
+    return;
+  }
   TensorView &out = buffers[inst.results[0]];
   if (inst.op == "ernie.constant") {
     std::memcpy(out.data, inst.data.data(), inst.data.size());
@@ -349,8 +419,17 @@ void Executor::abandonStarted() {
 }
 
 std::vector<HostTensor> Executor::run(const std::string &name,
-                                      const std::vector<HostTensor> &inputs) {
+                                      const std::vector<HostTensor> &inputs,
+                                      int64_t microBatch) {
   const Function &fn = function(name);
+  const PipelineSpec *pipeline = program_.pipeline();
+  if (microBatch < 0 ||
+      microBatch >= (pipeline ? pipeline->microBatches : int64_t(1)))
+    throw std::invalid_argument(
+        "@" + name + ": micro-batch " + std::to_string(microBatch) +
+        " is out of range (the program has " +
+        std::to_string(pipeline ? pipeline->microBatches : 1) + ")");
+  microBatch_ = microBatch;
   if (inputs.size() != fn.arguments.size())
     throw std::invalid_argument("@" + name + " takes " +
                                 std::to_string(fn.arguments.size()) +
@@ -415,6 +494,15 @@ std::vector<HostTensor> Executor::run(const std::string &name,
   }
   return results;
 }
+
+void Executor::recordSpan(const std::string &name, const std::string &function,
+                          int64_t startMicros, int64_t endMicros) {
+  if (options_.trace)
+    record({name, function, /*collective=*/false, startMicros,
+            endMicros - startMicros});
+}
+
+int64_t traceClockMicros() { return nowMicros(); }
 
 void Executor::record(TraceEvent event) {
   std::lock_guard<std::mutex> lock(traceMutex_);

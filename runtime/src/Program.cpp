@@ -1,6 +1,7 @@
 //===- Program.cpp - loading and validating program files --------------------===//
 
 #include "ernie/runtime/Program.h"
+#include "ernie/runtime/PipelineSchedule.h"
 
 #include "ernie/program/program_generated.h"
 #include "ernie/runtime/ProgramFormat.h"
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace ernie::runtime {
@@ -25,25 +27,36 @@ bool ShardingSpec::isReplicated() const {
 namespace {
 
 /// The ops the executor runs itself, besides constants: how many operands
-/// each takes (each has one result) and whether it names a group by axes.
+/// and results each takes and whether it names a group by axes.
 struct ExecutorOpSignature {
   const char *op;
-  size_t operands;
+  size_t operands, results;
   bool needsAxes;
 };
 
 constexpr ExecutorOpSignature kExecutorOps[] = {
-    {"ernie.all_reduce", 1, true},
-    {"ernie.all_gather", 1, true},
-    {"ernie.reduce_scatter", 1, true},
-    {"ernie.all_to_all", 1, true},
-    {"ernie.collective_permute_start", 1, true},
-    {"ernie.wait", 1, false},
-    {"ernie.shard_slice", 1, true},
-    {"ernie.shard_insert", 2, true},
-    {"ernie.partial_init", 1, true},
-    {"ernie.axis_index", 0, false},
+    {"ernie.all_reduce", 1, 1, true},
+    {"ernie.all_gather", 1, 1, true},
+    {"ernie.reduce_scatter", 1, 1, true},
+    {"ernie.all_to_all", 1, 1, true},
+    {"ernie.collective_permute_start", 1, 1, true},
+    {"ernie.wait", 1, 1, false},
+    {"ernie.shard_slice", 1, 1, true},
+    {"ernie.shard_insert", 2, 1, true},
+    {"ernie.partial_init", 1, 1, true},
+    {"ernie.axis_index", 0, 1, false},
+    // Pipelines: point to point between stages (Program.h).
+    {"ernie.send", 1, 0, false},
+    {"ernie.recv", 0, 1, false},
+    {"ernie.stage_all_reduce", 1, 1, false},
+    {"ernie.stage_broadcast", 1, 1, false},
 };
+
+/// The pipeline's point-to-point ops: they talk across stages.
+bool isStageOp(const std::string &op) {
+  return op == "ernie.send" || op == "ernie.recv" ||
+         op == "ernie.stage_all_reduce" || op == "ernie.stage_broadcast";
+}
 
 const ExecutorOpSignature *executorOpSignature(const std::string &op) {
   for (const ExecutorOpSignature &s : kExecutorOps)
@@ -109,6 +122,8 @@ Role decode(fb::Role r, const Checker &check) {
   case fb::Role::LearningRate: return Role::LearningRate;
   case fb::Role::Step: return Role::Step;
   case fb::Role::Loss: return Role::Loss;
+  case fb::Role::Residual: return Role::Residual;
+  case fb::Role::Gradient: return Role::Gradient;
   }
   check.fail("unknown role code " + std::to_string(int(r)));
 }
@@ -327,6 +342,40 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
   return "";
 }
 
+/// Why the executor could not run pipeline op `inst` (its attributes, and
+/// for the stage collectives the result against the operand), or "". What
+/// depends on the stage (peers, member lists) is checked per stage later.
+std::string stageOpProblem(const Instruction &inst, const Function &fn) {
+  auto integer = [&](const char *key, bool nonNegative) -> std::string {
+    int64_t v;
+    try {
+      v = inst.attrs.getInt(key);
+    } catch (const KernelError &) {
+      return std::string("'") + key + "' is missing or not an integer";
+    }
+    if (nonNegative && v < 0)
+      return std::string("'") + key + "' is negative";
+    return "";
+  };
+  std::string problem = integer("channel", true);
+  if (!problem.empty())
+    return problem;
+  if (inst.op == "ernie.send" || inst.op == "ernie.recv")
+    return integer("peer", false);
+  try {
+    inst.attrs.getInts("stages");
+  } catch (const KernelError &) {
+    return "'stages' is missing or not a list of integers";
+  }
+  const BufferSpec &in = fn.buffers[inst.operands[0]];
+  const BufferSpec &out = fn.buffers[inst.results[0]];
+  if (in.type != out.type || in.shape != out.shape)
+    return "the result must be " + shapeString(in.shape) + "x" +
+           std::string(name(in.type)) + " like the operand, not " +
+           shapeString(out.shape) + "x" + std::string(name(out.type));
+  return "";
+}
+
 /// The two buffers share arena bytes.
 bool overlap(const BufferSpec &a, const BufferSpec &b) {
   return a.bytes && b.bytes && a.offset < b.offset + b.bytes &&
@@ -472,12 +521,14 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                       where + ": the constant's data does not fill its buffer");
       } else {
         const ExecutorOpSignature &signature = *executorOpSignature(inst.op);
-        check.require(inst.results.size() == 1 &&
+        check.require(inst.results.size() == signature.results &&
                           inst.operands.size() == signature.operands,
                       where + ": wrong number of operands or results");
         check.require(!inst.axes.empty() || !signature.needsAxes,
                       where + ": a collective needs mesh axes");
-        std::string problem = collectiveShapeProblem(inst, fn, mesh);
+        std::string problem = isStageOp(inst.op)
+                                  ? stageOpProblem(inst, fn)
+                                  : collectiveShapeProblem(inst, fn, mesh);
         check.require(problem.empty(), where + ": " + problem);
       }
       fn.instructions.push_back(std::move(inst));
@@ -486,7 +537,356 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   return fn;
 }
 
+const char *roleName(Role role) {
+  switch (role) {
+  case Role::Input: return "input";
+  case Role::Parameter: return "parameter";
+  case Role::OptimizerState: return "optimizer state";
+  case Role::LearningRate: return "learning rate";
+  case Role::Step: return "step";
+  case Role::Loss: return "loss";
+  case Role::Residual: return "residual";
+  case Role::Gradient: return "gradient";
+  }
+  return "?";
+}
+
+/// k for an input named "input.<k>" (decimal, no sign, no leading zeros),
+/// else -1.
+int64_t batchInputIndex(const std::string &name) {
+  const std::string prefix = "input.";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix))
+    return -1;
+  std::string digits = name.substr(prefix.size());
+  if (digits.size() > 9 || (digits.size() > 1 && digits[0] == '0') ||
+      !std::all_of(digits.begin(), digits.end(),
+                   [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(digits);
+}
+
+/// A program without a Pipeline table has no pipeline roles or ops.
+void checkNotPipelined(const std::vector<std::vector<Function>> &stages,
+                       const Checker &check) {
+  for (size_t s = 0; s < stages.size(); ++s)
+    for (const Function &fn : stages[s]) {
+      const std::string at = "function @" + fn.name;
+      auto roles = [&](const std::vector<TensorSpec> &specs, const char *what) {
+        for (size_t i = 0; i < specs.size(); ++i)
+          check.require(specs[i].role != Role::Residual &&
+                            specs[i].role != Role::Gradient,
+                        at + ", " + what + " " + std::to_string(i) +
+                            ": the role " + roleName(specs[i].role) +
+                            " belongs to pipelined programs (this one has "
+                            "no pipeline)");
+      };
+      roles(fn.arguments, "argument");
+      roles(fn.results, "result");
+      for (size_t i = 0; i < fn.instructions.size(); ++i)
+        check.require(!isStageOp(fn.instructions[i].op),
+                      at + ", instruction #" + std::to_string(i) + " (" +
+                          fn.instructions[i].op +
+                          "): only pipelined programs talk between stages");
+    }
+}
+
+/// Decodes and checks the Pipeline table and everything a pipelined
+/// program's stages must hold (Program.h, program.fbs).
+PipelineSpec decodePipeline(const fb::Program *p,
+                            const std::vector<std::vector<Function>> &stages,
+                            const std::string &stageAxis,
+                            const Checker &check) {
+  const fb::Pipeline *fp = p->pipeline();
+  PipelineSpec spec;
+  spec.microBatches = fp->micro_batches();
+  spec.virtualStages = fp->virtual_stages();
+  spec.schedule = str(fp->schedule());
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  check.require(spec.microBatches >= 1 && spec.microBatches <= kLimit,
+                "has a pipeline of " + std::to_string(spec.microBatches) +
+                    " micro-batches; it needs at least 1");
+  check.require(spec.virtualStages >= 1 && spec.virtualStages <= kLimit,
+                "has a pipeline of " + std::to_string(spec.virtualStages) +
+                    " virtual stages per stage; it needs at least 1");
+  const int64_t S = static_cast<int64_t>(stages.size());
+  const int64_t C = S * spec.virtualStages;
+
+  // The schedule: one list per stage, then the schedule checker.
+  for (int64_t s = 0; s < S; ++s) {
+    const fb::Stage *stage = p->stages()->Get(static_cast<flatbuffers::uoffset_t>(s));
+    std::vector<PipelineStep> steps;
+    if (stage->schedule())
+      for (const fb::PipelineStep *step : *stage->schedule()) {
+        PipelineAction action;
+        switch (step->action()) {
+        case fb::PipelineAction::Forward: action = PipelineAction::Forward; break;
+        case fb::PipelineAction::Backward: action = PipelineAction::Backward; break;
+        default:
+          check.fail("stage " + std::to_string(s) +
+                     "'s schedule has an unknown action code " +
+                     std::to_string(int(step->action())));
+        }
+        steps.push_back({action, step->chunk(), step->micro_batch()});
+      }
+    spec.steps.push_back(std::move(steps));
+  }
+  PipelineShape shape;
+  shape.stages = S;
+  shape.virtualStages = spec.virtualStages;
+  shape.microBatches = spec.microBatches;
+  std::string problem = checkSchedule(spec.steps, shape);
+  check.require(problem.empty(), "has a pipeline schedule (" + spec.schedule +
+                                     ") that cannot run: " + problem);
+
+  std::map<int64_t, const TensorSpec *> inputs; // k -> first spec seen
+  std::map<int64_t, std::string> inputWhere;
+  for (int64_t s = 0; s < S; ++s) {
+    const std::vector<Function> &fns = stages[s];
+    const std::string inStage = " (stage " + std::to_string(s) + ")";
+    auto find = [&](const std::string &name) -> const Function * {
+      for (const Function &fn : fns)
+        if (fn.name == name)
+          return &fn;
+      return nullptr;
+    };
+    auto need = [&](const std::string &name) -> const Function & {
+      const Function *fn = find(name);
+      if (!fn)
+        check.fail("stage " + std::to_string(s) + " has no @" + name +
+                   ", which its pipeline needs");
+      return *fn;
+    };
+    auto at = [&](const Function &fn) { return "function @" + fn.name + inStage; };
+    auto argAt = [&](const Function &fn, size_t i, const char *what) {
+      return at(fn) + ", " + what + " " + std::to_string(i);
+    };
+    /// Every argument's role is one of `allowed`.
+    auto argRoles = [&](const Function &fn, std::initializer_list<Role> allowed) {
+      for (size_t i = 0; i < fn.arguments.size(); ++i) {
+        const TensorSpec &arg = fn.arguments[i];
+        check.require(std::find(allowed.begin(), allowed.end(), arg.role) !=
+                          allowed.end(),
+                      argAt(fn, i, "argument") + ": a " + roleName(arg.role) +
+                          " argument has no place here");
+        if (arg.role == Role::Parameter || arg.role == Role::OptimizerState ||
+            arg.role == Role::Residual || arg.role == Role::Gradient)
+          check.require(!arg.name.empty(), argAt(fn, i, "argument") +
+                                               ": a " + roleName(arg.role) +
+                                               " needs a name");
+        if (arg.role == Role::Input) {
+          int64_t k = batchInputIndex(arg.name);
+          check.require(k >= 0, argAt(fn, i, "argument") + ": a batch input "
+                                                           "is named input.<k>, "
+                                                           "not '" +
+                                    arg.name + "'");
+          check.require(!arg.globalShape.empty(),
+                        argAt(fn, i, "argument") +
+                            ": a batch input needs a dimension 0 to split "
+                            "into micro-batches");
+          auto [it, fresh] = inputs.emplace(k, &arg);
+          if (fresh)
+            inputWhere[k] = argAt(fn, i, "argument");
+          else
+            check.require(it->second->globalShape == arg.globalShape,
+                          argAt(fn, i, "argument") + ": micro-batch " +
+                              shapeString(arg.globalShape) + " of " + arg.name +
+                              " differs from " + inputWhere[k] + "'s " +
+                              shapeString(it->second->globalShape));
+        }
+      }
+    };
+    /// The number of `role` results; each is a replicated scalar if a loss.
+    auto countResults = [&](const Function &fn, Role role) {
+      int64_t n = 0;
+      for (size_t i = 0; i < fn.results.size(); ++i) {
+        const TensorSpec &res = fn.results[i];
+        if (res.role != role)
+          continue;
+        ++n;
+        if (role == Role::Loss)
+          check.require(elementsOf(res.localShape) == 1 &&
+                            elementsOf(res.globalShape) == 1 &&
+                            res.sharding.partials.empty(),
+                        argAt(fn, i, "result") +
+                            ": a pipelined loss must be a replicated scalar "
+                            "(no pending reduction)");
+      }
+      return n;
+    };
+    auto onlyResults = [&](const Function &fn, std::initializer_list<Role> allowed) {
+      for (size_t i = 0; i < fn.results.size(); ++i) {
+        const TensorSpec &res = fn.results[i];
+        check.require(std::find(allowed.begin(), allowed.end(), res.role) !=
+                          allowed.end(),
+                      argAt(fn, i, "result") + ": a " + roleName(res.role) +
+                          " result has no place here");
+      }
+    };
+    auto sameLocal = [](const TensorSpec &a, const TensorSpec &b) {
+      return a.type == b.type && a.localShape == b.localShape;
+    };
+    auto typeString = [](const TensorSpec &t) {
+      return shapeString(t.localShape) + "x" + std::string(name(t.type));
+    };
+
+    std::map<std::string, const TensorSpec *> gradients; // this stage's
+    for (int64_t c = s; c < C; c += S) {
+      const bool last = c == C - 1;
+      const Function &fwd = need(pipelineFunction("train_forward", c));
+      const Function &bwd = need(pipelineFunction("train_backward", c));
+      const Function &ev = need(pipelineFunction("eval_forward", c));
+      argRoles(fwd, {Role::Parameter, Role::Input});
+      onlyResults(fwd, {Role::Residual, Role::Loss});
+      int64_t losses = countResults(fwd, Role::Loss);
+      if (last)
+        check.require(losses == 1, at(fwd) + ": the last chunk's forward "
+                                             "needs exactly one loss result, "
+                                             "not " + std::to_string(losses));
+      else
+        check.require(losses == 0, at(fwd) + ": only the last chunk's (" +
+                                       std::to_string(C - 1) +
+                                       ") forward has a loss");
+      std::map<std::string, const TensorSpec *> residuals;
+      for (size_t i = 0; i < fwd.results.size(); ++i) {
+        const TensorSpec &res = fwd.results[i];
+        if (res.role != Role::Residual)
+          continue;
+        check.require(!res.name.empty(), argAt(fwd, i, "result") +
+                                             ": a residual needs a name");
+        check.require(residuals.emplace(res.name, &res).second,
+                      argAt(fwd, i, "result") + ": a second residual named '" +
+                          res.name + "'");
+      }
+      argRoles(bwd, {Role::Parameter, Role::Input, Role::Residual});
+      for (size_t i = 0; i < bwd.arguments.size(); ++i) {
+        const TensorSpec &arg = bwd.arguments[i];
+        if (arg.role != Role::Residual)
+          continue;
+        auto it = residuals.find(arg.name);
+        check.require(it != residuals.end(),
+                      argAt(bwd, i, "argument") + ": @" + fwd.name +
+                          " has no residual named '" + arg.name + "'");
+        check.require(sameLocal(*it->second, arg),
+                      argAt(bwd, i, "argument") + ": residual '" + arg.name +
+                          "' is " + typeString(arg) + " here but @" + fwd.name +
+                          " makes it " + typeString(*it->second));
+      }
+      onlyResults(bwd, {Role::Gradient});
+      std::set<std::string> own;
+      for (size_t i = 0; i < bwd.results.size(); ++i) {
+        const TensorSpec &res = bwd.results[i];
+        check.require(!res.name.empty(),
+                      argAt(bwd, i, "result") + ": a gradient needs a name");
+        check.require(own.insert(res.name).second,
+                      argAt(bwd, i, "result") + ": a second gradient of '" +
+                          res.name + "'");
+        auto [it, fresh] = gradients.emplace(res.name, &res);
+        check.require(fresh || sameLocal(*it->second, res),
+                      argAt(bwd, i, "result") + ": the gradient of '" +
+                          res.name + "' is " + typeString(res) +
+                          " here but " + typeString(*it->second) +
+                          " in another chunk of the stage");
+      }
+      argRoles(ev, {Role::Parameter, Role::Input});
+      int64_t evalLosses = countResults(ev, Role::Loss);
+      if (last)
+        check.require(evalLosses == 1, at(ev) + ": the last chunk's eval "
+                                                "forward needs exactly one "
+                                                "loss result, not " +
+                                           std::to_string(evalLosses));
+    }
+    const Function &update = need(pipelineFunction("train_update", s));
+    argRoles(update, {Role::Parameter, Role::Gradient, Role::OptimizerState,
+                      Role::LearningRate, Role::Step});
+    for (size_t i = 0; i < update.arguments.size(); ++i) {
+      const TensorSpec &arg = update.arguments[i];
+      if (arg.role != Role::Gradient)
+        continue;
+      auto it = gradients.find(arg.name);
+      check.require(it != gradients.end(),
+                    argAt(update, i, "argument") + ": no backward of stage " +
+                        std::to_string(s) + " makes the gradient of '" +
+                        arg.name + "'");
+      check.require(sameLocal(*it->second, arg),
+                    argAt(update, i, "argument") + ": the gradient of '" +
+                        arg.name + "' is " + typeString(arg) +
+                        " here but the backward makes " +
+                        typeString(*it->second));
+    }
+    if (const Function *init = find(pipelineFunction("init", s)))
+      argRoles(*init, {Role::Parameter});
+
+    // Across stages only through the pipeline's own ops: no sharding or
+    // collective names the stage axis; peers and members are other stages.
+    for (const Function &fn : fns) {
+      auto noStageAxis = [&](const std::vector<TensorSpec> &specs,
+                             const char *what) {
+        if (stageAxis.empty())
+          return;
+        for (size_t i = 0; i < specs.size(); ++i) {
+          bool named = false;
+          for (const Axes &axes : specs[i].sharding.dims)
+            named |= std::find(axes.begin(), axes.end(), stageAxis) != axes.end();
+          for (const auto &partial : specs[i].sharding.partials)
+            named |= partial.first == stageAxis;
+          check.require(!named, argAt(fn, i, what) +
+                                    ": its sharding names the stage axis '" +
+                                    stageAxis + "'");
+        }
+      };
+      noStageAxis(fn.arguments, "argument");
+      noStageAxis(fn.results, "result");
+      for (size_t i = 0; i < fn.instructions.size(); ++i) {
+        const Instruction &inst = fn.instructions[i];
+        const std::string where = at(fn) + ", instruction #" +
+                                  std::to_string(i) + " (" + inst.op + ")";
+        check.require(stageAxis.empty() ||
+                          std::find(inst.axes.begin(), inst.axes.end(),
+                                    stageAxis) == inst.axes.end(),
+                      where + ": a collective over the stage axis '" +
+                          stageAxis + "' (stages talk through ernie.send, "
+                                      "ernie.recv and the stage collectives)");
+        if (inst.op == "ernie.send" || inst.op == "ernie.recv") {
+          int64_t peer = inst.attrs.getInt("peer");
+          check.require(peer >= 0 && peer < C,
+                        where + ": peer chunk " + std::to_string(peer) +
+                            " is not one of the " + std::to_string(C) +
+                            " chunks");
+          check.require(peer % S != s, where + ": peer chunk " +
+                                           std::to_string(peer) +
+                                           " is on this stage");
+        } else if (inst.op == "ernie.stage_all_reduce" ||
+                   inst.op == "ernie.stage_broadcast") {
+          std::vector<int64_t> members = inst.attrs.getInts("stages");
+          bool sorted = true;
+          for (size_t j = 1; j < members.size(); ++j)
+            sorted &= members[j - 1] < members[j];
+          check.require(sorted && !members.empty() && members.front() >= 0 &&
+                            members.back() < S,
+                        where + ": 'stages' must be distinct stages in [0, " +
+                            std::to_string(S) + "), ascending");
+          check.require(std::find(members.begin(), members.end(), s) !=
+                            members.end(),
+                        where + ": 'stages' does not hold this stage");
+        }
+      }
+    }
+  }
+  for (const auto &[k, first] : inputs) {
+    check.require(k == static_cast<int64_t>(spec.inputs.size()),
+                  "has no function taking batch input input." +
+                      std::to_string(spec.inputs.size()) +
+                      " (inputs are numbered from 0 without gaps)");
+    spec.inputs.push_back(*first);
+  }
+  return spec;
+}
+
 } // namespace
+
+std::string pipelineFunction(const std::string &kind, int64_t index) {
+  return kind + "." + std::to_string(index);
+}
 
 Program Program::parse(const void *data, size_t size,
                        const std::string &source) {
@@ -554,6 +954,11 @@ Program Program::parse(const void *data, size_t size,
   check.require(program.numStages() == expectedStages,
                 "has " + std::to_string(program.numStages()) +
                     " stages; its mesh needs " + std::to_string(expectedStages));
+  if (p->pipeline())
+    program.pipeline_ =
+        decodePipeline(p, program.stages_, program.stageAxis_, check);
+  else
+    checkNotPipelined(program.stages_, check);
   return program;
 }
 
@@ -576,6 +981,54 @@ int64_t Program::stageOf(int64_t rank) const {
   if (stageAxis_.empty())
     return 0;
   return mesh_.coordinates(rank)[mesh_.axisIndex(stageAxis_)];
+}
+
+std::vector<int64_t> Program::chunksOf(int64_t stage) const {
+  std::vector<int64_t> chunks;
+  for (int64_t c = stage; c < numChunks(); c += numStages())
+    chunks.push_back(c);
+  return chunks;
+}
+
+int64_t Program::numChunks() const {
+  return numStages() * (pipeline_ ? pipeline_->virtualStages : 1);
+}
+
+int64_t Program::rankInStage(int64_t rank, int64_t stage) const {
+  if (stageAxis_.empty())
+    return rank;
+  std::vector<int64_t> coords = mesh_.coordinates(rank);
+  coords[mesh_.axisIndex(stageAxis_)] = stage;
+  return mesh_.rankOf(coords);
+}
+
+static bool takesState(const Function &fn, const std::string &name) {
+  for (const TensorSpec &arg : fn.arguments)
+    if (arg.name == name &&
+        (arg.role == Role::Parameter || arg.role == Role::OptimizerState))
+      return true;
+  return false;
+}
+
+std::vector<int64_t> Program::stagesHolding(const std::string &name) const {
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < numStages(); ++s)
+    for (const Function &fn : stages_[s])
+      if (takesState(fn, name)) {
+        out.push_back(s);
+        break;
+      }
+  return out;
+}
+
+std::vector<std::string> Program::stateNames() const {
+  std::set<std::string> names;
+  for (const auto &fns : stages_)
+    for (const Function &fn : fns)
+      for (const TensorSpec &arg : fn.arguments)
+        if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
+          names.insert(arg.name);
+  return {names.begin(), names.end()};
 }
 
 const Function *Program::function(int64_t stage, const std::string &name) const {

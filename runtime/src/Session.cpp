@@ -3,7 +3,9 @@
 #include "ernie/runtime/Session.h"
 
 #include <cmath>
+#include <cstring>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 namespace ernie::runtime {
@@ -50,6 +52,64 @@ HostTensor scalar(DType type, double value) {
   return convert(wide, type);
 }
 
+double scalarValue(const HostTensor &t) {
+  return *convert(t, DType::F64).as<double>();
+}
+
+/// The tag of the loss the last stage sends the others after a pipelined
+/// step: below every program tag (channel * micro_batches + k >= 0).
+constexpr int64_t kLossTag = -1;
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+/// Rows [begin, begin + count) of `t` along dimension 0 (contiguous).
+HostTensor rowsOf(const HostTensor &t, int64_t begin, int64_t count) {
+  std::vector<int64_t> shape = t.shape;
+  shape[0] = count;
+  HostTensor out(t.type, shape);
+  if (!out.bytes.empty())
+    std::memcpy(out.bytes.data(),
+                t.bytes.data() + begin * (t.bytes.size() / t.shape[0]),
+                out.bytes.size());
+  return out;
+}
+
+/// k of a batch input "input.<k>" (Program::load checked the name).
+size_t batchInput(const TensorSpec &arg) {
+  return static_cast<size_t>(std::stoll(arg.name.substr(6)));
+}
+
+/// A state's first value: from `source`, else the default — a parameter
+/// drawn from the seeded generator, a master weight ("<p>:master") as its
+/// parameter `findParam(p)` starts, other slots zero.
+HostTensor initialValue(
+    const TensorSpec &spec, const StateSource &source, uint64_t seed,
+    const std::function<const TensorSpec *(const std::string &)> &findParam) {
+  if (source)
+    if (std::optional<HostTensor> given = source(spec))
+      return convert(*given, spec.type);
+  if (spec.role == Role::Parameter)
+    return defaultParameter(spec, seed);
+  const std::string suffix = ":master";
+  if (spec.name.size() > suffix.size() &&
+      spec.name.compare(spec.name.size() - suffix.size(), suffix.size(),
+                        suffix) == 0) {
+    std::string param = spec.name.substr(0, spec.name.size() - suffix.size());
+    if (const TensorSpec *p = findParam(param)) {
+      std::optional<HostTensor> given = source ? source(*p) : std::nullopt;
+      return convert(given ? *given : defaultParameter(*p, seed), spec.type);
+    }
+  }
+  return HostTensor(spec.type, spec.globalShape);
+}
+
 } // namespace
 
 HostTensor defaultParameter(const TensorSpec &spec, uint64_t seed) {
@@ -76,34 +136,37 @@ RankRunner::RankRunner(const Program &program, Communicator &comm,
 
 void RankRunner::initState(const std::string &fnName, const StateSource &source,
                            uint64_t seed) {
+  if (program_.isPipelined()) {
+    requirePipelinedName(fnName);
+    initPipelinedState(source, seed);
+    return;
+  }
   const Function &fn = function(fnName);
   const Mesh &mesh = program_.mesh();
-  auto initial = [&](const TensorSpec &spec) -> HostTensor {
-    if (source)
-      if (std::optional<HostTensor> given = source(spec))
-        return convert(*given, spec.type);
-    if (spec.role == Role::Parameter)
-      return defaultParameter(spec, seed);
-    // A master weight starts as its parameter; other slots start at zero.
-    const std::string suffix = ":master";
-    if (spec.name.size() > suffix.size() &&
-        spec.name.compare(spec.name.size() - suffix.size(), suffix.size(),
-                          suffix) == 0) {
-      std::string param = spec.name.substr(0, spec.name.size() - suffix.size());
-      if (const TensorSpec *p = findArgument(fn, param)) {
-        std::optional<HostTensor> given = source ? source(*p) : std::nullopt;
-        return convert(given ? *given : defaultParameter(*p, seed), spec.type);
-      }
-    }
-    return HostTensor(spec.type, spec.globalShape);
-  };
+  auto findParam = [&](const std::string &name) { return findArgument(fn, name); };
   for (const TensorSpec &arg : fn.arguments)
     if (isState(arg) && !state_.count(arg.name))
-      state_[arg.name] = {arg, pieceOf(initial(arg), arg, mesh, comm_.rank())};
+      state_[arg.name] = {arg, pieceOf(initialValue(arg, source, seed, findParam),
+                                       arg, mesh, comm_.rank())};
+  initialised_ = true;
 }
 
 void RankRunner::setState(const std::string &fnName, const std::string &name,
                           const HostTensor &global) {
+  if (program_.isPipelined()) {
+    requirePipelinedName(fnName);
+    auto held = state_.find(name);
+    const TensorSpec *found =
+        held != state_.end() ? &held->second.spec : stageStateSpec(name);
+    if (!found)
+      throw std::invalid_argument(
+          "stage " + std::to_string(executor_.stage()) +
+          " has no state named '" + name + "'");
+    TensorSpec spec = *found;
+    state_[name] = {spec, pieceOf(convert(global, spec.type), spec,
+                                  program_.mesh(), comm_.rank())};
+    return;
+  }
   const TensorSpec *spec = findArgument(function(fnName), name);
   if (!spec)
     throw std::invalid_argument("@" + fnName + " has no state named '" + name +
@@ -146,8 +209,11 @@ const HostTensor &RankRunner::stateFor(const TensorSpec &spec) {
                                 "' has no value yet (initState first)");
   State &state = it->second;
   if (!sameLayout(state.spec, spec)) {
-    // Every rank calls the same function, so every rank gathers here too.
-    HostTensor global = gather(state.spec, state.piece);
+    // Every rank calls the same function (pipelines: every rank of the
+    // stage), so every such rank gathers here too.
+    HostTensor global = program_.isPipelined()
+                            ? gatherInStage(state.spec, state.piece)
+                            : gather(state.spec, state.piece);
     state = {spec, pieceOf(convert(global, spec.type), spec, program_.mesh(),
                            comm_.rank())};
   }
@@ -164,6 +230,15 @@ std::vector<std::string> RankRunner::stateNames() const {
 std::vector<HostTensor> RankRunner::call(const std::string &fnName,
                                          const std::vector<HostTensor> &inputs,
                                          double lr, int64_t step) {
+  if (program_.isPipelined())
+    return callPipelined(fnName, inputs, lr, step);
+  return callFunction(fnName, inputs, lr, step);
+}
+
+std::vector<HostTensor>
+RankRunner::callFunction(const std::string &fnName,
+                         const std::vector<HostTensor> &inputs, double lr,
+                         int64_t step, int64_t microBatch) {
   const Function &fn = function(fnName);
   std::vector<HostTensor> local;
   size_t next = 0;
@@ -179,6 +254,10 @@ std::vector<HostTensor> RankRunner::call(const std::string &fnName,
     case Role::Step:
       local.push_back(scalar(arg.type, static_cast<double>(step)));
       break;
+    case Role::Residual:
+    case Role::Gradient: // Program::load keeps these to pipelines.
+      throw std::invalid_argument("@" + fnName + " takes a pipeline's " +
+                                  "residual or gradient");
     case Role::Input:
     case Role::Loss:
       if (next == inputs.size())
@@ -193,7 +272,7 @@ std::vector<HostTensor> RankRunner::call(const std::string &fnName,
   if (next != inputs.size())
     throw std::invalid_argument("@" + fnName + " takes " + std::to_string(next) +
                                 " inputs, not " + std::to_string(inputs.size()));
-  std::vector<HostTensor> results = executor_.run(fnName, local);
+  std::vector<HostTensor> results = executor_.run(fnName, local, microBatch);
   for (size_t i = 0; i < results.size(); ++i)
     if (!fn.results[i].updates.empty())
       state_[fn.results[i].updates] = {stateLayout(fn, fn.results[i]), results[i]};
@@ -213,6 +292,312 @@ HostTensor RankRunner::gather(const TensorSpec &spec, const HostTensor &local) {
   return assemble(pieces, spec, mesh);
 }
 
+HostTensor RankRunner::gatherInStage(const TensorSpec &spec,
+                                     const HostTensor &local) {
+  const Mesh &mesh = program_.mesh();
+  Axes axes;
+  for (const std::string &axis : mesh.axisNames())
+    if (axis != program_.stageAxis())
+      axes.push_back(axis);
+  size_t bytes = local.bytes.size();
+  int64_t members = axes.empty() ? 1 : mesh.group(comm_.rank(), axes).size();
+  std::vector<uint8_t> all(bytes * members);
+  if (members == 1)
+    std::copy(local.bytes.begin(), local.bytes.end(), all.begin());
+  else
+    comm_.allGather(local.bytes.data(), all.data(), bytes, axes);
+  // Every rank's piece is its counterpart's in this stage: shardings never
+  // name the stage axis (Program::load).
+  std::vector<HostTensor> pieces(mesh.numRanks(),
+                                 HostTensor(spec.type, spec.localShape));
+  for (int64_t r = 0; r < mesh.numRanks(); ++r) {
+    int64_t j = axes.empty() ? 0 : mesh.indexInGroup(r, axes);
+    std::copy(all.begin() + j * bytes, all.begin() + (j + 1) * bytes,
+              pieces[r].bytes.begin());
+  }
+  return assemble(pieces, spec, mesh);
+}
+
+//===----------------------------------------------------------------------===//
+// RankRunner: pipelines
+//===----------------------------------------------------------------------===//
+
+void RankRunner::requirePipelinedName(const std::string &fn) const {
+  if (fn != "train_step" && fn != "eval_step")
+    throw std::invalid_argument(program_.source() +
+                                ": a pipelined program runs train_step and "
+                                "eval_step, not '" + fn + "'");
+}
+
+std::vector<const Function *> RankRunner::stageFunctions() const {
+  const int64_t s = executor_.stage();
+  std::vector<const Function *> fns;
+  auto add = [&](const std::string &name) {
+    if (const Function *fn = program_.function(s, name))
+      if (std::find(fns.begin(), fns.end(), fn) == fns.end())
+        fns.push_back(fn);
+  };
+  add(pipelineFunction("train_update", s));
+  for (int64_t c : program_.chunksOf(s)) {
+    add(pipelineFunction("train_forward", c));
+    add(pipelineFunction("train_backward", c));
+    add(pipelineFunction("eval_forward", c));
+  }
+  add(pipelineFunction("init", s));
+  for (const Function &fn : program_.functions(s))
+    add(fn.name);
+  return fns;
+}
+
+const TensorSpec *RankRunner::stageStateSpec(const std::string &name) const {
+  for (const Function *fn : stageFunctions())
+    if (const TensorSpec *spec = findArgument(*fn, name))
+      return spec;
+  return nullptr;
+}
+
+void RankRunner::initPipelinedState(const StateSource &source, uint64_t seed) {
+  const int64_t s = executor_.stage();
+  const Mesh &mesh = program_.mesh();
+  auto findParam = [&](const std::string &name) -> const TensorSpec * {
+    const TensorSpec *spec = stageStateSpec(name);
+    return spec && spec->role == Role::Parameter ? spec : nullptr;
+  };
+  try {
+    for (const Function *fn : stageFunctions())
+      for (const TensorSpec &arg : fn->arguments)
+        if (isState(arg) && !state_.count(arg.name))
+          state_[arg.name] = {arg,
+                              pieceOf(initialValue(arg, source, seed, findParam),
+                                      arg, mesh, comm_.rank())};
+  } catch (const std::exception &e) {
+    // Stages with an @init.<s> are about to talk to this one: stop them.
+    bool anyInit = false;
+    for (int64_t t = 0; t < program_.numStages(); ++t)
+      anyInit |= program_.function(t, pipelineFunction("init", t)) != nullptr;
+    if (anyInit)
+      comm_.abort("rank " + std::to_string(comm_.rank()) +
+                  ": initState: " + e.what());
+    throw;
+  }
+  if (initialised_)
+    return;
+  initialised_ = true;
+  const std::string init = pipelineFunction("init", s);
+  if (program_.function(s, init))
+    callFunction(init, {}, 0.0, 1);
+}
+
+std::vector<HostTensor> RankRunner::pipelineArguments(
+    const Function &fn, const std::vector<std::vector<HostTensor>> &micro,
+    int64_t k, const std::function<HostTensor(const TensorSpec &)> &extra) {
+  std::vector<HostTensor> args;
+  for (const TensorSpec &arg : fn.arguments) {
+    switch (arg.role) {
+    case Role::Parameter:
+    case Role::OptimizerState:
+      args.push_back(stateFor(arg));
+      break;
+    case Role::Input:
+      args.push_back(pieceOf(convert(micro[batchInput(arg)][k], arg.type), arg,
+                             program_.mesh(), comm_.rank()));
+      break;
+    default:
+      args.push_back(extra(arg));
+      break;
+    }
+  }
+  return args;
+}
+
+std::vector<double> RankRunner::trainPipelined(
+    const std::vector<std::vector<HostTensor>> &micro, double lr, int64_t step) {
+  const PipelineSpec &pipeline = *program_.pipeline();
+  const int64_t s = executor_.stage(), lastChunk = program_.numChunks() - 1;
+  const bool tracing = executor_.tracing();
+  // Residuals by (chunk, micro-batch) between a forward and its backward;
+  // gradient sums by name.
+  std::map<std::pair<int64_t, int64_t>, std::map<std::string, HostTensor>> kept;
+  std::map<std::string, HostTensor> sums;
+  std::vector<double> losses(pipeline.microBatches, 0.0);
+  for (const PipelineStep &st : pipeline.steps[s]) {
+    const int64_t c = st.chunk, k = st.microBatch;
+    const bool forward = st.action == PipelineAction::Forward;
+    const std::string name =
+        pipelineFunction(forward ? "train_forward" : "train_backward", c);
+    const Function &fn = executor_.function(name);
+    int64_t begin = tracing ? traceClockMicros() : 0;
+    std::map<std::string, HostTensor> residuals;
+    if (!forward) {
+      auto it = kept.find({c, k});
+      if (it == kept.end()) // checkSchedule rules this out.
+        throw std::logic_error("B" + std::to_string(c) + " mb" +
+                               std::to_string(k) + " before its forward");
+      residuals = std::move(it->second);
+      kept.erase(it);
+    }
+    std::vector<HostTensor> args =
+        pipelineArguments(fn, micro, k, [&](const TensorSpec &arg) {
+          // Residual (Program::load matched every name to the forward's).
+          auto it = residuals.find(arg.name);
+          if (it == residuals.end())
+            throw std::logic_error("no residual '" + arg.name + "'");
+          return it->second;
+        });
+    std::vector<HostTensor> results = executor_.run(name, args, k);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const TensorSpec &res = fn.results[i];
+      if (forward && res.role == Role::Residual) {
+        kept[{c, k}][res.name] = std::move(results[i]);
+      } else if (forward && res.role == Role::Loss && c == lastChunk) {
+        losses[k] = scalarValue(results[i]);
+      } else if (!forward && res.role == Role::Gradient) {
+        auto [it, fresh] = sums.emplace(res.name, results[i]);
+        if (!fresh)
+          reduceInto(it->second.bytes.data(), results[i].bytes.data(),
+                     results[i].numElements(), res.type, ReduceOp::Sum);
+      }
+    }
+    if (tracing)
+      executor_.recordSpan((forward ? "F" : "B") + std::to_string(c) + " mb" +
+                               std::to_string(k),
+                           name, begin, traceClockMicros());
+  }
+
+  const std::string name = pipelineFunction("train_update", s);
+  const Function &fn = executor_.function(name);
+  int64_t begin = tracing ? traceClockMicros() : 0;
+  std::vector<HostTensor> args =
+      pipelineArguments(fn, micro, 0, [&](const TensorSpec &arg) -> HostTensor {
+        switch (arg.role) {
+        case Role::LearningRate:
+          return scalar(arg.type, lr);
+        case Role::Step:
+          return scalar(arg.type, static_cast<double>(step));
+        default: { // Role::Gradient
+          auto it = sums.find(arg.name);
+          if (it == sums.end())
+            throw std::runtime_error("@" + name + ": no backward on stage " +
+                                     std::to_string(s) +
+                                     " made the gradient of '" + arg.name + "'");
+          return it->second;
+        }
+        }
+      });
+  std::vector<HostTensor> results = executor_.run(name, args, 0);
+  for (size_t i = 0; i < results.size(); ++i)
+    if (!fn.results[i].updates.empty())
+      state_[fn.results[i].updates] = {stateLayout(fn, fn.results[i]),
+                                       std::move(results[i])};
+  if (tracing)
+    executor_.recordSpan("update", name, begin, traceClockMicros());
+  if (program_.stageOf(comm_.rank()) != lastChunk % program_.numStages())
+    return {};
+  return losses;
+}
+
+std::vector<double> RankRunner::evalPipelined(
+    const std::vector<std::vector<HostTensor>> &micro) {
+  const PipelineSpec &pipeline = *program_.pipeline();
+  const int64_t s = executor_.stage(), lastChunk = program_.numChunks() - 1;
+  const bool tracing = executor_.tracing();
+  std::vector<double> losses(pipeline.microBatches, 0.0);
+  for (int64_t k = 0; k < pipeline.microBatches; ++k)
+    for (int64_t c : program_.chunksOf(s)) {
+      const std::string name = pipelineFunction("eval_forward", c);
+      const Function &fn = executor_.function(name);
+      int64_t begin = tracing ? traceClockMicros() : 0;
+      std::vector<HostTensor> args =
+          pipelineArguments(fn, micro, k, [&](const TensorSpec &) -> HostTensor {
+            throw std::logic_error("@" + name + " takes neither state nor "
+                                   "batch input");
+          });
+      std::vector<HostTensor> results = executor_.run(name, args, k);
+      if (c == lastChunk)
+        for (size_t i = 0; i < results.size(); ++i)
+          if (fn.results[i].role == Role::Loss)
+            losses[k] = scalarValue(results[i]);
+      if (tracing)
+        executor_.recordSpan("F" + std::to_string(c) + " mb" + std::to_string(k),
+                             name, begin, traceClockMicros());
+    }
+  if (s != lastChunk % program_.numStages())
+    return {};
+  return losses;
+}
+
+std::vector<HostTensor>
+RankRunner::callPipelined(const std::string &fnName,
+                          const std::vector<HostTensor> &inputs, double lr,
+                          int64_t step) {
+  requirePipelinedName(fnName);
+  const PipelineSpec &pipeline = *program_.pipeline();
+  const int64_t m = pipeline.microBatches;
+  // What every rank checks alike, before anything talks: a mistake here
+  // leaves the session usable.
+  if (inputs.size() != pipeline.inputs.size())
+    throw std::invalid_argument(
+        "@" + fnName + " of this pipelined program takes " +
+        std::to_string(pipeline.inputs.size()) + " batch inputs, not " +
+        std::to_string(inputs.size()));
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    std::vector<int64_t> microShape = pipeline.inputs[k].globalShape,
+                         want = microShape;
+    want[0] *= m;
+    if (inputs[k].shape != want)
+      throw std::invalid_argument(
+          "@" + fnName + ": batch input " + std::to_string(k) + " must be " +
+          shapeText(want) + " (" + std::to_string(m) + " micro-batches of " +
+          shapeText(microShape) + "), not " + shapeText(inputs[k].shape));
+  }
+  if (!initialised_)
+    throw std::invalid_argument("@" + fnName +
+                                ": the state has no value yet (initState "
+                                "first)");
+  std::vector<std::vector<HostTensor>> micro(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    int64_t rows = pipeline.inputs[k].globalShape[0];
+    for (int64_t mb = 0; mb < m; ++mb)
+      micro[k].push_back(rowsOf(inputs[k], mb * rows, rows));
+  }
+
+  // From here on a failure on this rank must stop the others, which may be
+  // waiting for it.
+  auto stop = [&](const std::string &cause) {
+    std::string message = "rank " + std::to_string(comm_.rank()) + ": @" +
+                          fnName + ": " + cause;
+    comm_.abort(message);
+    return message;
+  };
+  try {
+    std::vector<double> losses = fnName == "train_step"
+                                     ? trainPipelined(micro, lr, step)
+                                     : evalPipelined(micro);
+    const int64_t last = (program_.numChunks() - 1) % program_.numStages();
+    HostTensor loss(DType::F32, {});
+    if (executor_.stage() == last) {
+      double sum = 0;
+      for (double l : losses)
+        sum += l;
+      *loss.as<float>() = static_cast<float>(sum / static_cast<double>(m));
+      for (int64_t t = 0; t < program_.numStages(); ++t)
+        if (t != last)
+          comm_.send(loss.bytes.data(), loss.bytes.size(),
+                     program_.rankInStage(comm_.rank(), t), kLossTag);
+    } else {
+      comm_.recv(loss.bytes.data(), loss.bytes.size(),
+                 program_.rankInStage(comm_.rank(), last), kLossTag);
+    }
+    return {loss};
+  } catch (const ExecutionError &) {
+    throw; // The executor stopped the others already.
+  } catch (const CommunicationError &e) {
+    throw ExecutionError(stop(e.what()), /*inCollective=*/true);
+  } catch (const std::exception &e) {
+    throw ExecutionError(stop(e.what()), /*inCollective=*/false);
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Session
 //===----------------------------------------------------------------------===//
@@ -221,8 +606,9 @@ Session::Session(Program program, SessionOptions options)
     : program_(std::move(program)), world_(program_.mesh(), options.timeout) {
   if (options.blasThreads > 0)
     setCpuBlasThreads(options.blasThreads);
-  // Results are assembled as if every rank ran the same function.
-  if (program_.numStages() != 1)
+  // Results are assembled as if every rank ran the same function, except
+  // for pipelines, whose one result (the loss) every rank returns.
+  if (program_.numStages() != 1 && !program_.isPipelined())
     throw std::invalid_argument(program_.source() + ": a Session runs one "
                                 "stage; this program has " +
                                 std::to_string(program_.numStages()));
@@ -270,18 +656,56 @@ void Session::onEveryRank(const std::function<void(int64_t)> &work) {
 
 void Session::initState(const std::string &fn, const StateSource &source,
                         uint64_t seed) {
+  if (program_.isPipelined()) {
+    // @init.<s> talks between stages.
+    onEveryRank([&](int64_t r) { ranks_[r]->initState(fn, source, seed); });
+    return;
+  }
   // No communication: each rank slices its own pieces.
   for (auto &rank : ranks_)
     rank->initState(fn, source, seed);
 }
 
+/// Pipelines: the stages holding state `name`; throws when none does.
+static std::vector<int64_t> holdingStages(const Program &program,
+                                          const std::string &fn,
+                                          const std::string &name) {
+  if (fn != "train_step" && fn != "eval_step")
+    throw std::invalid_argument(program.source() +
+                                ": a pipelined program runs train_step and "
+                                "eval_step, not '" + fn + "'");
+  std::vector<int64_t> stages = program.stagesHolding(name);
+  if (stages.empty())
+    throw std::invalid_argument("@" + fn + " has no state named '" + name +
+                                "'");
+  return stages;
+}
+
 void Session::setState(const std::string &fn, const std::string &name,
                        const HostTensor &global) {
+  if (program_.isPipelined()) {
+    std::vector<int64_t> stages = holdingStages(program_, fn, name);
+    for (int64_t r = 0; r < numRanks(); ++r)
+      if (std::count(stages.begin(), stages.end(), program_.stageOf(r)))
+        ranks_[r]->setState(fn, name, global);
+    return;
+  }
   for (auto &rank : ranks_)
     rank->setState(fn, name, global);
 }
 
 HostTensor Session::state(const std::string &fn, const std::string &name) const {
+  if (program_.isPipelined()) {
+    // From the first stage holding it: its ranks' pieces stand for every
+    // rank's (shardings never name the stage axis).
+    int64_t stage = holdingStages(program_, fn, name).front();
+    std::vector<HostTensor> pieces;
+    for (int64_t r = 0; r < numRanks(); ++r)
+      pieces.push_back(ranks_[program_.rankInStage(r, stage)]->localState(name));
+    return assemble(pieces,
+                    ranks_[program_.rankInStage(0, stage)]->stateSpec(name),
+                    program_.mesh());
+  }
   const TensorSpec *spec = findArgument(ranks_[0]->function(fn), name);
   if (!spec)
     throw std::invalid_argument("@" + fn + " has no state named '" + name + "'");
@@ -297,6 +721,8 @@ std::vector<HostTensor> Session::call(const std::string &fn,
                                       double lr, int64_t step) {
   std::vector<std::vector<HostTensor>> perRank(numRanks());
   onEveryRank([&](int64_t r) { perRank[r] = ranks_[r]->call(fn, inputs, lr, step); });
+  if (program_.isPipelined())
+    return perRank[0]; // The loss, the same on every rank.
   const Function &f = ranks_[0]->function(fn);
   std::vector<HostTensor> results;
   for (size_t i = 0; i < f.results.size(); ++i) {

@@ -14,6 +14,15 @@
 // waits for everything it started: a blocking collective never overtakes a
 // started one on any rank.
 //
+// Pipelined programs talk between stages point to point: ernie.send and
+// ernie.recv name a peer chunk and a channel, the stage collectives a list of
+// stages; the rank at the other end has this rank's coordinates except along
+// the stage axis, and a transfer's tag is channel * micro_batches + the
+// micro-batch being run (run()'s `microBatch`; 0 for the stage collectives),
+// so transfers of different micro-batches never meet. Sends are eager (the
+// engines copy and return), so every stage's schedule runs as checkSchedule
+// proved it would.
+//
 // A failure on one rank stops every rank: the executor aborts its
 // communicator with a message naming the rank, the instruction (index, op,
 // source location) and the cause, and throws ExecutionError. Peers waiting in
@@ -71,6 +80,9 @@ void writeChromeTrace(const std::string &path,
                       const std::vector<std::vector<TraceEvent>> &events,
                       int64_t firstRank = 0);
 
+/// The trace's clock (TraceEvent::startMicros): steady, in microseconds.
+int64_t traceClockMicros();
+
 class Executor {
 public:
   Executor(const Program &program, Communicator &comm,
@@ -86,12 +98,19 @@ public:
 
   /// Runs `name` on this rank's local `inputs` (one per argument, of the
   /// argument's local shape and type) and returns the local results.
+  /// `microBatch` (pipelined programs) tags the function's transfers.
   std::vector<HostTensor> run(const std::string &name,
-                              const std::vector<HostTensor> &inputs);
+                              const std::vector<HostTensor> &inputs,
+                              int64_t microBatch = 0);
 
   /// The intervals recorded so far (ExecutorOptions::trace), in the order
   /// they ended.
   std::vector<TraceEvent> traceEvents() const;
+  bool tracing() const { return options_.trace; }
+  /// Records an interval of the caller's (a pipeline step, say) on the
+  /// compute track, when tracing.
+  void recordSpan(const std::string &name, const std::string &function,
+                  int64_t startMicros, int64_t endMicros);
 
 private:
   struct Arena;
@@ -107,6 +126,10 @@ private:
                      const TensorView &out);
   void insertShard(const Instruction &inst, const TensorView &dest,
                    const TensorView &piece, const TensorView &out);
+  /// ernie.send, ernie.recv and the stage collectives.
+  void runStageOp(const Instruction &inst, std::vector<TensorView> &buffers);
+  /// The rank of this rank's coordinates with `stage` along the stage axis.
+  int64_t peerRank(int64_t stage) const;
   void start(const Function &fn, size_t index, const TensorView &in,
              const TensorView &out);
   void wait(const Instruction &inst, std::vector<TensorView> &buffers);
@@ -126,6 +149,7 @@ private:
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
   std::vector<uint8_t> scratch_; // packing for collectives on inner dims
   std::map<uint32_t, Started> started_;
+  int64_t microBatch_ = 0; // the run's, for transfer tags
   mutable std::mutex traceMutex_; // the communication thread records too
   std::vector<TraceEvent> trace_;
 };

@@ -15,6 +15,7 @@
 #include "ernie/runtime/Communicator.h"
 #include "ernie/runtime/Kernel.h"
 #include "ernie/runtime/Mesh.h"
+#include "ernie/runtime/PipelineSchedule.h"
 
 #include <cstdint>
 #include <optional>
@@ -41,7 +42,16 @@ struct ShardingSpec {
 };
 
 /// What an argument (or result) is to the caller.
-enum class Role { Input, Parameter, OptimizerState, LearningRate, Step, Loss };
+enum class Role {
+  Input,
+  Parameter,
+  OptimizerState,
+  LearningRate,
+  Step,
+  Loss,
+  Residual, // pipeline: a chunk's forward result kept for its backward
+  Gradient, // pipeline: a parameter's gradient (backward result, update arg)
+};
 
 /// A function argument or result: one rank's piece of a global tensor.
 struct TensorSpec {
@@ -78,6 +88,27 @@ struct Function {
   uint64_t arenaBytes = 0;
 };
 
+/// A pipelined program (the file's Pipeline table): C = stages x
+/// virtualStages model chunks, chunk c on the stage (stage-axis coordinate)
+/// c mod stages. Per chunk c its stage holds "train_forward.<c>",
+/// "train_backward.<c>" and "eval_forward.<c>"; per stage s "train_update.<s>"
+/// and optionally "init.<s>" (pipelineFunction() spells the names).
+struct PipelineSpec {
+  int64_t microBatches = 1;
+  int64_t virtualStages = 1;
+  std::string schedule; // the schedule's name, as the file gives it
+  /// Per stage, its training steps in order (checked by checkSchedule).
+  PipelineSchedule steps;
+  /// Per batch input k (the arguments named "input.<k>"): its micro-batch
+  /// spec as the first function taking it has it. Every function taking
+  /// input k agrees on its micro-batch global shape; a call's input k has
+  /// microBatches times as many rows (dimension 0).
+  std::vector<TensorSpec> inputs;
+};
+
+/// "train_forward.3", "train_update.1", ...: `kind` and the chunk or stage.
+std::string pipelineFunction(const std::string &kind, int64_t index);
+
 class Program {
 public:
   /// Reads and validates `path`; throws ProgramError.
@@ -102,17 +133,38 @@ public:
   const std::vector<Function> &functions(int64_t stage) const {
     return stages_.at(stage);
   }
+  /// The mesh axis whose coordinate is a rank's stage ("" : one stage).
+  const std::string &stageAxis() const { return stageAxis_; }
+
+  /// The pipeline, or null when the program is not pipelined.
+  const PipelineSpec *pipeline() const {
+    return pipeline_ ? &*pipeline_ : nullptr;
+  }
+  bool isPipelined() const { return pipeline_.has_value(); }
+  /// Pipelined programs: the chunks `stage` runs, ascending.
+  std::vector<int64_t> chunksOf(int64_t stage) const;
+  int64_t numChunks() const;
+  /// The rank with `rank`'s coordinates except `stage` along the stage axis.
+  int64_t rankInStage(int64_t rank, int64_t stage) const;
+
+  /// The stages whose functions take state (a parameter or an optimizer
+  /// slot) `name`, ascending.
+  std::vector<int64_t> stagesHolding(const std::string &name) const;
+  /// Every state name any function takes, sorted.
+  std::vector<std::string> stateNames() const;
 
 private:
   Program(Mesh mesh) : mesh_(std::move(mesh)) {}
   Mesh mesh_;
   std::string source_, producer_, stageAxis_;
   std::vector<std::vector<Function>> stages_;
+  std::optional<PipelineSpec> pipeline_;
 };
 
 /// True for the ops the executor runs itself rather than through a kernel:
-/// constants, collectives (blocking, and started with their waits) and the
-/// mesh-position ops.
+/// constants, collectives (blocking, and started with their waits), the
+/// mesh-position ops and the pipeline's point-to-point ops (ernie.send,
+/// ernie.recv, ernie.stage_all_reduce, ernie.stage_broadcast).
 bool isExecutorOp(const std::string &op);
 
 /// Where ernie.shard_insert's operands are: the dialect's order ("%piece

@@ -14,6 +14,20 @@
 // runs one RankRunner per rank on its own thread and assembles results
 // directly from the pieces.
 //
+// Pipelined programs (Program::pipeline()) run "train_step" and "eval_step"
+// only. A rank keeps the state of its stage's functions. train_step splits
+// each batch input along dimension 0 into the micro-batches, runs the rank's
+// schedule (Forward(c, k): @train_forward.<c> on micro-batch k, its
+// residuals kept for Backward(c, k): @train_backward.<c>, whose gradients are
+// summed per name over micro-batches and chunks in schedule order), then
+// @train_update.<s> on the sums. eval_step runs @eval_forward.<c> for every
+// micro-batch, and the rank's chunks in ascending order within it. Both
+// return one result on every rank: the loss, the mean over micro-batches of
+// the last chunk's losses (summed in micro-batch order in f64, stored as an
+// f32 scalar), which the last stage's ranks send to the other stages' ranks.
+// initState initialises the stage's state from every function of the stage,
+// then runs @init.<s> (once per RankRunner) when there is one.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef ERNIE_RUNTIME_SESSION_H
@@ -72,11 +86,49 @@ public:
   /// The global value of a piece described by `spec`: an all-gather over
   /// every mesh axis, then assembly. Every rank must call it.
   HostTensor gather(const TensorSpec &spec, const HostTensor &local);
+  /// The same over the ranks of this rank's stage only (every mesh axis but
+  /// the stage axis): every rank of the stage must call it.
+  HostTensor gatherInStage(const TensorSpec &spec, const HostTensor &local);
+  /// Whether this rank holds state `name`.
+  bool holdsState(const std::string &name) const { return state_.count(name); }
 
 private:
+  /// Runs one function: what call() does for a program that is not
+  /// pipelined.
+  std::vector<HostTensor> callFunction(const std::string &fn,
+                                       const std::vector<HostTensor> &inputs,
+                                       double lr, int64_t step,
+                                       int64_t microBatch = 0);
+  /// train_step / eval_step of a pipelined program.
+  std::vector<HostTensor> callPipelined(const std::string &fn,
+                                        const std::vector<HostTensor> &inputs,
+                                        double lr, int64_t step);
+  /// The schedule of this rank; returns the last chunk's loss per
+  /// micro-batch (empty on other stages).
+  std::vector<double> trainPipelined(
+      const std::vector<std::vector<HostTensor>> &micro, double lr,
+      int64_t step);
+  std::vector<double> evalPipelined(
+      const std::vector<std::vector<HostTensor>> &micro);
+  /// One pipelined function's arguments: state, micro-batch `k`'s inputs,
+  /// `extra(arg)` for the rest.
+  std::vector<HostTensor> pipelineArguments(
+      const Function &fn, const std::vector<std::vector<HostTensor>> &micro,
+      int64_t k, const std::function<HostTensor(const TensorSpec &)> &extra);
+  void initPipelinedState(const StateSource &source, uint64_t seed);
+  /// This stage's pipeline functions, train_update first.
+  std::vector<const Function *> stageFunctions() const;
+  /// The spec of state `name` as this stage's functions take it (the first
+  /// of stageFunctions() that does), or null.
+  const TensorSpec *stageStateSpec(const std::string &name) const;
+  /// Throws std::invalid_argument when `fn` is not something a pipelined
+  /// program runs.
+  void requirePipelinedName(const std::string &fn) const;
+
   const Program &program_;
   Communicator &comm_;
   Executor executor_;
+  bool initialised_ = false; // initState ran (pipelines: @init.<s> too)
   /// A state's piece on this rank, and the layout it is a piece of: each
   /// function's propagation may place a state differently, and a piece is
   /// re-laid out (gathered, re-sliced) when a function wants another.
@@ -114,7 +166,8 @@ public:
   /// Every rank's recorded intervals (SessionOptions::executor.trace).
   std::vector<std::vector<TraceEvent>> traceEvents() const;
 
-  /// RankRunner::call on every rank at once; returns the global results.
+  /// RankRunner::call on every rank at once; returns the global results
+  /// (pipelined programs: the loss).
   /// The first rank to fail stops the others; its error is rethrown.
   std::vector<HostTensor> call(const std::string &fn,
                                const std::vector<HostTensor> &inputs,
