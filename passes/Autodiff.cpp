@@ -19,6 +19,9 @@
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/DenseSet.h"
 
+#include <map>
+#include <set>
+
 #define DEBUG_TYPE "ernie-autodiff"
 
 namespace mlir::ernie {
@@ -120,6 +123,21 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
   SmallVector<Operation *> forwardOps;
   for (Operation &op : body.without_terminator())
     forwardOps.push_back(&op);
+  // In a pipelined program (--ernie-pipeline-split ran) every op the
+  // backward of a forward op builds runs on that op's stage.
+  auto placeBackward = [&](Operation *after, Attribute stage) {
+    if (!stage)
+      return;
+    for (Operation *op = after ? after->getNextNode() : &body.front();
+         op != ret.getOperation(); op = op->getNextNode()) {
+      op->setAttr(ErnieDialect::kStageAttrName, stage);
+      op->setAttr(ErnieDialect::kBackwardAttrName,
+                  UnitAttr::get(op->getContext()));
+    }
+  };
+  if (Operation *lossOp = loss.getDefiningOp())
+    placeBackward(grads[loss].getDefiningOp()->getPrevNode(),
+                  lossOp->getAttr(ErnieDialect::kStageAttrName));
   for (Operation *op : llvm::reverse(forwardOps)) {
     bool active =
         llvm::any_of(op->getResults(),
@@ -141,6 +159,7 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
     for (Value r : op->getResults())
       resultGrads.push_back(grads.lookup(r));
     SmallVector<Value> operandGrads;
+    Operation *lastBefore = ret->getPrevNode();
     if (failed(rule.buildGradient(builder, resultGrads, operandGrads))) {
       gradFn.erase();
       return failure();
@@ -154,6 +173,7 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
     }
     for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
       accumulate(operand, g);
+    placeBackward(lastBefore, op->getAttr(ErnieDialect::kStageAttrName));
   }
 
   // Loss, then one gradient per parameter (zeros where the loss is blind).
@@ -207,12 +227,43 @@ struct StepOptions {
 };
 
 
-/// Scales every gradient by min(1, clip / (global L2 norm + 1e-6)).
+/// Where a pipelined step's ops run: each parameter's own ops on its
+/// replica's pipeline rank. Empty (no ranks) when the step is not pipelined.
+struct UpdatePlacement {
+  SmallVector<int64_t> rankOf;   // per parameter, -1 if not pipelined
+  SmallVector<bool> countsInNorm; // false for all but one replica of each
+  Block *block = nullptr;
+
+  bool pipelined() const {
+    return llvm::any_of(rankOf, [](int64_t r) { return r >= 0; });
+  }
+  /// Places the ops appended to the block after `mark` on `rank`.
+  void place(Operation *mark, int64_t rank) const {
+    if (rank < 0)
+      return;
+    auto stage = IntegerAttr::get(IntegerType::get(block->getParentOp()->getContext(), 64), rank);
+    for (Operation *op = mark ? mark->getNextNode() : &block->front(); op;
+         op = op->getNextNode())
+      op->setAttr(ErnieDialect::kStageAttrName, stage);
+  }
+  Operation *mark() const { return block->empty() ? nullptr : &block->back(); }
+};
+
+/// Scales every gradient by min(1, clip / (global L2 norm + 1e-6)). In a
+/// pipeline each rank sums its own gradients' squares (a shared parameter's
+/// once) and the partial sums are added in rank order on the last rank.
 void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
-                      double clip) {
+                      double clip, const UpdatePlacement &where) {
   auto scalar = RankedTensorType::get({}, b.getF32Type());
-  Value total = FullOp::create(b, loc, scalar, 0.0);
-  for (Value g : grads) {
+  std::map<int64_t, Value> partials; // by pipeline rank (-1: not pipelined)
+  for (auto [k, g] : llvm::enumerate(grads)) {
+    if (!where.countsInNorm[k])
+      continue;
+    int64_t rank = where.rankOf[k];
+    Operation *mark = where.mark();
+    Value &total = partials[rank];
+    if (!total)
+      total = FullOp::create(b, loc, scalar, 0.0);
     auto t = cast<RankedTensorType>(g.getType());
     Value g32 = g;
     if (!t.getElementType().isF32())
@@ -226,12 +277,21 @@ void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
                                                 /*keepdim=*/false)
                                 .getResult();
     total = AddOp::create(b, loc, total, s);
+    where.place(mark, rank);
   }
+  Operation *mark = where.mark();
+  Value total;
+  for (auto &[rank, partial] : partials)
+    total = total ? AddOp::create(b, loc, total, partial).getResult() : partial;
+  if (!total)
+    total = FullOp::create(b, loc, scalar, 0.0);
   Value norm = SqrtOp::create(b, loc, total);
   Value denom = AddOp::create(b, loc, norm, FullOp::create(b, loc, scalar, 1e-6));
   Value ratio = DivOp::create(b, loc, FullOp::create(b, loc, scalar, clip), denom);
   Value scale = MinimumOp::create(b, loc, ratio, FullOp::create(b, loc, scalar, 1.0));
-  for (Value &g : grads) {
+  where.place(mark, partials.empty() ? -1 : partials.rbegin()->first);
+  for (auto [k, g] : llvm::enumerate(grads)) {
+    mark = where.mark();
     auto t = cast<RankedTensorType>(g.getType());
     Value s = scale;
     if (!t.getElementType().isF32())
@@ -239,6 +299,7 @@ void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
                          scale);
     Value wide = BroadcastOp::create(b, loc, t, s, b.getDenseI64ArrayAttr({}));
     g = MulOp::create(b, loc, g, wide);
+    where.place(mark, where.rankOf[k]);
   }
 }
 
@@ -310,6 +371,9 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
         b.getStringAttr(paramName(slot.param) + ":" + slot.name))};
     if (ShardingAttr layout = layoutOf(slot.param))
       attrs.push_back(b.getNamedAttr(kShardingAttrName, layout));
+    if (Attribute rank = forward.getArgAttr(
+            slot.param, ErnieDialect::kPipelineRankAttrName))
+      attrs.push_back(b.getNamedAttr(ErnieDialect::kPipelineRankAttrName, rank));
     inputAttrs.push_back(b.getDictionaryAttr(attrs));
   }
   for (unsigned i : batchIdx) {
@@ -347,17 +411,46 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   auto call = func::CallOp::create(b, loc, gradFn, callArgs);
   Value loss = call.getResult(0);
   SmallVector<Value> grads(call.getResults().drop_front());
-  // Master-weight updates work in f32 from here on, clipping included.
-  for (auto [k, i] : llvm::enumerate(paramIdx))
+
+  UpdatePlacement where;
+  where.block = entry;
+  for (unsigned i : paramIdx) {
+    auto rank = forward.getArgAttrOfType<IntegerAttr>(
+        i, ErnieDialect::kPipelineRankAttrName);
+    auto group = forward.getArgAttrOfType<DenseI64ArrayAttr>(
+        i, ErnieDialect::kSharedStagesAttrName);
+    where.rankOf.push_back(rank ? rank.getInt() : -1);
+    where.countsInNorm.push_back(!group || !rank ||
+                                 group.asArrayRef().front() == rank.getInt());
+  }
+  // A shared parameter's channel: its rank among the shared names, the same
+  // on every replica.
+  std::set<StringRef> sharedNames;
+  for (unsigned i : paramIdx)
+    if (forward.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
+      sharedNames.insert(paramName(i));
+  for (auto [k, i] : llvm::enumerate(paramIdx)) {
+    Operation *mark = where.mark();
+    // A shared parameter's replicas take one step: their gradients summed.
+    if (auto group = forward.getArgAttrOfType<DenseI64ArrayAttr>(
+            i, ErnieDialect::kSharedStagesAttrName))
+      grads[k] = StageAllReduceOp::create(
+          b, loc, grads[k], group.asArrayRef(),
+          int64_t(std::distance(sharedNames.begin(),
+                                sharedNames.find(paramName(i)))));
+    // Master-weight updates work in f32 from here on, clipping included.
     if (hasMaster(i))
       grads[k] = CastOp::create(b, loc, f32Like(argType(i)), grads[k]);
+    where.place(mark, where.rankOf[k]);
+  }
   if (opts.clipNorm > 0)
-    clipByGlobalNorm(b, loc, grads, opts.clipNorm);
+    clipByGlobalNorm(b, loc, grads, opts.clipNorm, where);
 
   SmallVector<Value> newParams, newSlots;
   SmallVector<std::string> newSlotNames;
   unsigned s = 0;
   for (auto [k, i] : llvm::enumerate(paramIdx)) {
+    Operation *mark = where.mark();
     Value p = paramArg(k), g = grads[k];
     bool master = hasMaster(i);
     Value target = p;
@@ -388,6 +481,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     newParams.push_back(master ? CastOp::create(b, loc, argType(i), updated)
                                      .getResult()
                                : updated);
+    where.place(mark, where.rankOf[k]);
   }
   SmallVector<Value> results{loss};
   llvm::append_range(results, newParams);

@@ -68,7 +68,13 @@ struct CheckStaticProgramPass
             i, ErnieDialect::kParamAttrName);
         if (!name)
           continue;
-        auto [it, inserted] = seen.try_emplace(name.getValue(), i);
+        // Replicas of a shared parameter (--ernie-shared-weight-dedup) share
+        // its name, one per pipeline stage.
+        std::string key = name.getValue().str();
+        if (auto rank = func.getArgAttrOfType<IntegerAttr>(
+                i, ErnieDialect::kPipelineRankAttrName))
+          key += "@" + std::to_string(rank.getInt());
+        auto [it, inserted] = seen.try_emplace(key, i);
         if (!inserted) {
           func.emitError() << "parameter '" << name.getValue()
                            << "' names arguments #" << it->second << " and #"

@@ -46,7 +46,12 @@ struct MeanToSumOverCount : OpRewritePattern<CrossEntropyOp> {
     Value count = ReduceSumOp::create(rewriter, loc, ones,
                                       rewriter.getDenseI64ArrayAttr(all),
                                       /*keepdim=*/false);
-    rewriter.replaceOpWithNewOp<DivOp>(op, sum, count);
+    Value loss = DivOp::create(rewriter, loc, sum, count);
+    // The expansion runs where the loss ran (its pipeline stage, if any).
+    if (Attribute stage = op->getAttr(ErnieDialect::kStageAttrName))
+      for (Value v : {sum, ignore, kept, ones, count, loss})
+        v.getDefiningOp()->setAttr(ErnieDialect::kStageAttrName, stage);
+    rewriter.replaceOp(op, loss);
     return success();
   }
 };

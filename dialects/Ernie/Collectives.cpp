@@ -227,3 +227,47 @@ int64_t ShardSliceOp::getBytesAccessed() { return 0; }
 int64_t ShardInsertOp::getBytesAccessed() { return 0; }
 int64_t PartialInitOp::getBytesAccessed() { return 0; }
 int64_t AxisIndexOp::getBytesAccessed() { return 0; }
+
+//===----------------------------------------------------------------------===//
+// Pipeline transfers
+//===----------------------------------------------------------------------===//
+
+static LogicalResult verifyChannel(Operation *op, int64_t channel) {
+  if (channel < 0)
+    return op->emitOpError("channel must be non-negative, got ") << channel;
+  return success();
+}
+
+LogicalResult SendOp::verify() {
+  if (getPeer() < 0)
+    return emitOpError("peer stage must be non-negative, got ") << getPeer();
+  return verifyChannel(*this, getChannel());
+}
+
+LogicalResult RecvOp::verify() {
+  if (getPeer() < 0)
+    return emitOpError("peer stage must be non-negative, got ") << getPeer();
+  return verifyChannel(*this, getChannel());
+}
+
+/// A group of pipeline stages: non-empty, sorted, distinct, non-negative.
+static LogicalResult verifyStageGroup(Operation *op, ArrayRef<int64_t> stages,
+                                      int64_t channel) {
+  if (stages.empty())
+    return op->emitOpError("needs at least one stage");
+  for (auto [i, s] : llvm::enumerate(stages)) {
+    if (s < 0)
+      return op->emitOpError("stage ") << s << " is negative";
+    if (i > 0 && s <= stages[i - 1])
+      return op->emitOpError("stages must be sorted and distinct, got [")
+             << stages << "]";
+  }
+  return verifyChannel(op, channel);
+}
+
+LogicalResult StageAllReduceOp::verify() {
+  return verifyStageGroup(*this, getStages(), getChannel());
+}
+LogicalResult StageBroadcastOp::verify() {
+  return verifyStageGroup(*this, getStages(), getChannel());
+}

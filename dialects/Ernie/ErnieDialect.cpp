@@ -87,7 +87,23 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                              << " is a unit attribute";
     return success();
   }
-  if (name == kBufferOffsetAttrName) {
+  if (name == kPipelineStagesAttrName || name == kSharedStagesAttrName) {
+    auto stages = dyn_cast<DenseI64ArrayAttr>(attr.getValue());
+    if (!stages || llvm::any_of(stages.asArrayRef(),
+                                [](int64_t s) { return s < 0; }))
+      return op->emitError() << "'" << name << "' on argument #" << argIndex
+                             << " must be an array of stage indices";
+    return success();
+  }
+  if (name == kResidualAttrName || name == kGradientAttrName) {
+    auto value = dyn_cast<StringAttr>(attr.getValue());
+    if (!value || value.getValue().empty())
+      return op->emitError() << "'" << name << "' on argument #" << argIndex
+                             << " must be a non-empty string";
+    return success();
+  }
+  if (name == kBufferOffsetAttrName || name == kPipelineRankAttrName ||
+      name == kInputAttrName) {
     if (!isa<IntegerAttr>(attr.getValue()))
       return op->emitError() << "'" << name << "' on argument #" << argIndex
                              << " must be an integer";

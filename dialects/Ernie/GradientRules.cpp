@@ -204,6 +204,14 @@ LogicalResult StopGradientOp::buildGradient(OpBuilder &, ValueRange,
   return success();
 }
 
+// A stage boundary passes its gradient through (it is removed before
+// autodiff in a pipelined compile; a plain compile may keep it).
+LogicalResult SplitPointOp::buildGradient(OpBuilder &, ValueRange resultGrads,
+                                          SmallVectorImpl<Value> &out) {
+  out.push_back(resultGrads[0]);
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Elementwise binary.
 //===----------------------------------------------------------------------===//

@@ -184,7 +184,9 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                              << resultIndex << " is a unit attribute";
     return success();
   }
-  if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName) {
+  if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName ||
+      attr.getName() == kResidualAttrName ||
+      attr.getName() == kGradientAttrName) {
     auto name = dyn_cast<StringAttr>(attr.getValue());
     if (!name || name.getValue().empty())
       return op->emitError() << "'" << attr.getName().strref()
@@ -222,6 +224,23 @@ LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
       return op->emitError() << "'" << name
                              << "' is an integer on a function";
     return success();
+  }
+  if (name == kStageAttrName || name == kPipelineStageAttrName) {
+    auto stage = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!stage || stage.getInt() < 0)
+      return op->emitError() << "'" << name
+                             << "' must be a non-negative integer";
+    return success();
+  }
+  if (name == kBackwardAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' is a unit attribute";
+    return success();
+  }
+  if (name == kPipelineAttrName || name == kPipelineScheduleAttrName) {
+    if (!isa<ModuleOp>(op))
+      return op->emitError() << "'" << name << "' belongs on the module";
+    return success(); // Read and checked by the pipeline passes.
   }
   if (name == kBufferOffsetsAttrName) {
     auto offsets = dyn_cast<DenseI64ArrayAttr>(attr.getValue());

@@ -8,6 +8,7 @@
 #include "ernie/Export/MemoryPlan.h"
 #include "ernie/InitAll.h"
 #include "ernie/program/program_generated.h"
+#include "ernie/runtime/PipelineSchedule.h"
 #include "ernie/runtime/ProgramFormat.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -167,12 +168,21 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
       role = fb::Role::LearningRate;
     } else if (attrs.get(ErnieDialect::kStepAttrName)) {
       role = fb::Role::Step;
+    } else if (auto r = attrs.getAs<StringAttr>(ErnieDialect::kResidualAttrName)) {
+      name = r.getValue().str();
+      role = fb::Role::Residual;
+    } else if (auto g = attrs.getAs<StringAttr>(ErnieDialect::kGradientAttrName)) {
+      name = g.getValue().str();
+      role = fb::Role::Gradient;
+    } else if (auto k = attrs.getAs<IntegerAttr>(ErnieDialect::kInputAttrName)) {
+      name = "input." + std::to_string(k.getInt());
     }
     if (auto u = attrs.getAs<StringAttr>(ErnieDialect::kUpdatesAttrName))
       updates = u.getValue().str();
     if (isResult && attrs.get(ErnieDialect::kLossAttrName))
       role = fb::Role::Loss;
-    if (isResult && role != fb::Role::Loss)
+    if (isResult && role != fb::Role::Loss && role != fb::Role::Residual &&
+        role != fb::Role::Gradient)
       role = fb::Role::Input;
   }
   std::vector<int64_t> local(type.getShape()), global = local;
@@ -342,27 +352,77 @@ LogicalResult Writer::write(raw_ostream &os) {
       axisNames_.push_back(axis.str());
     axisSizes_.assign(mesh_.getAxisSizes().begin(), mesh_.getAxisSizes().end());
   }
-  std::vector<flatbuffers::Offset<fb::Function>> functions;
+  // A pipelined module (--ernie-pipeline-schedule) has a stage per
+  // coordinate of its pipeline axis, each with its functions and steps.
+  auto pipeline =
+      module_->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName);
+  if (pipeline && !pipeline.get("micro_batches"))
+    return module_.emitError("the pipeline is split but not scheduled: run "
+                             "--ernie-pipeline-schedule");
+  int64_t numStages =
+      pipeline ? cast<IntegerAttr>(pipeline.get("stages")).getInt() : 1;
+  std::vector<std::vector<flatbuffers::Offset<fb::Function>>> functions(
+      numStages);
   for (auto fn : module_.getOps<func::FuncOp>()) {
     if (fn.isExternal() || fn.isPrivate())
       continue;
+    int64_t stage = 0;
+    if (auto s = fn->getAttrOfType<IntegerAttr>(
+            ErnieDialect::kPipelineStageAttrName))
+      stage = s.getInt();
+    if (stage >= numStages)
+      return fn.emitError() << "runs on pipeline stage " << stage
+                            << " of " << numStages;
     auto f = writeFunction(fn);
     if (failed(f))
       return failure();
-    functions.push_back(*f);
+    functions[stage].push_back(*f);
   }
-  if (functions.empty())
+  if (llvm::all_of(functions, [](const auto &f) { return f.empty(); }))
     return module_.emitError("the module has no public function to export");
   std::vector<flatbuffers::Offset<fb::Axis>> axes;
   for (auto [name, size] : llvm::zip(axisNames_, axisSizes_))
     axes.push_back(fb::CreateAxis(b_, b_.CreateString(name), size));
-  std::vector<flatbuffers::Offset<fb::Stage>> stages = {
-      fb::CreateStage(b_, b_.CreateVector(functions))};
+  auto schedule = module_->getAttrOfType<ArrayAttr>(
+      ErnieDialect::kPipelineScheduleAttrName);
+  if (pipeline && (!schedule || schedule.size() != size_t(numStages)))
+    return module_.emitError("the pipeline needs one schedule per stage");
+  std::vector<flatbuffers::Offset<fb::Stage>> stages;
+  for (int64_t s = 0; s < numStages; ++s) {
+    std::vector<flatbuffers::Offset<fb::PipelineStep>> steps;
+    if (pipeline) {
+      std::vector<::ernie::runtime::PipelineStep> parsed;
+      std::string error = ::ernie::runtime::parseSteps(
+          cast<StringAttr>(schedule[s]).getValue().str(), parsed);
+      if (!error.empty())
+        return module_.emitError() << error;
+      for (const auto &step : parsed)
+        steps.push_back(fb::CreatePipelineStep(
+            b_,
+            step.action == ::ernie::runtime::PipelineAction::Forward
+                ? fb::PipelineAction::Forward
+                : fb::PipelineAction::Backward,
+            step.chunk, step.microBatch));
+    }
+    stages.push_back(fb::CreateStage(b_, b_.CreateVector(functions[s]),
+                                     pipeline ? b_.CreateVector(steps) : 0));
+  }
+  flatbuffers::Offset<fb::Pipeline> pipelineInfo = 0;
+  std::string stageAxis;
+  if (pipeline) {
+    stageAxis = cast<StringAttr>(pipeline.get("axis")).getValue().str();
+    pipelineInfo = fb::CreatePipeline(
+        b_, cast<IntegerAttr>(pipeline.get("micro_batches")).getInt(),
+        cast<IntegerAttr>(pipeline.get("virtual_stages")).getInt(),
+        b_.CreateString(
+            cast<StringAttr>(pipeline.get("schedule")).getValue().str()));
+  }
   b_.Finish(fb::CreateProgram(
       b_, b_.CreateString(meshName_), b_.CreateVector(axes),
-      b_.CreateString(""), b_.CreateVector(stages),
+      b_.CreateString(stageAxis), b_.CreateVector(stages),
       b_.CreateString("ernie-translate (format " +
-                      std::to_string(fb::kFormatVersion) + ")")));
+                      std::to_string(fb::kFormatVersion) + ")"),
+      pipelineInfo));
   ArrayRef<uint8_t> payload(b_.GetBufferPointer(), b_.GetSize());
 
   flatbuffers::FlatBufferBuilder envelope(payload.size() + 256);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <sstream>
 
 namespace ernie::runtime {
 
@@ -307,6 +308,48 @@ std::string simulateSchedule(const PipelineSchedule &schedule,
         std::isfinite(backwardCost) && backwardCost >= 0))
     return "step costs must be finite and non-negative";
   return runSchedule(schedule, shape, forwardCost, backwardCost, timeline);
+}
+
+} // namespace ernie::runtime
+
+namespace ernie::runtime {
+
+std::string formatSteps(const std::vector<PipelineStep> &steps) {
+  std::string text;
+  for (const PipelineStep &s : steps) {
+    if (!text.empty())
+      text += ' ';
+    text += s.action == PipelineAction::Forward ? 'F' : 'B';
+    text += std::to_string(s.chunk) + ":" + std::to_string(s.microBatch);
+  }
+  return text;
+}
+
+std::string parseSteps(const std::string &text,
+                       std::vector<PipelineStep> &steps) {
+  std::istringstream words(text);
+  std::string word;
+  while (words >> word) {
+    PipelineStep step{PipelineAction::Forward, 0, 0};
+    char action = word[0];
+    size_t colon = word.find(':');
+    auto isNumber = [](const std::string &s) {
+      return !s.empty() && s.size() < 18 &&
+             std::all_of(s.begin(), s.end(),
+                         [](char c) { return c >= '0' && c <= '9'; });
+    };
+    std::string chunk = colon == std::string::npos ? "" : word.substr(1, colon - 1);
+    std::string mb = colon == std::string::npos ? "" : word.substr(colon + 1);
+    if ((action != 'F' && action != 'B') || !isNumber(chunk) || !isNumber(mb))
+      return "schedule step '" + word +
+             "' is not F<chunk>:<micro-batch> or B<chunk>:<micro-batch>";
+    step.action =
+        action == 'F' ? PipelineAction::Forward : PipelineAction::Backward;
+    step.chunk = std::stoll(chunk);
+    step.microBatch = std::stoll(mb);
+    steps.push_back(step);
+  }
+  return "";
 }
 
 } // namespace ernie::runtime

@@ -380,4 +380,89 @@ def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   }];
 }
 
+def PipelineSplitPass : Pass<"ernie-pipeline-split", "ModuleOp"> {
+  let summary = "assign every op of the loss function to a pipeline stage";
+  let description = [{
+    Runs on the traced loss function, before `--ernie-autodiff`. Each
+    `ernie.split_point` starts the next virtual stage: an op's stage is the
+    largest stage among its operands (arguments count as stage 0), and a
+    marker's result is one stage past its operand. The pass writes
+    `ernie.stage` on every op that reads an argument or a staged value
+    (constant expressions stay unstaged: each stage that needs one builds
+    it), removes the markers, lists on every parameter the virtual stages
+    using it (`ernie.pipeline_stages`, added to any a frontend declared) and
+    records `ernie.pipeline = {stages, virtual_stages, axis}` on the module.
+    Autodiff then gives every gradient op its forward op's stage.
+
+    Chunk `c` of the `stages * virtual-stages` chunks runs on the pipeline
+    rank (coordinate along `axis`) `c mod stages`. Errors: the markers make
+    more or fewer chunks than that, a chunk with no op, a loss not computed
+    on the last chunk, a mesh without `axis` of size `stages`.
+
+    ```mlir
+    %h1 = ernie.split_point %h : tensor<4x16x64xf32>
+    // becomes: every op computed from %h carries {ernie.stage = 1}
+    ```
+  }];
+  let options = [
+    Option<"stages", "stages", "int64_t", "2", "Pipeline ranks (the axis size)">,
+    Option<"virtualStages", "virtual-stages", "int64_t", "1",
+           "Model chunks per pipeline rank (interleaving)">,
+    Option<"axis", "axis", "std::string", "\"pp\"", "The mesh axis of the stages">,
+    Option<"function", "function", "std::string", "\"forward\"",
+           "The loss function to split">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
+def SharedWeightDedupPass : Pass<"ernie-shared-weight-dedup", "ModuleOp"> {
+  let summary = "one replica per pipeline stage of a parameter several stages use";
+  let description = [{
+    Runs after `--ernie-pipeline-split`, before `--ernie-autodiff`. A
+    parameter whose virtual stages live on more than one pipeline rank (a
+    tied embedding and LM head; every attribute of a shared layer) becomes
+    one argument per rank, each with the parameter's name,
+    `ernie.pipeline_rank` and the sorted group `ernie.shared_stages`; each
+    op reads its own rank's replica. Autodiff then computes each replica's
+    gradient on its own stage (zeros on a stage that holds it but does not
+    use it) and the training step sums them with `ernie.stage_all_reduce`
+    over the group before the update, so every replica takes the same step.
+    `--ernie-pipeline-schedule` starts the replicas equal with an
+    `ernie.stage_broadcast` from the group's first stage. Every parameter
+    gets its rank. Forward-only functions hold no such sum.
+  }];
+  let options = [
+    Option<"function", "function", "std::string", "\"forward\"",
+           "The loss function whose parameters to place">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect"];
+}
+
+def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
+  let summary = "stage functions, sends and receives, and each rank's step order";
+  let description = [{
+    Runs after partition. Splits `@train_step` (with its gradient inlined)
+    into, per chunk `c`, `@train_forward.c` and `@train_backward.c`, and per
+    pipeline rank `s` `@train_update.s` (and `@init.s` for shared
+    parameters); `@eval_step` into `@eval_forward.c`. A value read on
+    another chunk is sent (`ernie.send`) and received (`ernie.recv`); a
+    forward value the backward reads is a residual (`ernie.residual`); a
+    gradient the update reads is summed over micro-batches by the runtime
+    (`ernie.gradient`) and divided by their count in the update. A
+    gradient's trailing sum collectives (all-reduce, reduce-scatter over
+    data parallelism) move to the update: they run once per step, not once
+    per micro-batch. The schedule (`FThenB`, `1F1B`, `interleaved`, or
+    `custom`: the module's own `ernie.pipeline_schedule`) is built, checked
+    for deadlocks by simulating every rank, and recorded on the module.
+  }];
+  let options = [
+    Option<"microBatches", "micro-batches", "int64_t", "1",
+           "Micro-batches per step (gradient accumulation)">,
+    Option<"schedule", "schedule", "std::string", "\"1F1B\"",
+           "FThenB, 1F1B, interleaved or custom">,
+  ];
+  let dependentDialects = ["::mlir::ernie::ErnieDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
 #endif // ERNIE_PASSES_PASSES_TD

@@ -73,6 +73,13 @@ std::string buildSchedule(ScheduleKind kind, const PipelineShape &shape,
 std::string checkSchedule(const PipelineSchedule &schedule,
                           const PipelineShape &shape);
 
+/// One rank's steps as text, "F0:0 F0:1 B0:0 ..." (action, chunk, ':',
+/// micro-batch): the form the compiler records on the module.
+std::string formatSteps(const std::vector<PipelineStep> &steps);
+/// Reads formatSteps' form; returns an error message (empty on success).
+std::string parseSteps(const std::string &text,
+                       std::vector<PipelineStep> &steps);
+
 /// One step's interval on its rank's timeline.
 struct TimedStep {
   PipelineStep step;

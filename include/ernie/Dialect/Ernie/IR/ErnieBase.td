@@ -54,6 +54,31 @@ def Ernie_Dialect : Dialect {
     /// The result that is the training loss (unit attr).
     static constexpr ::llvm::StringLiteral kLossAttrName = "ernie.loss";
 
+    // Pipeline parallelism (--ernie-pipeline-split, --ernie-shared-weight-dedup,
+    // --ernie-pipeline-schedule).
+    /// On ops: the virtual stage (model chunk) an op runs on (i64).
+    static constexpr ::llvm::StringLiteral kStageAttrName = "ernie.stage";
+    /// On ops: the op is part of the backward pass (unit).
+    static constexpr ::llvm::StringLiteral kBackwardAttrName = "ernie.backward";
+    /// On the module: {stages, virtual_stages, axis[, micro_batches, schedule]}.
+    static constexpr ::llvm::StringLiteral kPipelineAttrName = "ernie.pipeline";
+    /// On the module: per pipeline rank its steps, "F<chunk>:<mb> B..." .
+    static constexpr ::llvm::StringLiteral kPipelineScheduleAttrName = "ernie.pipeline_schedule";
+    /// On functions: the stage-axis coordinate whose ranks run it (i64).
+    static constexpr ::llvm::StringLiteral kPipelineStageAttrName = "ernie.pipeline_stage";
+    /// On parameters: the virtual stages holding a replica (i64 array).
+    static constexpr ::llvm::StringLiteral kPipelineStagesAttrName = "ernie.pipeline_stages";
+    /// On parameters and slots: the stage-axis coordinate of this replica.
+    static constexpr ::llvm::StringLiteral kPipelineRankAttrName = "ernie.pipeline_rank";
+    /// On shared parameters: the coordinates of every replica (i64 array).
+    static constexpr ::llvm::StringLiteral kSharedStagesAttrName = "ernie.shared_stages";
+    /// On stage-function arguments: the position in the step's batch (i64).
+    static constexpr ::llvm::StringLiteral kInputAttrName = "ernie.input";
+    /// On stage-function arguments and results: a value the forward keeps
+    /// for the backward, and a gradient summed over micro-batches (string).
+    static constexpr ::llvm::StringLiteral kResidualAttrName = "ernie.residual";
+    static constexpr ::llvm::StringLiteral kGradientAttrName = "ernie.gradient";
+
     // The memory plan, recorded by --ernie-memory-plan for inspection.
     static constexpr ::llvm::StringLiteral kArenaBytesAttrName = "ernie.arena_bytes";
     static constexpr ::llvm::StringLiteral kLivePeakBytesAttrName = "ernie.live_peak_bytes";

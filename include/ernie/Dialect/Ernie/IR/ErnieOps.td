@@ -1139,4 +1139,104 @@ def Ernie_AxisIndexOp : Ernie_CollectiveOp<"axis_index", [Pure]> {
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Pipeline parallelism
+//===----------------------------------------------------------------------===//
+
+def Ernie_SplitPointOp : Ernie_PureOp<"split_point",
+    [Elementwise, SameOperandsAndResultType, Ernie_ShardingRuleOpInterface,
+     DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "a pipeline stage boundary";
+  let description = [{
+    The identity. `--ernie-pipeline-split` places what is computed from the
+    result in the next (virtual) stage and then removes the marker: an op's
+    stage is the number of markers on its way from the program's inputs.
+
+    ```mlir
+    %h1 = ernie.split_point %h : tensor<4x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$operand);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = "$operand attr-dict `:` type($result)";
+}
+
+def Ernie_SendOp : Ernie_Op<"send"> {
+  let summary = "send a value to another pipeline stage";
+  let description = [{
+    Sends this rank's `input` to the rank that runs virtual stage `peer`
+    (the same coordinates on every mesh axis but the stage axis). Transfers
+    on one `channel` are told apart by micro-batch, and a send never waits
+    for its receiver. `--ernie-pipeline-schedule` writes sends and
+    receives; they live in stage functions.
+
+    ```mlir
+    ernie.send %h to stage 1 channel 0 : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_Tensor:$input, I64Attr:$peer, I64Attr:$channel);
+  let assemblyFormat = [{
+    $input `to` `stage` $peer `channel` $channel attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
+def Ernie_RecvOp : Ernie_Op<"recv"> {
+  let summary = "receive a value from another pipeline stage";
+  let description = [{
+    The value virtual stage `peer` sends on `channel` for the current
+    micro-batch; blocks until it arrives.
+
+    ```mlir
+    %h = ernie.recv from stage 0 channel 0 : tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins I64Attr:$peer, I64Attr:$channel);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    `from` `stage` $peer `channel` $channel attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+class Ernie_StageCollectiveOp<string mnemonic>
+    : Ernie_Op<mnemonic, [SameOperandsAndResultType, Elementwise,
+                          Ernie_ShardingRuleOpInterface]> {
+  let arguments = (ins Ernie_Tensor:$input, DenseI64ArrayAttr:$stages,
+                       I64Attr:$channel);
+  let results = (outs Ernie_Tensor:$result);
+  let assemblyFormat = [{
+    $input `over` `stages` $stages `channel` $channel attr-dict `:`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Ernie_StageAllReduceOp : Ernie_StageCollectiveOp<"stage_all_reduce"> {
+  let summary = "sum a shared parameter's replicas over pipeline stages";
+  let description = [{
+    The sum, in stage order, of `input` on the ranks of the listed pipeline
+    stages (stage-axis coordinates, sorted) that share this rank's other
+    coordinates; every member gets the same bits. The group of a shared
+    parameter: `--ernie-shared-weight-dedup` derives `stages` from where the
+    parameter is used, so every rank computes the same groups in the same
+    order.
+
+    ```mlir
+    %g = ernie.stage_all_reduce %dw over stages [0, 3] channel 7 : tensor<64x256xf32>
+    ```
+  }];
+}
+
+def Ernie_StageBroadcastOp : Ernie_StageCollectiveOp<"stage_broadcast"> {
+  let summary = "the first listed pipeline stage's value, on every member";
+  let description = [{
+    How a shared parameter's replicas start equal.
+
+    ```mlir
+    %w = ernie.stage_broadcast %w0 over stages [0, 3] channel 8 : tensor<256x64xf32>
+    ```
+  }];
+}
+
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD

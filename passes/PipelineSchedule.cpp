@@ -1,0 +1,603 @@
+//===- PipelineSchedule.cpp - stage functions and the step order ----------===//
+//
+// After partition, @train_step (its gradient inlined) is one straight-line
+// function whose ops know their chunk: --ernie-pipeline-split staged the
+// forward, autodiff gave each gradient op its forward op's stage and each
+// update op its parameter's rank. Ops partition added are placed like their
+// operands; constant expressions, and ops reading only arguments (ZeRO-3's
+// gathers), are rebuilt wherever they are read.
+//
+// Cutting the function is then bookkeeping over where each value is defined
+// and read: the same chunk (nothing), an earlier forward chunk (send and
+// receive), the chunk's own forward read by its backward (a residual the
+// runtime keeps per micro-batch), a later backward chunk (send and receive),
+// a backward read by the update (a gradient the runtime sums over
+// micro-batches). Data only flows as a pipeline allows — forward values up
+// the chunks, gradients down — which the pass checks, so the schedule's
+// dependencies are exactly those the schedule library simulates.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Passes/Passes.h"
+#include "ernie/runtime/PipelineSchedule.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringExtras.h"
+
+#include <map>
+#include <set>
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_PIPELINESCHEDULEPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+namespace rt = ::ernie::runtime;
+
+namespace {
+
+/// Where an op runs. Phases are ordered as a step runs them.
+enum class Phase { Leaf, Forward, Backward, Update };
+
+struct Place {
+  Phase phase = Phase::Leaf;
+  int64_t index = 0; // the chunk (forward, backward) or the rank (update)
+  bool operator==(const Place &o) const {
+    return phase == o.phase && index == o.index;
+  }
+};
+
+/// One function being built: its body, arguments, results.
+struct StageFunction {
+  std::string name;
+  int64_t rank;
+  func::FuncOp fn;
+  Block *body;
+  IRMapping map;
+  SmallVector<Value> results;
+  SmallVector<DictionaryAttr> resultAttrs;
+  /// Arguments of the source step, by position, once imported.
+  llvm::DenseMap<unsigned, Value> args;
+};
+
+class Cutter {
+public:
+  Cutter(ModuleOp module, int64_t stages, int64_t chunks, int64_t &channel)
+      : module_(module), b_(module.getContext()), stages_(stages),
+        chunks_(chunks), channel_(channel) {}
+
+  /// Cuts `step` into stage functions named `<prefix>_forward.<c>` (and, for
+  /// training, `_backward.<c>`, `_update.<r>`), in front of `step`.
+  LogicalResult cut(func::FuncOp step, StringRef prefix,
+                    const llvm::DenseSet<Operation *> &update,
+                    int64_t microBatches);
+
+private:
+  LogicalResult classify(func::FuncOp step,
+                         const llvm::DenseSet<Operation *> &update);
+  Place placeOf(Value v) const;
+  int64_t rankOf(const Place &p) const {
+    return p.phase == Phase::Update ? p.index : p.index % stages_;
+  }
+  StageFunction &functionFor(const Place &p);
+  FailureOr<Value> valueIn(StageFunction &fn, const Place &where, Value v);
+  Value cloneLeaf(StageFunction &fn, Value v);
+  Value argumentIn(StageFunction &fn, BlockArgument arg);
+  Value transfer(StageFunction &from, const Place &fromPlace,
+                 StageFunction &to, const Place &toPlace, Value local,
+                 Value original);
+  void addResult(StageFunction &fn, Value v, NamedAttrList attrs);
+  void finish(StageFunction &fn);
+
+  ModuleOp module_;
+  OpBuilder b_;
+  int64_t stages_, chunks_;
+  int64_t &channel_;
+  func::FuncOp step_;
+  std::string prefix_;
+  llvm::DenseMap<Operation *, Place> places_;
+  std::map<std::pair<int, int64_t>, StageFunction> functions_;
+  std::vector<StageFunction *> order_; // creation order, for output order
+  SmallVector<int64_t> batchIndex_;    // per step argument, -1: not batch
+  int64_t residuals_ = 0, gradients_ = 0;
+  int64_t microBatches_ = 1;
+};
+
+Place Cutter::placeOf(Value v) const {
+  if (auto res = dyn_cast<OpResult>(v))
+    return places_.lookup(res.getOwner());
+  return Place{}; // Arguments: imported wherever read.
+}
+
+LogicalResult Cutter::classify(func::FuncOp step,
+                               const llvm::DenseSet<Operation *> &update) {
+  for (Operation &op : step.getBody().front().without_terminator()) {
+    Place place;
+    auto stage = op.getAttrOfType<IntegerAttr>(ErnieDialect::kStageAttrName);
+    if (op.getNumOperands() == 0 && isMemoryEffectFree(&op)) {
+      // Constants (which folding merges across stages) and axis indices:
+      // rebuilt wherever read.
+    } else if (update.contains(&op)) {
+      place.phase = Phase::Update;
+      place.index = -1;
+      if (stage)
+        place.index = stage.getInt() % stages_;
+      else
+        for (Value v : op.getOperands()) {
+          Place p = placeOf(v);
+          if (p.phase != Phase::Leaf)
+            place.index = std::max(place.index, rankOf(p));
+          else if (auto arg = dyn_cast<BlockArgument>(v))
+            if (auto r = step.getArgAttrOfType<IntegerAttr>(
+                    arg.getArgNumber(), ErnieDialect::kPipelineRankAttrName))
+              place.index = std::max(place.index, r.getInt());
+        }
+      if (place.index < 0)
+        place = Place{}; // Constants and learning-rate arithmetic.
+    } else if (stage) {
+      place.phase = op.hasAttr(ErnieDialect::kBackwardAttrName)
+                        ? Phase::Backward
+                        : Phase::Forward;
+      place.index = stage.getInt();
+    } else {
+      // Added by propagation or partition: with its operands' latest phase
+      // and, within it, chunk.
+      for (Value v : op.getOperands()) {
+        Place p = placeOf(v);
+        if (p.phase > place.phase)
+          place = p;
+        else if (p.phase == place.phase && p.index > place.index)
+          place.index = p.index;
+      }
+    }
+    if (place.phase == Phase::Leaf && !isMemoryEffectFree(&op))
+      return op.emitError("pipeline split: this op has effects but reads "
+                          "nothing placed on a stage");
+    places_[&op] = place;
+  }
+  return success();
+}
+
+StageFunction &Cutter::functionFor(const Place &p) {
+  int key = static_cast<int>(p.phase);
+  auto [it, inserted] = functions_.try_emplace({key, p.index});
+  StageFunction &fn = it->second;
+  if (!inserted)
+    return fn;
+  const char *kind = p.phase == Phase::Forward    ? "_forward."
+                     : p.phase == Phase::Backward ? "_backward."
+                                                  : "_update.";
+  fn.name = prefix_ + kind + std::to_string(p.index);
+  fn.rank = rankOf(p);
+  b_.setInsertionPoint(step_);
+  fn.fn = func::FuncOp::create(b_, step_.getLoc(), fn.name,
+                               b_.getFunctionType({}, {}));
+  fn.fn->setAttr(ErnieDialect::kPipelineStageAttrName,
+                 b_.getI64IntegerAttr(fn.rank));
+  fn.body = fn.fn.addEntryBlock();
+  order_.push_back(&fn);
+  return fn;
+}
+
+Value Cutter::argumentIn(StageFunction &fn, BlockArgument arg) {
+  unsigned i = arg.getArgNumber();
+  if (Value v = fn.args.lookup(i))
+    return v;
+  NamedAttrList attrs(step_.getArgAttrDict(i));
+  if (batchIndex_[i] >= 0)
+    attrs.set(ErnieDialect::kInputAttrName,
+              b_.getI64IntegerAttr(batchIndex_[i]));
+  unsigned at = fn.body->getNumArguments();
+  (void)fn.fn.insertArgument(at, arg.getType(), attrs.getDictionary(b_.getContext()),
+                       arg.getLoc());
+  Value v = fn.body->getArgument(at);
+  fn.args[i] = v;
+  fn.map.map(arg, v);
+  return v;
+}
+
+/// Rebuilds a constant expression (or an op of arguments alone) in `fn`.
+Value Cutter::cloneLeaf(StageFunction &fn, Value v) {
+  if (Value mapped = fn.map.lookupOrNull(v))
+    return mapped;
+  if (auto arg = dyn_cast<BlockArgument>(v))
+    return argumentIn(fn, arg);
+  Operation *op = cast<OpResult>(v).getOwner();
+  for (Value operand : op->getOperands())
+    cloneLeaf(fn, operand);
+  OpBuilder::InsertionGuard guard(b_);
+  b_.setInsertionPointToEnd(fn.body);
+  Operation *copy = b_.clone(*op, fn.map);
+  copy->removeAttr(ErnieDialect::kStageAttrName);
+  copy->removeAttr(ErnieDialect::kBackwardAttrName);
+  return fn.map.lookup(v);
+}
+
+void Cutter::addResult(StageFunction &fn, Value v, NamedAttrList attrs) {
+  fn.results.push_back(v);
+  fn.resultAttrs.push_back(attrs.getDictionary(b_.getContext()));
+}
+
+/// Moves `local` (the value of `original` in `from`) into `to`.
+Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
+                       StageFunction &to, const Place &toPlace, Value local,
+                       Value original) {
+  OpBuilder::InsertionGuard guard(b_);
+  Location loc = original.getLoc();
+  auto type = local.getType();
+  // The chunk's own forward value read by its backward: a residual.
+  if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward) {
+    std::string name = "residual." + std::to_string(residuals_++);
+    addResult(from, local,
+              {b_.getNamedAttr(ErnieDialect::kResidualAttrName,
+                               b_.getStringAttr(name))});
+    unsigned at = to.body->getNumArguments();
+    (void)to.fn.insertArgument(
+        at, type,
+        b_.getDictionaryAttr(b_.getNamedAttr(ErnieDialect::kResidualAttrName,
+                                             b_.getStringAttr(name))),
+        loc);
+    return to.body->getArgument(at);
+  }
+  // A backward value the update reads: summed over micro-batches by the
+  // runtime, averaged here.
+  if (fromPlace.phase == Phase::Backward && toPlace.phase == Phase::Update) {
+    std::string name = "grad." + std::to_string(gradients_++);
+    addResult(from, local,
+              {b_.getNamedAttr(ErnieDialect::kGradientAttrName,
+                               b_.getStringAttr(name))});
+    unsigned at = to.body->getNumArguments();
+    (void)to.fn.insertArgument(
+        at, type,
+        b_.getDictionaryAttr(b_.getNamedAttr(ErnieDialect::kGradientAttrName,
+                                             b_.getStringAttr(name))),
+        loc);
+    Value sum = to.body->getArgument(at);
+    b_.setInsertionPointToEnd(to.body);
+    auto tensor = cast<RankedTensorType>(type);
+    return DivOp::create(b_, loc, sum,
+                         FullOp::create(b_, loc, tensor,
+                                        static_cast<double>(microBatches_)));
+  }
+  // Anything else crosses ranks: a send at the producer, a receive here.
+  int64_t channel = channel_++;
+  int64_t toChunk = toPlace.phase == Phase::Update ? to.rank : toPlace.index;
+  int64_t fromChunk =
+      fromPlace.phase == Phase::Update ? from.rank : fromPlace.index;
+  b_.setInsertionPointToEnd(from.body);
+  SendOp::create(b_, loc, local, toChunk, channel);
+  b_.setInsertionPointToEnd(to.body);
+  return RecvOp::create(b_, loc, type, fromChunk, channel);
+}
+
+FailureOr<Value> Cutter::valueIn(StageFunction &fn, const Place &where,
+                                 Value v) {
+  if (Value mapped = fn.map.lookupOrNull(v))
+    return mapped;
+  Place from = placeOf(v);
+  if (from.phase == Phase::Leaf)
+    return cloneLeaf(fn, v);
+  Operation *def = cast<OpResult>(v).getOwner();
+  // Which way may a value flow? Forward values up the chunks and into any
+  // backward; gradients down the chunks and into their rank's update.
+  bool allowed = false;
+  switch (from.phase) {
+  case Phase::Forward:
+    allowed = (where.phase == Phase::Forward && from.index <= where.index) ||
+              where.phase == Phase::Backward;
+    break;
+  case Phase::Backward:
+    allowed = (where.phase == Phase::Backward && from.index >= where.index) ||
+              (where.phase == Phase::Update && rankOf(from) == where.index);
+    break;
+  case Phase::Update:
+    allowed = where.phase == Phase::Update;
+    break;
+  case Phase::Leaf:
+    break;
+  }
+  if (!allowed)
+    return def->emitError()
+           << "pipeline split: a value of "
+           << (from.phase == Phase::Backward ? "backward" : "forward/update")
+           << " chunk/rank " << from.index
+           << " is read where the schedule cannot deliver it (phase "
+           << static_cast<int>(where.phase) << ", " << where.index << ")";
+  // A forward value of another chunk read by a backward comes through the
+  // backward's own forward, as a residual.
+  if (from.phase == Phase::Forward && where.phase == Phase::Backward &&
+      from.index != where.index) {
+    Place own{Phase::Forward, where.index};
+    if (from.index > where.index)
+      return def->emitError("pipeline split: a backward reads the forward "
+                            "of a later chunk");
+    FailureOr<Value> there = valueIn(functionFor(own), own, v);
+    if (failed(there))
+      return failure();
+    Value local = transfer(functionFor(own), own, fn, where, *there, v);
+    fn.map.map(v, local);
+    return local;
+  }
+  StageFunction &source = functionFor(from);
+  Value local = transfer(source, from, fn, where, source.map.lookup(v), v);
+  fn.map.map(v, local);
+  return local;
+}
+
+void Cutter::finish(StageFunction &fn) {
+  OpBuilder::InsertionGuard guard(b_);
+  b_.setInsertionPointToEnd(fn.body);
+  func::ReturnOp::create(b_, fn.fn.getLoc(), fn.results);
+  SmallVector<Type> types;
+  for (Value v : fn.results)
+    types.push_back(v.getType());
+  fn.fn.setType(b_.getFunctionType(fn.body->getArgumentTypes(), types));
+  fn.fn.setAllResultAttrs(fn.resultAttrs);
+}
+
+LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
+                          const llvm::DenseSet<Operation *> &update,
+                          int64_t microBatches) {
+  step_ = step;
+  prefix_ = prefix.str();
+  microBatches_ = microBatches;
+  Block &body = step.getBody().front();
+  int64_t k = 0;
+  for (unsigned i = 0; i < step.getNumArguments(); ++i) {
+    bool batch = !step.getArgAttr(i, ErnieDialect::kParamAttrName) &&
+                 !step.getArgAttr(i, ErnieDialect::kOptStateAttrName) &&
+                 !step.getArgAttr(i, ErnieDialect::kLearningRateAttrName) &&
+                 !step.getArgAttr(i, ErnieDialect::kStepAttrName);
+    batchIndex_.push_back(batch ? k++ : -1);
+  }
+  if (failed(classify(step, update)))
+    return failure();
+
+  // Sums over data parallelism at the end of a gradient commute with the
+  // runtime's sum over micro-batches: they run once, in the update, instead
+  // of once per micro-batch.
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  for (Operation *op : llvm::reverse(ops)) {
+    Place &p = places_[op];
+    if (p.phase != Phase::Backward)
+      continue;
+    // Ops of one operand that commute with a sum: the reductions, and the
+    // data movement between them (a tied weight's transposed gradient).
+    bool linear = isa<AllGatherOp, TransposeOp, ReshapeOp>(op);
+    if (auto ar = dyn_cast<AllReduceOp>(op))
+      linear = ar.getKind() == ReduceKind::sum;
+    else if (auto rs = dyn_cast<ReduceScatterOp>(op))
+      linear = rs.getKind() == ReduceKind::sum;
+    if (!linear || op->use_empty() ||
+        !llvm::all_of(op->getUsers(), [&](Operation *user) {
+          return places_.lookup(user).phase == Phase::Update;
+        }))
+      continue;
+    p = Place{Phase::Update, rankOf(p)};
+  }
+
+  for (Operation *op : ops) {
+    Place where = places_.lookup(op);
+    if (where.phase == Phase::Leaf)
+      continue; // Rebuilt where read.
+    StageFunction &fn = functionFor(where);
+    for (Value operand : op->getOperands())
+      if (failed(valueIn(fn, where, operand)))
+        return failure();
+    OpBuilder::InsertionGuard guard(b_);
+    b_.setInsertionPointToEnd(fn.body);
+    Operation *copy = b_.clone(*op, fn.map);
+    copy->removeAttr(ErnieDialect::kStageAttrName);
+    copy->removeAttr(ErnieDialect::kBackwardAttrName);
+  }
+
+  // The step's results: the loss from the last chunk, new state from the
+  // updates.
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    Place p = placeOf(v);
+    NamedAttrList attrs(step.getResultAttrDict(i));
+    if (p.phase == Phase::Leaf)
+      return ret.emitError() << "pipeline split: result #" << i
+                             << " is computed on no stage";
+    if (attrs.get(ErnieDialect::kLossAttrName) &&
+        (p.phase != Phase::Forward || p.index != chunks_ - 1))
+      return ret.emitError("pipeline split: the loss is not computed on the "
+                           "last chunk's forward");
+    StageFunction &fn = functionFor(p);
+    addResult(fn, fn.map.lookup(v), attrs);
+  }
+  for (StageFunction *fn : order_)
+    finish(*fn);
+  return success();
+}
+
+StringRef paramName(func::FuncOp fn, unsigned i) {
+  return fn.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName)
+      .getValue();
+}
+
+struct PipelineSchedulePass
+    : mlir::ernie::impl::PipelineSchedulePassBase<PipelineSchedulePass> {
+  using PipelineSchedulePassBase::PipelineSchedulePassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto pipeline =
+        module->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName);
+    if (!pipeline) {
+      module.emitError("no pipeline to schedule: run --ernie-pipeline-split "
+                       "before autodiff");
+      return signalPassFailure();
+    }
+    rt::PipelineShape shape;
+    shape.stages = cast<IntegerAttr>(pipeline.get("stages")).getInt();
+    shape.virtualStages =
+        cast<IntegerAttr>(pipeline.get("virtual_stages")).getInt();
+    shape.microBatches = microBatches;
+    rt::PipelineSchedule steps;
+    if (failed(buildOrReadSchedule(module, shape, steps)))
+      return signalPassFailure();
+
+    int64_t channel = 0;
+    auto train = module.lookupSymbol<func::FuncOp>("train_step");
+    auto eval = module.lookupSymbol<func::FuncOp>("eval_step");
+    if (!train) {
+      module.emitError("a pipelined program needs @train_step (autodiff with "
+                       "an optimizer)");
+      return signalPassFailure();
+    }
+    // The step's own ops are the update; then the gradient (and the
+    // evaluation's forward) are inlined, without canonicalizing.
+    llvm::DenseSet<Operation *> update;
+    for (Operation &op : train.getBody().front().without_terminator())
+      if (!isa<func::CallOp>(op))
+        update.insert(&op);
+    OpPassManager inline_(ModuleOp::getOperationName());
+    inline_.addPass(createInlinerPass({}, [](OpPassManager &) {}));
+    if (failed(runPipeline(inline_, module)))
+      return signalPassFailure();
+    if (failed(Cutter(module, shape.stages, shape.chunks(), channel)
+                   .cut(train, "train", update, microBatches)))
+      return signalPassFailure();
+    if (eval && failed(Cutter(module, shape.stages, shape.chunks(), channel)
+                           .cut(eval, "eval", {}, 1)))
+      return signalPassFailure();
+    buildInit(module, train, shape, channel);
+    // Everything else was inlined into the stage functions.
+    for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
+      if (!fn->hasAttr(ErnieDialect::kPipelineStageAttrName))
+        fn.erase();
+    numberStageCollectives(module, channel);
+
+    Builder b(module.getContext());
+    NamedAttrList info(pipeline);
+    info.set("micro_batches", b.getI64IntegerAttr(microBatches));
+    info.set("schedule", b.getStringAttr(schedule));
+    module->setAttr(ErnieDialect::kPipelineAttrName,
+                    info.getDictionary(b.getContext()));
+    SmallVector<Attribute> perRank;
+    for (const auto &rankSteps : steps)
+      perRank.push_back(b.getStringAttr(rt::formatSteps(rankSteps)));
+    module->setAttr(ErnieDialect::kPipelineScheduleAttrName,
+                    b.getArrayAttr(perRank));
+  }
+
+  LogicalResult buildOrReadSchedule(ModuleOp module,
+                                    const rt::PipelineShape &shape,
+                                    rt::PipelineSchedule &steps) {
+    std::string error;
+    if (schedule == "custom") {
+      auto given = module->getAttrOfType<ArrayAttr>(
+          ErnieDialect::kPipelineScheduleAttrName);
+      if (!given)
+        return module.emitError("schedule=custom needs the module's '")
+               << ErnieDialect::kPipelineScheduleAttrName
+               << "': one string of steps per pipeline rank";
+      for (Attribute a : given) {
+        auto text = dyn_cast<StringAttr>(a);
+        if (!text)
+          return module.emitError("schedule entries are strings");
+        steps.emplace_back();
+        error = rt::parseSteps(text.getValue().str(), steps.back());
+        if (!error.empty())
+          return module.emitError() << error;
+      }
+    } else {
+      rt::ScheduleKind kind;
+      if (!rt::parseScheduleKind(schedule, kind))
+        return module.emitError() << "unknown pipeline schedule '" << schedule
+                                  << "' (expected FThenB, 1F1B, interleaved "
+                                     "or custom)";
+      error = rt::buildSchedule(kind, shape, steps);
+    }
+    if (error.empty())
+      error = rt::checkSchedule(steps, shape);
+    if (!error.empty())
+      return module.emitError() << error;
+    return success();
+  }
+
+  /// @init.<r>: a shared parameter's replicas start as the group's first.
+  void buildInit(ModuleOp module, func::FuncOp train,
+                 const rt::PipelineShape &shape, int64_t &channel) {
+    OpBuilder b(module.getContext());
+    std::map<int64_t, SmallVector<unsigned>> byRank;
+    std::set<StringRef> names; // channels: as autodiff numbered the sums
+    for (unsigned i = 0; i < train.getNumArguments(); ++i)
+      if (train.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
+        names.insert(paramName(train, i));
+    for (unsigned i = 0; i < train.getNumArguments(); ++i)
+      if (train.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
+        byRank[train.getArgAttrOfType<IntegerAttr>(
+                       i, ErnieDialect::kPipelineRankAttrName)
+                   .getInt()]
+            .push_back(i);
+    for (auto &[rank, args] : byRank) {
+      b.setInsertionPoint(train);
+      auto fn = func::FuncOp::create(b, train.getLoc(),
+                                     "init." + std::to_string(rank),
+                                     b.getFunctionType({}, {}));
+      fn->setAttr(ErnieDialect::kPipelineStageAttrName,
+                  b.getI64IntegerAttr(rank));
+      Block *body = fn.addEntryBlock();
+      b.setInsertionPointToEnd(body);
+      SmallVector<Value> results;
+      SmallVector<DictionaryAttr> resultAttrs;
+      for (unsigned i : args) {
+        unsigned at = body->getNumArguments();
+        (void)fn.insertArgument(at, train.getArgumentTypes()[i],
+                          train.getArgAttrDict(i), train.getLoc());
+        auto group = train.getArgAttrOfType<DenseI64ArrayAttr>(
+            i, ErnieDialect::kSharedStagesAttrName);
+        results.push_back(StageBroadcastOp::create(
+            b, train.getLoc(), body->getArgument(at), group.asArrayRef(),
+            int64_t(std::distance(names.begin(),
+                                  names.find(paramName(train, i))))));
+        NamedAttrList attrs;
+        attrs.set(ErnieDialect::kUpdatesAttrName,
+                  train.getArgAttr(i, ErnieDialect::kParamAttrName));
+        if (Attribute layout = train.getArgAttr(i, kShardOfAttrName))
+          attrs.set(kShardOfAttrName, layout);
+        resultAttrs.push_back(attrs.getDictionary(b.getContext()));
+      }
+      func::ReturnOp::create(b, train.getLoc(), results);
+      fn.setType(b.getFunctionType(body->getArgumentTypes(),
+                                   ValueRange(results).getTypes()));
+      fn.setAllResultAttrs(resultAttrs);
+    }
+  }
+
+  /// Stage collectives carry their parameter's index among the shared
+  /// names (the same on every member); move them past the transfers'
+  /// channels, sums and broadcasts apart.
+  void numberStageCollectives(ModuleOp module, int64_t channel) {
+    int64_t shared = 0;
+    module.walk([&](StageBroadcastOp op) {
+      shared = std::max<int64_t>(shared, op.getChannel() + 1);
+    });
+    module.walk([&](StageAllReduceOp op) {
+      shared = std::max<int64_t>(shared, op.getChannel() + 1);
+    });
+    module.walk([&](StageAllReduceOp op) {
+      op.setChannel(channel + op.getChannel());
+    });
+    module.walk([&](StageBroadcastOp op) {
+      op.setChannel(channel + shared + op.getChannel());
+    });
+  }
+};
+
+} // namespace
