@@ -11,9 +11,9 @@ From a build tree: `export PYTHONPATH=$PWD/build/python`. Installed:
 `pip install .` from the repository.
 """
 
-from . import distributed, fp8, functional, nn, optimizer
+from . import distributed, fp8, functional, nn, optimizer, pipeline
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004
 from .tensor import Tensor
 
 __all__ = ["Program", "Tensor", "collectives_of", "compile", "distributed", "fp8", "functional",
-           "nn", "optimizer", "trace_model"]
+           "nn", "optimizer", "pipeline", "trace_model"]

@@ -4,6 +4,14 @@ The pipeline is the one `ernie-opt` runs — `--ernie-autodiff` (with the
 optimizer's options) then `--ernie-auto-parallel-pipeline` when there is a
 mesh — and the program file is the one `ernie-run` reads. Every rank runs as
 a thread of this process (the runtime's Session).
+
+A mesh with a "pp" axis of size > 1 makes a pipelined program: the model is
+traced on one micro-batch (the example inputs' dimension 0 divided by
+`pp_config.accumulate_steps`) with its split points recorded, and the
+pipeline becomes `--ernie-pipeline-split`, `--ernie-shared-weight-dedup`,
+`--ernie-autodiff`, [ZeRO, FP8], partition, [overlap], then
+`--ernie-pipeline-schedule`. Such a program runs `step` and `eval` only (the
+runtime splits each global batch into the micro-batches itself).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import numpy as np
 
 from . import _ernie
 from .distributed import DistTensor, ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
+from .pipeline import configure as configure_pipeline
 from .nn import Module
 from .optimizer import Optimizer
 from .tensor import ERNIE_TO_NUMPY, Trace, Tensor, dtype_name, tracing
@@ -65,10 +74,19 @@ def _fp8_pass(fp8_config: dict) -> str:
 
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
-              fp8_config: dict | None = None) -> str:
+              fp8_config: dict | None = None, pipeline: dict | None = None) -> str:
+    """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
+    virtual_stages, accumulate_steps and schedule (FThenB, 1F1B,
+    interleaved)."""
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
-    passes = [f"ernie-autodiff{{{text}}}"] if differentiate else []
+    passes = []
+    if pipeline is not None:
+        passes.append(f"ernie-pipeline-split{{stages={pipeline['stages']} "
+                      f"virtual-stages={pipeline['virtual_stages']}}}")
+        passes.append("ernie-shared-weight-dedup")
+    if differentiate:
+        passes.append(f"ernie-autodiff{{{text}}}")
     if zero_level:
         passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
     if fp8_config is not None:
@@ -77,6 +95,9 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         passes.append("ernie-auto-parallel-pipeline")
         if overlap:
             passes.append("ernie-sequence-parallel-overlap")
+        if pipeline is not None:
+            passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
+                          f"schedule={pipeline['schedule']}}}")
     elif passes:
         passes.append("ernie-simplify-pipeline")  # canonicalize, CSE (as partition's pipeline does)
     return f"builtin.module({','.join(passes)})" if passes else ""
@@ -97,14 +118,49 @@ def _input_sharding(mesh, value, shape, dp_axis):
     return placements_to_sharding(mesh, placements, shape)
 
 
-def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis=None) -> str:
-    """The model's forward as an ernie module (the traced, unpartitioned IR)."""
+def _micro_batch(value, micro_batches: int, index: int):
+    """The first of `micro_batches` equal slices of an example input along
+    dimension 0 (a pipelined model is traced on one micro-batch)."""
+    if micro_batches == 1:
+        return value
+    array = _global_array(value)
+    if array.ndim == 0:
+        raise ValueError(f"input {index} is a scalar: with accumulate_steps={micro_batches} every "
+                         f"input is split into micro-batches along dimension 0")
+    if array.shape[0] % micro_batches:
+        raise ValueError(f"input {index} has {array.shape[0]} rows (dimension 0), which do not "
+                         f"divide into accumulate_steps={micro_batches} micro-batches")
+    rows = array.shape[0] // micro_batches
+    if isinstance(value, DistTensor):
+        return DistTensor(array[:rows], value.process_mesh, value.placements)
+    return array[:rows]
+
+
+def _is_pipelined(mesh) -> bool:
+    return mesh is not None and "pp" in mesh.dim_names and mesh.get_dim_size("pp") > 1
+
+
+def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis=None,
+                micro_batches: int = 1, split_points: bool | None = None) -> str:
+    """The model's forward as an ernie module (the traced, unpartitioned IR).
+    With micro_batches > 1 it is traced on the example inputs' first
+    1/micro_batches along dimension 0. Split points are recorded when
+    `split_points` is true (default: the mesh has a "pp" axis of size > 1);
+    the parameters' declared pipeline stages go with them."""
+    return _trace(model, example_inputs, mesh, dp_axis, micro_batches, split_points)[0]
+
+
+def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None):
+    """(traced text, the Trace)."""
     model._name_parameters()
-    trace = Trace("forward")
+    if split_points is None:
+        split_points = _is_pipelined(mesh)
+    trace = Trace("forward", split_points=split_points)
     if mesh is not None:
         trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape)
     inputs = []
     for i, value in enumerate(example_inputs):
+        value = _micro_batch(value, micro_batches, i)
         array = _global_array(value)
         inputs.append(trace.argument(array.shape, array.dtype,
                                      sharding=_input_sharding(mesh, value, array.shape, dp_axis)))
@@ -116,7 +172,9 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
                 if mesh is None:
                     raise ValueError(f"parameter {name} has placements but compile has no mesh")
                 sharding = placements_to_sharding(mesh, p.placements, p.shape)
-            p.traced = trace.argument(p.shape, p.dtype, param=name, sharding=sharding)
+            stages = p.pipeline_stages if split_points and p.pipeline_stages else None
+            p.traced = trace.argument(p.shape, p.dtype, param=name, sharding=sharding,
+                                      pipeline_stages=stages)
         with tracing(trace):
             out = model(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
@@ -126,7 +184,7 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
     finally:
         for _, p in params:
             p.traced = None
-    return trace.tracer.text()
+    return trace.tracer.text(), trace
 
 
 class Program:
@@ -136,7 +194,11 @@ class Program:
                  seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
-        self.num_ranks, self._signatures = _ernie.describe(program_file)
+        # `pipeline`: None, or the pipelined program's stages, virtual_stages,
+        # micro_batches, schedule, axis, steps (per pipeline rank its
+        # ("F" | "B", chunk, micro_batch) in order), inputs (micro-batch
+        # specs) and state_stages ({state name: stages holding it}).
+        self.num_ranks, self._signatures, self.pipeline = _ernie.describe(program_file)
         self._step_fn = "train_step" if optimizer is not None else "forward_grad"
         self.abstract = abstract
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
@@ -146,12 +208,30 @@ class Program:
             return
         self._session = _ernie.Session(program_file, timeout, check_finite, trace)
         values = {name: p.value for name, p in model.named_parameters()}
+        if self.pipeline is not None:
+            # Every stage's state, then @init.<s> (shared parameters'
+            # replicas start equal): once, through train_step.
+            self._session.init_state("train_step", values, seed)
+            return
         for fn in self.functions():
             if fn in ("train_step", "eval_step", "forward", "forward_grad"):
                 self._session.init_state(fn, values, seed)
 
     def functions(self):
+        """The program file's functions (a pipelined program's are its
+        stage functions: train_forward.<chunk>, train_backward.<chunk>,
+        eval_forward.<chunk>, train_update.<stage>, init.<stage>)."""
         return list(self._signatures)
+
+    @property
+    def is_pipelined(self) -> bool:
+        return self.pipeline is not None
+
+    def _not_pipelined(self, what):
+        if self.pipeline is not None:
+            raise RuntimeError(f"{what} is not available on a pipelined program (pp > 1), which "
+                               f"runs step() and eval() only: compile the model without a 'pp' "
+                               f"axis for {what}")
 
     def _require_session(self):
         if self._session is None:
@@ -179,6 +259,8 @@ class Program:
         """Runs `fn`; results of narrow float types (bf16, fp8), which the
         runtime hands over as raw bits, come back as float32 values."""
         results = self._require_session().call(fn, batch, *args)
+        if fn not in self._signatures:  # a pipelined step: the f32 loss
+            return list(results)
         kinds = [r["dtype"] for r in self._signatures[fn]["results"]]
         return [_ernie.convert_float(np.ascontiguousarray(r), kind, "f32").reshape(np.shape(r))
                 if kind in ("bf16", "f8E4M3FN", "f8E5M2") else r
@@ -195,22 +277,42 @@ class Program:
         return float(loss)
 
     def eval(self, *batch) -> float:
-        fn = "eval_step" if "eval_step" in self.functions() else "forward"
+        """The loss on a global batch, parameters unchanged (a pipelined
+        program: the mean over its micro-batches)."""
+        if self.pipeline is not None:
+            fn = "eval_step"
+            if not any(f.startswith("eval_forward.") for f in self.functions()):
+                raise RuntimeError("this pipelined program has no evaluation step")
+        else:
+            fn = "eval_step" if "eval_step" in self.functions() else "forward"
         (loss, *_rest) = self._call(fn, self._check_batch(batch))
         return float(loss)
 
     def forward(self, *batch):
         """The model's output (global) on a batch."""
+        self._not_pipelined("forward()")
         return self._call("forward", self._check_batch(batch))[0]
 
     def grad(self, *batch):
         """(loss, {parameter: gradient}) at the current parameters."""
+        self._not_pipelined("grad()")
         results = self._call("forward_grad", self._check_batch(batch))
         names = [r["name"] for r in self._signatures["forward_grad"]["arguments"]
                  if r["role"] == "parameter"]
         return float(results[0]), OrderedDict(zip(names, results[1:]))
 
     def _state_names(self):
+        if self.pipeline is not None:
+            # Each stage's update takes its parameters and slots; a shared
+            # parameter's replicas are one state (the session reads the
+            # first holding stage's).
+            names = []
+            for s in range(self.pipeline["stages"]):
+                sig = self._signatures.get(f"train_update.{s}", {"arguments": []})
+                names += [a["name"] for a in sig["arguments"]
+                          if a["role"] in ("parameter", "optimizer_state") and a["name"] not in names]
+            names += [n for n in self.pipeline["state_stages"] if n not in names]
+            return "train_step", names
         fn = self._step_fn if self._step_fn in self.functions() else "forward"
         return fn, [a["name"] for a in self._signatures[fn]["arguments"]
                     if a["role"] in ("parameter", "optimizer_state")]
@@ -225,6 +327,10 @@ class Program:
         unknown = set(state) - set(names)
         if unknown:
             raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
+        if self.pipeline is not None:  # every stage holding a name gets it
+            for name, value in state.items():
+                self._require_session().set_state(fn, name, np.ascontiguousarray(value))
+            return
         for f in self.functions():
             if f in ("train_step", "eval_step", "forward", "forward_grad"):
                 sig = [a["name"] for a in self._signatures[f]["arguments"]]
@@ -271,6 +377,13 @@ class Program:
                 out["functions"][name]["activation_bytes"] = int(value)
         if "forward_grad" in out["functions"]:
             out["activation_bytes"] = out["functions"]["forward_grad"].get("activation_bytes", 0)
+        if self.pipeline is not None:
+            # Every stage function, each run once per micro-batch (the
+            # updates once per step).
+            out["pipeline"] = {k: self.pipeline[k] for k in
+                               ("stages", "virtual_stages", "micro_batches", "schedule")}
+            out["collectives"] = collectives_of(self.mlir)
+            return out
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
         return out
@@ -313,6 +426,30 @@ def collectives_of(module_text: str, function: str | None = None):
     return {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)}
 
 
+def _check_micro_batches(example_inputs, micro_batches, mesh, dp_axis):
+    """Each input splits into `micro_batches` micro-batches along dimension
+    0, and each micro-batch over data parallelism."""
+    dp = mesh.get_dim_size(dp_axis) if dp_axis and dp_axis in mesh.dim_names else 1
+    for i, value in enumerate(example_inputs):
+        micro = _global_array(_micro_batch(value, micro_batches, i))
+        if dp > 1 and not isinstance(value, DistTensor) and micro.shape[0] % dp:
+            raise ValueError(f"input {i}: a micro-batch has {micro.shape[0]} rows ({micro.shape[0] * micro_batches} "
+                             f"/ accumulate_steps={micro_batches}), which do not divide over "
+                             f"{dp_axis}={dp}")
+
+
+def _check_split_points(model, mesh, pipeline, trace):
+    if trace.split_point_count == 0:
+        raise ValueError(f"the mesh has pp={mesh.get_dim_size('pp')} but the model places no split "
+                         f"point: give pp_config.split_spec, build a PipelineLayer, or call "
+                         f"ernie.functional.split_point")
+    layers = dict(model.named_sublayers())
+    for name in pipeline["split_layers"]:
+        if id(layers[name]) not in trace.split_layers_reached:
+            raise ValueError(f"split_spec places a split point at layer {name!r}, which the "
+                             f"model's forward never calls")
+
+
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
             abstract=False, trace=False, fp8_config=None) -> Program:
@@ -334,9 +471,6 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         parallelize(model, optimizer, mesh, config)
     plan = getattr(model, "_ernie_plan", None)
     mesh = mesh or (plan["mesh"] if plan else None) or get_mesh()
-    if plan and plan.get("pp_config") and mesh is not None and "pp" in mesh.dim_names \
-            and mesh.get_dim_size("pp") > 1:
-        raise NotImplementedError("pipeline parallelism is not available yet (pp_config is validated only)")
     dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
     zero_level = max(plan.get("sharding_level", 0) if plan else 0,
                      getattr(optimizer, "sharding_level", 0) if optimizer is not None else 0)
@@ -346,12 +480,24 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
             raise ValueError("ZeRO (sharding_level > 0) shards optimizer state: it needs an optimizer")
         if mesh is None or zero_axis not in mesh.dim_names:
             raise ValueError(f"ZeRO shards over mesh dimension {zero_axis!r}, which the mesh lacks")
-    traced = trace_model(model, example_inputs, mesh, dp_axis)
+    pipeline = None
+    if _is_pipelined(mesh):
+        if not differentiate or optimizer is None:
+            raise ValueError("a pipelined program (a 'pp' mesh axis of size > 1) trains: it needs "
+                             "an optimizer and differentiate=True")
+        pipeline = configure_pipeline(model, mesh, plan.get("pp_config") if plan else None)
+        _check_micro_batches(example_inputs, pipeline["accumulate_steps"], mesh, dp_axis)
+    traced, trace_state = _trace(model, example_inputs, mesh, dp_axis,
+                                 pipeline["accumulate_steps"] if pipeline else 1,
+                                 split_points=pipeline is not None)
+    if pipeline is not None:
+        _check_split_points(model, mesh, pipeline, trace_state)
     compiled, program_file = _ernie.compile(
         traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
                           overlap=bool(plan and plan.get("sequence_parallel_overlap")),
                           fp8_config=fp8_config if fp8_config is not None
-                          else (plan.get("fp8_config") if plan else None)))
+                          else (plan.get("fp8_config") if plan else None),
+                          pipeline=pipeline))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace)

@@ -5,8 +5,12 @@ with named dimensions; per mesh dimension a placement — `Shard(dim)`,
 `Replicate()` or `Partial(reduce_type)`; `shard_tensor` / `reshard`;
 `parallelize(model, optimizer, mesh, config)` with `dp_config`, `mp_config`
 (a `parallelize_plan` of regexes matched against full sub-layer or parameter
-names) and `pp_config`. A placement list becomes an `#ernie.sharding`: tensor
-dimension d is split by the mesh dimensions that `Shard(d)`, in mesh order.
+names) and `pp_config` (split_spec, global_spec, accumulate_steps,
+schedule_mode, vpp_degree; `ernie.pipeline`, re-exported here with
+`SplitPoint`, `PipelineLayer`, `LayerDesc`, `SharedLayerDesc`,
+`pipeline_schedule` and `simulate_pipeline`). A placement list becomes an
+`#ernie.sharding`: tensor dimension d is split by the mesh dimensions that
+`Shard(d)`, in mesh order.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import numpy as np
 
 from . import _ernie
 from .nn import Module, Parameter
+from .pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  # noqa: F401
+                       pipeline_schedule, simulate_pipeline)
+from .pipeline import configure as _configure_pipeline
+from .pipeline import clear_split_marks as _clear_split_marks
 from .tensor import Tensor, dtype_name
 
 
@@ -487,7 +495,18 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
                          f"(known: {sorted(_CONFIG_KEYS)})")
     model._name_parameters()
     plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None,
-                  "sequence_parallel_overlap": False}
+                  "pipeline": None, "sequence_parallel_overlap": False}
+
+    # Pipeline first, as Paddle applies it: split_spec marks layers, whose
+    # calls then place the stage boundaries while the model is traced.
+    _clear_split_marks(model)
+    pp = config.get("pp_config")
+    if pp is not None:
+        if not isinstance(pp, dict):
+            raise TypeError("pp_config is a dict (split_spec, global_spec, accumulate_steps, "
+                            "schedule_mode, vpp_degree)")
+        plan_state["pipeline"] = _configure_pipeline(model, mesh, pp)
+        plan_state["pp_config"] = dict(pp)
 
     dp = config.get("dp_config")
     if dp is not None:
@@ -539,14 +558,5 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
             raise TypeError("fp8_config is a dict (recipe, fwd_format, grad_format, exclude, include)")
         plan_state["fp8_config"] = dict(config["fp8_config"])
 
-    pp = config.get("pp_config")
-    if pp is not None:
-        unknown = set(pp) - {"split_spec", "global_spec"}
-        if unknown:
-            raise ValueError(f"unknown pp_config keys {sorted(unknown)}")
-        split = pp.get("split_spec")
-        if split is not None and not isinstance(split, (str, dict)):
-            raise TypeError("pp_config.split_spec is a layer-name prefix or a {name: SplitPoint} dict")
-        plan_state["pp_config"] = pp
     object.__setattr__(model, "_ernie_plan", plan_state)
     return model, optimizer

@@ -231,3 +231,21 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction="mean", ignore_index
 def sharding_constraint(x: Tensor, sharding: tuple, priority: int = 0) -> Tensor:
     """Asks propagation for `sharding` here (mesh, dims, partials)."""
     return _one("ernie.sharding_constraint", [x], {"sharding": sharding, "priority": priority})
+
+
+# ---------------------------------------------------------------------------
+# Pipeline parallelism
+# ---------------------------------------------------------------------------
+
+def split_point(x):
+    """A pipeline stage boundary (`ernie.split_point`, the identity): what is
+    computed from the result belongs to the next virtual stage. Tuples and
+    lists are marked element-wise; anything but a Tensor passes through.
+    Outside a pipelined compile (no "pp" mesh axis of size > 1) nothing is
+    recorded and `x` comes back as it is: the model runs as one stage."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(split_point(v) for v in x)
+    if not isinstance(x, Tensor) or not x.trace.split_points:
+        return x
+    x.trace.split_point_count += 1
+    return _one("ernie.split_point", [x])

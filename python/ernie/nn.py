@@ -15,6 +15,7 @@ import numpy as np
 
 from . import functional as F
 from .tensor import ERNIE_TO_NUMPY, Tensor, dtype_name
+from .tensor import _state as _trace_state
 
 
 _abstract = False
@@ -48,6 +49,9 @@ class Parameter:
         self.placements = None  # list of distributed placements, per mesh dim
         self.name = None        # set by the owning module tree
         self.traced: Tensor | None = None  # the argument while tracing
+        # Virtual pipeline stages declared to hold a replica (SharedLayerDesc):
+        # `ernie.pipeline_stages` on the argument of a pipelined trace.
+        self.pipeline_stages: list[int] | None = None
         if value is None:  # abstract: shape and dtype only
             self.dtype, self.value, self.shape = dtype_name(dtype), None, tuple(shape)
             return
@@ -125,7 +129,21 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        # A pipeline split point placed on this layer (pp_config.split_spec):
+        # "beginning" marks its inputs, "end" its outputs.
+        split = self.__dict__.get("_ernie_split_point")
+        if split is None:
+            return self.forward(*args, **kwargs)
+        if split == "beginning":
+            args = F.split_point(tuple(args))
+            kwargs = {k: F.split_point(v) for k, v in kwargs.items()}
+        out = self.forward(*args, **kwargs)
+        if split == "end":
+            out = F.split_point(out)
+        trace = getattr(_trace_state, "trace", None)
+        if trace is not None:
+            trace.split_layers_reached.add(id(self))
+        return out
 
     def p(self, name) -> Tensor:
         """The traced argument of this module's parameter `name`."""

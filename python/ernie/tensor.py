@@ -36,13 +36,23 @@ def dtype_name(dtype) -> str:
 
 
 class Trace:
-    """One function being recorded."""
+    """One function being recorded.
 
-    def __init__(self, name: str = "forward"):
+    `split_points`: whether pipeline stage boundaries
+    (`ernie.functional.split_point`) are recorded. ernie.compile records
+    them only for a pipelined program (a mesh with a "pp" axis of size > 1);
+    elsewhere a boundary is the identity and leaves no op. `split_point_count`
+    counts the markers recorded."""
+
+    def __init__(self, name: str = "forward", split_points: bool = True):
         self.tracer = _ernie.Tracer(name)
+        self.split_points = split_points
+        self.split_point_count = 0
+        self.split_layers_reached = set()  # ids of layers whose marks ran
 
-    def argument(self, shape, dtype, param=None, sharding=None) -> "Tensor":
-        handle = self.tracer.argument(list(shape), dtype_name(dtype), param, sharding)
+    def argument(self, shape, dtype, param=None, sharding=None, pipeline_stages=None) -> "Tensor":
+        stages = None if pipeline_stages is None else [int(s) for s in pipeline_stages]
+        handle = self.tracer.argument(list(shape), dtype_name(dtype), param, sharding, stages)
         return Tensor(self, handle)
 
 

@@ -8,7 +8,10 @@
 //     takes) and writes the program file, returning its bytes;
 //   * Session: the runtime's in-process sessions over numpy arrays;
 //   * convert_float: the runtime's exact f32 <-> narrow float conversions;
-//   * infer_spmd and the dims_mapping conversions of the sharding library.
+//   * infer_spmd and the dims_mapping conversions of the sharding library;
+//   * pipeline_schedule / simulate_pipeline: the runtime's schedule library
+//     (PipelineSchedule.h), the orders a pipelined program runs and their
+//     timing with given step costs.
 // Errors become Python exceptions carrying the MLIR diagnostics.
 //
 //===----------------------------------------------------------------------===//
@@ -20,6 +23,7 @@
 #include "ernie/InitAll.h"
 #include "ernie/Sharding/InferSpmd.h"
 #include "ernie/runtime/FloatConvert.h"
+#include "ernie/runtime/PipelineSchedule.h"
 #include "ernie/runtime/Session.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -32,6 +36,8 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
+
+#include <algorithm>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -222,7 +228,8 @@ public:
   }
 
   int argument(const std::vector<int64_t> &shape, const std::string &dtype,
-               std::optional<std::string> param, py::object sharding) {
+               std::optional<std::string> param, py::object sharding,
+               std::optional<std::vector<int64_t>> pipelineStages) {
     RankedTensorType type = tensorType(&context(), shape, dtype);
     Value v = entry_->addArgument(type, b_.getUnknownLoc());
     SmallVector<NamedAttribute> attrs;
@@ -236,6 +243,20 @@ public:
       attrs.push_back(b_.getNamedAttr(
           ec::kShardingAttrName,
           shardingAttr(&context(), mesh, dims, partials)));
+    }
+    if (pipelineStages) {
+      // The virtual stages declared to hold this parameter (a
+      // SharedLayerDesc's occurrences), sorted and distinct, as
+      // --ernie-pipeline-split reads them.
+      if (!param)
+        throw py::value_error("pipeline_stages belongs to a parameter argument");
+      std::vector<int64_t> stages = *pipelineStages;
+      std::sort(stages.begin(), stages.end());
+      stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
+      if (!stages.empty() && stages.front() < 0)
+        throw py::value_error("pipeline_stages are virtual stage indices (>= 0)");
+      attrs.push_back(b_.getNamedAttr(ec::ErnieDialect::kPipelineStagesAttrName,
+                                      b_.getDenseI64ArrayAttr(stages)));
     }
     argAttrs_.push_back(b_.getDictionaryAttr(attrs));
     return add(v);
@@ -442,6 +463,8 @@ const char *roleName(rt::Role r) {
   case rt::Role::LearningRate: return "learning_rate";
   case rt::Role::Step: return "step";
   case rt::Role::Loss: return "loss";
+  case rt::Role::Residual: return "residual";
+  case rt::Role::Gradient: return "gradient";
   }
   return "";
 }
@@ -673,6 +696,125 @@ py::tuple inferSpmd(const std::string &op,
   return py::make_tuple(convert(result->inputs), convert(result->outputs));
 }
 
+//===----------------------------------------------------------------------===//
+// Pipeline schedules and pipelined programs
+//===----------------------------------------------------------------------===//
+
+rt::PipelineShape pipelineShape(int64_t stages, int64_t virtualStages,
+                                int64_t microBatches) {
+  rt::PipelineShape shape;
+  shape.stages = stages;
+  shape.virtualStages = virtualStages;
+  shape.microBatches = microBatches;
+  return shape;
+}
+
+/// The schedule of `kind` for the shape; the library's message as a
+/// ValueError when the kind is unknown or does not suit the shape.
+rt::PipelineSchedule buildSchedule(const std::string &kindName,
+                                   const rt::PipelineShape &shape) {
+  rt::ScheduleKind kind;
+  if (!rt::parseScheduleKind(kindName, kind))
+    throw py::value_error("unknown pipeline schedule '" + kindName +
+                          "' (FThenB, 1F1B, interleaved)");
+  rt::PipelineSchedule schedule;
+  std::string error = rt::buildSchedule(kind, shape, schedule);
+  if (!error.empty())
+    throw py::value_error(error);
+  return schedule;
+}
+
+py::tuple stepTuple(const rt::PipelineStep &step) {
+  return py::make_tuple(step.action == rt::PipelineAction::Forward ? "F" : "B",
+                        step.chunk, step.microBatch);
+}
+
+py::list scheduleList(const rt::PipelineSchedule &schedule) {
+  py::list ranks;
+  for (const auto &steps : schedule) {
+    py::list rank;
+    for (const rt::PipelineStep &step : steps)
+      rank.append(stepTuple(step));
+    ranks.append(rank);
+  }
+  return ranks;
+}
+
+py::list pipelineSchedule(const std::string &kind, int64_t stages,
+                          int64_t virtualStages, int64_t microBatches) {
+  return scheduleList(
+      buildSchedule(kind, pipelineShape(stages, virtualStages, microBatches)));
+}
+
+py::dict simulatePipeline(const std::string &kind, int64_t stages,
+                          int64_t virtualStages, int64_t microBatches,
+                          double forwardCost, double backwardCost) {
+  if (!(forwardCost >= 0) || !(backwardCost >= 0))
+    throw py::value_error("step costs must be non-negative");
+  rt::PipelineShape shape = pipelineShape(stages, virtualStages, microBatches);
+  rt::PipelineSchedule schedule = buildSchedule(kind, shape);
+  rt::ScheduleTimeline timeline;
+  std::string error = rt::simulateSchedule(schedule, shape, forwardCost,
+                                           backwardCost, timeline);
+  if (!error.empty())
+    throw py::value_error(error);
+  py::list ranks;
+  for (const auto &steps : timeline.ranks) {
+    py::list rank;
+    for (const rt::TimedStep &t : steps)
+      rank.append(py::make_tuple(
+          t.step.action == rt::PipelineAction::Forward ? "F" : "B",
+          t.step.chunk, t.step.microBatch, t.start, t.end));
+    ranks.append(rank);
+  }
+  py::dict out;
+  out["bubble_fraction"] = timeline.bubbleFraction;
+  out["makespan"] = timeline.makespan;
+  out["busy"] = timeline.busy;
+  out["ranks"] = ranks;
+  return out;
+}
+
+/// A program file's ranks, functions (every stage's: a pipelined program's
+/// names are distinct across stages; each with its "stage") and, for a
+/// pipelined program, its pipeline: stages, virtual stages, micro-batches,
+/// schedule name and steps, the micro-batch inputs, and per state name the
+/// stages holding it.
+py::tuple describeProgram(py::bytes file) {
+  // Validates the file; allocates nothing (abstract compilation of
+  // full-size models uses it).
+  std::string bytes = file;
+  rt::Program program = translateErrors(
+      [&] { return rt::Program::fromBytes(bytes, "<compiled program>"); });
+  py::dict functions;
+  for (int64_t s = 0; s < program.numStages(); ++s)
+    for (const rt::Function &f : program.functions(s)) {
+      py::dict d = describeFunction(f);
+      d["stage"] = s;
+      functions[py::str(f.name)] = d;
+    }
+  py::object pipeline = py::none();
+  if (const rt::PipelineSpec *spec = program.pipeline()) {
+    py::dict p;
+    p["stages"] = program.numStages();
+    p["virtual_stages"] = spec->virtualStages;
+    p["micro_batches"] = spec->microBatches;
+    p["schedule"] = spec->schedule;
+    p["axis"] = program.stageAxis();
+    p["steps"] = scheduleList(spec->steps);
+    py::list inputs;
+    for (const rt::TensorSpec &t : spec->inputs)
+      inputs.append(describeTensor(t));
+    p["inputs"] = inputs;
+    py::dict holding;
+    for (const std::string &name : program.stateNames())
+      holding[py::str(name)] = program.stagesHolding(name);
+    p["state_stages"] = holding;
+    pipeline = p;
+  }
+  return py::make_tuple(program.mesh().numRanks(), functions, pipeline);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_ernie, m) {
@@ -682,7 +824,8 @@ PYBIND11_MODULE(_ernie, m) {
       .def(py::init<const std::string &>(), py::arg("function") = "forward")
       .def("set_mesh", &Tracer::setMesh)
       .def("argument", &Tracer::argument, py::arg("shape"), py::arg("dtype"),
-           py::arg("param") = py::none(), py::arg("sharding") = py::none())
+           py::arg("param") = py::none(), py::arg("sharding") = py::none(),
+           py::arg("pipeline_stages") = py::none())
       .def("op", &Tracer::op, py::arg("name"), py::arg("operands"),
            py::arg("attrs") = py::dict(), py::arg("result_types") = py::none(),
            py::arg("location") = "")
@@ -708,20 +851,19 @@ PYBIND11_MODULE(_ernie, m) {
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
            py::arg("lr") = 0.0, py::arg("step") = 1);
 
-  m.def(
-      "describe",
-      [](py::bytes file) {
-        // Validates the file and describes stage 0's functions; allocates
-        // nothing (abstract compilation of full-size models uses it).
-        std::string bytes = file;
-        rt::Program program = translateErrors(
-            [&] { return rt::Program::fromBytes(bytes, "<compiled program>"); });
-        py::dict out;
-        for (const rt::Function &f : program.functions(0))
-          out[py::str(f.name)] = describeFunction(f);
-        return py::make_tuple(program.mesh().numRanks(), out);
-      },
-      py::arg("program"));
+  m.def("describe", &describeProgram, py::arg("program"),
+        "(ranks, {function: signature}, pipeline or None) of a program file");
+
+  m.def("pipeline_schedule", &pipelineSchedule, py::arg("kind"),
+        py::arg("stages"), py::arg("virtual_stages") = 1,
+        py::arg("micro_batches") = 1,
+        "Per pipeline rank its steps in order: (\"F\"|\"B\", chunk, micro_batch)");
+  m.def("simulate_pipeline", &simulatePipeline, py::arg("kind"),
+        py::arg("stages"), py::arg("virtual_stages") = 1,
+        py::arg("micro_batches") = 1, py::arg("forward_cost") = 1.0,
+        py::arg("backward_cost") = 2.0,
+        "The schedule's timeline with zero-cost transfers: bubble_fraction, "
+        "makespan, busy, and per rank (action, chunk, micro_batch, start, end)");
 
   m.def("convert_float", &convertFloat, py::arg("array"), py::arg("from"),
         py::arg("to"),
