@@ -42,7 +42,7 @@ struct PipelineSplitPass
     if (stages < 1 || virtualStages < 1) {
       module.emitError() << "a pipeline needs stages >= 1 and virtual-stages "
                             ">= 1, got "
-                         << stages << " and " << virtualStages;
+                         << int64_t(stages) << " and " << int64_t(virtualStages);
       return signalPassFailure();
     }
     if (failed(checkMesh(module)) || failed(assignStages(fn)))
@@ -63,7 +63,7 @@ struct PipelineSplitPass
       return success();
     auto meshes = llvm::to_vector(module.getOps<MeshOp>());
     if (meshes.empty())
-      return module.emitError() << "a pipeline over " << stages
+      return module.emitError() << "a pipeline over " << int64_t(stages)
                                 << " stages needs a mesh with axis '" << axis
                                 << "'";
     MeshOp mesh = meshes.front();
@@ -73,7 +73,7 @@ struct PipelineSplitPass
       if (name == axis) {
         if (size != stages)
           return mesh.emitError() << "pipeline axis '" << axis << "' has size "
-                                  << size << ", but the pipeline has " << stages
+                                  << size << ", but the pipeline has " << int64_t(stages)
                                   << " stages";
         return success();
       }
@@ -102,8 +102,8 @@ struct PipelineSplitPass
         if (stage >= chunks)
           return marker.emitError()
                  << "this split point starts chunk " << stage
-                 << ", but the pipeline has " << chunks << " (" << stages
-                 << " stages x " << virtualStages << " virtual stages)";
+                 << ", but the pipeline has " << chunks << " (" << int64_t(stages)
+                 << " stages x " << int64_t(virtualStages) << " virtual stages)";
         markers.push_back(marker);
         stageOf[marker.getResult()] = stage;
         continue;
@@ -157,8 +157,8 @@ struct PipelineSplitPass
       if (!populated[c])
         return fn.emitError() << "chunk " << c << " of " << chunks
                               << " has no op: the split points make "
-                              << "fewer chunks than " << stages
-                              << " stages x " << virtualStages
+                              << "fewer chunks than " << int64_t(stages)
+                              << " stages x " << int64_t(virtualStages)
                               << " virtual stages";
     Operation *ret = body.getTerminator();
     for (Value v : ret->getOperands())
