@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -230,6 +231,57 @@ TEST_P(GlooCommunicator, SendAndReceive) {
       EXPECT_EQ(y, 42.0);
     }
   });
+}
+
+// Sends are eager: both ranks send before either receives (a pipeline's
+// 1F1B step), several messages per pair and tag are received in order, and
+// the sender's buffer is free for reuse as soon as send returns.
+TEST_P(GlooCommunicator, SendsAreEagerAndKeepTheirOrder) {
+  Mesh mesh({"pp"}, {2});
+  onGlooRanks(mesh, store("eager"), [&](Communicator &comm) {
+    int64_t peer = 1 - comm.rank();
+    std::vector<double> data(1000);
+    for (int i = 0; i < 3; ++i) {
+      std::fill(data.begin(), data.end(), 10.0 * comm.rank() + i);
+      comm.send(data.data(), data.size() * sizeof(double), peer, 5);
+      std::fill(data.begin(), data.end(), -1.0); // already copied
+    }
+    comm.send(nullptr, 0, peer, 6);
+    for (int i = 0; i < 3; ++i) {
+      comm.recv(data.data(), data.size() * sizeof(double), peer, 5);
+      EXPECT_EQ(data.front(), 10.0 * peer + i);
+      EXPECT_EQ(data.back(), 10.0 * peer + i);
+    }
+    comm.recv(nullptr, 0, peer, 6);
+    comm.barrier({"pp"});
+  });
+}
+
+// A send nobody receives does not hold up an aborted rank's communicator,
+// and a peer waiting inside Gloo for the aborted rank wakes when that
+// communicator goes, not after its timeout.
+TEST_P(GlooCommunicator, AnAbortGivesUpUnreceivedSends) {
+  Mesh mesh({"pp"}, {2});
+  TestStore where = store("unreceived");
+  GlooOptions options = where.options(std::chrono::seconds(20));
+  std::promise<void> received;
+  auto start = std::chrono::steady_clock::now();
+  onThreads(2, [&](int64_t r) {
+    auto comm = createGlooCommunicator(mesh, r, options);
+    double x = 1;
+    if (r == 0) {
+      comm->send(&x, sizeof x, 1, 1);
+      comm->send(&x, sizeof x, 1, 2); // never received
+      received.get_future().wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm->abort("gave up");
+    } else {
+      comm->recv(&x, sizeof x, 0, 1);
+      received.set_value();
+      EXPECT_THROW(comm->recv(&x, sizeof x, 0, 3), CommunicationError);
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 // A started recv waits on its pair while the same rank joins a barrier: each

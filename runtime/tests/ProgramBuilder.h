@@ -34,6 +34,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,8 @@ inline fbs::Role encodeRole(Role r) {
   case Role::LearningRate: return fbs::Role::LearningRate;
   case Role::Step: return fbs::Role::Step;
   case Role::Loss: return fbs::Role::Loss;
+  case Role::Residual: return fbs::Role::Residual;
+  case Role::Gradient: return fbs::Role::Gradient;
   }
   return fbs::Role::Input;
 }
@@ -182,6 +185,17 @@ public:
     numStages_ = n;
     return *this;
   }
+  /// Makes the program pipelined (the Pipeline table).
+  ProgramBuilder &pipeline(int64_t microBatches, int64_t virtualStages,
+                           std::string schedule) {
+    pipeline_ = {microBatches, virtualStages, std::move(schedule)};
+    return *this;
+  }
+  /// `stage`'s schedule (Stage.schedule).
+  ProgramBuilder &schedule(size_t stage, std::vector<PipelineStep> steps) {
+    schedules_[stage] = std::move(steps);
+    return *this;
+  }
   /// A new function in `stage`; the reference stays valid.
   FunctionBuilder &function(std::string name, size_t stage = 0) {
     functions_.emplace_back(stage, FunctionBuilder(std::move(name)));
@@ -211,17 +225,38 @@ public:
       if (stage < stages)
         perStage[stage].push_back(writeFunction(b, fn));
     std::vector<flatbuffers::Offset<fbs::Stage>> stageTables;
-    for (const auto &fns : perStage)
-      stageTables.push_back(fbs::CreateStage(b, b.CreateVector(fns)));
+    for (size_t s = 0; s < perStage.size(); ++s) {
+      flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fbs::PipelineStep>>>
+          steps = 0;
+      auto it = schedules_.find(s);
+      if (it != schedules_.end()) {
+        std::vector<flatbuffers::Offset<fbs::PipelineStep>> out;
+        for (const PipelineStep &step : it->second)
+          out.push_back(fbs::CreatePipelineStep(
+              b,
+              step.action == PipelineAction::Forward
+                  ? fbs::PipelineAction::Forward
+                  : fbs::PipelineAction::Backward,
+              step.chunk, step.microBatch));
+        steps = b.CreateVector(out);
+      }
+      stageTables.push_back(
+          fbs::CreateStage(b, b.CreateVector(perStage[s]), steps));
+    }
     std::vector<flatbuffers::Offset<fbs::Axis>> axisTables;
     for (size_t i = 0; i < axes_.size(); ++i)
       axisTables.push_back(
           fbs::CreateAxis(b, b.CreateString(axes_[i]), sizes_[i]));
+    flatbuffers::Offset<fbs::Pipeline> pipeline = 0;
+    if (pipeline_)
+      pipeline = fbs::CreatePipeline(b, std::get<0>(*pipeline_),
+                                     std::get<1>(*pipeline_),
+                                     b.CreateString(std::get<2>(*pipeline_)));
     b.Finish(fbs::CreateProgram(b, b.CreateString("mesh"),
                                 b.CreateVector(axisTables),
                                 b.CreateString(stageAxis_),
                                 b.CreateVector(stageTables),
-                                b.CreateString(producer)));
+                                b.CreateString(producer), pipeline));
     return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
   }
 
@@ -385,6 +420,8 @@ private:
   std::vector<int64_t> sizes_;
   std::string stageAxis_;
   std::optional<size_t> numStages_;
+  std::optional<std::tuple<int64_t, int64_t, std::string>> pipeline_;
+  std::map<size_t, std::vector<PipelineStep>> schedules_;
   std::deque<std::pair<size_t, FunctionBuilder>> functions_;
 };
 

@@ -14,13 +14,16 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 namespace ernie::runtime {
 
@@ -67,6 +70,16 @@ public:
   /// already finished making.
   ~GlooCommunicator() override {
     finishStarted();
+    finishSends();
+    // After an abort, close every pair now, not after the wait below: a
+    // peer waiting inside Gloo for this rank wakes at once.
+    bool aborted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      aborted = !aborted_.empty();
+    }
+    if (aborted)
+      channels_.clear();
     tcpStore_.reset(); // Our own connections must not count as a peer's.
     if (server_)
       server_->waitUntilClientsLeave(options_.timeout);
@@ -121,6 +134,9 @@ public:
   }
 
   void barrier(const Axes &axes) override {
+    // Everything sent before the barrier has arrived after it.
+    waitForSends("rank " + std::to_string(rank_) + ": barrier over " +
+                 describeAxes(axes));
     run("barrier", axes, [&](const Ctx &ctx) {
       gloo::BarrierOptions opts(ctx);
       opts.setTimeout(options_.timeout);
@@ -168,17 +184,43 @@ public:
     });
   }
 
+  /// Eager: the data is copied, the send posted on the copy, and the call
+  /// returns; the sender thread waits for it to complete (a Gloo send on
+  /// an unbound buffer completes when its receiver has taken it). A
+  /// failure surfaces at this rank's next send, receive or barrier.
   void send(const void *data, size_t bytes, int64_t peer,
             int64_t tag) override {
+    std::string what = "rank " + std::to_string(rank_) + ": send to rank " +
+                       std::to_string(peer) + " (tag " + std::to_string(tag) +
+                       ")";
+    throwIfSendFailed(what);
+    if (bytes == 0) { // The receive takes nothing either.
+      pointToPoint("send", peer, tag, [](const Ctx &, int) {});
+      return;
+    }
+    auto pending = std::make_unique<PendingSend>();
+    pending->what = what;
+    pending->data.assign(static_cast<const char *>(data),
+                         static_cast<const char *>(data) + bytes);
     pointToPoint("send", peer, tag, [&](const Ctx &ctx, int other) {
-      auto buf = ctx->createUnboundBuffer(const_cast<void *>(data), bytes);
-      buf->send(other, static_cast<uint64_t>(tag));
-      if (!buf->waitSend(nullptr, options_.timeout))
-        throw CommunicationError("send did not complete");
+      pending->buffer = ctx->createUnboundBuffer(pending->data.data(), bytes);
+      pending->buffer->send(other, static_cast<uint64_t>(tag));
     });
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!sender_.joinable())
+      sender_ = std::thread([this] { completeSends(); });
+    sends_.push_back(std::move(pending));
+    sendsChanged_.notify_all();
   }
 
   void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
+    throwIfSendFailed("rank " + std::to_string(rank_) + ": recv from rank " +
+                      std::to_string(peer) + " (tag " + std::to_string(tag) +
+                      ")");
+    if (bytes == 0) {
+      pointToPoint("recv", peer, tag, [](const Ctx &, int) {});
+      return;
+    }
     pointToPoint("recv", peer, tag, [&](const Ctx &ctx, int other) {
       auto buf = ctx->createUnboundBuffer(data, bytes);
       buf->recv(other, static_cast<uint64_t>(tag));
@@ -196,6 +238,7 @@ public:
     if (!aborted_.empty())
       return;
     aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
+    abortSends();
     if (tcpStore_) {
       try {
         tcpStore_->publish(kAbortKey, aborted_);
@@ -214,6 +257,90 @@ public:
   }
 
 private:
+  /// A posted send and the copy it reads (the buffer goes first: Gloo
+  /// holds only a weak reference to it).
+  struct PendingSend {
+    std::vector<char> data;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    std::string what;
+  };
+
+  /// The sender thread: waits for each posted send in order (each within
+  /// the timeout) and frees it. After an abort it stops waiting: the
+  /// receivers are not coming.
+  void completeSends() {
+    std::unique_lock<std::mutex> lock(sendMutex_);
+    for (;;) {
+      sendsChanged_.wait(lock, [&] { return stopSender_ || !sends_.empty(); });
+      if (sends_.empty())
+        return;
+      PendingSend &front = *sends_.front();
+      bool skip = sendsAborted_;
+      waiting_ = &front;
+      lock.unlock();
+      std::string error;
+      if (!skip) {
+        try {
+          if (!front.buffer->waitSend(nullptr, options_.timeout))
+            error = "aborted";
+        } catch (const std::exception &e) {
+          error = e.what();
+        }
+      }
+      lock.lock();
+      waiting_ = nullptr;
+      if (!error.empty() && sendError_.empty() && !sendsAborted_)
+        sendError_ = front.what + ": " + error;
+      sends_.pop_front();
+      sendsChanged_.notify_all();
+    }
+  }
+
+  /// Under mutex_ (abort): the sender thread gives up on every send.
+  void abortSends() {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    sendsAborted_ = true;
+    if (waiting_)
+      waiting_->buffer->abortWaitSend();
+    sendsChanged_.notify_all();
+  }
+
+  void throwIfSendFailed(const std::string &what) {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!sendError_.empty())
+      throw CommunicationError(what + ": an earlier send failed: " +
+                               sendError_);
+  }
+
+  /// Blocks until every posted send has completed (or failed: then throws).
+  void waitForSends(const std::string &what) {
+    {
+      std::unique_lock<std::mutex> lock(sendMutex_);
+      sendsChanged_.wait(lock, [&] { return sends_.empty(); });
+    }
+    throwIfSendFailed(what);
+  }
+
+  /// The destructor's: the posted sends complete (or time out, or are
+  /// given up after an abort) before the contexts go.
+  void finishSends() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        probeAborted();
+      } catch (const std::exception &) {
+        // Finishing the sends matters more than a failed probe.
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      stopSender_ = true;
+      sendsChanged_.notify_all();
+    }
+    if (sender_.joinable())
+      sender_.join();
+  }
+
   /// Pointers to the `n` consecutive `bytes`-long pieces of `all`.
   static std::vector<const void *> chunks(const std::vector<char> &all,
                                           size_t bytes, int n) {
@@ -333,18 +460,29 @@ private:
   /// TCP store's watch connection; small beside a collective either way.
   void checkAborted(const std::string &what) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (aborted_.empty() && tcpStore_) {
+    if (probeAborted())
+      throw CommunicationError(what + ": aborted: " + aborted_);
+  }
+
+  /// Under mutex_: whether this rank or a peer aborted. A peer's abort,
+  /// seen first here, also gives up this rank's posted sends.
+  bool probeAborted() {
+    if (!aborted_.empty())
+      return true;
+    if (tcpStore_) {
       if (std::optional<std::string> reason = tcpStore_->watched())
         aborted_ = reason->empty() ? "a peer aborted" : *reason;
-    } else if (aborted_.empty()) {
+    } else {
       std::ifstream file(abortPath());
       if (file)
         std::getline(file, aborted_);
       if (file && aborted_.empty())
         aborted_ = "a peer aborted";
     }
-    if (!aborted_.empty())
-      throw CommunicationError(what + ": aborted: " + aborted_);
+    if (aborted_.empty())
+      return false;
+    abortSends();
+    return true;
   }
 
   Mesh mesh_;
@@ -359,6 +497,14 @@ private:
   std::map<std::vector<int64_t>, uint32_t> permutes_;        // contextMutex_
   std::mutex contextMutex_, mutex_;
   std::string aborted_;
+  // Eager sends (send()): posted, waited for by sender_.
+  std::mutex sendMutex_;
+  std::condition_variable sendsChanged_;
+  std::deque<std::unique_ptr<PendingSend>> sends_;
+  PendingSend *waiting_ = nullptr; // the one sender_ waits for
+  std::string sendError_;
+  bool sendsAborted_ = false, stopSender_ = false;
+  std::thread sender_;
 };
 
 } // namespace
