@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <unistd.h>
 
@@ -922,4 +923,68 @@ TEST(PipelineGloo, AFailureMidPipelineStopsEveryRankWithoutATimeout) {
       ++causes;
   }
   EXPECT_GE(causes, 1);
+}
+
+//===----------------------------------------------------------------------===//
+// ernie-run
+//===----------------------------------------------------------------------===//
+
+TEST(PipelineErnieRun, ThreadsAndGlooTrainLikeTheReference) {
+  Model model;
+  model.tied = true;
+  model.stages = 3;
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() /
+                 ("ernie-pipe-run-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "in");
+  modelBuilder(model).write((dir / "pipe.ernie").string());
+  Batch batch = batchOf(model.microBatches, 3);
+  std::vector<HostTensor> inputs = inputsOf(batch);
+  writeNpy((dir / "in" / "input0.npy").string(), inputs[0]);
+  writeNpy((dir / "in" / "input.1.npy").string(), inputs[1]);
+  Reference ref(model);
+  for (const auto &[name, value] : ref.state)
+    if (name.find(':') == std::string::npos)
+      writeNpy((dir / "in" / (name + ".npy")).string(),
+               tensorOf(value, {kFeatures}));
+  std::vector<double> want;
+  for (int step = 0; step < 2; ++step)
+    want.push_back(double(float(ref.train(batch, 0.25))));
+  // The second step's values carry more bits than f32 holds: the backends
+  // must agree bit for bit, and with the reference closely.
+  std::map<std::string, HostTensor> first;
+  for (std::string backend : {"threads", "gloo"}) {
+    SCOPED_TRACE(backend);
+    fs::path out = dir / backend;
+    std::string command = std::string(ERNIE_RUN_PATH) + " " +
+                          (dir / "pipe.ernie").string() + " --backend " +
+                          backend + " --steps 2 --lr 0.25 --timeout 20 --quiet" +
+                          " --inputs " + (dir / "in").string() + " --outputs " +
+                          out.string() + " > " + (dir / "log").string() + " 2>&1";
+    int status = std::system(command.c_str());
+    std::ifstream log(dir / "log");
+    std::string text((std::istreambuf_iterator<char>(log)), {});
+    ASSERT_EQ(status, 0) << text;
+    HostTensor losses = readNpy((out / "losses.npy").string(), DType::F64);
+    ASSERT_EQ(losses.numElements(), 2);
+    EXPECT_EQ(losses.as<double>()[0], want[0]);
+    EXPECT_NEAR(losses.as<double>()[1], want[1], 1e-5);
+    HostTensor loss = readNpy((out / "result0.npy").string(), DType::F32);
+    EXPECT_EQ(double(loss.as<float>()[0]), losses.as<double>()[1]);
+    for (const auto &[name, value] : ref.state) {
+      HostTensor got = readNpy((out / (name + ".npy")).string(), DType::F32);
+      ASSERT_EQ(got.numElements(), kFeatures) << name;
+      for (int64_t j = 0; j < kFeatures; ++j)
+        EXPECT_NEAR(got.as<float>()[j], value[j], 1e-5) << name;
+      if (first.count(name))
+        EXPECT_EQ(got.bytes, first[name].bytes) << name;
+      first[name] = got;
+    }
+    if (first.count("losses"))
+      EXPECT_EQ(losses.bytes, first["losses"].bytes);
+    first["losses"] = losses;
+  }
+  if (!::testing::Test::HasFailure())
+    fs::remove_all(dir);
 }

@@ -15,6 +15,12 @@
 // --store-address). Any failure on any rank exits non-zero with a message
 // naming the rank and the instruction.
 //
+// Pipelined programs run train_step (the default) or eval_step on either
+// backend: the batch inputs are input<k>.npy (or input.<k>.npy), each of
+// micro_batches times the program's micro-batch rows. Every rank gets the
+// loss (the last stage sends it); rank 0 prints it. With --outputs, each
+// state is written by the first rank of the first stage holding it.
+//
 //===----------------------------------------------------------------------===//
 
 #include "ernie/runtime/GlooCommunicator.h"
@@ -175,6 +181,8 @@ std::string meshString(const Mesh &mesh) {
 std::string chooseFunction(const Program &program, const Options &o) {
   if (!o.function.empty())
     return o.function;
+  if (program.isPipelined())
+    return "train_step";
   const auto &fns = program.functions(0);
   for (const Function &fn : fns)
     if (fn.name == "train_step")
@@ -206,13 +214,32 @@ HostTensor generatedInput(const TensorSpec &spec, uint64_t seed, size_t index) {
   return convert(wide, spec.type);
 }
 
+/// What a call of `name` takes from the caller, with each one's argument
+/// index: the function's inputs or, for a pipeline, its batch inputs (whole
+/// batches: micro_batches times the micro-batch's rows).
+std::vector<std::pair<size_t, TensorSpec>> batchInputs(const Program &program,
+                                                       const std::string &name) {
+  std::vector<std::pair<size_t, TensorSpec>> out;
+  if (const PipelineSpec *pipeline = program.pipeline()) {
+    for (size_t k = 0; k < pipeline->inputs.size(); ++k) {
+      TensorSpec spec = pipeline->inputs[k];
+      spec.globalShape[0] *= pipeline->microBatches;
+      out.emplace_back(k, spec);
+    }
+    return out;
+  }
+  const Function &fn = program.requireFunction(0, name);
+  for (size_t i = 0; i < fn.arguments.size(); ++i)
+    if (fn.arguments[i].role == Role::Input)
+      out.emplace_back(i, fn.arguments[i]);
+  return out;
+}
+
 /// The global batch inputs, in argument order.
-std::vector<HostTensor> loadInputs(const Function &fn, const Options &o) {
+std::vector<HostTensor> loadInputs(const Program &program,
+                                   const std::string &name, const Options &o) {
   std::vector<HostTensor> inputs;
-  for (size_t i = 0; i < fn.arguments.size(); ++i) {
-    const TensorSpec &arg = fn.arguments[i];
-    if (arg.role != Role::Input)
-      continue;
+  for (const auto &[i, arg] : batchInputs(program, name)) {
     if (o.inputs.empty()) {
       inputs.push_back(generatedInput(arg, o.seed, i));
       continue;
@@ -228,14 +255,14 @@ std::vector<HostTensor> loadInputs(const Function &fn, const Options &o) {
       if (path.empty() && fs::exists(c))
         path = c;
     if (path.empty())
-      throw std::runtime_error("no input for @" + fn.name + " argument " +
+      throw std::runtime_error("no input for @" + name + " argument " +
                                std::to_string(i) + ": none of " +
                                candidates[1].string() + ", " +
                                candidates[2].string() + " exists");
     HostTensor t = readNpy(path.string(), arg.type);
     if (t.shape != arg.globalShape)
       throw std::runtime_error(path.string() + ": has the wrong shape for @" +
-                               fn.name + " argument " + std::to_string(i));
+                               name + " argument " + std::to_string(i));
     inputs.push_back(std::move(t));
   }
   return inputs;
@@ -322,7 +349,7 @@ double millisecondsSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-void writeOutputs(const std::string &dir, const Function &fn,
+void writeOutputs(const std::string &dir,
                   const std::vector<std::pair<size_t, HostTensor>> &results,
                   const std::vector<std::pair<std::string, HostTensor>> &state,
                   const std::vector<double> &losses) {
@@ -336,7 +363,6 @@ void writeOutputs(const std::string &dir, const Function &fn,
     writeNpy((fs::path(dir) / ("result" + std::to_string(i) + ".npy")).string(), t);
   for (const auto &[name, t] : state)
     writeNpy((fs::path(dir) / (name + ".npy")).string(), t);
-  (void)fn;
 }
 
 /// Every rank in this process, on threads.
@@ -347,10 +373,12 @@ int runThreads(const Program &program, const Options &o) {
   options.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
   Session session(program, options);
   std::string name = chooseFunction(program, o);
-  const Function &fn = program.requireFunction(0, name);
-  std::vector<HostTensor> inputs = loadInputs(fn, o);
+  const bool pipelined = program.isPipelined();
+  // A pipeline's call returns the loss alone.
+  const Function *fn = pipelined ? nullptr : &program.requireFunction(0, name);
+  std::vector<HostTensor> inputs = loadInputs(program, name, o);
   session.initState(name, stateFrom(o), o.seed);
-  std::optional<size_t> loss = lossIndex(fn);
+  std::optional<size_t> loss = pipelined ? std::optional<size_t>(0) : lossIndex(*fn);
   Reporter reporter(o.steps, o.quiet);
   std::vector<HostTensor> outputs;
   std::vector<double> losses;
@@ -366,14 +394,20 @@ int runThreads(const Program &program, const Options &o) {
   reporter.summary();
   if (!o.outputs.empty()) {
     std::vector<std::pair<size_t, HostTensor>> results;
-    for (size_t i = 0; i < fn.results.size(); ++i)
-      if (fn.results[i].updates.empty())
-        results.emplace_back(i, outputs[i]);
     std::vector<std::pair<std::string, HostTensor>> state;
-    for (const TensorSpec &arg : fn.arguments)
-      if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
-        state.emplace_back(arg.name, session.state(name, arg.name));
-    writeOutputs(o.outputs, fn, results, state, losses);
+    if (pipelined) {
+      results.emplace_back(0, outputs[0]);
+      for (const std::string &stateName : program.stateNames())
+        state.emplace_back(stateName, session.state(name, stateName));
+    } else {
+      for (size_t i = 0; i < fn->results.size(); ++i)
+        if (fn->results[i].updates.empty())
+          results.emplace_back(i, outputs[i]);
+      for (const TensorSpec &arg : fn->arguments)
+        if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
+          state.emplace_back(arg.name, session.state(name, arg.name));
+    }
+    writeOutputs(o.outputs, results, state, losses);
   }
   if (!o.trace.empty())
     writeChromeTrace(o.trace, session.traceEvents());
@@ -393,10 +427,11 @@ int runGlooRank(const Program &program, const Options &o) {
   options.trace = !o.trace.empty();
   RankRunner runner(program, *comm, options);
   std::string name = chooseFunction(program, o);
-  const Function &fn = runner.function(name);
-  std::vector<HostTensor> inputs = loadInputs(fn, o);
+  const bool pipelined = program.isPipelined();
+  const Function *fn = pipelined ? nullptr : &runner.function(name);
+  std::vector<HostTensor> inputs = loadInputs(program, name, o);
   runner.initState(name, stateFrom(o), o.seed);
-  std::optional<size_t> loss = lossIndex(fn);
+  std::optional<size_t> loss = pipelined ? std::optional<size_t>(0) : lossIndex(*fn);
   bool leader = *o.rank == 0;
   Reporter reporter(o.steps, o.quiet || !leader);
   std::vector<HostTensor> local;
@@ -406,27 +441,47 @@ int runGlooRank(const Program &program, const Options &o) {
     local = runner.call(name, inputs, o.lr, step);
     std::optional<double> lossValue;
     if (loss)
-      lossValue = scalarValue(fn.results[*loss].sharding.isReplicated()
+      lossValue = scalarValue(pipelined || fn->results[*loss].sharding.isReplicated()
                                   ? local[*loss]
-                                  : runner.gather(fn.results[*loss], local[*loss]));
+                                  : runner.gather(fn->results[*loss], local[*loss]));
     if (lossValue)
       losses.push_back(*lossValue);
     reporter.step(step, lossValue, millisecondsSince(start));
   }
   reporter.summary();
-  if (!o.outputs.empty()) {
+  if (!o.outputs.empty() && pipelined) {
+    // Each state from the first stage holding it, gathered over that
+    // stage's ranks and written by its first rank; rank 0 writes the loss.
+    const int64_t stage = program.stageOf(*o.rank);
+    const bool stageLeader = program.rankInStage(0, stage) == *o.rank;
+    std::vector<std::pair<std::string, HostTensor>> state;
+    for (const std::string &stateName : program.stateNames()) {
+      if (program.stagesHolding(stateName).front() != stage)
+        continue;
+      HostTensor global = runner.gatherInStage(runner.stateSpec(stateName),
+                                               runner.localState(stateName));
+      if (stageLeader)
+        state.emplace_back(stateName, std::move(global));
+    }
+    std::vector<std::pair<size_t, HostTensor>> results;
+    if (leader)
+      results.emplace_back(0, local[0]);
+    if (stageLeader)
+      writeOutputs(o.outputs, results, state,
+                   leader ? losses : std::vector<double>{});
+  } else if (!o.outputs.empty()) {
     // Every rank joins the gathers; rank 0 writes.
     std::vector<std::pair<size_t, HostTensor>> results;
-    for (size_t i = 0; i < fn.results.size(); ++i)
-      if (fn.results[i].updates.empty())
-        results.emplace_back(i, runner.gather(fn.results[i], local[i]));
+    for (size_t i = 0; i < fn->results.size(); ++i)
+      if (fn->results[i].updates.empty())
+        results.emplace_back(i, runner.gather(fn->results[i], local[i]));
     std::vector<std::pair<std::string, HostTensor>> state;
-    for (const TensorSpec &arg : fn.arguments)
+    for (const TensorSpec &arg : fn->arguments)
       if (arg.role == Role::Parameter || arg.role == Role::OptimizerState)
         state.emplace_back(arg.name,
                            runner.gather(arg, runner.localState(arg.name)));
     if (leader)
-      writeOutputs(o.outputs, fn, results, state, losses);
+      writeOutputs(o.outputs, results, state, losses);
   }
   if (!o.trace.empty())
     writeChromeTrace(o.trace + ".rank" + std::to_string(*o.rank) + ".json",
