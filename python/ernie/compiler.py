@@ -312,7 +312,15 @@ class Program:
                 names += [a["name"] for a in sig["arguments"]
                           if a["role"] in ("parameter", "optimizer_state") and a["name"] not in names]
             names += [n for n in self.pipeline["state_stages"] if n not in names]
-            return "train_step", names
+            # As a program that is not pipelined orders them: the parameters
+            # in the model's order, then each one's optimizer slots.
+            roles = {a["name"]: a["role"] for sig in self._signatures.values()
+                     for a in sig["arguments"]}
+            params = [n for n, _ in self.model.named_parameters() if n in names]
+            params += [n for n in names if roles.get(n) == "parameter" and n not in params]
+            slots = [n for p in params for n in names if n.startswith(p + ":")]
+            ordered = params + slots
+            return "train_step", ordered + [n for n in names if n not in ordered]
         fn = self._step_fn if self._step_fn in self.functions() else "forward"
         return fn, [a["name"] for a in self._signatures[fn]["arguments"]
                     if a["role"] in ("parameter", "optimizer_state")]

@@ -19,6 +19,16 @@ are the default, as in Paddle and Hugging Face.
 `LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
 logits against `labels`, which the data pipeline has already shifted by one
 (Paddle's pretraining criterion); without labels it returns the logits.
+
+Pipeline parallelism: `pp_config = {"split_spec": "llama.layers"}` divides
+the decoder layers evenly among the pp * vpp_degree chunks (the embedding
+goes with the first, the final norm, LM head and loss with the last; a tied
+LM head reads the embedding's weight on the last stage, and the compiler
+keeps one replica per stage). `LlamaForCausalLMPipe` is the same model as
+a `PipelineLayer` (PaddleNLP's LlamaForCausalLMPipe): built with the same
+seed it has the same values, under names `shared_layers.embed_tokens.weight`
+(tied; else `0.weight` and the head's `<L + 2>.weight`), `<i + 1>.*` for
+decoder layer i and `<L + 1>.weight` for the final norm.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import numpy as np
 
 from .. import functional as F
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
+from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
 
 
 @dataclass
@@ -163,12 +174,56 @@ class LlamaForCausalLM(Module):
         return F.cross_entropy(logits, labels)
 
 
-def parallelize_plan(sequence_parallel: bool = False) -> dict:
+class LlamaDecoderLayerPipe(LlamaDecoderLayer):
+    """A decoder layer on the hidden states alone (a PipelineLayer entry):
+    the rotary positions are rebuilt from the sequence length."""
+
+    def forward(self, x):
+        return super().forward(x, F.iota([x.shape[1]], 0, "i64"))
+
+
+def _tied_head(embedding, h):
+    return F.matmul(h, embedding.p("weight"), transpose_b=True)
+
+
+def _causal_lm_loss(logits, labels):
+    return F.cross_entropy(logits, labels)
+
+
+class LlamaForCausalLMPipe(PipelineLayer):
+    """LlamaForCausalLM as a PipelineLayer: embedding, decoder layers, norm,
+    LM head (with tie_word_embeddings a SharedLayerDesc of the embedding),
+    the loss. forward(input_ids, labels) returns the loss. Segmented by
+    decoder layers (seg_method "layer:LlamaDecoderLayer"): each chunk has
+    the same number of them."""
+
+    def __init__(self, cfg: LlamaConfig, num_stages=None, num_virtual_pipeline_stages=1,
+                 seg_method="layer:LlamaDecoderLayer"):
+        rng = np.random.default_rng(cfg.seed)  # the same draws, in the same order
+        embed = (cfg.vocab_size, cfg.hidden_size, cfg.dtype, rng)
+        if cfg.tie_word_embeddings:
+            descs = [SharedLayerDesc("embed_tokens", Embedding, None, "weight", *embed,
+                                     std=cfg.initializer_range)]
+        else:
+            descs = [LayerDesc(Embedding, *embed, std=cfg.initializer_range)]
+        descs += [LayerDesc(LlamaDecoderLayerPipe, cfg, rng) for _ in range(cfg.num_hidden_layers)]
+        descs.append(LayerDesc(RMSNorm, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype))
+        if cfg.tie_word_embeddings:
+            descs.append(SharedLayerDesc("embed_tokens", Embedding, _tied_head, "weight", *embed))
+        else:
+            descs.append(LayerDesc(_linear, cfg, rng, cfg.hidden_size, cfg.vocab_size))
+        super().__init__(descs, num_stages, loss_fn=_causal_lm_loss, seg_method=seg_method,
+                         num_virtual_pipeline_stages=num_virtual_pipeline_stages)
+        self.config = cfg
+
+
+def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False) -> dict:
     """Paddle's tensor-parallel plan for Llama (`mp_config.parallelize_plan`):
     Megatron's column/row pairs for attention and MLP, the embedding and LM
     head split on the hidden/vocabulary dimension; with sequence_parallel,
     activations between layers (the residual stream and the norms) stay
-    split along the sequence."""
+    split along the sequence. With tie_word_embeddings there is no lm_head:
+    the head reads the embedding's (hidden-split) weight."""
     from .. import distributed as dist
     plan = {
         "llama.embed_tokens": dist.ColWiseParallel(),
@@ -178,6 +233,8 @@ def parallelize_plan(sequence_parallel: bool = False) -> dict:
         "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
         "lm_head": dist.ColWiseParallel(),
     }
+    if tie_word_embeddings:
+        del plan["lm_head"]
     if sequence_parallel:
         plan.update({
             "llama.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
