@@ -471,7 +471,14 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     gives its per-rank memory. `fp8_config` ({"recipe": "current",
     "fwd_format": "e4m3", "grad_format": "e5m2", "exclude": regex, "include":
     regex}, or `config["fp8_config"]`) runs the linear layers' GEMMs in FP8
-    (--ernie-fp8-lowering)."""
+    (--ernie-fp8-lowering).
+
+    A mesh with a "pp" axis of size > 1 pipelines the model (it needs an
+    optimizer): split points come from `pp_config.split_spec`, a
+    PipelineLayer or `ernie.functional.split_point`; the model is traced on
+    one micro-batch (dimension 0 of the example inputs divided by
+    `pp_config.accumulate_steps`, which must then divide over dp), and the
+    program runs step() and eval() on global batches."""
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
     from .distributed import parallelize
