@@ -80,6 +80,11 @@ public:
   /// may overlap. Every member must pass the same shift.
   virtual void permute(const void *in, void *out, size_t bytes, int64_t shift,
                        const Axes &axes) = 0;
+  /// Point to point. A send is eager on every engine: it copies `data` and
+  /// returns without waiting for the receiver (pipeline stages send to each
+  /// other at once). A recv blocks until the message from `peer` with `tag`
+  /// arrives; messages of one (sender, receiver, tag) arrive in order, and
+  /// their sizes must match.
   virtual void send(const void *data, size_t bytes, int64_t peer,
                     int64_t tag) = 0;
   virtual void recv(void *data, size_t bytes, int64_t peer, int64_t tag) = 0;

@@ -14,6 +14,14 @@
 // (blocking sends around a ring would deadlock), under a slot prefix of its
 // own numbered per group.
 //
+// Point-to-point sends are eager: send() copies the data, posts the send on
+// the pair's context and returns; a sender thread waits for each posted send
+// to complete (within the timeout) and frees its copy. A failed send is
+// reported by this rank's next send, recv or barrier; a barrier first waits
+// for every posted send; the destructor waits for them too, except after an
+// abort (this rank's or a peer's), when it gives them up and closes its
+// pairs at once, so peers waiting inside Gloo for this rank wake.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef ERNIE_RUNTIME_GLOOCOMMUNICATOR_H
