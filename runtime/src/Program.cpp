@@ -872,6 +872,64 @@ PipelineSpec decodePipeline(const fb::Program *p,
       }
     }
   }
+  // Every send of a chunk's function meets a receive in the peer chunk's
+  // functions (and the other way round) on the same channel, with as many
+  // bytes: a mismatch would otherwise wait out a timeout, or fail one side.
+  struct Transfer {
+    int64_t from, to, channel;
+    uint64_t bytes;
+    std::string where;
+  };
+  std::vector<Transfer> sends, recvs;
+  for (int64_t s = 0; s < S; ++s)
+    for (const Function &fn : stages[s]) {
+      int64_t chunk = -1;
+      for (const char *kind : {"train_forward", "train_backward", "eval_forward"})
+        for (int64_t c = s; c < C; c += S)
+          if (fn.name == pipelineFunction(kind, c))
+            chunk = c;
+      if (chunk < 0)
+        continue;
+      for (size_t i = 0; i < fn.instructions.size(); ++i) {
+        const Instruction &inst = fn.instructions[i];
+        std::string where = "function @" + fn.name + " (stage " +
+                            std::to_string(s) + "), instruction #" +
+                            std::to_string(i) + " (" + inst.op + ")";
+        if (inst.op == "ernie.send")
+          sends.push_back({chunk, inst.attrs.getInt("peer"),
+                           inst.attrs.getInt("channel"),
+                           fn.buffers[inst.operands[0]].bytes, where});
+        else if (inst.op == "ernie.recv")
+          recvs.push_back({inst.attrs.getInt("peer"), chunk,
+                           inst.attrs.getInt("channel"),
+                           fn.buffers[inst.results[0]].bytes, where});
+      }
+    }
+  auto match = [&](const std::vector<Transfer> &mine,
+                   const std::vector<Transfer> &theirs, const char *other,
+                   bool sending) {
+    for (const Transfer &t : mine) {
+      bool found = false;
+      for (const Transfer &u : theirs) {
+        if (u.from != t.from || u.to != t.to || u.channel != t.channel)
+          continue;
+        found = true;
+        check.require(u.bytes == t.bytes,
+                      t.where + ": moves " + std::to_string(t.bytes) +
+                          " bytes on channel " + std::to_string(t.channel) +
+                          ", but " + u.where + " " + std::to_string(u.bytes));
+      }
+      check.require(found, t.where + ": no " + other + " in chunk " +
+                               std::to_string(sending ? t.to : t.from) +
+                               "'s functions matches it (chunk " +
+                               std::to_string(t.from) + " to chunk " +
+                               std::to_string(t.to) + ", channel " +
+                               std::to_string(t.channel) + ")");
+    }
+  };
+  match(sends, recvs, "ernie.recv", true);
+  match(recvs, sends, "ernie.send", false);
+
   for (const auto &[k, first] : inputs) {
     check.require(k == static_cast<int64_t>(spec.inputs.size()),
                   "has no function taking batch input input." +

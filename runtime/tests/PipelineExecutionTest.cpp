@@ -771,6 +771,33 @@ TEST(PipelineLoad, StageOpsAreChecked) {
               HasSubstr("peer chunk 1 is on this stage"));
   EXPECT_THAT(edit("train_forward.1", "ernie.recv", "channel", int64_t(-1)),
               HasSubstr("'channel' is negative"));
+  // Sends and receives pair up by chunks and channel, with equal sizes.
+  EXPECT_THAT(edit("train_backward.1", "ernie.recv", "channel", int64_t(9)),
+              HasSubstr("function @train_backward.2 (stage 2), instruction #"));
+  EXPECT_THAT(edit("train_backward.1", "ernie.recv", "channel", int64_t(9)),
+              HasSubstr("(ernie.send): no ernie.recv in chunk 1's functions "
+                        "matches it (chunk 2 to chunk 1, channel 4)"));
+  {
+    ProgramBuilder pb = modelBuilder(model);
+    FunctionBuilder &f = pb.get("eval_forward.1");
+    f.op("ernie.recv", {}, {f.buffer(DType::F32, {2})},
+         {{"peer", int64_t(0)}, {"channel", int64_t(9)}});
+    EXPECT_THAT(loadError(pb),
+                HasSubstr("(ernie.recv): no ernie.send in chunk 0's functions "
+                          "matches it (chunk 0 to chunk 1, channel 9)"));
+  }
+  EXPECT_THAT(edit("train_forward.0", "ernie.send", "channel", int64_t(9)),
+              HasSubstr("(ernie.send): no ernie.recv in chunk 1's functions "
+                        "matches it (chunk 0 to chunk 1, channel 9)"));
+  {
+    ProgramBuilder pb = modelBuilder(model);
+    for (InstDesc &inst : pb.get("eval_forward.2").instructions)
+      if (inst.op == "ernie.recv")
+        pb.get("eval_forward.2").buffers[inst.results[0]].shape = {1, 2};
+    EXPECT_THAT(loadError(pb), HasSubstr("moves 16 bytes on channel 2, but "
+                                         "function @eval_forward.2 (stage 2), "
+                                         "instruction #"));
+  }
   EXPECT_THAT(edit("train_update.0", "ernie.stage_all_reduce", "stages",
                    std::vector<int64_t>{2, 0}),
               HasSubstr("'stages' must be distinct stages in [0, 3), ascending"));
