@@ -445,6 +445,8 @@ std::vector<double> RankRunner::trainPipelined(
           return it->second;
         });
     std::vector<HostTensor> results = executor_.run(name, args, k);
+    if (forward)
+      kept[{c, k}]; // A forward may keep nothing for its backward.
     for (size_t i = 0; i < results.size(); ++i) {
       const TensorSpec &res = fn.results[i];
       if (forward && res.role == Role::Residual) {

@@ -27,6 +27,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -492,6 +493,31 @@ TEST(PipelineExecution, EverySchedulesGivesTheSameBits) {
     EXPECT_EQ(value.bytes, b.state.at(name).bytes) << name;
     EXPECT_EQ(value.bytes, c.state.at(name).bytes) << name;
   }
+}
+
+TEST(PipelineExecution, AChunkMayKeepNoResiduals) {
+  // Chunk 0's input is the batch: its backward reads input.0 again instead
+  // of a residual, and its forward keeps nothing.
+  Model model;
+  model.stages = 3;
+  ProgramBuilder pb = modelBuilder(model);
+  auto &results = pb.get("train_forward.0").results;
+  results.erase(std::remove_if(results.begin(), results.end(),
+                               [](const auto &r) {
+                                 return r.second.role == Role::Residual;
+                               }),
+                results.end());
+  for (auto &arg : pb.get("train_backward.0").arguments)
+    if (arg.second.role == Role::Residual)
+      arg.second = Tensor().split({{"dp"}, {}}).named("input.0");
+  Session session(pb.parse(), quick());
+  session.initState("train_step", referenceSource(model));
+  Reference ref(model);
+  Batch batch = batchOf(model.microBatches, 1);
+  EXPECT_EQ(lossOf(session.call("train_step", inputsOf(batch), 0.25, 1)),
+            float(ref.train(batch, 0.25)));
+  for (const auto &[name, value] : ref.state)
+    EXPECT_TRUE(exactly(session.state("train_step", name), value)) << name;
 }
 
 //===----------------------------------------------------------------------===//
