@@ -278,6 +278,20 @@ struct Gemm {
   bool rhsIsWeight = true;
 };
 
+/// Gives every op a builder creates the pipeline placement (stage, backward)
+/// of the GEMM it lowers, so the quantisation of a gradient runs on the
+/// GEMM's stage rather than wherever its operand came from.
+struct InheritPlacement : OpBuilder::Listener {
+  explicit InheritPlacement(Operation *gemm) : gemm(gemm) {}
+  void notifyOperationInserted(Operation *op, OpBuilder::InsertPoint) override {
+    for (StringRef name :
+         {ErnieDialect::kStageAttrName, ErnieDialect::kBackwardAttrName})
+      if (Attribute a = gemm->getAttr(name); a && !op->hasAttr(name))
+        op->setAttr(name, a);
+  }
+  Operation *gemm;
+};
+
 /// Replaces the GEMM `op` by `y` (its product in another element type),
 /// cast back to the GEMM's type where they differ.
 void replaceGemm(OpBuilder &b, MatmulOp op, Value y) {
@@ -294,6 +308,8 @@ LogicalResult lowerBlockwise(const Gemm &gemm, Quantizer &quantizer,
                              int64_t block) {
   MatmulOp op = gemm.op;
   OpBuilder b(op);
+  InheritPlacement placement(op);
+  b.setListener(&placement);
   Location loc = op.getLoc();
   std::array<int64_t, 2> along = {1, block}, across = {block, 1},
                          square = {block, block};
@@ -316,6 +332,8 @@ LogicalResult lowerBlockwise(const Gemm &gemm, Quantizer &quantizer,
 void lower(const Gemm &gemm, Quantizer &quantizer) {
   MatmulOp op = gemm.op;
   OpBuilder b(op);
+  InheritPlacement placement(op);
+  b.setListener(&placement);
   Location loc = op.getLoc();
   auto [a, sa] = quantizer.get(b, loc, op.getLhs(), gemm.lhs, gemm.lhsName);
   auto [c, sc] = quantizer.get(b, loc, op.getRhs(), gemm.rhs, gemm.rhsName);

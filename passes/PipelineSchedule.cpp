@@ -160,7 +160,10 @@ LogicalResult Cutter::classify(func::FuncOp step,
           place.index = p.index;
       }
     }
-    if (place.phase == Phase::Leaf && !isMemoryEffectFree(&op))
+    // A gather is kept out of CSE by its effects (§9 m), not by any: a
+    // parameter's gather is rebuilt where read, as ZeRO-3 re-gathers.
+    if (place.phase == Phase::Leaf && !isMemoryEffectFree(&op) &&
+        !isa<AllGatherOp>(op))
       return op.emitError("pipeline split: this op has effects but reads "
                           "nothing placed on a stage");
     places_[&op] = place;
