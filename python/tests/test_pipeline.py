@@ -236,9 +236,5 @@ def test_shared_layer_with_weight_and_bias(pp, norms):
     assert prog.pipeline["state_stages"]["shared_layers.proj.bias"] == [0]
 
 
-@pytest.mark.xfail(strict=True, reason="runtime: RankRunner::trainPipelined records a forward in "
-                   "`kept` only when it has residual results, so the backward of a chunk whose "
-                   "forward keeps none (here chunk 0: a Linear on the input) fails with "
-                   "'B0 mb0 before its forward'")
 def test_chunk_without_residuals():
     _train_shared_proj(4, 2)
