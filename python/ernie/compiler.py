@@ -233,6 +233,42 @@ class Program:
                                f"runs step() and eval() only: compile the model without a 'pp' "
                                f"axis for {what}")
 
+    def _stage_report(self, size):
+        """Per pipeline stage (its ranks): the state it holds, the gradients
+        it sums over micro-batches, the residuals one micro-batch keeps from
+        forward to backward and the most its schedule keeps at once
+        (`activation_bytes`: 1F1B keeps p - s micro-batches, GPipe m), the
+        largest arena, and the collectives of one step (the chunk functions
+        once per micro-batch, the update once)."""
+        bodies = _function_bodies(self.mlir)
+        m = self.pipeline["micro_batches"]
+        stages = []
+        for s in range(self.pipeline["stages"]):
+            fns = {f: sig for f, sig in self._signatures.items() if sig.get("stage") == s}
+            update = fns.get(f"train_update.{s}", {"arguments": []})
+            role_bytes = lambda role: sum(size(a) for a in update["arguments"] if a["role"] == role)
+            residual = {int(f.split(".")[1]): sum(size(r) for r in sig["results"]
+                                                  if r["role"] == "residual")
+                        for f, sig in fns.items() if f.startswith("train_forward.")}
+            counts, volume = Counter(), Counter()
+            for f in fns:
+                if not f.startswith(("train_forward.", "train_backward.", "train_update.")):
+                    continue
+                calls = 1 if f.startswith("train_update.") else m
+                for kind, c in collectives_of(bodies.get(f, "")).items():
+                    counts[kind] += c["count"] * calls
+                    volume[kind] += c["bytes"] * calls
+            stages.append({
+                "parameter_bytes": role_bytes("parameter"),
+                "optimizer_state_bytes": role_bytes("optimizer_state"),
+                "gradient_bytes": role_bytes("gradient"),
+                "residual_bytes_per_micro_batch": sum(residual.values()),
+                "activation_bytes": _peak_residuals(self.pipeline["steps"][s], residual),
+                "arena_bytes": max((sig["arena_bytes"] for sig in fns.values()), default=0),
+                "collectives": {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)},
+            })
+        return stages
+
     def _require_session(self):
         if self._session is None:
             raise RuntimeError("an abstract program is compiled and planned but never runs")
@@ -386,15 +422,31 @@ class Program:
         if "forward_grad" in out["functions"]:
             out["activation_bytes"] = out["functions"]["forward_grad"].get("activation_bytes", 0)
         if self.pipeline is not None:
-            # Every stage function, each run once per micro-batch (the
-            # updates once per step).
             out["pipeline"] = {k: self.pipeline[k] for k in
                                ("stages", "virtual_stages", "micro_batches", "schedule")}
-            out["collectives"] = collectives_of(self.mlir)
+            out["stages"] = self._stage_report(size)
+            # One rank of every stage together: a step's collectives.
+            total = {}
+            for stage in out["stages"]:
+                for kind, c in stage["collectives"].items():
+                    t = total.setdefault(kind, {"count": 0, "bytes": 0})
+                    t["count"] += c["count"]
+                    t["bytes"] += c["bytes"]
+            out["collectives"] = dict(sorted(total.items()))
             return out
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
         return out
+
+
+def _peak_residuals(steps, residual_bytes):
+    """The most residual bytes a rank holds at once while running `steps`:
+    a forward of chunk c adds residual_bytes[c] until its backward."""
+    live = best = 0
+    for action, chunk, _mb in steps:
+        live += residual_bytes.get(chunk, 0) * (1 if action == "F" else -1)
+        best = max(best, live)
+    return best
 
 
 _ACTIVATION_BYTES = re.compile(r"func\.func (?:private )?@(\w+)\(.*ernie\.activation_bytes = (\d+)")
@@ -405,7 +457,7 @@ _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_a
 
 def _function_bodies(module_text: str):
     """{name: body text} of every function in a printed module."""
-    starts = [(m.group(1), m.start()) for m in re.finditer(r"func\.func (?:private )?@(\w+)", module_text)]
+    starts = [(m.group(1), m.start()) for m in re.finditer(r"func\.func (?:private )?@([\w.]+)", module_text)]
     return {name: module_text[start:(starts[i + 1][1] if i + 1 < len(starts) else len(module_text))]
             for i, (name, start) in enumerate(starts)}
 

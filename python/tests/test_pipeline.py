@@ -238,3 +238,27 @@ def test_shared_layer_with_weight_and_bias(pp, norms):
 
 def test_chunk_without_residuals():
     _train_shared_proj(4, 2)
+
+
+def test_pipeline_report_memory_follows_the_schedule():
+    """The plan report per stage: GPipe keeps every micro-batch's residuals
+    until the backward, 1F1B at most p - s of them on stage s; the chunk
+    functions' collectives count once per micro-batch, the update's once."""
+    batch = data()
+    plan = parallelize_plan(tie_word_embeddings=True)
+    reports = {}
+    for mode in ("FThenB", "1F1B"):
+        prog = ernie.compile(LlamaForCausalLM(config(4)), optimizer(), batch, mesh=mesh_of(pp=2, mp=2),
+                             config={"pp_config": {"split_spec": "llama.layers", "accumulate_steps": 4,
+                                                   "schedule_mode": mode},
+                                     "mp_config": {"parallelize_plan": plan}})
+        reports[mode] = prog.report()
+    for s, (gpipe, one) in enumerate(zip(reports["FThenB"]["stages"], reports["1F1B"]["stages"])):
+        per_mb = gpipe["residual_bytes_per_micro_batch"]
+        assert per_mb > 0 and one["residual_bytes_per_micro_batch"] == per_mb
+        assert gpipe["activation_bytes"] == 4 * per_mb
+        assert one["activation_bytes"] == (2 - s) * per_mb
+        assert one["parameter_bytes"] > 0 and one["gradient_bytes"] > 0
+        # Megatron's two all-reduces per layer and pass, on this stage's two
+        # layers, for each of the 4 micro-batches.
+        assert one["collectives"]["all_reduce[mp]"]["count"] >= 4 * 2 * 2 * 2
