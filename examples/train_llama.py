@@ -1,13 +1,17 @@
-"""Train a small Llama on 8 thread ranks with a dp x mp plan.
+"""Train a small Llama on 8 thread ranks with a dp x mp x pp plan.
 
     PYTHONPATH=build/python python examples/train_llama.py [--steps 300] [--report FILE]
 
 The corpus is generated on first run (build/demo/corpus.txt): sentences of
 small-number arithmetic in words ("seven plus five is twelve."), which a
 byte-level model learns quickly, so the loss visibly falls. The model is
-the Hugging Face Llama architecture (ernie.models.llama) with Paddle's
-tensor-parallel plan; the batch is split over dp. The first steps are also
-run on a single rank, and the two loss columns are printed side by side.
+the Hugging Face Llama architecture (ernie.models.llama) with tied input
+and output embeddings, on a 2 x 2 x 2 mesh: the batch split over dp,
+Paddle's tensor-parallel plan over mp, and the layers in two pipeline
+stages (pp_config: split_spec "llama.layers", 4 micro-batches, 1F1B) — the
+tied embedding has a replica on each end of the pipeline, summed and
+updated as one. The first steps are also run on a single rank, and the two
+loss columns are printed side by side.
 """
 
 from __future__ import annotations
@@ -64,22 +68,29 @@ def human(n):
 
 
 def print_plan(report, single):
-    """The plan report as two tables: memory per rank beside the single-rank
-    program's, and the collectives of one training step."""
-    step = report["functions"]["train_step"]
+    """The plan report as tables: memory per rank of each pipeline stage
+    beside the single-rank program's, and each stage's collectives in one
+    training step."""
     one = single["functions"]["train_step"]
-    rows = [("parameters", step["parameter_bytes"], one["parameter_bytes"]),
-            ("gradients", report["gradient_bytes"], single["gradient_bytes"]),
-            ("optimizer state", step["optimizer_state_bytes"], one["optimizer_state_bytes"]),
-            ("activations kept for backward", report["activation_bytes"], single["activation_bytes"]),
-            ("step arena (planned peak)", step["arena_bytes"], one["arena_bytes"])]
-    ranks = f"{report['ranks']} ranks"
-    print(f"\n{'memory per rank':32s} {ranks:>10} {'1 rank':>10} {'ratio':>6}")
-    for name, ours, ref in rows:
-        print(f"  {name:30s} {human(ours):>10} {human(ref):>10} {ours / ref if ref else 0:6.2f}")
-    print(f"\n{'collectives per step, per rank':32s} {'count':>10} {'bytes':>10}")
-    for kind, c in report["collectives"].items():
-        print(f"  {kind:30s} {c['count']:10d} {human(c['bytes']):>10}")
+    stages = report["stages"]
+    header = "".join(f"{'stage ' + str(s):>10}" for s in range(len(stages)))
+    print(f"\n{'memory per rank':32s}{header} {'1 rank':>10}")
+    rows = [("parameters", "parameter_bytes", one["parameter_bytes"]),
+            ("gradients", "gradient_bytes", single["gradient_bytes"]),
+            ("optimizer state", "optimizer_state_bytes", one["optimizer_state_bytes"]),
+            ("activations kept for backward", "activation_bytes", single["activation_bytes"]),
+            ("largest arena (planned peak)", "arena_bytes", one["arena_bytes"])]
+    for name, key, ref in rows:
+        cells = "".join(f"{human(stage[key]):>10}" for stage in stages)
+        print(f"  {name:30s}{cells} {human(ref):>10}")
+    p = report["pipeline"]
+    print(f"  (pipeline: {p['stages']} stages, {p['micro_batches']} micro-batches, {p['schedule']}; "
+          f"activations: the residuals of the micro-batches in flight)")
+    print(f"\n{'collectives per step, per rank':32s}{header}")
+    kinds = sorted({k for stage in stages for k in stage["collectives"]})
+    for kind in kinds:
+        cells = "".join(f"{stage['collectives'].get(kind, {'count': 0})['count']:>10}" for stage in stages)
+        print(f"  {kind:30s}{cells}")
 
 
 def main():
@@ -93,16 +104,20 @@ def main():
     data = corpus(work / "corpus.txt")
 
     cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, seed=0)
+                      num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
+                      seed=0)
     batch, seq = 8, 64
     params = sum(p.value.size for p in LlamaForCausalLM(cfg).parameters())
     print(f"Llama: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
           f"{params / 1e6:.2f} M parameters; batch {batch} x {seq} tokens; corpus {len(data)} bytes")
 
-    mesh = dist.ProcessMesh(np.arange(8).reshape(2, 4), ["dp", "mp"])
+    mesh = dist.ProcessMesh(np.arange(8).reshape(2, 2, 2), ["dp", "pp", "mp"])
     schedule = ernie.optimizer.LinearWarmupCosine(3e-3, warmup_steps=20, total_steps=args.steps,
                                                   min_lr=3e-4)
-    config = {"dp_config": {"sharding_level": 0}, "mp_config": {"parallelize_plan": parallelize_plan()}}
+    config = {"dp_config": {"sharding_level": 0},
+              "mp_config": {"parallelize_plan": parallelize_plan(tie_word_embeddings=True)},
+              "pp_config": {"split_spec": "llama.layers", "accumulate_steps": 4,
+                            "schedule_mode": "1F1B"}}
     example = next(batches(data, batch, seq))
 
     t0 = time.time()
@@ -110,7 +125,7 @@ def main():
                             list(example), mesh=mesh, config=config)
     single = ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.AdamW(schedule, weight_decay=0.01),
                            list(example))
-    print(f"compiled for mesh dp=2 x mp=4 and for 1 rank in {time.time() - t0:.1f} s")
+    print(f"compiled for mesh dp=2 x pp=2 x mp=2 and for 1 rank in {time.time() - t0:.1f} s")
 
     report = program.report()
     print_plan(report, single.report())
@@ -135,7 +150,7 @@ def main():
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps({
         "model": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "parameters": int(params)},
-        "mesh": {"dp": 2, "mp": 4}, "steps": args.steps, "losses": losses,
+        "mesh": {"dp": 2, "pp": 2, "mp": 2}, "steps": args.steps, "losses": losses,
         "mean_step_ms": 1000 * float(np.mean(times[1:])), "report": report}, indent=1))
     print(f"report written to {report_path}")
     if not last < first:

@@ -4,7 +4,8 @@
 # plan into the per-rank program; then the Llama layer is trained by the
 # runtime (ernie-run) and the partitioned block runs on 4 ranks, as threads
 # and as Gloo processes, and is compared with the single-rank run; last, the
-# Python frontend trains a small Llama on 8 thread ranks (dp x mp) and
+# Python frontend trains a small Llama with tied embeddings on 8 thread ranks
+# (dp x pp x mp = 2 x 2 x 2: tensor, data and pipeline parallelism) and
 # prints its loss curve, plan and memory per rank.
 set -euo pipefail
 
@@ -73,7 +74,7 @@ print(f"  Gloo vs threads: {'bit for bit identical' if thr.tobytes() == gloo.tob
 PY
 
 echo
-echo "== 5. Python: train a small Llama on 8 thread ranks, dp=2 x mp=4 (examples/train_llama.py) =="
+echo "== 5. Python: train a small Llama on 8 thread ranks, dp=2 x pp=2 x mp=2 with tied embeddings (examples/train_llama.py) =="
 PYTHONPATH="$BUILD_DIR/python" "${ERNIE_VENV:-$ROOT/.venv}/bin/python" \
   "$ROOT/examples/train_llama.py" --steps "${ERNIE_DEMO_STEPS:-200}" --work "$WORK"
 
