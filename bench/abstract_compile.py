@@ -1,6 +1,7 @@
 """Compile time and per-rank model state of full-size models, compiled
 abstractly (no tensor allocated): Llama-70B on dp x mp = 8 x 8 and a
-7.5 B-parameter GPT on dp = 64, each at ZeRO levels 0-3.
+7.5 B-parameter GPT on dp = 64, each at ZeRO levels 0-3, and Llama-70B on
+dp x pp x mp = 8 x 16 x 8 (1024 ranks; 16 micro-batches, 1F1B) at ZeRO-1.
 
     PYTHONPATH=build/python .venv/bin/python bench/abstract_compile.py
 
@@ -55,6 +56,31 @@ def main():
         dist.ProcessMesh(np.arange(64).reshape(8, 8), ["dp", "mp"]),
         lambda level: {"dp_config": {"sharding_level": level},
                        "mp_config": {"parallelize_plan": parallelize_plan()}}, [ids, ids])
+    pipeline_row(cfg)
+
+
+def pipeline_row(cfg):
+    """Llama-70B on 1024 ranks: per stage (first, middle, last) its model
+    state and the activations 1F1B keeps (p - s micro-batches)."""
+    with ernie.nn.abstract():
+        model = LlamaForCausalLM(cfg)
+    mesh = dist.ProcessMesh(np.arange(1024).reshape(8, 16, 8), ["dp", "pp", "mp"])
+    ids = np.zeros((16 * 8, 16), np.int64)  # 16 micro-batches of one sequence per dp rank
+    t = time.time()
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True), [ids, ids],
+                         mesh=mesh, abstract=True,
+                         config={"dp_config": {"sharding_level": 1},
+                                 "mp_config": {"parallelize_plan": parallelize_plan()},
+                                 "pp_config": {"split_spec": "llama.layers", "accumulate_steps": 16}})
+    seconds = time.time() - t
+    print(f"\nLlama-70B, dp=8 x pp=16 x mp=8 (1024 ranks), ZeRO-1, 16 micro-batches, 1F1B: "
+          f"compiled in {seconds:.1f} s")
+    print(f"{'stage':>6s} {'params':>9s} {'grads':>9s} {'opt state':>10s} {'activations':>12s}")
+    stages = prog.report()["stages"]
+    for s in (0, len(stages) // 2, len(stages) - 1):
+        st = stages[s]
+        print(f"{s:6d} {st['parameter_bytes'] / 1e9:7.2f}GB {st['gradient_bytes'] / 1e9:7.2f}GB "
+              f"{st['optimizer_state_bytes'] / 1e9:8.2f}GB {st['activation_bytes'] / 1e9:10.3f}GB")
 
 
 if __name__ == "__main__":

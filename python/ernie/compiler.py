@@ -245,8 +245,13 @@ class Program:
         stages = []
         for s in range(self.pipeline["stages"]):
             fns = {f: sig for f, sig in self._signatures.items() if sig.get("stage") == s}
-            update = fns.get(f"train_update.{s}", {"arguments": []})
-            role_bytes = lambda role: sum(size(a) for a in update["arguments"] if a["role"] == role)
+            # A state may appear in several of the stage's functions (a
+            # master-weight update reads the master, not the parameter).
+            held = {}
+            for sig in fns.values():
+                for a in sig["arguments"]:
+                    held[(a["role"], a["name"])] = size(a)
+            role_bytes = lambda role: sum(b for (r, _), b in held.items() if r == role)
             residual = {int(f.split(".")[1]): sum(size(r) for r in sig["results"]
                                                   if r["role"] == "residual")
                         for f, sig in fns.items() if f.startswith("train_forward.")}
