@@ -124,7 +124,9 @@ public:
     auto wideTiled = RankedTensorType::get(tiledShape, f32);
     if (type.getElementType() != f32)
       x = CastOp::create(b, loc, type.clone(f32), x);
-    Value tiles = ReshapeOp::create(b, loc, wideTiled, x);
+    auto cut = ReshapeOp::create(b, loc, wideTiled, x);
+    cut->setAttr(ErnieDialect::kFp8TileAttrName, b.getDenseI64ArrayAttr(tile));
+    Value tiles = cut;
     // One amax per tile: reduce the in-tile dimensions (rank - 1, rank + 1).
     SmallVector<int64_t> scaleShape(type.getShape().drop_back(2));
     scaleShape.append({tiledShape[rank - 2], tiledShape[rank]});

@@ -13,6 +13,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringExtras.h"
 
 #define DEBUG_TYPE "ernie-spmd-partition"
 
@@ -42,6 +43,7 @@ private:
                                ShardingAttr from, ShardingAttr to,
                                RankedTensorType globalType);
   LogicalResult expandEmbedding(EmbeddingOp op);
+  LogicalResult checkTiles(ReshapeOp cut);
   LogicalResult expandCrossEntropy(Operation *op);
 
   ArrayAttr axesAttr(StringRef axis) {
@@ -345,6 +347,46 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
   return success();
 }
 
+/// A blockwise-fp8 tile must lie within one rank's shard: its scale is one
+/// number, and a tile cut by a shard boundary would need its amax from two
+/// ranks. Follows the operand back through casts and reshards to the layout
+/// the value was computed in (propagation reshards a value that does not
+/// tile, which would gather it silently).
+LogicalResult Partitioner::checkTiles(ReshapeOp cut) {
+  ArrayRef<int64_t> tile =
+      cut->getAttrOfType<DenseI64ArrayAttr>(ErnieDialect::kFp8TileAttrName)
+          .asArrayRef();
+  Value source = cut.getInput();
+  while (Operation *def = source.getDefiningOp()) {
+    if (!isa<ReshardOp, CastOp>(def))
+      break;
+    source = def->getOperand(0);
+  }
+  ShardingAttr layout = shardings.lookup(source);
+  // Arguments are already local here.
+  RankedTensorType type = globalTypes.lookup(source);
+  if (!type)
+    type = dyn_cast<RankedTensorType>(source.getType());
+  if (!layout || !type)
+    return success();
+  int64_t rank = type.getRank();
+  for (int64_t i = 0; i < 2; ++i) {
+    int64_t dim = rank - 2 + i;
+    SmallVector<StringRef> axes = layout.getDimAxes(dim);
+    int64_t ways = mesh.product(axes);
+    int64_t local = type.getDimSize(dim) / ways;
+    if (ways > 1 && local % tile[i] != 0)
+      return cut.emitError()
+             << "fp8 blockwise: tiles of " << tile[0] << "x" << tile[1]
+             << " straddle the shards of dimension " << dim << ": its "
+             << type.getDimSize(dim) << " split " << ways << " ways over ["
+             << llvm::join(axes, ", ") << "] leave " << local
+             << " per rank; use a block size dividing " << local
+             << " or a plan that does not split this dimension";
+  }
+  return success();
+}
+
 LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   if (!func.getBody().hasOneBlock())
     return func.emitError("partition handles single-block functions");
@@ -356,6 +398,10 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   SmallVector<Operation *> ops;
   for (Operation &op : body)
     ops.push_back(&op);
+  for (Operation *op : ops)
+    if (op->hasAttr(ErnieDialect::kFp8TileAttrName) &&
+        failed(checkTiles(cast<ReshapeOp>(op))))
+      return failure();
   for (Operation *op : ops) {
     if (auto reshard = dyn_cast<ReshardOp>(op)) {
       OpBuilder builder(reshard);

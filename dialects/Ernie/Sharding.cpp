@@ -232,6 +232,14 @@ LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
                              << "' must be a non-negative integer";
     return success();
   }
+  if (name == kFp8TileAttrName) {
+    auto tile = dyn_cast<DenseI64ArrayAttr>(attr.getValue());
+    if (!tile || tile.size() != 2 || tile[0] < 1 || tile[1] < 1 ||
+        !isa<ReshapeOp>(op))
+      return op->emitError() << "'" << name
+                             << "' is two positive tile sizes on a reshape";
+    return success();
+  }
   if (name == kBackwardAttrName) {
     if (!isa<UnitAttr>(attr.getValue()))
       return op->emitError() << "'" << name << "' is a unit attribute";

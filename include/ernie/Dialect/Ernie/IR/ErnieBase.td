@@ -79,6 +79,11 @@ def Ernie_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kResidualAttrName = "ernie.residual";
     static constexpr ::llvm::StringLiteral kGradientAttrName = "ernie.gradient";
 
+    /// On the reshape that cuts a blockwise-fp8 operand into tiles: the tile
+    /// (rows, columns) over its last two dimensions, which partition checks
+    /// no shard boundary cuts.
+    static constexpr ::llvm::StringLiteral kFp8TileAttrName = "ernie.fp8_tile";
+
     // The memory plan, recorded by --ernie-memory-plan for inspection.
     static constexpr ::llvm::StringLiteral kArenaBytesAttrName = "ernie.arena_bytes";
     static constexpr ::llvm::StringLiteral kLivePeakBytesAttrName = "ernie.live_peak_bytes";
