@@ -105,8 +105,30 @@ public:
                              Fp8Format format, std::array<int64_t, 2> tile,
                              StringRef what, Operation *gemm) {
     auto key = std::make_tuple(x, format.type, tile[0], tile[1]);
-    if (auto it = tiled.find(key); it != tiled.end())
-      return it->second;
+    bool forward = isForward(gemm);
+    if (auto it = tiled.find(key); it != tiled.end()) {
+      Tiled &done = it->second;
+      // The backward reads a forward operand again (a weight, in the data
+      // gradient): from its fp8 codes, so only those are kept.
+      if (done.forward && !forward) {
+        if (!done.again)
+          done.again = dequantiseByScale(b, loc, done.codes, done.scale,
+                                         cast<RankedTensorType>(x.getType()));
+        return done.again;
+      }
+      return done.whole;
+    }
+    Value source = x;
+    // A layer input the forward tiled along its rows and the weight
+    // gradient reads transposed (block x 1) starts from the forward's fp8
+    // codes and scales, so the step keeps only those from forward to
+    // backward (DeepSeek-V3 caches activations in fp8). It is dequantised
+    // by dividing by the scale: the forward's multiplication by 1 / s would
+    // be merged with this by CSE and keep the f32 operand alive after all.
+    if (tile[0] > 1 && tile[1] == 1)
+      if (auto it = forwardCodes.find({x, format.type}); it != forwardCodes.end())
+        x = dequantiseByScale(b, loc, it->second.first, it->second.second,
+                              cast<RankedTensorType>(x.getType()));
     auto type = cast<RankedTensorType>(x.getType());
     int64_t rank = type.getRank();
     SmallVector<int64_t> tiledShape(type.getShape().drop_back(2));
@@ -147,8 +169,45 @@ public:
     Value dequantised = MulOp::create(
         b, loc, CastOp::create(b, loc, wideTiled, codes), spread(inverse));
     Value whole = ReshapeOp::create(b, loc, type.clone(f32), dequantised);
-    tiled[key] = whole;
+    tiled[key] = {whole, codes, s, forward, Value()};
+    if (tile[0] == 1 && tile[1] > 1 && forward)
+      forwardCodes[{source, format.type}] = {codes, s};
     return whole;
+  }
+
+  /// `codes` (tiled as [..., rows/r, r, cols/c, c]) over their per-tile
+  /// scales `s`, back in `type`'s shape as f32.
+  Value dequantiseByScale(OpBuilder &b, Location loc, Value codes, Value s,
+                          RankedTensorType type) {
+    auto tiledType = cast<RankedTensorType>(codes.getType());
+    auto wide = tiledType.clone(b.getF32Type());
+    // The scales with unit in-tile dimensions, then expanded: not the
+    // forward's broadcast of `s`, which CSE would reuse (a full-size f32
+    // tensor kept from forward to backward).
+    SmallVector<int64_t> unitTiles(tiledType.getShape());
+    int64_t n = unitTiles.size();
+    unitTiles[n - 3] = unitTiles[n - 1] = 1;
+    Value units = ReshapeOp::create(
+        b, loc, RankedTensorType::get(unitTiles, b.getF32Type()), s);
+    Value scale = BroadcastOp::create(
+        b, loc, wide, units,
+        b.getDenseI64ArrayAttr(llvm::to_vector(llvm::seq<int64_t>(0, n))));
+    // Likewise the codes are widened as a matrix, not as the forward's
+    // tiles: only the one-byte codes live from forward to backward.
+    Value matrix = ReshapeOp::create(b, loc, type.clone(tiledType.getElementType()),
+                                     codes);
+    Value widened = ReshapeOp::create(
+        b, loc, wide,
+        CastOp::create(b, loc, type.clone(b.getF32Type()), matrix));
+    Value values = DivOp::create(b, loc, widened, scale);
+    return ReshapeOp::create(b, loc, type.clone(b.getF32Type()), values);
+  }
+
+  /// Before the loss: a forward GEMM.
+  bool isForward(Operation *gemm) {
+    if (!lossOp)
+      lossOp = getLocalLossOp(fn);
+    return lossOp && gemm->isBeforeInBlock(lossOp);
   }
 
 private:
@@ -268,7 +327,18 @@ private:
   func::FuncOp fn;
   bool delayed;
   llvm::DenseMap<std::pair<Value, Type>, std::pair<Value, Value>> cache;
-  llvm::DenseMap<std::tuple<Value, Type, int64_t, int64_t>, Value> tiled;
+  /// Blockwise: a quantisation — the dequantised operand, its codes and
+  /// per-tile scales, whether a forward GEMM made it, and the backward's
+  /// own dequantisation of those codes.
+  struct Tiled {
+    Value whole, codes, scale;
+    bool forward;
+    Value again;
+  };
+  llvm::DenseMap<std::tuple<Value, Type, int64_t, int64_t>, Tiled> tiled;
+  /// Blockwise: each forward 1 x block quantisation's (codes, scales).
+  llvm::DenseMap<std::pair<Value, Type>, std::pair<Value, Value>> forwardCodes;
+  Operation *lossOp = nullptr;
 };
 
 /// One GEMM to lower, with the format and history name of each operand.

@@ -356,18 +356,32 @@ LogicalResult Partitioner::checkTiles(ReshapeOp cut) {
   ArrayRef<int64_t> tile =
       cut->getAttrOfType<DenseI64ArrayAttr>(ErnieDialect::kFp8TileAttrName)
           .asArrayRef();
+  // The tiled matrix [..., rows, cols], as the result's shape says.
+  auto tiled = cast<RankedTensorType>(cut.getType()).getShape();
+  SmallVector<int64_t> matrix(tiled.drop_back(4));
+  matrix.append({tiled[tiled.size() - 4] * tiled[tiled.size() - 3],
+                 tiled[tiled.size() - 2] * tiled[tiled.size() - 1]});
+  // Arguments are already local here.
+  auto globalType = [&](Value v) {
+    RankedTensorType type = globalTypes.lookup(v);
+    return type ? type : dyn_cast<RankedTensorType>(v.getType());
+  };
+  // Back to where that matrix was computed, through reshards, casts, and
+  // the data movement and scaling of an fp8 round trip (a weight gradient
+  // re-tiles the forward's codes; folding may have merged the reshapes).
   Value source = cut.getInput();
   while (Operation *def = source.getDefiningOp()) {
-    if (!isa<ReshardOp, CastOp>(def))
+    RankedTensorType type = globalType(source);
+    if (type && type.getShape() == ArrayRef<int64_t>(matrix) &&
+        !isa<ReshardOp, CastOp>(def))
+      break;
+    if (!isa<ReshardOp, CastOp, ReshapeOp, DivOp, MulOp>(def))
       break;
     source = def->getOperand(0);
   }
   ShardingAttr layout = shardings.lookup(source);
-  // Arguments are already local here.
-  RankedTensorType type = globalTypes.lookup(source);
-  if (!type)
-    type = dyn_cast<RankedTensorType>(source.getType());
-  if (!layout || !type)
+  RankedTensorType type = globalType(source);
+  if (!layout || !type || type.getShape() != ArrayRef<int64_t>(matrix))
     return success();
   int64_t rank = type.getRank();
   for (int64_t i = 0; i < 2; ++i) {

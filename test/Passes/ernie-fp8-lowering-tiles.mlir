@@ -10,6 +10,11 @@
 // CHECK-NOT: all_gather
 // CHECK: ernie.reshape %arg0 {ernie.fp8_tile = array<i64: 1, 128>} : tensor<256x128xf32> -> tensor<256x1x1x128xf32>
 // CHECK: ernie.reshape %arg1 {ernie.fp8_tile = array<i64: 128, 128>} : tensor<128x256xf32> -> tensor<1x128x2x128xf32>
+// The weight gradient reads x transposed, in 128x1 tiles along the tokens:
+// from the forward's fp8 codes and scales (codes / s), not from x.
+// CHECK: ernie.reduce_sum {{.*}} -> tensor<f32>
+// CHECK: %[[X:.+]] = ernie.div %{{.*}}, %{{.*}} : tensor<256x1x1x128xf32>
+// CHECK: ernie.reshape %[[X]] {ernie.fp8_tile = array<i64: 128, 1>}
 // CHECK-NOT: all_gather
 // CHECK: return
 
