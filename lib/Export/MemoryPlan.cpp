@@ -5,6 +5,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/runtime/ProgramFormat.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/OpDefinition.h"
 #include "llvm/ADT/STLExtras.h"
 
@@ -50,6 +51,27 @@ static SmallVector<Value> overwritableOperands(Operation *op) {
       isa<ErnieDialect>(op->getDialect()))
     return llvm::to_vector(op->getOperands());
   return {};
+}
+
+void mlir::ernie::sinkFills(func::FuncOp fn) {
+  if (fn.isExternal() || !fn.getBody().hasOneBlock())
+    return;
+  SmallVector<Operation *> fills;
+  for (Operation &op : fn.getBody().front())
+    if (isa<FullOp, IotaOp, AxisIndexOp>(op))
+      fills.push_back(&op);
+  for (Operation *fill : fills) {
+    Value value = fill->getResult(0);
+    for (OpOperand &use : llvm::make_early_inc_range(value.getUses())) {
+      Operation *user = use.getOwner();
+      if (user->getPrevNode() == fill)
+        continue; // Already right before its only reader so far.
+      OpBuilder b(user);
+      use.set(b.clone(*fill)->getResult(0));
+    }
+    if (value.use_empty())
+      fill->erase();
+  }
 }
 
 FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
