@@ -125,10 +125,30 @@ public:
     // backward (DeepSeek-V3 caches activations in fp8). It is dequantised
     // by dividing by the scale: the forward's multiplication by 1 / s would
     // be merged with this by CSE and keep the f32 operand alive after all.
-    if (tile[0] > 1 && tile[1] == 1)
-      if (auto it = forwardCodes.find({x, format.type}); it != forwardCodes.end())
-        x = dequantiseByScale(b, loc, it->second.first, it->second.second,
-                              cast<RankedTensorType>(x.getType()));
+    if (tile[0] > 1 && tile[1] == 1) {
+      // The weight gradient flattens the tokens first: rows merge, the
+      // tiled last dimension stays, so the forward's tiles still apply.
+      Value forwardOperand = x;
+      auto merged = x.getDefiningOp<ReshapeOp>();
+      if (merged && cast<RankedTensorType>(merged.getInput().getType())
+                            .getShape()
+                            .back() ==
+                        cast<RankedTensorType>(x.getType()).getShape().back())
+        forwardOperand = merged.getInput();
+      if (auto it = forwardCodes.find({forwardOperand, format.type});
+          it != forwardCodes.end()) {
+        Value values = dequantiseByScale(
+            b, loc, it->second.first, it->second.second,
+            cast<RankedTensorType>(forwardOperand.getType()));
+        x = forwardOperand == x
+                ? values
+                : ReshapeOp::create(
+                      b, loc,
+                      cast<RankedTensorType>(x.getType()).clone(b.getF32Type()),
+                      values)
+                      .getResult();
+      }
+    }
     auto type = cast<RankedTensorType>(x.getType());
     int64_t rank = type.getRank();
     SmallVector<int64_t> tiledShape(type.getShape().drop_back(2));

@@ -152,14 +152,16 @@ def test_fp8_on_a_non_matmul_parameter_is_an_error():
 
 def test_fp8_weight_gradient_input_is_saved_in_fp8():
     """The weight gradient reads the forward's fp8 codes of each layer input
-    (per-tensor scaling commutes with the 2-D reshape it takes), so the
+    (per-tensor scaling commutes with the 2-D reshape it takes; blockwise
+    tiles along the last dimension survive it too), so the
     forward keeps those inputs in one byte instead of four: the plan
     report's activation bytes fall."""
     cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                       num_attention_heads=8, num_key_value_heads=4)
     ids = np.zeros((8, 64), np.int64)
     saved = {}
-    for name, config in (("f32", None), ("fp8", {"recipe": "current"})):
+    for name, config in (("f32", None), ("fp8", {"recipe": "current"}),
+                         ("blockwise", {"recipe": "blockwise", "block_size": 64})):
         with ernie.nn.abstract():
             model = LlamaForCausalLM(cfg)
         prog = ernie.compile(model, ernie.optimizer.AdamW(1e-3), [ids, ids], abstract=True,
@@ -168,6 +170,9 @@ def test_fp8_weight_gradient_input_is_saved_in_fp8():
     # Per layer, the q/k/v, gate/up and o/down inputs ([8, 64, 128] and
     # [8, 64, 384] floats) are now codes; other saved tensors stay.
     assert saved["fp8"] < 0.9 * saved["f32"], saved
+    # Blockwise: the weight gradient re-tiles the forward's 1x64 codes (one
+    # f32 scale per 64 values besides), so the inputs are kept in fp8 too.
+    assert saved["blockwise"] < 0.9 * saved["f32"], saved
 
 
 def test_fp8_delayed_scaling_under_dp_mp_equals_single_rank():
