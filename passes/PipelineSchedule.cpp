@@ -238,34 +238,24 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
   OpBuilder::InsertionGuard guard(b_);
   Location loc = original.getLoc();
   auto type = local.getType();
-  // The chunk's own forward value read by its backward: a residual.
-  if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward) {
-    std::string name = "residual." + std::to_string(residuals_++);
-    addResult(from, local,
-              {b_.getNamedAttr(ErnieDialect::kResidualAttrName,
-                               b_.getStringAttr(name))});
+  // A result of `from` and an argument of `to`, matched by name: the
+  // runtime carries it between the two calls.
+  auto handOff = [&](StringRef attr, std::string name) {
+    NamedAttribute named = b_.getNamedAttr(attr, b_.getStringAttr(name));
+    addResult(from, local, {named});
     unsigned at = to.body->getNumArguments();
-    (void)to.fn.insertArgument(
-        at, type,
-        b_.getDictionaryAttr(b_.getNamedAttr(ErnieDialect::kResidualAttrName,
-                                             b_.getStringAttr(name))),
-        loc);
+    (void)to.fn.insertArgument(at, type, b_.getDictionaryAttr(named), loc);
     return to.body->getArgument(at);
-  }
+  };
+  // The chunk's own forward value read by its backward: a residual.
+  if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward)
+    return handOff(ErnieDialect::kResidualAttrName,
+                   "residual." + std::to_string(residuals_++));
   // A backward value the update reads: summed over micro-batches by the
   // runtime, averaged here.
   if (fromPlace.phase == Phase::Backward && toPlace.phase == Phase::Update) {
-    std::string name = "grad." + std::to_string(gradients_++);
-    addResult(from, local,
-              {b_.getNamedAttr(ErnieDialect::kGradientAttrName,
-                               b_.getStringAttr(name))});
-    unsigned at = to.body->getNumArguments();
-    (void)to.fn.insertArgument(
-        at, type,
-        b_.getDictionaryAttr(b_.getNamedAttr(ErnieDialect::kGradientAttrName,
-                                             b_.getStringAttr(name))),
-        loc);
-    Value sum = to.body->getArgument(at);
+    Value sum = handOff(ErnieDialect::kGradientAttrName,
+                        "grad." + std::to_string(gradients_++));
     b_.setInsertionPointToEnd(to.body);
     auto tensor = cast<RankedTensorType>(type);
     return DivOp::create(b_, loc, sum,

@@ -294,4 +294,13 @@ void writeNpy(const std::string &path, const HostTensor &tensor) {
     throw std::runtime_error(path + ": write failed");
 }
 
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
 } // namespace ernie::runtime

@@ -1,6 +1,7 @@
 //===- Program.cpp - loading and validating program files --------------------===//
 
 #include "ernie/runtime/Program.h"
+#include "ernie/runtime/HostTensor.h"
 #include "ernie/runtime/PipelineSchedule.h"
 
 #include "ernie/program/program_generated.h"
@@ -140,15 +141,6 @@ Axes strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>
     for (const flatbuffers::String *s : *v)
       out.push_back(s->str());
   return out;
-}
-
-std::string shapeString(const std::vector<int64_t> &shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
 }
 
 int64_t elementsOf(const std::vector<int64_t> &shape) {

@@ -60,15 +60,6 @@ double scalarValue(const HostTensor &t) {
 /// step: below every program tag (channel * micro_batches + k >= 0).
 constexpr int64_t kLossTag = -1;
 
-std::string shapeText(const std::vector<int64_t> &shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
-
 /// Rows [begin, begin + count) of `t` along dimension 0 (contiguous).
 HostTensor rowsOf(const HostTensor &t, int64_t begin, int64_t count) {
   std::vector<int64_t> shape = t.shape;
@@ -549,8 +540,8 @@ RankRunner::callPipelined(const std::string &fnName,
     if (inputs[k].shape != want)
       throw std::invalid_argument(
           "@" + fnName + ": batch input " + std::to_string(k) + " must be " +
-          shapeText(want) + " (" + std::to_string(m) + " micro-batches of " +
-          shapeText(microShape) + "), not " + shapeText(inputs[k].shape));
+          shapeString(want) + " (" + std::to_string(m) + " micro-batches of " +
+          shapeString(microShape) + "), not " + shapeString(inputs[k].shape));
   }
   if (!initialised_)
     throw std::invalid_argument("@" + fnName +

@@ -61,6 +61,9 @@ HostTensor assemble(const std::vector<HostTensor> &pieces,
 /// `tensor` converted to `type` by the cast kernel (rounding once).
 HostTensor convert(const HostTensor &tensor, DType type);
 
+/// "[2, 3]", for messages.
+std::string shapeString(const std::vector<int64_t> &shape);
+
 /// NumPy's .npy format (version 1.0, little-endian, C order). bf16 and the
 /// fp8 types have no NumPy dtype: they are written as their raw bits ('<u2',
 /// '|u1'). Reading converts to `want` (an f32 file feeds a bf16 argument)
