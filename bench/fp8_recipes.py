@@ -59,6 +59,8 @@ def train(fp8_config, steps, data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help="comma-separated subset (bf16 always runs: the reference)")
     parser.add_argument("--work", default=str(ROOT / "build" / "demo"))
     args = parser.parse_args()
     data = corpus(Path(args.work) / "corpus.txt")
@@ -66,7 +68,10 @@ def main():
     print(f"{'recipe':>11} | {'loss (last 10)':>14} {'vs bf16':>8} {'ms/step':>8}")
     print("-" * 48)
     reference = None
+    chosen = set(args.recipes.split(",")) | {"bf16"}
     for name, config in RECIPES.items():
+        if name not in chosen:
+            continue
         losses, ms = train(config, args.steps, data)
         final = float(np.mean(losses[-10:]))
         reference = reference or final
