@@ -29,7 +29,6 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
-#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringExtras.h"
 
 #include <map>
@@ -468,7 +467,7 @@ struct PipelineSchedulePass
     if (eval && failed(Cutter(module, shape.stages, shape.chunks(), channel)
                            .cut(eval, "eval", {}, 1)))
       return signalPassFailure();
-    buildInit(module, train, shape, channel);
+    buildInit(module, train);
     // Everything else was inlined into the stage functions.
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
       if (!fn->hasAttr(ErnieDialect::kPipelineStageAttrName))
@@ -524,8 +523,7 @@ struct PipelineSchedulePass
   }
 
   /// @init.<r>: a shared parameter's replicas start as the group's first.
-  void buildInit(ModuleOp module, func::FuncOp train,
-                 const rt::PipelineShape &shape, int64_t &channel) {
+  void buildInit(ModuleOp module, func::FuncOp train) {
     OpBuilder b(module.getContext());
     std::map<int64_t, SmallVector<unsigned>> byRank;
     std::set<StringRef> names; // channels: as autodiff numbered the sums

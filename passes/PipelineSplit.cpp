@@ -163,10 +163,12 @@ struct PipelineSplitPass
     Operation *ret = body.getTerminator();
     for (Value v : ret->getOperands())
       if (auto def = v.getDefiningOp())
-        if (cast<IntegerAttr>(def->getAttr(ErnieDialect::kStageAttrName))
-                .getInt() != chunks - 1)
+        if (int64_t stage = cast<IntegerAttr>(def->getAttr(
+                                ErnieDialect::kStageAttrName))
+                                .getInt();
+            stage != chunks - 1)
           return ret->emitError()
-                 << "the loss is computed on chunk " << lookup(v)
+                 << "the loss is computed on chunk " << stage
                  << ", not on the last one (" << chunks - 1 << ")";
 
     for (SplitPointOp marker : markers) {
