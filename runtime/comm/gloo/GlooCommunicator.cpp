@@ -40,6 +40,60 @@ constexpr const char *kAbortKey = "ernie.abort";
 /// meet no other traffic.
 constexpr uint8_t kPermuteSlotPrefix = 0x45;
 
+/// Gloo's file store, safe to share between a rank's threads. Every call of
+/// gloo::rendezvous::FileStore, its polling `check` included, appends to an
+/// unguarded vector, so a started operation making its context while the
+/// rank's main thread makes another corrupted the heap. Each call holds a
+/// lock; a wait holds it per poll only, since the key it waits for may be
+/// published only after this rank's other thread has set its own. The lock
+/// is recursive: FileStore::get waits (virtually, so here) under it.
+class ThreadSafeFileStore final : public gloo::rendezvous::FileStore {
+public:
+  using FileStore::FileStore;
+
+  void set(const std::string &key, const std::vector<char> &data) override {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    FileStore::set(key, data);
+  }
+
+  std::vector<char> get(const std::string &key) override {
+    wait({key});
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return FileStore::get(key);
+  }
+
+  void wait(const std::vector<std::string> &keys) override {
+    wait(keys, kDefaultTimeout);
+  }
+
+  void wait(const std::vector<std::string> &keys,
+            const std::chrono::milliseconds &timeout) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      {
+        std::lock_guard<std::recursive_mutex> lock(mutex_);
+        if (check(keys))
+          return;
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error("file store: timed out after " +
+                                 std::to_string(timeout.count()) +
+                                 " ms waiting for " + describe(keys));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+private:
+  static std::string describe(const std::vector<std::string> &keys) {
+    std::string names;
+    for (const std::string &key : keys)
+      names += (names.empty() ? "\"" : ", \"") + key + "\"";
+    return names;
+  }
+
+  std::recursive_mutex mutex_;
+};
+
 class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options,
@@ -56,8 +110,7 @@ public:
                                  e.what());
       }
     } else {
-      fileStore_ =
-          std::make_unique<gloo::rendezvous::FileStore>(options_.storePath);
+      fileStore_ = std::make_unique<ThreadSafeFileStore>(options_.storePath);
     }
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname;
@@ -489,7 +542,7 @@ private:
   int64_t rank_;
   GlooOptions options_;
   // One of the two stores; the server (rank 0 only) outlives the client.
-  std::unique_ptr<gloo::rendezvous::FileStore> fileStore_;
+  std::unique_ptr<ThreadSafeFileStore> fileStore_;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<TcpStore> tcpStore_;
   std::shared_ptr<gloo::transport::Device> device_;
