@@ -251,15 +251,26 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
     return handOff(ErnieDialect::kResidualAttrName,
                    "residual." + std::to_string(residuals_++));
   // A backward value the update reads: summed over micro-batches by the
-  // runtime, averaged here.
+  // runtime, averaged here. A gradient narrower than f32 is summed in f32
+  // (Megatron's main grads): m bf16 partial sums would each round away
+  // the small micro-batches' contributions.
   if (fromPlace.phase == Phase::Backward && toPlace.phase == Phase::Update) {
+    auto tensor = cast<RankedTensorType>(type);
+    auto element = dyn_cast<FloatType>(tensor.getElementType());
+    bool widen = element && element.getWidth() < 32;
+    if (widen) {
+      b_.setInsertionPointToEnd(from.body);
+      type = tensor.clone(b_.getF32Type());
+      local = CastOp::create(b_, loc, type, local);
+    }
     Value sum = handOff(ErnieDialect::kGradientAttrName,
                         "grad." + std::to_string(gradients_++));
     b_.setInsertionPointToEnd(to.body);
-    auto tensor = cast<RankedTensorType>(type);
-    return DivOp::create(b_, loc, sum,
-                         FullOp::create(b_, loc, tensor,
-                                        static_cast<double>(microBatches_)));
+    Value mean = DivOp::create(
+        b_, loc, sum,
+        FullOp::create(b_, loc, cast<RankedTensorType>(type),
+                       static_cast<double>(microBatches_)));
+    return widen ? CastOp::create(b_, loc, tensor, mean) : mean;
   }
   // Anything else crosses ranks: a send at the producer, a receive here.
   int64_t channel = channel_++;

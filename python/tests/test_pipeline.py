@@ -146,6 +146,29 @@ def test_pipeline_with_fp8():
     assert "scaled_matmul" in prog.mlir
 
 
+def test_bf16_gradients_accumulate_in_f32():
+    """A bf16 model's gradients are summed over the micro-batches in f32
+    (Megatron's main grads): each stage holds gradient buffers of twice its
+    bf16 parameters' bytes, and the run follows the single-rank bf16 run
+    with f32 master weights (bound: bf16's 2^-8 on losses summed per
+    micro-batch instead of over the whole batch)."""
+    import dataclasses
+    cfg = dataclasses.replace(config(4), dtype="bf16")
+    batch = data()
+
+    def adamw():
+        return ernie.optimizer.AdamW(1e-3, multi_precision=True)
+    ref = ernie.compile(LlamaForCausalLM(cfg), adamw(), batch)
+    prog = ernie.compile(LlamaForCausalLM(cfg), adamw(), batch, mesh=mesh_of(pp=2),
+                         config={"pp_config": dict(PP2, accumulate_steps=8)})
+    for stage in prog.report()["stages"]:
+        assert stage["gradient_bytes"] == 2 * stage["parameter_bytes"]
+    want = [ref.step(*batch) for _ in range(10)]
+    got = [prog.step(*batch) for _ in range(10)]
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+    assert got[-1] < got[0]
+
+
 def test_pipelined_program_api():
     """eval equals the single-rank eval; state_dict / load_state_dict act on
     global values (a shared weight's replicas all take a loaded value);
