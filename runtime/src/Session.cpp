@@ -229,45 +229,76 @@ std::vector<HostTensor> RankRunner::call(const std::string &fnName,
 std::vector<HostTensor>
 RankRunner::callFunction(const std::string &fnName,
                          const std::vector<HostTensor> &inputs, double lr,
-                         int64_t step, int64_t microBatch) {
+                         int64_t step) {
   const Function &fn = function(fnName);
-  std::vector<HostTensor> local;
   size_t next = 0;
+  CallSources from;
+  from.input = [&](const TensorSpec &) -> const HostTensor & {
+    if (next == inputs.size())
+      throw std::invalid_argument("@" + fnName + " needs more than " +
+                                  std::to_string(inputs.size()) + " inputs");
+    return inputs[next++];
+  };
+  from.lr = lr;
+  from.step = step;
+  std::vector<HostTensor> args = arguments(fn, from);
+  if (next != inputs.size())
+    throw std::invalid_argument("@" + fnName + " takes " + std::to_string(next) +
+                                " inputs, not " + std::to_string(inputs.size()));
+  std::vector<HostTensor> results = executor_.run(fnName, args, 0);
+  keepUpdates(fn, results);
+  return results;
+}
+
+std::vector<HostTensor> RankRunner::arguments(const Function &fn,
+                                              const CallSources &from) {
+  std::vector<HostTensor> args;
+  args.reserve(fn.arguments.size());
   for (const TensorSpec &arg : fn.arguments) {
     switch (arg.role) {
     case Role::Parameter:
     case Role::OptimizerState:
-      local.push_back(stateFor(arg));
+      args.push_back(stateFor(arg));
       break;
     case Role::LearningRate:
-      local.push_back(scalar(arg.type, lr));
+      args.push_back(scalar(arg.type, from.lr));
       break;
     case Role::Step:
-      local.push_back(scalar(arg.type, static_cast<double>(step)));
+      args.push_back(scalar(arg.type, static_cast<double>(from.step)));
       break;
-    case Role::Residual:
-    case Role::Gradient: // Program::load keeps these to pipelines.
-      throw std::invalid_argument("@" + fnName + " takes a pipeline's " +
-                                  "residual or gradient");
     case Role::Input:
     case Role::Loss:
-      if (next == inputs.size())
-        throw std::invalid_argument("@" + fnName + " needs more than " +
-                                    std::to_string(inputs.size()) + " inputs");
-      local.push_back(
-          pieceOf(convert(inputs[next++], arg.type), arg, program_.mesh(),
-                  comm_.rank()));
+      args.push_back(pieceOf(convert(from.input(arg), arg.type), arg,
+                             program_.mesh(), comm_.rank()));
+      break;
+    case Role::Residual:
+    case Role::Gradient: {
+      // Program::load keeps these to pipelines and matches every name to
+      // a result of the function that makes it.
+      const char *kind = arg.role == Role::Residual ? "residual" : "gradient";
+      if (!from.handOffs)
+        throw std::invalid_argument("@" + fn.name + " takes a pipeline's " +
+                                    kind + " '" + arg.name + "'");
+      auto it = from.handOffs->find(arg.name);
+      if (it == from.handOffs->end())
+        throw std::runtime_error("@" + fn.name + ": nothing on stage " +
+                                 std::to_string(executor_.stage()) +
+                                 " made its " + kind + " '" + arg.name + "'");
+      args.push_back(it->second);
       break;
     }
+    }
   }
-  if (next != inputs.size())
-    throw std::invalid_argument("@" + fnName + " takes " + std::to_string(next) +
-                                " inputs, not " + std::to_string(inputs.size()));
-  std::vector<HostTensor> results = executor_.run(fnName, local, microBatch);
+  return args;
+}
+
+void RankRunner::keepUpdates(const Function &fn,
+                             std::vector<HostTensor> &results, bool move) {
   for (size_t i = 0; i < results.size(); ++i)
     if (!fn.results[i].updates.empty())
-      state_[fn.results[i].updates] = {stateLayout(fn, fn.results[i]), results[i]};
-  return results;
+      state_[fn.results[i].updates] = {
+          stateLayout(fn, fn.results[i]),
+          move ? std::move(results[i]) : results[i]};
 }
 
 HostTensor RankRunner::gather(const TensorSpec &spec, const HostTensor &local) {
@@ -379,26 +410,13 @@ void RankRunner::initPipelinedState(const StateSource &source, uint64_t seed) {
     callFunction(init, {}, 0.0, 1);
 }
 
-std::vector<HostTensor> RankRunner::pipelineArguments(
-    const Function &fn, const std::vector<std::vector<HostTensor>> &micro,
-    int64_t k, const std::function<HostTensor(const TensorSpec &)> &extra) {
-  std::vector<HostTensor> args;
-  for (const TensorSpec &arg : fn.arguments) {
-    switch (arg.role) {
-    case Role::Parameter:
-    case Role::OptimizerState:
-      args.push_back(stateFor(arg));
-      break;
-    case Role::Input:
-      args.push_back(pieceOf(convert(micro[batchInput(arg)][k], arg.type), arg,
-                             program_.mesh(), comm_.rank()));
-      break;
-    default:
-      args.push_back(extra(arg));
-      break;
-    }
-  }
-  return args;
+RankRunner::CallSources RankRunner::microBatch(
+    const std::vector<std::vector<HostTensor>> &micro, int64_t k) const {
+  CallSources from;
+  from.input = [&micro, k](const TensorSpec &arg) -> const HostTensor & {
+    return micro[batchInput(arg)][k];
+  };
+  return from;
 }
 
 std::vector<double> RankRunner::trainPipelined(
@@ -427,15 +445,9 @@ std::vector<double> RankRunner::trainPipelined(
       residuals = std::move(it->second);
       kept.erase(it);
     }
-    std::vector<HostTensor> args =
-        pipelineArguments(fn, micro, k, [&](const TensorSpec &arg) {
-          // Residual (Program::load matched every name to the forward's).
-          auto it = residuals.find(arg.name);
-          if (it == residuals.end())
-            throw std::logic_error("no residual '" + arg.name + "'");
-          return it->second;
-        });
-    std::vector<HostTensor> results = executor_.run(name, args, k);
+    CallSources from = microBatch(micro, k);
+    from.handOffs = &residuals;
+    std::vector<HostTensor> results = executor_.run(name, arguments(fn, from), k);
     if (forward)
       kept[{c, k}]; // A forward may keep nothing for its backward.
     for (size_t i = 0; i < results.size(); ++i) {
@@ -460,28 +472,12 @@ std::vector<double> RankRunner::trainPipelined(
   const std::string name = pipelineFunction("train_update", s);
   const Function &fn = executor_.function(name);
   int64_t begin = tracing ? traceClockMicros() : 0;
-  std::vector<HostTensor> args =
-      pipelineArguments(fn, micro, 0, [&](const TensorSpec &arg) -> HostTensor {
-        switch (arg.role) {
-        case Role::LearningRate:
-          return scalar(arg.type, lr);
-        case Role::Step:
-          return scalar(arg.type, static_cast<double>(step));
-        default: { // Role::Gradient
-          auto it = sums.find(arg.name);
-          if (it == sums.end())
-            throw std::runtime_error("@" + name + ": no backward on stage " +
-                                     std::to_string(s) +
-                                     " made the gradient of '" + arg.name + "'");
-          return it->second;
-        }
-        }
-      });
-  std::vector<HostTensor> results = executor_.run(name, args, 0);
-  for (size_t i = 0; i < results.size(); ++i)
-    if (!fn.results[i].updates.empty())
-      state_[fn.results[i].updates] = {stateLayout(fn, fn.results[i]),
-                                       std::move(results[i])};
+  CallSources from = microBatch(micro, 0);
+  from.lr = lr;
+  from.step = step;
+  from.handOffs = &sums;
+  std::vector<HostTensor> results = executor_.run(name, arguments(fn, from), 0);
+  keepUpdates(fn, results, /*move=*/true);
   if (tracing)
     executor_.recordSpan("update", name, begin, traceClockMicros());
   if (program_.stageOf(comm_.rank()) != lastChunk % program_.numStages())
@@ -500,12 +496,8 @@ std::vector<double> RankRunner::evalPipelined(
       const std::string name = pipelineFunction("eval_forward", c);
       const Function &fn = executor_.function(name);
       int64_t begin = tracing ? traceClockMicros() : 0;
-      std::vector<HostTensor> args =
-          pipelineArguments(fn, micro, k, [&](const TensorSpec &) -> HostTensor {
-            throw std::logic_error("@" + name + " takes neither state nor "
-                                   "batch input");
-          });
-      std::vector<HostTensor> results = executor_.run(name, args, k);
+      std::vector<HostTensor> results =
+          executor_.run(name, arguments(fn, microBatch(micro, k)), k);
       if (c == lastChunk)
         for (size_t i = 0; i < results.size(); ++i)
           if (fn.results[i].role == Role::Loss)

@@ -97,8 +97,26 @@ private:
   /// pipelined.
   std::vector<HostTensor> callFunction(const std::string &fn,
                                        const std::vector<HostTensor> &inputs,
-                                       double lr, int64_t step,
-                                       int64_t microBatch = 0);
+                                       double lr, int64_t step);
+  /// Where one call's arguments come from, beside this rank's state.
+  struct CallSources {
+    /// The global value of batch input `arg` (of the call's micro-batch).
+    std::function<const HostTensor &(const TensorSpec &)> input;
+    double lr = 0.0;
+    int64_t step = 1;
+    /// A pipeline's residuals (for a backward) or gradient sums (for an
+    /// update) by name; null outside a pipeline's schedule.
+    const std::map<std::string, HostTensor> *handOffs = nullptr;
+  };
+  /// `fn`'s arguments, each this rank's piece, in `fn`'s order.
+  std::vector<HostTensor> arguments(const Function &fn, const CallSources &from);
+  /// Batch inputs from micro-batch `k` of `micro` (per input, per
+  /// micro-batch), which must outlive the sources.
+  CallSources microBatch(const std::vector<std::vector<HostTensor>> &micro,
+                         int64_t k) const;
+  /// Results of `fn` that update state replace it (moved out when `move`).
+  void keepUpdates(const Function &fn, std::vector<HostTensor> &results,
+                   bool move = false);
   /// train_step / eval_step of a pipelined program.
   std::vector<HostTensor> callPipelined(const std::string &fn,
                                         const std::vector<HostTensor> &inputs,
@@ -110,11 +128,6 @@ private:
       int64_t step);
   std::vector<double> evalPipelined(
       const std::vector<std::vector<HostTensor>> &micro);
-  /// One pipelined function's arguments: state, micro-batch `k`'s inputs,
-  /// `extra(arg)` for the rest.
-  std::vector<HostTensor> pipelineArguments(
-      const Function &fn, const std::vector<std::vector<HostTensor>> &micro,
-      int64_t k, const std::function<HostTensor(const TensorSpec &)> &extra);
   void initPipelinedState(const StateSource &source, uint64_t seed);
   /// This stage's pipeline functions, train_update first.
   std::vector<const Function *> stageFunctions() const;
