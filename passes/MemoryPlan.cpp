@@ -22,7 +22,6 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
     for (auto fn : getOperation().getOps<func::FuncOp>()) {
       if (fn.isExternal())
         continue;
-      sinkFills(fn);
       FailureOr<MemoryPlan> plan = planMemory(fn);
       if (failed(plan))
         return signalPassFailure();

@@ -64,7 +64,6 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (fn.isExternal())
         continue;
-      sinkFills(fn);
       FailureOr<MemoryPlan> plan = planMemory(fn);
       if (failed(plan))
         return signalPassFailure();

@@ -53,9 +53,9 @@ static SmallVector<Value> overwritableOperands(Operation *op) {
   return {};
 }
 
-void mlir::ernie::sinkFills(func::FuncOp fn) {
-  if (fn.isExternal() || !fn.getBody().hasOneBlock())
-    return;
+/// Gives every reader of a fill its own copy just before it (see
+/// planMemory).
+static void sinkFills(func::FuncOp fn) {
   SmallVector<Operation *> fills;
   for (Operation &op : fn.getBody().front())
     if (isa<FullOp, IotaOp, AxisIndexOp>(op))
@@ -77,6 +77,7 @@ void mlir::ernie::sinkFills(func::FuncOp fn) {
 FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   if (fn.isExternal() || !fn.getBody().hasOneBlock())
     return fn.emitError("a memory plan needs a function with one block");
+  sinkFills(fn);
   Block &body = fn.getBody().front();
   MemoryPlan plan;
 

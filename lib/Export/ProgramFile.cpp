@@ -296,7 +296,6 @@ Writer::writeInstruction(Operation &op, const MemoryPlan &plan) {
 
 FailureOr<flatbuffers::Offset<fb::Function>>
 Writer::writeFunction(func::FuncOp fn) {
-  sinkFills(fn);
   FailureOr<MemoryPlan> plan = planMemory(fn);
   if (failed(plan))
     return failure();

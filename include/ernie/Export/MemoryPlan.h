@@ -58,18 +58,16 @@ int64_t storageBytes(Type elementType);
 /// scalar integer or float as a rank-0 tensor; null for anything else.
 RankedTensorType storageType(Type type);
 
-/// Gives every reader of a fill (`full`, `iota`, `axis_index`: an op that
-/// reads nothing and stores no data) its own copy just before it. Folding
-/// and CSE hoist such ops to the top of a function and share them, so a
-/// constant the backward needs would otherwise occupy the arena from the
-/// first op on — counted as activation memory, and held through the
-/// forward. Run before planning; it changes what the runtime executes (one
-/// fill per reader), not what it computes.
-void sinkFills(func::FuncOp fn);
-
-/// Plans `fn`'s single block. Fails (with a diagnostic on the value) when a
-/// value is not a statically shaped tensor of a storable element type, or
-/// the body has more than one block.
+/// Plans `fn`'s single block for execution. First gives every reader of a
+/// fill (`full`, `iota`, `axis_index`: an op that reads nothing and stores
+/// no data) its own copy just before it: folding and CSE hoist such ops to
+/// the top of a function and share them, so a constant the backward needs
+/// would otherwise occupy the arena from the first op on — counted as
+/// activation memory, and held through the forward. That changes what the
+/// runtime executes (one fill per reader), not what it computes, and is
+/// part of planning so that no caller can plan without it. Fails (with a
+/// diagnostic on the value) when a value is not a statically shaped tensor
+/// of a storable element type, or the body has more than one block.
 FailureOr<MemoryPlan> planMemory(func::FuncOp fn);
 
 } // namespace mlir::ernie
