@@ -239,14 +239,16 @@ static LogicalResult verifyChannel(Operation *op, int64_t channel) {
 }
 
 LogicalResult SendOp::verify() {
-  if (getPeer() < 0)
-    return emitOpError("peer stage must be non-negative, got ") << getPeer();
+  // I64Attr's getter is unsigned: read the stored signed value.
+  if (int64_t peer = getPeerAttr().getInt(); peer < 0)
+    return emitOpError("peer stage must be non-negative, got ") << peer;
   return verifyChannel(*this, getChannel());
 }
 
 LogicalResult RecvOp::verify() {
-  if (getPeer() < 0)
-    return emitOpError("peer stage must be non-negative, got ") << getPeer();
+  // I64Attr's getter is unsigned: read the stored signed value.
+  if (int64_t peer = getPeerAttr().getInt(); peer < 0)
+    return emitOpError("peer stage must be non-negative, got ") << peer;
   return verifyChannel(*this, getChannel());
 }
 

@@ -127,3 +127,27 @@ func.func @permute_axis(%x: tensor<8x16xf32>) {
   %0 = ernie.wait %f : tensor<8x16xf32>
   return
 }
+
+// -----
+
+func.func @send_negative_peer(%x: tensor<2xf32>) {
+  // expected-error @+1 {{peer stage must be non-negative, got -1}}
+  ernie.send %x to stage -1 channel 0 : tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @recv_negative_peer() -> tensor<2xf32> {
+  // expected-error @+1 {{peer stage must be non-negative, got -2}}
+  %0 = ernie.recv from stage -2 channel 0 : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+
+// -----
+
+func.func @send_negative_channel(%x: tensor<2xf32>) {
+  // expected-error @+1 {{channel must be non-negative, got -3}}
+  ernie.send %x to stage 1 channel -3 : tensor<2xf32>
+  return
+}
