@@ -12,7 +12,8 @@
 // receive), the chunk's own forward read by its backward (a residual the
 // runtime keeps per micro-batch), a later backward chunk (send and receive),
 // a backward read by the update (a gradient the runtime sums over
-// micro-batches). Data only flows as a pipeline allows — forward values up
+// micro-batches), a max-reduced statistic read by the update (an fp8 amax
+// the runtime combines over micro-batches by max). Data only flows as a pipeline allows — forward values up
 // the chunks, gradients down — which the pass checks, so the schedule's
 // dependencies are exactly those the schedule library simulates.
 //
@@ -29,6 +30,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
 
 #include <map>
@@ -55,6 +57,16 @@ struct Place {
     return phase == o.phase && index == o.index;
   }
 };
+
+/// Whether `v` is a maximum over the data it reduces (an fp8 amax): over a
+/// step it is the maximum of its micro-batches' values, whatever their
+/// order, so a forward or backward may hand it to the update.
+bool isMaxReduced(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (auto ar = dyn_cast_or_null<AllReduceOp>(def))
+    return ar.getKind() == ReduceKind::max;
+  return isa_and_nonnull<ReduceMaxOp>(def);
+}
 
 /// One function being built: its body, arguments, results.
 struct StageFunction {
@@ -88,6 +100,7 @@ private:
   int64_t rankOf(const Place &p) const {
     return p.phase == Phase::Update ? p.index : p.index % stages_;
   }
+  LogicalResult updateStateOncePerStep(func::FuncOp step);
   StageFunction &functionFor(const Place &p);
   FailureOr<Value> valueIn(StageFunction &fn, const Place &where, Value v);
   Value cloneLeaf(StageFunction &fn, Value v);
@@ -108,7 +121,7 @@ private:
   std::map<std::pair<int, int64_t>, StageFunction> functions_;
   std::vector<StageFunction *> order_; // creation order, for output order
   SmallVector<int64_t> batchIndex_;    // per step argument, -1: not batch
-  int64_t residuals_ = 0, gradients_ = 0;
+  int64_t residuals_ = 0, gradients_ = 0, maxima_ = 0;
   int64_t microBatches_ = 1;
 };
 
@@ -250,6 +263,12 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
   if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward)
     return handOff(ErnieDialect::kResidualAttrName,
                    "residual." + std::to_string(residuals_++));
+  // A maximum the update reads (an fp8 amax): the runtime keeps the largest
+  // of the step's micro-batches.
+  if (fromPlace.phase != Phase::Update && toPlace.phase == Phase::Update &&
+      isMaxReduced(original))
+    return handOff(ErnieDialect::kMicroBatchMaxAttrName,
+                   "max." + std::to_string(maxima_++));
   // A backward value the update reads: summed over micro-batches by the
   // runtime, averaged here. A gradient narrower than f32 is summed in f32
   // (Megatron's main grads): m bf16 partial sums would each round away
@@ -297,7 +316,9 @@ FailureOr<Value> Cutter::valueIn(StageFunction &fn, const Place &where,
   switch (from.phase) {
   case Phase::Forward:
     allowed = (where.phase == Phase::Forward && from.index <= where.index) ||
-              where.phase == Phase::Backward;
+              where.phase == Phase::Backward ||
+              (where.phase == Phase::Update && rankOf(from) == where.index &&
+               isMaxReduced(v));
     break;
   case Phase::Backward:
     allowed = (where.phase == Phase::Backward && from.index >= where.index) ||
@@ -348,6 +369,61 @@ void Cutter::finish(StageFunction &fn) {
   fn.fn.setAllResultAttrs(fn.resultAttrs);
 }
 
+/// State the step updates outside the optimizer — a delayed-fp8 amax
+/// history, rolled where a forward or backward quantises — would otherwise
+/// be returned by a function the runtime calls once per micro-batch. Its
+/// update moves into the update of its rank, once per step, from the state
+/// itself and the maxima the micro-batches hand over: exactly the history
+/// of the step run whole, whose amax is the maximum over the batch.
+LogicalResult Cutter::updateStateOncePerStep(func::FuncOp step) {
+  auto ret = cast<func::ReturnOp>(step.getBody().front().getTerminator());
+  for (auto [i, state] : llvm::enumerate(ret.getOperands())) {
+    auto name =
+        step.getResultAttrOfType<StringAttr>(i, ErnieDialect::kUpdatesAttrName);
+    Place at = placeOf(state);
+    if (!name || (at.phase != Phase::Forward && at.phase != Phase::Backward))
+      continue;
+    Place update{Phase::Update, rankOf(at)};
+    llvm::SetVector<Operation *> moved;
+    SmallVector<Value> work{state};
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        if (batchIndex_[arg.getArgNumber()] >= 0)
+          return ret.emitError()
+                 << "pipeline split: state '" << name.getValue()
+                 << "' is updated from the batch by more than a maximum; a "
+                    "pipeline sees the batch one micro-batch at a time and "
+                    "combines only gradients (summed) and maxima over them";
+        continue;
+      }
+      Place p = placeOf(v);
+      if (p.phase == Phase::Leaf || p.phase == Phase::Update ||
+          isMaxReduced(v))
+        continue; // Rebuilt, already there, or handed over.
+      Operation *def = v.getDefiningOp();
+      if (!moved.insert(def))
+        continue;
+      if (!isMemoryEffectFree(def))
+        return def->emitError()
+               << "pipeline split: state '" << name.getValue()
+               << "' is updated through an op with effects";
+      llvm::append_range(work, def->getOperands());
+    }
+    for (Operation *op : moved)
+      for (Operation *user : op->getUsers())
+        if (user != ret && !moved.contains(user) &&
+            places_.lookup(user).phase != Phase::Update)
+          return op->emitError()
+                 << "pipeline split: state '" << name.getValue()
+                 << "' is updated through a value its micro-batch also "
+                    "reads; a pipeline updates state once per step";
+    for (Operation *op : moved)
+      places_[op] = update;
+  }
+  return success();
+}
+
 LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
                           const llvm::DenseSet<Operation *> &update,
                           int64_t microBatches) {
@@ -390,6 +466,8 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
       continue;
     p = Place{Phase::Update, rankOf(p)};
   }
+  if (failed(updateStateOncePerStep(step)))
+    return failure();
 
   for (Operation *op : ops) {
     Place where = places_.lookup(op);

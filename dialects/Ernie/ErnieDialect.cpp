@@ -95,7 +95,8 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                              << " must be an array of stage indices";
     return success();
   }
-  if (name == kResidualAttrName || name == kGradientAttrName) {
+  if (name == kResidualAttrName || name == kGradientAttrName ||
+      name == kMicroBatchMaxAttrName) {
     auto value = dyn_cast<StringAttr>(attr.getValue());
     if (!value || value.getValue().empty())
       return op->emitError() << "'" << name << "' on argument #" << argIndex

@@ -186,7 +186,8 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
   }
   if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName ||
       attr.getName() == kResidualAttrName ||
-      attr.getName() == kGradientAttrName) {
+      attr.getName() == kGradientAttrName ||
+      attr.getName() == kMicroBatchMaxAttrName) {
     auto name = dyn_cast<StringAttr>(attr.getValue());
     if (!name || name.getValue().empty())
       return op->emitError() << "'" << attr.getName().strref()

@@ -174,6 +174,10 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
     } else if (auto g = attrs.getAs<StringAttr>(ErnieDialect::kGradientAttrName)) {
       name = g.getValue().str();
       role = fb::Role::Gradient;
+    } else if (auto m = attrs.getAs<StringAttr>(
+                   ErnieDialect::kMicroBatchMaxAttrName)) {
+      name = m.getValue().str();
+      role = fb::Role::MicroBatchMax;
     } else if (auto k = attrs.getAs<IntegerAttr>(ErnieDialect::kInputAttrName)) {
       name = "input." + std::to_string(k.getInt());
     }
@@ -182,7 +186,7 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
     if (isResult && attrs.get(ErnieDialect::kLossAttrName))
       role = fb::Role::Loss;
     if (isResult && role != fb::Role::Loss && role != fb::Role::Residual &&
-        role != fb::Role::Gradient)
+        role != fb::Role::Gradient && role != fb::Role::MicroBatchMax)
       role = fb::Role::Input;
   }
   std::vector<int64_t> local(type.getShape()), global = local;

@@ -455,7 +455,8 @@ py::array toNumpy(rt::HostTensor tensor) {
   return py::array(py::dtype(numpyDtype(owned->type)), shape, owned->bytes.data(), free);
 }
 
-const char *roleName(rt::Role r) {
+/// The role as Python's describe() spells it (an identifier).
+const char *roleKey(rt::Role r) {
   switch (r) {
   case rt::Role::Input: return "input";
   case rt::Role::Parameter: return "parameter";
@@ -465,6 +466,7 @@ const char *roleName(rt::Role r) {
   case rt::Role::Loss: return "loss";
   case rt::Role::Residual: return "residual";
   case rt::Role::Gradient: return "gradient";
+  case rt::Role::MicroBatchMax: return "micro_batch_max";
   }
   return "";
 }
@@ -472,7 +474,7 @@ const char *roleName(rt::Role r) {
 py::dict describeTensor(const rt::TensorSpec &t) {
   py::dict d;
   d["name"] = t.name;
-  d["role"] = roleName(t.role);
+  d["role"] = roleKey(t.role);
   d["dtype"] = std::string(rt::name(t.type));
   d["global_shape"] = t.globalShape;
   d["local_shape"] = t.localShape;

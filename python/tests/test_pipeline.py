@@ -146,6 +146,42 @@ def test_pipeline_with_fp8():
     assert "scaled_matmul" in prog.mlir
 
 
+@pytest.mark.parametrize("axes", [dict(pp=2), dict(dp=2, pp=2)], ids=["pp2", "dp2xpp2"])
+def test_pipeline_with_delayed_fp8_histories(axes):
+    """Delayed scaling under pp: every micro-batch quantises with the scale
+    of the history at the step's start, hands its amaxes to the update, and
+    the update rolls each history once per step with their maximum — the
+    single-rank step's amax over the whole batch. After one step the
+    activation and weight histories equal the single-rank run's (the same
+    values, whatever the order of the maximum); a gradient's is m times it,
+    since a micro-batch's loss is a mean over m times fewer tokens (its
+    gradient is divided by m in the update), up to e5m2's rounding (2^-3)
+    of the quantised gradients that flow into it: the first step's empty
+    history gives both runs scale 1, so m-times larger values round to
+    other codes. The losses then follow the single-rank run."""
+    batch = data()
+    fp8 = {"recipe": "delayed", "history_length": 4}
+    ref = ernie.compile(LlamaForCausalLM(config(4)), optimizer(), batch, fp8_config=fp8)
+    cfg = {"pp_config": dict(PP2, accumulate_steps=4)}
+    if "dp" in axes:
+        cfg["dp_config"] = {"sharding_level": 0}
+    prog = ernie.compile(LlamaForCausalLM(config(4)), optimizer(), batch,
+                         mesh=mesh_of(**axes), config=cfg, fp8_config=fp8)
+    want, got = [ref.step(*batch)], [prog.step(*batch)]
+    single, piped = ref.state_dict(), prog.state_dict()
+    histories = [k for k in single if ":fp8_amax." in k]
+    assert histories and set(histories) <= set(piped)
+    for name in histories:
+        if name.endswith("output_grad"):
+            np.testing.assert_allclose(piped[name], 4 * single[name], rtol=2**-3, err_msg=name)
+        else:
+            np.testing.assert_allclose(piped[name], single[name], rtol=1e-6, err_msg=name)
+        assert np.count_nonzero(piped[name]) == 1  # rolled once, not per micro-batch
+    want += [ref.step(*batch) for _ in range(5)]
+    got += [prog.step(*batch) for _ in range(5)]
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+
+
 def test_bf16_gradients_accumulate_in_f32():
     """A bf16 model's gradients are summed over the micro-batches in f32
     (Megatron's main grads): each stage holds gradient buffers of twice its

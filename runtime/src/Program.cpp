@@ -125,6 +125,7 @@ Role decode(fb::Role r, const Checker &check) {
   case fb::Role::Loss: return Role::Loss;
   case fb::Role::Residual: return Role::Residual;
   case fb::Role::Gradient: return Role::Gradient;
+  case fb::Role::MicroBatchMax: return Role::MicroBatchMax;
   }
   check.fail("unknown role code " + std::to_string(int(r)));
 }
@@ -529,19 +530,6 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   return fn;
 }
 
-const char *roleName(Role role) {
-  switch (role) {
-  case Role::Input: return "input";
-  case Role::Parameter: return "parameter";
-  case Role::OptimizerState: return "optimizer state";
-  case Role::LearningRate: return "learning rate";
-  case Role::Step: return "step";
-  case Role::Loss: return "loss";
-  case Role::Residual: return "residual";
-  case Role::Gradient: return "gradient";
-  }
-  return "?";
-}
 
 /// k for an input named "input.<k>" (decimal, no sign, no leading zeros),
 /// else -1.
@@ -566,7 +554,8 @@ void checkNotPipelined(const std::vector<std::vector<Function>> &stages,
       auto roles = [&](const std::vector<TensorSpec> &specs, const char *what) {
         for (size_t i = 0; i < specs.size(); ++i)
           check.require(specs[i].role != Role::Residual &&
-                            specs[i].role != Role::Gradient,
+                            specs[i].role != Role::Gradient &&
+                            specs[i].role != Role::MicroBatchMax,
                         at + ", " + what + " " + std::to_string(i) +
                             ": the role " + roleName(specs[i].role) +
                             " belongs to pipelined programs (this one has "
@@ -661,7 +650,8 @@ PipelineSpec decodePipeline(const fb::Program *p,
                       argAt(fn, i, "argument") + ": a " + roleName(arg.role) +
                           " argument has no place here");
         if (arg.role == Role::Parameter || arg.role == Role::OptimizerState ||
-            arg.role == Role::Residual || arg.role == Role::Gradient)
+            arg.role == Role::Residual || arg.role == Role::Gradient ||
+            arg.role == Role::MicroBatchMax)
           check.require(!arg.name.empty(), argAt(fn, i, "argument") +
                                                ": a " + roleName(arg.role) +
                                                " needs a name");
@@ -721,14 +711,40 @@ PipelineSpec decodePipeline(const fb::Program *p,
       return shapeString(t.localShape) + "x" + std::string(name(t.type));
     };
 
-    std::map<std::string, const TensorSpec *> gradients; // this stage's
+    // What this stage's forwards and backwards hand to its update: gradients
+    // (summed over micro-batches) and maxima, by name.
+    std::map<std::string, const TensorSpec *> handed;
+    auto hand = [&](const Function &fn, size_t i,
+                    std::set<std::string> &own) {
+      const TensorSpec &res = fn.results[i];
+      const std::string what = roleName(res.role);
+      check.require(!res.name.empty(),
+                    argAt(fn, i, "result") + ": a " + what + " needs a name");
+      check.require(own.insert(res.name).second,
+                    argAt(fn, i, "result") + ": a second " + what + " '" +
+                        res.name + "'");
+      auto [it, fresh] = handed.emplace(res.name, &res);
+      check.require(fresh || (it->second->role == res.role &&
+                              sameLocal(*it->second, res)),
+                    argAt(fn, i, "result") + ": the " + what + " '" +
+                        res.name + "' is " + typeString(res) + " here but a " +
+                        roleName(it->second->role) + " of " +
+                        typeString(*it->second) +
+                        " in another chunk of the stage");
+    };
     for (int64_t c = s; c < C; c += S) {
       const bool last = c == C - 1;
       const Function &fwd = need(pipelineFunction("train_forward", c));
       const Function &bwd = need(pipelineFunction("train_backward", c));
       const Function &ev = need(pipelineFunction("eval_forward", c));
-      argRoles(fwd, {Role::Parameter, Role::Input});
-      onlyResults(fwd, {Role::Residual, Role::Loss});
+      // State the chunks read (fp8 amax histories) is updated once per
+      // step, by the update.
+      argRoles(fwd, {Role::Parameter, Role::OptimizerState, Role::Input});
+      onlyResults(fwd, {Role::Residual, Role::Loss, Role::MicroBatchMax});
+      std::set<std::string> fwdOwn;
+      for (size_t i = 0; i < fwd.results.size(); ++i)
+        if (fwd.results[i].role == Role::MicroBatchMax)
+          hand(fwd, i, fwdOwn);
       int64_t losses = countResults(fwd, Role::Loss);
       if (last)
         check.require(losses == 1, at(fwd) + ": the last chunk's forward "
@@ -749,7 +765,8 @@ PipelineSpec decodePipeline(const fb::Program *p,
                       argAt(fwd, i, "result") + ": a second residual named '" +
                           res.name + "'");
       }
-      argRoles(bwd, {Role::Parameter, Role::Input, Role::Residual});
+      argRoles(bwd, {Role::Parameter, Role::OptimizerState, Role::Input,
+                     Role::Residual});
       for (size_t i = 0; i < bwd.arguments.size(); ++i) {
         const TensorSpec &arg = bwd.arguments[i];
         if (arg.role != Role::Residual)
@@ -763,22 +780,10 @@ PipelineSpec decodePipeline(const fb::Program *p,
                           "' is " + typeString(arg) + " here but @" + fwd.name +
                           " makes it " + typeString(*it->second));
       }
-      onlyResults(bwd, {Role::Gradient});
-      std::set<std::string> own;
-      for (size_t i = 0; i < bwd.results.size(); ++i) {
-        const TensorSpec &res = bwd.results[i];
-        check.require(!res.name.empty(),
-                      argAt(bwd, i, "result") + ": a gradient needs a name");
-        check.require(own.insert(res.name).second,
-                      argAt(bwd, i, "result") + ": a second gradient of '" +
-                          res.name + "'");
-        auto [it, fresh] = gradients.emplace(res.name, &res);
-        check.require(fresh || sameLocal(*it->second, res),
-                      argAt(bwd, i, "result") + ": the gradient of '" +
-                          res.name + "' is " + typeString(res) +
-                          " here but " + typeString(*it->second) +
-                          " in another chunk of the stage");
-      }
+      onlyResults(bwd, {Role::Gradient, Role::MicroBatchMax});
+      std::set<std::string> bwdOwn;
+      for (size_t i = 0; i < bwd.results.size(); ++i)
+        hand(bwd, i, bwdOwn);
       argRoles(ev, {Role::Parameter, Role::Input});
       int64_t evalLosses = countResults(ev, Role::Loss);
       if (last)
@@ -788,21 +793,21 @@ PipelineSpec decodePipeline(const fb::Program *p,
                                            std::to_string(evalLosses));
     }
     const Function &update = need(pipelineFunction("train_update", s));
-    argRoles(update, {Role::Parameter, Role::Gradient, Role::OptimizerState,
-                      Role::LearningRate, Role::Step});
+    argRoles(update, {Role::Parameter, Role::Gradient, Role::MicroBatchMax,
+                      Role::OptimizerState, Role::LearningRate, Role::Step});
     for (size_t i = 0; i < update.arguments.size(); ++i) {
       const TensorSpec &arg = update.arguments[i];
-      if (arg.role != Role::Gradient)
+      if (arg.role != Role::Gradient && arg.role != Role::MicroBatchMax)
         continue;
-      auto it = gradients.find(arg.name);
-      check.require(it != gradients.end(),
-                    argAt(update, i, "argument") + ": no backward of stage " +
-                        std::to_string(s) + " makes the gradient of '" +
-                        arg.name + "'");
+      auto it = handed.find(arg.name);
+      check.require(it != handed.end() && it->second->role == arg.role,
+                    argAt(update, i, "argument") + ": no forward or backward "
+                        "of stage " + std::to_string(s) + " makes the " +
+                        roleName(arg.role) + " '" + arg.name + "'");
       check.require(sameLocal(*it->second, arg),
-                    argAt(update, i, "argument") + ": the gradient of '" +
-                        arg.name + "' is " + typeString(arg) +
-                        " here but the backward makes " +
+                    argAt(update, i, "argument") + ": the " +
+                        roleName(arg.role) + " '" + arg.name + "' is " +
+                        typeString(arg) + " here but the stage makes " +
                         typeString(*it->second));
     }
     if (const Function *init = find(pipelineFunction("init", s)))
@@ -933,6 +938,21 @@ PipelineSpec decodePipeline(const fb::Program *p,
 }
 
 } // namespace
+
+const char *roleName(Role role) {
+  switch (role) {
+  case Role::Input: return "input";
+  case Role::Parameter: return "parameter";
+  case Role::OptimizerState: return "optimizer state";
+  case Role::LearningRate: return "learning rate";
+  case Role::Step: return "step";
+  case Role::Loss: return "loss";
+  case Role::Residual: return "residual";
+  case Role::Gradient: return "gradient";
+  case Role::MicroBatchMax: return "micro-batch max";
+  }
+  return "?";
+}
 
 std::string pipelineFunction(const std::string &kind, int64_t index) {
   return kind + "." + std::to_string(index);

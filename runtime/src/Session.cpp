@@ -272,10 +272,11 @@ std::vector<HostTensor> RankRunner::arguments(const Function &fn,
                              program_.mesh(), comm_.rank()));
       break;
     case Role::Residual:
-    case Role::Gradient: {
+    case Role::Gradient:
+    case Role::MicroBatchMax: {
       // Program::load keeps these to pipelines and matches every name to
       // a result of the function that makes it.
-      const char *kind = arg.role == Role::Residual ? "residual" : "gradient";
+      const char *kind = roleName(arg.role);
       if (!from.handOffs)
         throw std::invalid_argument("@" + fn.name + " takes a pipeline's " +
                                     kind + " '" + arg.name + "'");
@@ -425,9 +426,18 @@ std::vector<double> RankRunner::trainPipelined(
   const int64_t s = executor_.stage(), lastChunk = program_.numChunks() - 1;
   const bool tracing = executor_.tracing();
   // Residuals by (chunk, micro-batch) between a forward and its backward;
-  // gradient sums by name.
+  // what the update takes by name: gradients summed, maxima (fp8 amaxes)
+  // their largest, over the micro-batches.
   std::map<std::pair<int64_t, int64_t>, std::map<std::string, HostTensor>> kept;
-  std::map<std::string, HostTensor> sums;
+  std::map<std::string, HostTensor> handed;
+  auto hand = [&](const TensorSpec &res, HostTensor &value) {
+    auto [it, fresh] = handed.emplace(res.name, value);
+    if (!fresh)
+      reduceInto(it->second.bytes.data(), value.bytes.data(),
+                 value.numElements(), res.type,
+                 res.role == Role::MicroBatchMax ? ReduceOp::Max
+                                                 : ReduceOp::Sum);
+  };
   std::vector<double> losses(pipeline.microBatches, 0.0);
   for (const PipelineStep &st : pipeline.steps[s]) {
     const int64_t c = st.chunk, k = st.microBatch;
@@ -456,11 +466,9 @@ std::vector<double> RankRunner::trainPipelined(
         kept[{c, k}][res.name] = std::move(results[i]);
       } else if (forward && res.role == Role::Loss && c == lastChunk) {
         losses[k] = scalarValue(results[i]);
-      } else if (!forward && res.role == Role::Gradient) {
-        auto [it, fresh] = sums.emplace(res.name, results[i]);
-        if (!fresh)
-          reduceInto(it->second.bytes.data(), results[i].bytes.data(),
-                     results[i].numElements(), res.type, ReduceOp::Sum);
+      } else if (res.role == Role::MicroBatchMax ||
+                 (!forward && res.role == Role::Gradient)) {
+        hand(res, results[i]);
       }
     }
     if (tracing)
@@ -475,7 +483,7 @@ std::vector<double> RankRunner::trainPipelined(
   CallSources from = microBatch(micro, 0);
   from.lr = lr;
   from.step = step;
-  from.handOffs = &sums;
+  from.handOffs = &handed;
   std::vector<HostTensor> results = executor_.run(name, arguments(fn, from), 0);
   keepUpdates(fn, results, /*move=*/true);
   if (tracing)

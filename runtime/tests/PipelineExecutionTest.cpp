@@ -740,8 +740,23 @@ TEST(PipelineLoad, PipelineFieldsAndFunctionsAreChecked) {
     for (auto &arg : u.arguments)
       if (arg.second.role == Role::Gradient)
         arg.second.name = "w9";
-    EXPECT_THAT(loadError(pb), HasSubstr("no backward of stage 1 makes the "
-                                         "gradient of 'w9'"));
+    EXPECT_THAT(loadError(pb), HasSubstr("no forward or backward of stage 1 "
+                                         "makes the gradient 'w9'"));
+  }
+  {
+    // A gradient taken as a maximum: the roles must agree (the runtime
+    // would combine it over micro-batches by max instead of summing).
+    ProgramBuilder pb = modelBuilder(model);
+    FunctionBuilder &u = pb.get("train_update.1");
+    std::string name;
+    for (auto &arg : u.arguments)
+      if (arg.second.role == Role::Gradient) {
+        arg.second.role = Role::MicroBatchMax;
+        name = arg.second.name;
+      }
+    EXPECT_THAT(loadError(pb),
+                HasSubstr("no forward or backward of stage 1 makes the "
+                          "micro-batch max '" + name + "'"));
   }
   {
     // A loss anywhere but the last chunk's forward.

@@ -67,6 +67,7 @@ inline fbs::Role encodeRole(Role r) {
   case Role::Loss: return fbs::Role::Loss;
   case Role::Residual: return fbs::Role::Residual;
   case Role::Gradient: return fbs::Role::Gradient;
+  case Role::MicroBatchMax: return fbs::Role::MicroBatchMax;
   }
   return fbs::Role::Input;
 }

@@ -51,7 +51,12 @@ enum class Role {
   Loss,
   Residual, // pipeline: a chunk's forward result kept for its backward
   Gradient, // pipeline: a parameter's gradient (backward result, update arg)
+  MicroBatchMax, // pipeline: a maximum (an fp8 amax) per micro-batch; the
+                 // update takes the step's largest
 };
+
+/// The role's name in messages ("optimizer state", "micro-batch max").
+const char *roleName(Role role);
 
 /// A function argument or result: one rank's piece of a global tensor.
 struct TensorSpec {

@@ -78,6 +78,10 @@ def Ernie_Dialect : Dialect {
     /// for the backward, and a gradient summed over micro-batches (string).
     static constexpr ::llvm::StringLiteral kResidualAttrName = "ernie.residual";
     static constexpr ::llvm::StringLiteral kGradientAttrName = "ernie.gradient";
+    /// On stage-function results and update arguments: a max-reduced
+    /// statistic (an fp8 amax) each micro-batch makes, combined over the
+    /// step's micro-batches by max (string).
+    static constexpr ::llvm::StringLiteral kMicroBatchMaxAttrName = "ernie.micro_batch_max";
 
     /// On the reshape that cuts a blockwise-fp8 operand into tiles: the tile
     /// (rows, columns) over its last two dimensions, which partition checks
