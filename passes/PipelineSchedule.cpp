@@ -133,12 +133,24 @@ Place Cutter::placeOf(Value v) const {
 
 LogicalResult Cutter::classify(func::FuncOp step,
                                const llvm::DenseSet<Operation *> &update) {
+  // Rebuilt wherever read: an op of no stage that reads only arguments and
+  // constants — a ZeRO-3 parameter gather, which partition may put in the
+  // step itself (ahead of the gradient's call) rather than in the chunks.
+  auto rebuilt = [&](Operation &op) {
+    return !op.hasAttr(ErnieDialect::kStageAttrName) &&
+           (isMemoryEffectFree(&op) || isa<AllGatherOp>(op)) &&
+           llvm::all_of(op.getOperands(), [&](Value v) {
+             return placeOf(v).phase == Phase::Leaf;
+           });
+  };
   for (Operation &op : step.getBody().front().without_terminator()) {
     Place place;
     auto stage = op.getAttrOfType<IntegerAttr>(ErnieDialect::kStageAttrName);
     if (op.getNumOperands() == 0 && isMemoryEffectFree(&op)) {
       // Constants (which folding merges across stages) and axis indices:
       // rebuilt wherever read.
+    } else if (update.contains(&op) && rebuilt(op)) {
+      // Likewise.
     } else if (update.contains(&op)) {
       place.phase = Phase::Update;
       place.index = -1;

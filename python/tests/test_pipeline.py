@@ -111,6 +111,12 @@ PP2 = {"split_spec": "llama.layers", "accumulate_steps": 2, "schedule_mode": "1F
 COMBINED = {
     "zero1-dp2xpp2": (dict(dp=2, pp=2), {"dp_config": {"sharding_level": 1}}),
     "zero3-dp2xpp2": (dict(dp=2, pp=2), {"dp_config": {"sharding_level": 3}}),
+    # ZeRO-3 with mp: partition gathers some parameters in the step itself,
+    # ahead of the gradient's call; each is rebuilt in the chunks reading it.
+    "zero3-sp-dp2xmp2xpp2": (dict(dp=2, pp=2, mp=2), {"dp_config": {"sharding_level": 3},
+                                                       "mp_config": {"parallelize_plan": parallelize_plan(
+                                                           sequence_parallel=True,
+                                                           tie_word_embeddings=True)}}),
     "sp-mp2xpp2": (dict(pp=2, mp=2), {"mp_config": {
         "parallelize_plan": parallelize_plan(sequence_parallel=True, tie_word_embeddings=True)}}),
     "sp-overlap-mp2xpp2": (dict(pp=2, mp=2), {"mp_config": {
