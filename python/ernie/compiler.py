@@ -366,16 +366,35 @@ class Program:
         return fn, [a["name"] for a in self._signatures[fn]["arguments"]
                     if a["role"] in ("parameter", "optimizer_state")]
 
+    STEP_KEY = "optimizer.step"
+
     def state_dict(self):
-        """Global parameters and optimizer state, gathered from every rank."""
+        """Global parameters and optimizer state, gathered from every rank;
+        with an optimizer also the number of steps taken (`STEP_KEY`), which
+        AdamW's bias correction and the learning-rate schedule read, so a
+        program loading the dictionary continues as this one would."""
         fn, names = self._state_names()
-        return OrderedDict((n, self._require_session().state(fn, n)) for n in names)
+        state = OrderedDict((n, self._require_session().state(fn, n)) for n in names)
+        if self.optimizer is not None:
+            state[self.STEP_KEY] = np.array(self.step_count, dtype=np.int64)
+        return state
 
     def load_state_dict(self, state):
         fn, names = self._state_names()
+        state = dict(state)
+        step = state.pop(self.STEP_KEY, None)
         unknown = set(state) - set(names)
         if unknown:
             raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
+        if step is not None:
+            if self.optimizer is None:
+                raise KeyError(f"load_state_dict: {self.STEP_KEY!r} given to a program "
+                               "compiled without an optimizer")
+            step = np.asarray(step)
+            if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
+                raise ValueError(f"load_state_dict: {self.STEP_KEY!r} must be a "
+                                 f"non-negative integer scalar, not {step!r}")
+            self.step_count = int(step)
         if self.pipeline is not None:  # every stage holding a name gets it
             for name, value in state.items():
                 self._require_session().set_state(fn, name, np.ascontiguousarray(value))

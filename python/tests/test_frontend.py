@@ -178,6 +178,39 @@ def test_state_dict_is_global_and_round_trips():
     np.testing.assert_array_equal(prog.state_dict()["lm_head.weight"], state["lm_head.weight"])
 
 
+
+def test_training_resumes_from_a_state_dict_on_another_mesh():
+    """A state dict carries the step count with parameters and slots, so a
+    fresh program — here pipelined with ZeRO-2 on dp x pp = 2 x 2 — that
+    loads one continues as the saving program does: AdamW's bias correction
+    and the warm-up schedule read the step (f32 sums in another order:
+    1e-5 relative)."""
+    cfg = LlamaConfig(**TINY, seed=2)
+    ids, labels = batch(cfg, b=4)
+
+    def adamw():
+        return ernie.optimizer.AdamW(ernie.optimizer.LinearWarmupCosine(1e-2, 4, 10))
+    first = ernie.compile(LlamaForCausalLM(cfg), adamw(), [ids, labels])
+    for _ in range(3):
+        first.step(ids, labels)
+    saved = first.state_dict()
+    assert int(saved[ernie.Program.STEP_KEY]) == 3
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), ["dp", "pp"])
+    resumed = ernie.compile(LlamaForCausalLM(LlamaConfig(**TINY, seed=5)), adamw(), [ids, labels],
+                            mesh=mesh, config={"dp_config": {"sharding_level": 2},
+                                               "pp_config": {"split_spec": "llama.layers",
+                                                             "accumulate_steps": 2}})
+    resumed.load_state_dict(saved)
+    assert resumed.step_count == 3
+    want = [first.step(ids, labels) for _ in range(3)]
+    got = [resumed.step(ids, labels) for _ in range(3)]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="non-negative integer scalar"):
+        resumed.load_state_dict({ernie.Program.STEP_KEY: np.array(1.5)})
+    with pytest.raises(KeyError, match="without an optimizer"):
+        ernie.compile(LlamaForCausalLM(cfg), None, [ids, labels]).load_state_dict(
+            {ernie.Program.STEP_KEY: np.array(3)})
+
 # ---------------------------------------------------------------------------
 # Paddle semantics.
 # ---------------------------------------------------------------------------
