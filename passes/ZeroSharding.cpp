@@ -139,6 +139,29 @@ struct ZeroShardingPass
               i, ErnieDialect::kUpdatesAttrName))
         if (ShardingAttr s = placed.lookup(updates.getValue()))
           step.setResultAttr(i, kShardingAttrName, s);
+    // Every other public function taking the parameters (@eval_step; not
+    // the gradient the step calls, which propagation lays out from the
+    // call) takes them as the step keeps them: the runtime stores one
+    // layout per state, and an evaluation that took whole parameters would
+    // gather the model into every rank's state (and split it again at the
+    // next step).
+    llvm::SmallPtrSet<Operation *, 4> called;
+    step.walk([&](func::CallOp call) {
+      if (auto callee = module.lookupSymbol<func::FuncOp>(call.getCallee()))
+        called.insert(callee);
+    });
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (fn == step || fn.isPrivate() || fn.isExternal() ||
+          called.contains(fn))
+        continue;
+      for (unsigned i = 0; i < fn.getNumArguments(); ++i)
+        if (auto p = fn.getArgAttrOfType<StringAttr>(
+                i, ErnieDialect::kParamAttrName))
+          if (ShardingAttr s = placed.lookup(p.getValue());
+              s && s.getRank() == cast<RankedTensorType>(
+                                      fn.getArgumentTypes()[i]).getRank())
+            fn.setArgAttr(i, kShardingAttrName, s);
+    }
 
     // Gradients: whole at level 1 (all-reduced), shards from level 2 on:
     // the gradient function returns each gradient split like its

@@ -368,8 +368,13 @@ def zero_run(level, mesh_shape, names, steps=5, stage_api=False):
 
 @pytest.mark.parametrize("shape,names", [([2], ["dp"]), ([2, 2], ["dp", "mp"])])
 def test_zero_levels_match_unsharded(shape, names):
-    """ZeRO 1-3 change where state lives, not the numbers (≤ 1e-6, f32)."""
-    _, want_losses, want_state = zero_run(0, shape, names)
+    """ZeRO 1-3 change where state lives, not the numbers (≤ 1e-6, f32).
+    An evaluation takes the parameters as the step keeps them (split at
+    level 3, gathered inside eval_step), so it does not gather the model
+    into every rank's state."""
+    unsharded, want_losses, want_state = zero_run(0, shape, names)
+    ids, labels = batch(LlamaConfig(**TINY, seed=4), b=4)
+    want_eval = unsharded.eval(ids, labels)
     for level in (1, 2, 3):
         prog, losses, state = zero_run(level, shape, names, stage_api=(level == 2))
         np.testing.assert_allclose(losses, want_losses, rtol=1e-6, err_msg=f"level {level}")
@@ -382,6 +387,9 @@ def test_zero_levels_match_unsharded(shape, names):
         assert any("dp" in axes for axes in moment["sharding"]), moment  # slots split over dp
         param = sig["llama.layers.0.mlp.down_proj.weight"]
         assert any("dp" in axes for axes in param["sharding"]) == (level == 3), param
+        evaluated = {a["name"]: a for a in prog._session.signature("eval_step")["arguments"]}
+        assert evaluated[param["name"]]["sharding"] == param["sharding"]
+        assert prog.eval(ids, labels) == pytest.approx(want_eval, rel=1e-6)
 
 
 class GPTBlock(ernie.nn.Module):

@@ -41,6 +41,10 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 // Level 3: the parameter itself is split.
 // L3-LABEL: func.func @train_step
 // L3-SAME: {ernie.param = "w", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
+// The evaluation takes it as the step keeps it (the runtime holds one
+// layout per state; a whole parameter would gather the model into it).
+// L3-LABEL: func.func @eval_step
+// L3-SAME: {ernie.param = "w", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
 
 // After partition at level 2: each rank updates an 8x4 shard of w.
 // PART-LABEL: func.func @train_step
