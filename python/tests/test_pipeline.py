@@ -261,6 +261,30 @@ def test_llama_pipe_matches_llama(pp, vpp, m):
     np.testing.assert_allclose(got["5.weight"], state["llama.norm.weight"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("tie,sp", [(True, False), (True, True), (False, True)])
+def test_llama_pipe_with_tensor_parallelism(tie, sp):
+    """LlamaForCausalLMPipe.parallelize_plan() names its own layers (the
+    module-level plan names LlamaForCausalLM's): on mp x pp = 2 x 2 the
+    projections and the embedding are split, sequence parallelism keeps
+    the activations between layers split along the sequence, and the losses are the single-rank
+    ones (f32 sums in another order: 1e-5)."""
+    cfg = config(4)
+    cfg.tie_word_embeddings = tie
+    model = LlamaForCausalLMPipe(cfg, num_stages=2)
+    prog, losses = train(model, mesh_of(pp=2, mp=2),
+                         {"pp_config": {"accumulate_steps": 2},
+                          "mp_config": {"parallelize_plan": model.parallelize_plan(sp)}}, steps=4)
+    ref = ernie.compile(LlamaForCausalLM(cfg), optimizer(), data())
+    np.testing.assert_allclose(losses, [ref.step(*data()) for _ in range(4)], rtol=1e-5)
+    update = {a["name"]: a for a in prog._signatures["train_update.0"]["arguments"]}
+    assert update["1.self_attn.q_proj.weight"]["local_shape"] == [16, 8]
+    embedding = "shared_layers.embed_tokens.weight" if tie else "0.weight"
+    assert update[embedding]["local_shape"] == [32, 8]
+    # Sequence parallelism sends the activation between stages split along
+    # the sequence (a micro-batch is 4 x 8 tokens of 16 features).
+    assert ("to stage 1 channel 0 : tensor<4x4x16xf32>" in prog.mlir) == sp
+
+
 def _tail(linear, x):  # the later occurrence reads the weight only
     return F.matmul(x, linear.p("weight"), transpose_b=True)
 

@@ -216,6 +216,15 @@ class LlamaForCausalLMPipe(PipelineLayer):
                          num_virtual_pipeline_stages=num_virtual_pipeline_stages)
         self.config = cfg
 
+    def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
+        """The module-level parallelize_plan() over this model's names: the
+        embedding is layer 0 (tied: the shared layer "embed_tokens"), the
+        decoder layers 1..L, the norm L + 1 and an untied head L + 2."""
+        n = self.config.num_hidden_layers
+        tied = self.config.tie_word_embeddings
+        return _plan("shared_layers.embed_tokens" if tied else "0", "[1-9][0-9]*", str(n + 1),
+                     None if tied else str(n + 2), sequence_parallel)
+
 
 def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False) -> dict:
     """Paddle's tensor-parallel plan for Llama (`mp_config.parallelize_plan`):
@@ -223,24 +232,32 @@ def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool 
     head split on the hidden/vocabulary dimension; with sequence_parallel,
     activations between layers (the residual stream and the norms) stay
     split along the sequence. With tie_word_embeddings there is no lm_head:
-    the head reads the embedding's (hidden-split) weight."""
+    the head reads the embedding's (hidden-split) weight. For
+    LlamaForCausalLMPipe's layer names use its own parallelize_plan()."""
+    return _plan("llama.embed_tokens", "llama.layers.*", "llama.norm",
+                 None if tie_word_embeddings else "lm_head", sequence_parallel)
+
+
+def _plan(embed: str, layers: str, norm: str, head: str | None,
+          sequence_parallel: bool) -> dict:
+    """The Llama plan over the given sub-layer names (regexes; `layers`
+    matches every decoder layer)."""
     from .. import distributed as dist
     plan = {
-        "llama.embed_tokens": dist.ColWiseParallel(),
-        "llama.layers.*.self_attn.(q|k|v|qkv)_proj": dist.ColWiseParallel(),
-        "llama.layers.*.self_attn.o_proj": dist.RowWiseParallel(),
-        "llama.layers.*.mlp.(gate|up|gate_up)_proj": dist.ColWiseParallel(),
-        "llama.layers.*.mlp.down_proj": dist.RowWiseParallel(),
-        "lm_head": dist.ColWiseParallel(),
+        embed: dist.ColWiseParallel(),
+        f"{layers}.self_attn.(q|k|v|qkv)_proj": dist.ColWiseParallel(),
+        f"{layers}.self_attn.o_proj": dist.RowWiseParallel(),
+        f"{layers}.mlp.(gate|up|gate_up)_proj": dist.ColWiseParallel(),
+        f"{layers}.mlp.down_proj": dist.RowWiseParallel(),
     }
-    if tie_word_embeddings:
-        del plan["lm_head"]
+    if head is not None:
+        plan[head] = dist.ColWiseParallel()
     if sequence_parallel:
         plan.update({
-            "llama.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
-            "llama.layers.*.(input|post_attention)_layernorm": dist.SequenceParallelEnable(),
-            "llama.layers.*.self_attn": dist.SequenceParallelDisable(),
-            "llama.layers.*.mlp": dist.SequenceParallelDisable(),
-            "llama.norm": dist.SequenceParallelEnd(),
+            embed: [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
+            f"{layers}.(input|post_attention)_layernorm": dist.SequenceParallelEnable(),
+            f"{layers}.self_attn": dist.SequenceParallelDisable(),
+            f"{layers}.mlp": dist.SequenceParallelDisable(),
+            norm: dist.SequenceParallelEnd(),
         })
     return plan
