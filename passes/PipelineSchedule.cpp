@@ -100,6 +100,7 @@ private:
   int64_t rankOf(const Place &p) const {
     return p.phase == Phase::Update ? p.index : p.index % stages_;
   }
+  void sinkGathersToReaders(ArrayRef<Operation *> ops);
   LogicalResult updateStateOncePerStep(func::FuncOp step);
   StageFunction &functionFor(const Place &p);
   FailureOr<Value> valueIn(StageFunction &fn, const Place &where, Value v);
@@ -381,6 +382,33 @@ void Cutter::finish(StageFunction &fn) {
   fn.fn.setAllResultAttrs(fn.resultAttrs);
 }
 
+/// A gather partition added whose every reader is in one later chunk (of
+/// the same phase) runs there instead: the stages exchange the shard, not
+/// the gathered whole — Megatron's scatter/gather of pipeline transfers,
+/// which here also spares sending both when the chunk reads the shard
+/// too. Data flows as before (a shard moves the way its gather's result
+/// did), so the schedule's dependencies do not change.
+void Cutter::sinkGathersToReaders(ArrayRef<Operation *> ops) {
+  for (Operation *op : llvm::reverse(ops)) {
+    Place &at = places_[op];
+    if (!isa<AllGatherOp>(op) || op->hasAttr(ErnieDialect::kStageAttrName) ||
+        (at.phase != Phase::Forward && at.phase != Phase::Backward) ||
+        op->use_empty())
+      continue;
+    std::optional<Place> readers;
+    for (Operation *user : op->getUsers()) {
+      auto it = places_.find(user);
+      if (it == places_.end() || (readers && !(*readers == it->second))) {
+        readers.reset();
+        break;
+      }
+      readers = it->second;
+    }
+    if (readers && readers->phase == at.phase && readers->index != at.index)
+      at = *readers;
+  }
+}
+
 /// State the step updates outside the optimizer — a delayed-fp8 amax
 /// history, rolled where a forward or backward quantises — would otherwise
 /// be returned by a function the runtime calls once per micro-batch. Its
@@ -478,6 +506,7 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
       continue;
     p = Place{Phase::Update, rankOf(p)};
   }
+  sinkGathersToReaders(ops);
   if (failed(updateStateOncePerStep(step)))
     return failure();
 

@@ -239,7 +239,8 @@ class Program:
         forward to backward and the most its schedule keeps at once
         (`activation_bytes`: 1F1B keeps p - s micro-batches, GPipe m), the
         largest arena, and the collectives of one step (the chunk functions
-        once per micro-batch, the update once)."""
+        once per micro-batch, the update once), sends to other stages and
+        shared-parameter sums included."""
         bodies = _function_bodies(self.mlir)
         m = self.pipeline["micro_batches"]
         stages = []
@@ -260,7 +261,8 @@ class Program:
                 if not f.startswith(("train_forward.", "train_backward.", "train_update.")):
                     continue
                 calls = 1 if f.startswith("train_update.") else m
-                for kind, c in collectives_of(bodies.get(f, "")).items():
+                body = bodies.get(f, "")
+                for kind, c in [*collectives_of(body).items(), *_transfers_of(body).items()]:
                     counts[kind] += c["count"] * calls
                     volume[kind] += c["bytes"] * calls
             stages.append({
@@ -477,6 +479,21 @@ _ACTIVATION_BYTES = re.compile(r"func\.func (?:private )?@(\w+)\(.*ernie\.activa
 _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute_start)"
                          r" %\S+ over "
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
+
+# Pipeline transfers: a send to another stage, a sum among a shared
+# parameter's stages (what each rank puts on the wire per call).
+_TRANSFER = re.compile(r"ernie\.(send|stage_all_reduce) %\S+ (?:to stage|over stages)"
+                       r"[^:]*: tensor<([0-9x]*)x?(\w+)>")
+
+
+def _transfers_of(body: str):
+    """{kind: {count, bytes}} of the pipeline transfers in a function body."""
+    out = {}
+    for kind, dims, dtype in _TRANSFER.findall(body):
+        entry = out.setdefault(kind, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += int(np.prod([int(d) for d in dims.split("x") if d])) * _BYTES.get(dtype, 4)
+    return out
 
 
 def _function_bodies(module_text: str):

@@ -283,6 +283,12 @@ def test_llama_pipe_with_tensor_parallelism(tie, sp):
     # Sequence parallelism sends the activation between stages split along
     # the sequence (a micro-batch is 4 x 8 tokens of 16 features).
     assert ("to stage 1 channel 0 : tensor<4x4x16xf32>" in prog.mlir) == sp
+    # Each stage sends one shard per micro-batch — the activation forward,
+    # its gradient back — and gathers it where it is read, never the whole
+    # (that was three times the bytes: the whole and the shard).
+    shard = 4 * 8 * 16 // 2 * 4
+    for stage in prog.report()["stages"]:
+        assert stage["collectives"]["send"] == {"count": 2, "bytes": 2 * shard}
 
 
 def _tail(linear, x):  # the later occurrence reads the weight only
