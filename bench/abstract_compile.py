@@ -75,12 +75,21 @@ def pipeline_row(cfg):
     seconds = time.time() - t
     print(f"\nLlama-70B, dp=8 x pp=16 x mp=8 (1024 ranks), ZeRO-1, 16 micro-batches, 1F1B: "
           f"compiled in {seconds:.1f} s")
-    print(f"{'stage':>6s} {'params':>9s} {'grads':>9s} {'opt state':>10s} {'activations':>12s}")
+    # Megatron's scatter/gather of pipeline transfers: per micro-batch and
+    # direction one activation (tokens x hidden, bf16) split over mp.
+    tokens = ids.shape[1] * ids.shape[0] // (16 * 8)
+    shard = tokens * cfg.hidden_size * 2 // 8
+    print(f"{'stage':>6s} {'params':>9s} {'grads':>9s} {'opt state':>10s} {'activations':>12s} "
+          f"{'sent/step':>10s} {'Megatron':>9s} {'ratio':>6s}")
     stages = prog.report()["stages"]
     for s in (0, len(stages) // 2, len(stages) - 1):
         st = stages[s]
+        sent = st["collectives"].get("send", {"bytes": 0})["bytes"]
+        directions = 1 if s in (0, len(stages) - 1) else 2
+        limit = 16 * directions * shard
         print(f"{s:6d} {st['parameter_bytes'] / 1e9:7.2f}GB {st['gradient_bytes'] / 1e9:7.2f}GB "
-              f"{st['optimizer_state_bytes'] / 1e9:8.2f}GB {st['activation_bytes'] / 1e9:10.3f}GB")
+              f"{st['optimizer_state_bytes'] / 1e9:8.2f}GB {st['activation_bytes'] / 1e9:10.3f}GB "
+              f"{sent / 2**20:8.2f}MiB {limit / 2**20:7.2f}MiB {sent / limit:6.3f}")
 
 
 if __name__ == "__main__":
