@@ -226,6 +226,10 @@ private:
     std::string what = "rank " + std::to_string(rank_) + ": " + kind +
                        " over " + describeAxes(axes);
 
+    // Copied before taking the world's lock, which every rank's collective
+    // needs: the lock only hands the copy over.
+    const char *bytes = static_cast<const char *>(in);
+    std::vector<char> posted(bytes, bytes + inBytes);
     std::unique_lock<std::mutex> lock(state_->mutex);
     failIfAborted(std::string(kind) + " over " + describeAxes(axes));
     // std::map nodes do not move, so `slot` stays valid until erased, and
@@ -233,8 +237,7 @@ private:
     auto &slot = state_->rendezvous[id];
     if (slot.inputs.empty())
       slot.inputs.resize(n);
-    const char *bytes = static_cast<const char *>(in);
-    slot.inputs[me].assign(bytes, bytes + inBytes);
+    slot.inputs[me] = std::move(posted);
     ++slot.arrived;
     state_->changed.notify_all();
     try {
