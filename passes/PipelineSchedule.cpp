@@ -58,13 +58,19 @@ struct Place {
   }
 };
 
-/// Whether `v` is a maximum over the data it reduces (an fp8 amax): over a
-/// step it is the maximum of its micro-batches' values, whatever their
-/// order, so a forward or backward may hand it to the update.
+/// Whether `v` is the maximum of a whole tensor (an fp8 amax): a scalar
+/// reduce_max over every axis, or a max all-reduce of one. Over a step it
+/// is the maximum of its micro-batches' values, whatever their order, so a
+/// forward or backward may hand it to the update. (A max over some axes
+/// keeps a row per sample: the micro-batches' rows are other rows, not
+/// values to take the maximum of.)
 bool isMaxReduced(Value v) {
+  auto scalar = dyn_cast<RankedTensorType>(v.getType());
+  if (!scalar || scalar.getRank() != 0)
+    return false;
   Operation *def = v.getDefiningOp();
   if (auto ar = dyn_cast_or_null<AllReduceOp>(def))
-    return ar.getKind() == ReduceKind::max;
+    return ar.getKind() == ReduceKind::max && isMaxReduced(ar.getInput());
   return isa_and_nonnull<ReduceMaxOp>(def);
 }
 
@@ -404,7 +410,10 @@ void Cutter::sinkGathersToReaders(ArrayRef<Operation *> ops) {
       }
       readers = it->second;
     }
-    if (readers && readers->phase == at.phase && readers->index != at.index)
+    // Later in the flow: up the chunks forward, down them backward.
+    if (readers && readers->phase == at.phase &&
+        (at.phase == Phase::Forward ? readers->index > at.index
+                                    : readers->index < at.index))
       at = *readers;
   }
 }
@@ -538,6 +547,22 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
         (p.phase != Phase::Forward || p.index != chunks_ - 1))
       return ret.emitError("pipeline split: the loss is not computed on the "
                            "last chunk's forward");
+    if (attrs.get(ErnieDialect::kUpdatesAttrName) &&
+        (p.phase == Phase::Forward || p.phase == Phase::Backward)) {
+      // New state that is itself a micro-batch's maximum: the update takes
+      // the step's (updateStateOncePerStep moved everything else).
+      if (!isMaxReduced(v))
+        return ret.emitError() << "pipeline split: state '"
+                               << attrs.get(ErnieDialect::kUpdatesAttrName)
+                               << "' would be updated once per micro-batch";
+      Place update{Phase::Update, rankOf(p)};
+      StageFunction &fn = functionFor(update);
+      FailureOr<Value> there = valueIn(fn, update, v);
+      if (failed(there))
+        return failure();
+      addResult(fn, *there, attrs);
+      continue;
+    }
     StageFunction &fn = functionFor(p);
     addResult(fn, fn.map.lookup(v), attrs);
   }

@@ -388,25 +388,25 @@ class Program:
         unknown = set(state) - set(names)
         if unknown:
             raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
-        if step is not None:
-            if self.optimizer is None:
-                raise KeyError(f"load_state_dict: {self.STEP_KEY!r} given to a program "
-                               "compiled without an optimizer")
+        if step is not None:  # set once the tensors are in (ignored without an optimizer)
             step = np.asarray(step)
             if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
                 raise ValueError(f"load_state_dict: {self.STEP_KEY!r} must be a "
                                  f"non-negative integer scalar, not {step!r}")
-            self.step_count = int(step)
+            step = int(step)
         if self.pipeline is not None:  # every stage holding a name gets it
             for name, value in state.items():
                 self._require_session().set_state(fn, name, np.ascontiguousarray(value))
-            return
-        for f in self.functions():
-            if f in ("train_step", "eval_step", "forward", "forward_grad"):
-                sig = [a["name"] for a in self._signatures[f]["arguments"]]
-                for name, value in state.items():
-                    if name in sig:
-                        self._require_session().set_state(f, name, np.ascontiguousarray(value))
+        else:
+            for f in self.functions():
+                if f in ("train_step", "eval_step", "forward", "forward_grad"):
+                    sig = [a["name"] for a in self._signatures[f]["arguments"]]
+                    for name, value in state.items():
+                        if name in sig:
+                            self._require_session().set_state(f, name,
+                                                              np.ascontiguousarray(value))
+        if step is not None and self.optimizer is not None:
+            self.step_count = step
 
     def write_trace(self, path):
         """The timeline of every instruction on every rank so far, as a

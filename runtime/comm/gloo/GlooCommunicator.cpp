@@ -40,13 +40,14 @@ constexpr const char *kAbortKey = "ernie.abort";
 /// meet no other traffic.
 constexpr uint8_t kPermuteSlotPrefix = 0x45;
 
-/// Gloo's file store, safe to share between a rank's threads. Every call of
-/// gloo::rendezvous::FileStore, its polling `check` included, appends to an
-/// unguarded vector, so a started operation making its context while the
-/// rank's main thread makes another corrupted the heap. Each call holds a
-/// lock; a wait holds it per poll only, since the key it waits for may be
-/// published only after this rank's other thread has set its own. The lock
-/// is recursive: FileStore::get waits (virtually, so here) under it.
+/// Gloo's file store, safe to share between a rank's threads. Its set()
+/// appends each key's path to an unguarded member vector, so a started
+/// operation making its context while the rank's main thread made another
+/// corrupted the heap. Each call holds a lock (get and the polls too, as
+/// the class promises nothing about them); a wait holds it per poll only,
+/// since the key it waits for may be published only after this rank's
+/// other thread has set its own. The lock is recursive: FileStore::get
+/// waits (virtually, so here) under it. A zero timeout waits for ever.
 class ThreadSafeFileStore final : public gloo::rendezvous::FileStore {
 public:
   using FileStore::FileStore;
@@ -68,14 +69,16 @@ public:
 
   void wait(const std::vector<std::string> &keys,
             const std::chrono::milliseconds &timeout) override {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    // Elapsed time against the timeout: no deadline arithmetic to overflow.
+    auto start = std::chrono::steady_clock::now();
     while (true) {
       {
         std::lock_guard<std::recursive_mutex> lock(mutex_);
         if (check(keys))
           return;
       }
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (timeout.count() > 0 &&
+          std::chrono::steady_clock::now() - start >= timeout)
         throw std::runtime_error("file store: timed out after " +
                                  std::to_string(timeout.count()) +
                                  " ms waiting for " + describe(keys));

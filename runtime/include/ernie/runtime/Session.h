@@ -104,8 +104,8 @@ private:
     std::function<const HostTensor &(const TensorSpec &)> input;
     double lr = 0.0;
     int64_t step = 1;
-    /// A pipeline's residuals (for a backward) or gradient sums (for an
-    /// update) by name; null outside a pipeline's schedule.
+    /// A pipeline's residuals (for a backward) or gradient sums and maxima
+    /// (for an update) by name; null outside a pipeline's schedule.
     const std::map<std::string, HostTensor> *handOffs = nullptr;
   };
   /// `fn`'s arguments, each this rank's piece, in `fn`'s order.
