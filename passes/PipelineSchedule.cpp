@@ -12,10 +12,11 @@
 // receive), the chunk's own forward read by its backward (a residual the
 // runtime keeps per micro-batch), a later backward chunk (send and receive),
 // a backward read by the update (a gradient the runtime sums over
-// micro-batches), a max-reduced statistic read by the update (an fp8 amax
-// the runtime combines over micro-batches by max). Data only flows as a pipeline allows — forward values up
-// the chunks, gradients down — which the pass checks, so the schedule's
-// dependencies are exactly those the schedule library simulates.
+// micro-batches), a whole tensor's maximum read by the update (an fp8 amax
+// the runtime combines over micro-batches by max). Data only flows as a
+// pipeline allows — forward values up the chunks, gradients down — which
+// the pass checks, so the schedule's dependencies are exactly those the
+// schedule library simulates.
 //
 //===----------------------------------------------------------------------===//
 

@@ -530,7 +530,6 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   return fn;
 }
 
-
 /// k for an input named "input.<k>" (decimal, no sign, no leading zeros),
 /// else -1.
 int64_t batchInputIndex(const std::string &name) {
