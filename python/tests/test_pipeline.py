@@ -261,8 +261,9 @@ def test_llama_pipe_matches_llama(pp, vpp, m):
     np.testing.assert_allclose(got["5.weight"], state["llama.norm.weight"], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("tie,sp", [(True, False), (True, True), (False, True)])
-def test_llama_pipe_with_tensor_parallelism(tie, sp):
+@pytest.mark.parametrize("tie,sp,vpp", [(True, False, 1), (True, True, 1), (False, True, 1),
+                                        (True, True, 2)])
+def test_llama_pipe_with_tensor_parallelism(tie, sp, vpp):
     """LlamaForCausalLMPipe.parallelize_plan() names its own layers (the
     module-level plan names LlamaForCausalLM's): on mp x pp = 2 x 2 the
     projections and the embedding are split, sequence parallelism keeps
@@ -270,7 +271,7 @@ def test_llama_pipe_with_tensor_parallelism(tie, sp):
     ones (f32 sums in another order: 1e-5)."""
     cfg = config(4)
     cfg.tie_word_embeddings = tie
-    model = LlamaForCausalLMPipe(cfg, num_stages=2)
+    model = LlamaForCausalLMPipe(cfg, num_stages=2, num_virtual_pipeline_stages=vpp)
     prog, losses = train(model, mesh_of(pp=2, mp=2),
                          {"pp_config": {"accumulate_steps": 2},
                           "mp_config": {"parallelize_plan": model.parallelize_plan(sp)}}, steps=4)
@@ -283,12 +284,14 @@ def test_llama_pipe_with_tensor_parallelism(tie, sp):
     # Sequence parallelism sends the activation between stages split along
     # the sequence (a micro-batch is 4 x 8 tokens of 16 features).
     assert ("to stage 1 channel 0 : tensor<4x4x16xf32>" in prog.mlir) == sp
-    # Each stage sends one shard per micro-batch — the activation forward,
-    # its gradient back — and gathers it where it is read, never the whole
-    # (that was three times the bytes: the whole and the shard).
+    # Each transfer is one shard per micro-batch — an activation forward, a
+    # gradient back — gathered where it is read, never the whole (that was
+    # three times the bytes: the whole and the shard). With v chunks per
+    # rank on two ranks, a rank makes 2v - 1 of the 2(2v - 1) transfers.
     shard = 4 * 8 * 16 // 2 * 4
+    sends = (2 * vpp - 1) * 2
     for stage in prog.report()["stages"]:
-        assert stage["collectives"]["send"] == {"count": 2, "bytes": 2 * shard}
+        assert stage["collectives"]["send"] == {"count": sends, "bytes": sends * shard}
 
 
 def _tail(linear, x):  # the later occurrence reads the weight only
