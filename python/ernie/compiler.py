@@ -247,11 +247,12 @@ class Program:
         for s in range(self.pipeline["stages"]):
             fns = {f: sig for f, sig in self._signatures.items() if sig.get("stage") == s}
             # A state may appear in several of the stage's functions (a
-            # master-weight update reads the master, not the parameter).
+            # master-weight update reads the master, not the parameter); the
+            # layout it is held in is the training functions'.
             held = {}
-            for sig in fns.values():
-                for a in sig["arguments"]:
-                    held[(a["role"], a["name"])] = size(a)
+            for f in sorted(fns, key=lambda f: not f.startswith("train_")):
+                for a in fns[f]["arguments"]:
+                    held.setdefault((a["role"], a["name"]), size(a))
             role_bytes = lambda role: sum(b for (r, _), b in held.items() if r == role)
             residual = {int(f.split(".")[1]): sum(size(r) for r in sig["results"]
                                                   if r["role"] == "residual")

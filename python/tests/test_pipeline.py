@@ -137,6 +137,24 @@ def test_pipeline_with_zero_and_sequence_parallelism(name):
     np.testing.assert_allclose(losses, reference(4)[0][:8], rtol=1e-5)
 
 
+def test_pipeline_report_shows_zero_levels():
+    """Per stage, ZeRO's splits over dp = 2 show in the report: the
+    optimizer state halves from level 1, gradients shrink from level 2,
+    parameters halve at level 3 (the layout the training functions hold,
+    which evaluation now shares)."""
+    stages = {}
+    for level in range(4):
+        prog = ernie.compile(LlamaForCausalLM(config(4)), optimizer(), data(), mesh=mesh_of(dp=2, pp=2),
+                             config={"pp_config": PP2, "dp_config": {"sharding_level": level}})
+        stages[level] = prog.report()["stages"]
+    for s in range(2):
+        full = stages[0][s]
+        assert stages[1][s]["optimizer_state_bytes"] * 2 == full["optimizer_state_bytes"]
+        assert stages[1][s]["gradient_bytes"] == full["gradient_bytes"]
+        assert stages[2][s]["gradient_bytes"] < full["gradient_bytes"]
+        assert stages[2][s]["parameter_bytes"] == full["parameter_bytes"]
+        assert stages[3][s]["parameter_bytes"] * 2 == full["parameter_bytes"]
+
 def test_pipeline_with_fp8():
     """FP8 GEMMs under pp: each quantisation runs on its GEMM's stage, and
     the run follows the single-rank FP8 run (current scaling; the bound is
