@@ -640,14 +640,19 @@ PipelineSpec decodePipeline(const fb::Program *p,
     auto argAt = [&](const Function &fn, size_t i, const char *what) {
       return at(fn) + ", " + what + " " + std::to_string(i);
     };
+    /// Argument or result `i` of `fn` (`spec`) has one of the `allowed` roles.
+    auto requireRole = [&](const Function &fn, size_t i, const TensorSpec &spec,
+                           std::initializer_list<Role> allowed, const char *what) {
+      check.require(std::find(allowed.begin(), allowed.end(), spec.role) !=
+                        allowed.end(),
+                    argAt(fn, i, what) + ": a " + roleName(spec.role) + " " +
+                        what + " has no place here");
+    };
     /// Every argument's role is one of `allowed`.
     auto argRoles = [&](const Function &fn, std::initializer_list<Role> allowed) {
       for (size_t i = 0; i < fn.arguments.size(); ++i) {
         const TensorSpec &arg = fn.arguments[i];
-        check.require(std::find(allowed.begin(), allowed.end(), arg.role) !=
-                          allowed.end(),
-                      argAt(fn, i, "argument") + ": a " + roleName(arg.role) +
-                          " argument has no place here");
+        requireRole(fn, i, arg, allowed, "argument");
         if (arg.role == Role::Parameter || arg.role == Role::OptimizerState ||
             arg.role == Role::Residual || arg.role == Role::Gradient ||
             arg.role == Role::MicroBatchMax)
@@ -695,13 +700,8 @@ PipelineSpec decodePipeline(const fb::Program *p,
       return n;
     };
     auto onlyResults = [&](const Function &fn, std::initializer_list<Role> allowed) {
-      for (size_t i = 0; i < fn.results.size(); ++i) {
-        const TensorSpec &res = fn.results[i];
-        check.require(std::find(allowed.begin(), allowed.end(), res.role) !=
-                          allowed.end(),
-                      argAt(fn, i, "result") + ": a " + roleName(res.role) +
-                          " result has no place here");
-      }
+      for (size_t i = 0; i < fn.results.size(); ++i)
+        requireRole(fn, i, fn.results[i], allowed, "result");
     };
     auto sameLocal = [](const TensorSpec &a, const TensorSpec &b) {
       return a.type == b.type && a.localShape == b.localShape;
