@@ -43,6 +43,14 @@ private:
                                ShardingAttr from, ShardingAttr to,
                                RankedTensorType globalType);
   LogicalResult expandEmbedding(EmbeddingOp op);
+  Attribute paddedGlobalShape(Value local);
+  Value maskPadding(OpBuilder &b, Location loc, Value local, int64_t dim,
+                    Attribute fill);
+  void maskPaddedOperands(Operation *op);
+  Value paddedTo(OpBuilder &b, Location loc, Value v, int64_t dim,
+                 int64_t size);
+  Value slicedTo(OpBuilder &b, Location loc, Value v, int64_t dim,
+                 int64_t size);
   LogicalResult checkTiles(ReshapeOp cut);
   LogicalResult expandCrossEntropy(Operation *op);
 
@@ -99,7 +107,9 @@ LogicalResult Partitioner::setLocalType(Value value, Operation *where) {
   if (failed(local)) {
     InFlightDiagnostic diag = where->emitError();
     diag << "value of type " << type << " cannot be split as " << sharding
-         << ": a dimension does not divide over its mesh axes";
+         << ": a dimension does not divide over its mesh axes (the mesh "
+            "asks for even splits: '"
+         << kEvenSplitsAttrName << "')";
     return diag;
   }
   value.setType(*local);
@@ -120,6 +130,31 @@ FailureOr<Value> Partitioner::emitReshard(OpBuilder &builder, Location loc,
     auto localType = *getLocalType(globalType, step.after, mesh);
     auto kind = ReduceKindAttr::get(builder.getContext(), step.reduce);
     ArrayAttr axes = axesAttr(step.axis);
+    // Uneven splits: a scatter needs n equal parts of what it splits (pad
+    // the piece first); a gather yields n padded pieces, of which the new
+    // piece is the front (slice the rest off).
+    int64_t n = mesh.axisSize(step.axis);
+    auto extent = [&](Value v, int64_t d) {
+      return cast<RankedTensorType>(v.getType()).getDimSize(d);
+    };
+    switch (step.kind) {
+    case ReshardStep::Kind::ReduceScatter:
+    case ReshardStep::Kind::ShardSlice:
+      current = paddedTo(builder, loc, current, step.dim,
+                         n * localType.getDimSize(step.dim));
+      break;
+    case ReshardStep::Kind::AllToAll:
+      current = paddedTo(builder, loc, current, step.toDim,
+                         n * localType.getDimSize(step.toDim));
+      break;
+    default:
+      break;
+    }
+    auto gathered = [&](int64_t d) {
+      SmallVector<int64_t> shape(localType.getShape());
+      shape[d] = n * extent(current, d);
+      return RankedTensorType::get(shape, localType.getElementType());
+    };
     switch (step.kind) {
     case ReshardStep::Kind::AllReduce:
       current = AllReduceOp::create(builder, loc, current.getType(), current,
@@ -131,15 +166,19 @@ FailureOr<Value> Partitioner::emitReshard(OpBuilder &builder, Location loc,
                                         builder.getI64IntegerAttr(step.dim), kind);
       break;
     case ReshardStep::Kind::AllGather:
-      current = AllGatherOp::create(builder, loc, localType, current,
+      current = AllGatherOp::create(builder, loc, gathered(step.dim), current,
                                     mesh.name, axes,
                                     builder.getI64IntegerAttr(step.dim));
+      current = slicedTo(builder, loc, current, step.dim,
+                         localType.getDimSize(step.dim));
       break;
     case ReshardStep::Kind::AllToAll:
-      current = AllToAllOp::create(builder, loc, localType, current,
+      current = AllToAllOp::create(builder, loc, gathered(step.dim), current,
                                    mesh.name, axes,
                                    builder.getI64IntegerAttr(step.toDim),
                                    builder.getI64IntegerAttr(step.dim));
+      current = slicedTo(builder, loc, current, step.dim,
+                         localType.getDimSize(step.dim));
       break;
     case ReshardStep::Kind::ShardSlice:
       current = ShardSliceOp::create(builder, loc, localType, current,
@@ -153,6 +192,179 @@ FailureOr<Value> Partitioner::emitReshard(OpBuilder &builder, Location loc,
     }
   }
   return current;
+}
+
+/// `v` with dimension `dim` grown to `size` by trailing zeros (a no-op when
+/// it already has that size).
+Value Partitioner::paddedTo(OpBuilder &b, Location loc, Value v, int64_t dim,
+                            int64_t size) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getDimSize(dim) == size)
+    return v;
+  SmallVector<int64_t> low(type.getRank(), 0), high(type.getRank(), 0);
+  high[dim] = size - type.getDimSize(dim);
+  return PadOp::create(b, loc, v, b.getDenseI64ArrayAttr(low),
+                       b.getDenseI64ArrayAttr(high),
+                       b.getDenseI64ArrayAttr(low));
+}
+
+/// The first `size` entries of `v` along `dim`.
+Value Partitioner::slicedTo(OpBuilder &b, Location loc, Value v, int64_t dim,
+                            int64_t size) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getDimSize(dim) == size)
+    return v;
+  SmallVector<int64_t> start(type.getRank(), 0), step(type.getRank(), 1);
+  SmallVector<int64_t> limit(type.getShape());
+  limit[dim] = size;
+  return SliceOp::create(b, loc, v, b.getDenseI64ArrayAttr(start),
+                         b.getDenseI64ArrayAttr(limit),
+                         b.getDenseI64ArrayAttr(step));
+}
+
+/// `local` (this rank's piece of an unevenly split value) with the padding
+/// of dimension `dim` replaced by `fill`: the entries at or past the global
+/// size, found from the rank's index over the dimension's axes.
+Value Partitioner::maskPadding(OpBuilder &b, Location loc, Value local,
+                               int64_t dim, Attribute fill) {
+  auto type = cast<RankedTensorType>(local.getType());
+  RankedTensorType global = globalTypes.lookup(local);
+  SmallVector<Attribute> names;
+  for (StringRef axis : shardings.lookup(local).getDimAxes(dim))
+    names.push_back(b.getStringAttr(axis));
+  auto i64 = b.getI64Type();
+  auto scalar = RankedTensorType::get({}, i64);
+  auto positions = RankedTensorType::get(type.getShape(), i64);
+  Value index =
+      AxisIndexOp::create(b, loc, scalar, mesh.name, b.getArrayAttr(names));
+  Value first = MulOp::create(
+      b, loc, index,
+      FullOp::create(b, loc, scalar,
+                     IntegerAttr::get(i64, type.getDimSize(dim))));
+  // Entries this rank holds for real: global size - first, counted locally.
+  Value real = SubOp::create(
+      b, loc,
+      FullOp::create(b, loc, scalar,
+                     IntegerAttr::get(i64, global.getDimSize(dim))),
+      first);
+  Value inside = CompareOp::create(
+      b, loc, CompareDirection::lt, IotaOp::create(b, loc, positions, dim),
+      BroadcastOp::create(b, loc, positions, real, b.getDenseI64ArrayAttr({})));
+  Value masked = SelectOp::create(b, loc, inside, local,
+                                  FullOp::create(b, loc, type, cast<TypedAttr>(fill)));
+  shardings[masked] = shardings.lookup(local);
+  globalTypes[masked] = global;
+  return masked;
+}
+
+/// The identity of a reduction, as an attribute of `element`: what padding
+/// must hold for it not to change the result.
+static Attribute reductionIdentity(ReduceKind kind, Type element) {
+  if (auto f = dyn_cast<FloatType>(element)) {
+    const llvm::fltSemantics &sem = f.getFloatSemantics();
+    switch (kind) {
+    case ReduceKind::max:
+      return FloatAttr::get(f, llvm::APFloat::getInf(sem, /*Negative=*/true));
+    case ReduceKind::min:
+      return FloatAttr::get(f, llvm::APFloat::getInf(sem, /*Negative=*/false));
+    default:
+      return FloatAttr::get(f, 0.0);
+    }
+  }
+  auto i = cast<IntegerType>(element);
+  unsigned w = i.getWidth();
+  switch (kind) {
+  case ReduceKind::max:
+    return IntegerAttr::get(i, w == 1 ? llvm::APInt(1, 0)
+                                      : llvm::APInt::getSignedMinValue(w));
+  case ReduceKind::min:
+    return IntegerAttr::get(i, w == 1 ? llvm::APInt(1, 1)
+                                      : llvm::APInt::getSignedMaxValue(w));
+  default:
+    return IntegerAttr::get(i, 0);
+  }
+}
+
+/// Padding must not reach a result: where an op reduces over an unevenly
+/// split dimension (a Reduction factor of its rule), that dimension's
+/// padding in each operand becomes the reduction's identity (zero for a
+/// sum or a contraction, -inf for a max). Elementwise work on padding only
+/// makes more padding, so nothing else needs it. The cross-entropies reduce
+/// their vocabulary through a log-sum-exp (padding -inf) and their tokens
+/// through the labels (padding ignore_index); a mean over padding divides
+/// by the padded count, so it is rescaled to the real one.
+void Partitioner::maskPaddedOperands(Operation *op) {
+  auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
+  if (!ruleOp)
+    return;
+  auto paddedDim = [&](Value v, int64_t d) {
+    RankedTensorType global = globalTypes.lookup(v);
+    ShardingAttr s = shardings.lookup(v);
+    return global && s && d < s.getRank() &&
+           global.getDimSize(d) % mesh.product(s.getDimAxes(d)) != 0;
+  };
+  bool anyPadded = false;
+  for (Value v : op->getOperands())
+    if (auto t = dyn_cast<RankedTensorType>(v.getType()))
+      for (int64_t d = 0; d < t.getRank(); ++d)
+        anyPadded |= paddedDim(v, d);
+  if (!anyPadded)
+    return;
+
+  OpShardingRule rule = ruleOp.getShardingRule();
+  bool crossEntropy = isa<CrossEntropyOp, CrossEntropyGradOp>(op);
+  OpBuilder b(op);
+  Location loc = op->getLoc();
+  double meanScale = 1.0;
+  for (auto [i, dims] : llvm::enumerate(rule.operands)) {
+    Value v = op->getOperand(i);
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type)
+      continue;
+    for (auto [d, factors] : llvm::enumerate(dims)) {
+      if (!paddedDim(v, d))
+        continue;
+      int64_t rank = type.getRank();
+      Attribute fill;
+      if (crossEntropy) {
+        if (i == 0 && static_cast<int64_t>(d) == rank - 1)
+          fill = reductionIdentity(ReduceKind::max, type.getElementType());
+        else if (i == 1)
+          fill = IntegerAttr::get(
+              type.getElementType(),
+              isa<CrossEntropyOp>(op)
+                  ? cast<CrossEntropyOp>(op).getIgnoreIndex()
+                  : cast<CrossEntropyGradOp>(op).getIgnoreIndex());
+      } else {
+        for (int64_t f : factors)
+          if (rule.factors[f].kind == FactorKind::Reduction) {
+            fill = reductionIdentity(rule.factors[f].reduceKind,
+                                     type.getElementType());
+            if (isa<ReduceMeanOp>(op)) {
+              int64_t global = globalTypes.lookup(v).getDimSize(d);
+              int64_t parts = mesh.product(shardings.lookup(v).getDimAxes(d));
+              meanScale *= static_cast<double>(type.getDimSize(d) * parts) /
+                           static_cast<double>(global);
+            }
+          }
+      }
+      if (!fill)
+        continue;
+      v = maskPadding(b, loc, v, d, fill);
+      op->setOperand(i, v);
+    }
+  }
+  if (meanScale != 1.0) {
+    b.setInsertionPointAfter(op);
+    Value mean = op->getResult(0);
+    Value scaled = MulOp::create(
+        b, loc, mean,
+        FullOp::create(b, loc, cast<RankedTensorType>(mean.getType()),
+                       FloatAttr::get(getElementTypeOrSelf(mean), meanScale)));
+    shardings[scaled] = shardings.lookup(mean);
+    globalTypes[scaled] = globalTypes.lookup(mean);
+    mean.replaceAllUsesExcept(scaled, scaled.getDefiningOp());
+  }
 }
 
 /// A vocabulary-split table: look up the rows this rank owns (ids shifted by
@@ -441,6 +653,7 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
       if (failed(setLocalType(result, op)))
         return failure();
     op->removeAttr(kResultShardingsAttrName);
+    maskPaddedOperands(op);
 
     // Ops whose local form needs more than local types.
     if (auto slice = dyn_cast<SliceOp>(op)) {
@@ -490,14 +703,33 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
     if (Attribute s = func.getArgAttr(i, kShardingAttrName)) {
       func.removeArgAttr(i, kShardingAttrName);
       func.setArgAttr(i, kShardOfAttrName, s);
+      if (Attribute shape = paddedGlobalShape(body.getArgument(i)))
+        func.setArgAttr(i, kGlobalShapeAttrName, shape);
     }
   for (unsigned i = 0; i < func.getNumResults(); ++i)
     if (Attribute s = func.getResultAttr(i, kShardingAttrName)) {
       func.removeResultAttr(
           i, StringAttr::get(func.getContext(), kShardingAttrName));
       func.setResultAttr(i, kShardOfAttrName, s);
+      if (Attribute shape = paddedGlobalShape(ret.getOperand(i)))
+        func.setResultAttr(i, kGlobalShapeAttrName, shape);
     }
   return success();
+}
+
+/// The global shape of `local` when padding makes it more than the local
+/// shape times the parts (the program file records it), else null.
+Attribute Partitioner::paddedGlobalShape(Value local) {
+  RankedTensorType global = globalTypes.lookup(local);
+  auto type = dyn_cast<RankedTensorType>(local.getType());
+  ShardingAttr sharding = shardings.lookup(local);
+  if (!global || !type || !sharding)
+    return {};
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    if (type.getDimSize(d) * mesh.product(sharding.getDimAxes(d)) !=
+        global.getDimSize(d))
+      return DenseI64ArrayAttr::get(local.getContext(), global.getShape());
+  return {};
 }
 
 /// An external function: its signature becomes the local one its shardings

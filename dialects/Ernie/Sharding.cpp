@@ -133,6 +133,10 @@ mlir::ernie::verifySharding(function_ref<InFlightDiagnostic()> emitError,
     if (!mesh.getAxisSize(axis))
       return emitError() << what << ": mesh " << sharding.getMesh()
                          << " has no axis '" << axis << "'";
+  // A dimension its axes do not divide is split unevenly, the last pieces
+  // padded, unless the mesh asks for even splits.
+  if (!mesh->hasAttr(kEvenSplitsAttrName))
+    return success();
   for (int64_t d = 0; d < tensor.getRank(); ++d) {
     int64_t parts = 1;
     SmallVector<StringRef> axes = sharding.getDimAxes(d);
@@ -143,7 +147,9 @@ mlir::ernie::verifySharding(function_ref<InFlightDiagnostic()> emitError,
       diag << what << ": dimension " << d << " of size "
            << tensor.getDimSize(d) << " does not divide over mesh axes {";
       llvm::interleaveComma(axes, diag);
-      return diag << "} of " << parts << " ranks";
+      return diag << "} of " << parts << " ranks, and mesh "
+                  << sharding.getMesh() << " asks for even splits ('"
+                  << kEvenSplitsAttrName << "')";
     }
   }
   return success();
@@ -174,6 +180,17 @@ LogicalResult ReshardOp::verifySymbolUses(SymbolTableCollection &symbols) {
 // Dialect attribute hooks.
 //===----------------------------------------------------------------------===//
 
+LogicalResult mlir::ernie::verifyGlobalShape(Operation *op, NamedAttribute attr,
+                                             StringRef what, unsigned index) {
+  auto shape = dyn_cast<DenseI64ArrayAttr>(attr.getValue());
+  if (!shape || llvm::any_of(shape.asArrayRef(),
+                             [](int64_t d) { return d < 1; }))
+    return op->emitError() << "'" << kGlobalShapeAttrName << "' on " << what
+                           << " #" << index
+                           << " must be an array of positive sizes";
+  return success();
+}
+
 LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                                                         unsigned regionIndex,
                                                         unsigned resultIndex,
@@ -195,6 +212,8 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                              << " must name a parameter";
     return success();
   }
+  if (attr.getName() == kGlobalShapeAttrName)
+    return verifyGlobalShape(op, attr, "result", resultIndex);
   if (attr.getName() == kShardOfAttrName) {
     if (!isa<ShardingAttr>(attr.getValue()))
       return op->emitError() << "'" << kShardOfAttrName
@@ -250,6 +269,12 @@ LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
     if (!isa<ModuleOp>(op))
       return op->emitError() << "'" << name << "' belongs on the module";
     return success(); // Read and checked by the pipeline passes.
+  }
+  if (name == kEvenSplitsAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()) || !isa<MeshOp>(op))
+      return op->emitError() << "'" << name
+                             << "' is a unit attribute on an ernie.mesh";
+    return success();
   }
   if (name == kBufferOffsetsAttrName) {
     auto offsets = dyn_cast<DenseI64ArrayAttr>(attr.getValue());

@@ -2,6 +2,7 @@
 
 #include "ernie/Sharding/FactorPropagation.h"
 
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Sharding/Resharding.h"
 #include "llvm/ADT/StringSet.h"
 
@@ -14,6 +15,7 @@ MeshShape MeshShape::get(MeshOp mesh) {
   for (Attribute axis : mesh.getAxisNames())
     shape.axes.push_back(cast<StringAttr>(axis).getValue());
   llvm::append_range(shape.sizes, mesh.getAxisSizes());
+  shape.allowUneven = !mesh->hasAttr(kEvenSplitsAttrName);
   return shape;
 }
 
@@ -42,6 +44,13 @@ FactorAxes mlir::ernie::readFactorAxes(const OpShardingRule &rule,
     if (static_cast<int64_t>(d) >= sharding.getRank())
       break;
     SmallVector<StringRef> axes = sharding.getDimAxes(d);
+    // A dimension that is one factor takes its axes whole, dividing or not
+    // (an uneven split, padded); legalizeFactorAxes drops the split if the
+    // factor shares a dimension elsewhere.
+    if (factors.size() == 1 && mesh.allowUneven) {
+      llvm::append_range(result[factors.front()], axes);
+      continue;
+    }
     size_t next = 0;
     for (int64_t factor : factors) {
       int64_t size = rule.factors[factor].size, taken = 1;
@@ -112,10 +121,23 @@ int64_t mlir::ernie::reshardBytes(ShardingAttr from, ShardingAttr to,
 /// stays consistent), until nothing changes.
 static void legalizeFactorAxes(const OpShardingRule &rule, FactorAxes &axes,
                                const MeshShape &mesh) {
-  auto fullySplit = [&](int64_t factor) {
+  auto product = [&](int64_t factor) {
     SmallVector<StringRef> names(axes[factor].begin(), axes[factor].end());
-    return mesh.product(names) == rule.factors[factor].size;
+    return mesh.product(names);
   };
+  auto fullySplit = [&](int64_t factor) {
+    return product(factor) == rule.factors[factor].size;
+  };
+  // An uneven split pads the factor's pieces; that is a tensor's padding
+  // only where the factor is a whole dimension. In a dimension of several
+  // factors the pieces would be strided, so such a factor stays whole.
+  for (const auto *tensors : {&rule.operands, &rule.results})
+    for (const TensorFactors &dims : *tensors)
+      for (const DimFactors &factors : dims)
+        if (factors.size() > 1)
+          for (int64_t factor : factors)
+            if (rule.factors[factor].size % product(factor) != 0)
+              axes[factor].clear();
   bool changed = true;
   while (changed) {
     changed = false;

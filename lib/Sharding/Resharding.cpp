@@ -17,6 +17,15 @@
 using namespace mlir;
 using namespace mlir::ernie;
 
+int64_t mlir::ernie::localDimSize(int64_t size, int64_t parts) {
+  return llvm::divideCeil(size, parts);
+}
+
+bool mlir::ernie::isAlignedSplit(int64_t size, int64_t coarse, int64_t fine) {
+  return coarse == 1 ||
+         localDimSize(size, fine) * (fine / coarse) == localDimSize(size, coarse);
+}
+
 FailureOr<RankedTensorType> mlir::ernie::getLocalType(RankedTensorType type,
                                                       ShardingAttr sharding,
                                                       const MeshShape &mesh) {
@@ -27,9 +36,9 @@ FailureOr<RankedTensorType> mlir::ernie::getLocalType(RankedTensorType type,
   SmallVector<int64_t> shape(type.getShape());
   for (int64_t d = 0; d < type.getRank(); ++d) {
     int64_t parts = mesh.product(sharding.getDimAxes(d));
-    if (shape[d] % parts != 0)
+    if (shape[d] % parts != 0 && !mesh.allowUneven)
       return failure();
-    shape[d] /= parts;
+    shape[d] = localDimSize(shape[d], parts);
   }
   return RankedTensorType::get(shape, type.getElementType());
 }
@@ -107,17 +116,32 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
 
   int64_t elementBytes =
       getElementByteSize(type.getElementType());
-  // Bytes of one rank's piece, or -1 when a dimension does not divide.
+  auto parts = [&](ArrayRef<StringRef> axes) {
+    return mesh.product(SmallVector<StringRef>(axes.begin(), axes.end()));
+  };
+  // Bytes of one rank's (padded) piece, or -1 when the state is not a
+  // sharding this mesh allows.
   auto localBytes = [&](const State &s) -> int64_t {
     int64_t bytes = elementBytes;
     for (auto [d, axes] : llvm::enumerate(s.dims)) {
-      SmallVector<StringRef> names(axes.begin(), axes.end());
-      int64_t parts = mesh.product(names);
-      if (type.getDimSize(d) % parts != 0)
+      int64_t n = parts(axes);
+      if (type.getDimSize(d) % n != 0 && !mesh.allowUneven)
         return -1;
-      bytes *= type.getDimSize(d) / parts;
+      bytes *= localDimSize(type.getDimSize(d), n);
     }
     return bytes;
+  };
+  // A step adds or removes the minor axis of a dimension. Unevenly split,
+  // the pieces before and after must still nest (every coarse piece made of
+  // whole fine ones), else no single collective moves between them.
+  auto nests = [&](const State &a, const State &b) {
+    for (auto [d, axes] : llvm::enumerate(a.dims)) {
+      int64_t p = parts(axes), q = parts(b.dims[d]);
+      if (p != q && !isAlignedSplit(type.getDimSize(d), std::min(p, q),
+                                    std::max(p, q)))
+        return false;
+    }
+    return true;
   };
 
   struct Node {
@@ -142,7 +166,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
 
   auto relax = [&](const std::string &fromKey, int64_t cost, State next,
                    ReshardStep step) {
-    if (localBytes(next) < 0)
+    if (localBytes(next) < 0 || !nests(states[fromKey], next))
       return;
     std::string key = next.key();
     auto it = best.find(key);

@@ -2,6 +2,7 @@
 
 #include "ernie/runtime/HostTensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -70,6 +71,21 @@ std::vector<int64_t> pieceOffsets(const TensorSpec &spec, const Mesh &mesh,
   return offsets;
 }
 
+/// The part of a piece at `offsets` that lies inside the global tensor: the
+/// local shape, less the padding of an uneven split (GSPMD's convention:
+/// every piece has the local shape `ceil(global / parts)`, the last ones
+/// padded). Empty when the piece is all padding.
+std::vector<int64_t> realExtent(const TensorSpec &spec,
+                                const std::vector<int64_t> &offsets) {
+  std::vector<int64_t> real(spec.localShape.size());
+  for (size_t d = 0; d < real.size(); ++d) {
+    real[d] = std::min(spec.localShape[d], spec.globalShape[d] - offsets[d]);
+    if (real[d] <= 0)
+      return {};
+  }
+  return real;
+}
+
 void requireShape(const HostTensor &t, const std::vector<int64_t> &shape,
                   DType type, const std::string &what) {
   if (t.shape != shape || t.type != type) {
@@ -110,8 +126,19 @@ HostTensor pieceOf(const HostTensor &global, const TensorSpec &spec,
   for (const auto &[axis, kind] : spec.sharding.partials)
     if (kind == ReduceOp::Sum && coords[mesh.axisIndex(axis)] != 0)
       return piece; // the first member holds the whole pending sum
-  extractBlock(global.bytes.data(), global.shape, pieceOffsets(spec, mesh, rank),
-               piece.bytes.data(), piece.shape, byteSize(spec.type));
+  std::vector<int64_t> offsets = pieceOffsets(spec, mesh, rank);
+  std::vector<int64_t> real = realExtent(spec, offsets);
+  if (real == piece.shape) {
+    extractBlock(global.bytes.data(), global.shape, offsets, piece.bytes.data(),
+                 piece.shape, byteSize(spec.type));
+  } else if (!real.empty()) {
+    // A padded piece: its real part, zeros past the global edge.
+    HostTensor block(spec.type, real);
+    extractBlock(global.bytes.data(), global.shape, offsets, block.bytes.data(),
+                 real, byteSize(spec.type));
+    insertBlock(block.bytes.data(), real, piece.bytes.data(), piece.shape,
+                std::vector<int64_t>(real.size(), 0), byteSize(spec.type));
+  }
   return piece;
 }
 
@@ -148,8 +175,19 @@ HostTensor assemble(const std::vector<HostTensor> &pieces,
     if (!leader)
       continue;
     HostTensor value = complete(rank, 0);
-    insertBlock(value.bytes.data(), spec.localShape, global.bytes.data(),
-                global.shape, pieceOffsets(spec, mesh, rank), byteSize(spec.type));
+    std::vector<int64_t> offsets = pieceOffsets(spec, mesh, rank);
+    std::vector<int64_t> real = realExtent(spec, offsets);
+    if (real.empty() && !spec.localShape.empty())
+      continue; // all padding
+    if (real != spec.localShape) {
+      HostTensor block(spec.type, real);
+      extractBlock(value.bytes.data(), spec.localShape,
+                   std::vector<int64_t>(real.size(), 0), block.bytes.data(),
+                   real, byteSize(spec.type));
+      value = std::move(block);
+    }
+    insertBlock(value.bytes.data(), real, global.bytes.data(), global.shape,
+                offsets, byteSize(spec.type));
   }
   return global;
 }

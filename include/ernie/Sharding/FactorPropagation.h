@@ -31,6 +31,11 @@ struct MeshShape {
   /// The product of the sizes of `axes`.
   int64_t product(ArrayRef<StringRef> axes) const;
 
+  /// Whether a dimension may be split by axes that do not divide it (the
+  /// pieces padded to equal size, GSPMD's convention), or such a split is an
+  /// error (`strict-divisibility`).
+  bool allowUneven = true;
+
   /// Reshard costs already planned on this mesh, by (from, to, type).
   using CostKey = std::tuple<Attribute, Attribute, Type>;
   std::shared_ptr<llvm::DenseMap<CostKey, int64_t>> costCache =

@@ -45,18 +45,32 @@ struct ReshardStep {
 };
 
 /// The cheapest plan from `from` to `to` for a tensor of global type `type`.
-/// Fails only when `to` cannot be reached because a dimension does not
-/// divide over its axes.
+/// Fails only when `to` cannot be reached: a dimension does not divide over
+/// its axes and the mesh allows no uneven split, or the uneven pieces on the
+/// way do not nest (isAlignedSplit). Each step's `after` sharding says the
+/// padded local type; partition pads before a scatter and slices after a
+/// gather where the padding changes.
 FailureOr<SmallVector<ReshardStep>> planReshard(ShardingAttr from,
                                                 ShardingAttr to,
                                                 RankedTensorType type,
                                                 const MeshShape &mesh);
 
-/// The per-rank type of `type` under `sharding`; fails when a dimension does
-/// not divide over its axes.
+/// The per-rank type of `type` under `sharding`. A dimension its axes do not
+/// divide is padded: every rank holds `ceil(size / parts)` (GSPMD's
+/// convention; the last ranks' pieces end in padding). Fails on such a
+/// dimension when the mesh does not allow uneven splits.
 FailureOr<RankedTensorType> getLocalType(RankedTensorType type,
                                          ShardingAttr sharding,
                                          const MeshShape &mesh);
+
+/// One rank's extent of a dimension of `size` split `parts` ways.
+int64_t localDimSize(int64_t size, int64_t parts);
+
+/// Whether the pieces of a dimension of `size` split `fine` ways nest inside
+/// those of the same dimension split `coarse` ways (`coarse` divides `fine`):
+/// each coarse piece is exactly `fine / coarse` fine ones. Always true for
+/// even splits and for `coarse` == 1 (the whole, padding at the end).
+bool isAlignedSplit(int64_t size, int64_t coarse, int64_t fine);
 
 } // namespace mlir::ernie
 

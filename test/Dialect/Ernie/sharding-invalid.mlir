@@ -46,9 +46,9 @@ func.func @axis_twice_partial(%x: tensor<8x16xf32>) {
 
 // -----
 
-ernie.mesh @mesh(dp = 2, mp = 4)
+ernie.mesh @mesh(dp = 2, mp = 4) {ernie.even_splits}
 func.func @not_divisible(%x: tensor<6x16xf32>) {
-  // expected-error @+1 {{result: dimension 0 of size 6 does not divide over mesh axes {dp, mp} of 8 ranks}}
+  // expected-error @+1 {{result: dimension 0 of size 6 does not divide over mesh axes {dp, mp} of 8 ranks, and mesh @mesh asks for even splits}}
   %0 = ernie.reshard %x <@mesh, [{dp, mp}, {}]> : tensor<6x16xf32>
   return
 }
@@ -81,8 +81,8 @@ func.func @bad_reduce_kind(%x: tensor<8x16xf32>) {
 
 // -----
 
-ernie.mesh @mesh(dp = 2, mp = 4)
-// expected-error @+1 {{argument #0: dimension 1 of size 6 does not divide over mesh axes {mp} of 4 ranks}}
+ernie.mesh @mesh(dp = 2, mp = 4) {ernie.even_splits}
+// expected-error @+1 {{argument #0: dimension 1 of size 6 does not divide over mesh axes {mp} of 4 ranks, and mesh @mesh asks for even splits}}
 func.func @arg_not_divisible(%x: tensor<8x6xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}) {
   return
 }
@@ -113,9 +113,9 @@ func.func @op_shardings_count(%x: tensor<8x8xf32>) {
 
 // -----
 
-ernie.mesh @mesh(dp = 2, mp = 4)
+ernie.mesh @mesh(dp = 2, mp = 4) {ernie.even_splits}
 func.func @op_sharding_divisible(%x: tensor<8x6xf32>) {
-  // expected-error @+1 {{result #0: dimension 1 of size 6 does not divide over mesh axes {mp} of 4 ranks}}
+  // expected-error @+1 {{result #0: dimension 1 of size 6 does not divide over mesh axes {mp} of 4 ranks, and mesh @mesh asks for even splits}}
   %0 = ernie.neg %x {ernie.shardings = [#ernie.sharding<@mesh, [{}, {mp}]>]} : tensor<8x6xf32>
   return
 }
@@ -125,5 +125,12 @@ func.func @op_sharding_divisible(%x: tensor<8x6xf32>) {
 func.func @unknown_op_attr(%x: tensor<8x6xf32>) {
   // expected-error @+1 {{unknown ernie op attribute 'ernie.sharding'}}
   %0 = ernie.neg %x {ernie.sharding = 1} : tensor<8x6xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'ernie.even_splits' is a unit attribute on an ernie.mesh}}
+func.func @even_splits_elsewhere() attributes {ernie.even_splits} {
   return
 }

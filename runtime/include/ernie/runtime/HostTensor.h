@@ -5,7 +5,9 @@
 // sharding exactly as the compiler's partitioner assumes: dimension d split
 // over its axes in the order listed (major to minor), a pending sum held by
 // the first member of each partial group (zeros elsewhere), a pending
-// max/min/avg held by every member.
+// max/min/avg held by every member. A dimension its axes do not divide is
+// split unevenly: every piece is `ceil(global / parts)` long and the last
+// ones are padded with zeros (GSPMD's convention), which assembly drops.
 //
 //===----------------------------------------------------------------------===//
 
