@@ -248,16 +248,78 @@ def reshard(x, mesh: ProcessMesh, placements):
     raise TypeError(f"reshard takes a traced Tensor or a DistTensor, not {type(x).__name__}")
 
 
-def infer_spmd(op: str, inputs, dims_mappings, mesh: ProcessMesh, partial_dims=None, **attrs):
-    """One op's sharding rule, Paddle-style: `inputs` are (shape, dtype)
-    pairs, `dims_mappings` one list per input; returns (input
-    dims_mappings, output (dims_mapping, partial_dims) pairs)."""
-    partial_dims = partial_dims or [[] for _ in inputs]
+class SpmdSpec(tuple):
+    """One tensor's answer from infer_spmd/infer_backward: a
+    (dims_mapping, partial_dims) pair, as Paddle's dist attrs read
+    (`dims_mapping`, `_partial_dims()`), plus `partial_types`: per partial
+    mesh dimension its reduce type ("sum", "avg", "max", "min")."""
+
+    def __new__(cls, dims_mapping, partial_dims, partial_types=None):
+        spec = super().__new__(cls, (list(dims_mapping), list(partial_dims)))
+        spec.partial_types = dict(partial_types or {})
+        return spec
+
+    @property
+    def dims_mapping(self):
+        return self[0]
+
+    @property
+    def partial_dims(self):
+        return self[1]
+
+    def is_partial(self):
+        return bool(self[1])
+
+
+def _spmd_call(op, inputs, dims_mappings, mesh, partial_dims, out_mappings, out_partial, attrs):
     name = op if op.startswith("ernie.") else f"ernie.{op}"
-    types = [(list(shape), dtype_name(dtype)) for shape, dtype in inputs]
-    ins, outs = _ernie.infer_spmd(name, types, list(zip(dims_mappings, partial_dims)),
-                                  mesh.dim_names, mesh.shape, attrs)
-    return [m for m, _ in ins], outs
+    try:
+        types = [(list(shape), dtype_name(dtype)) for shape, dtype in inputs]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"infer_spmd('{name}'): inputs are (shape, dtype) pairs: {e}") from None
+    if "dtype" in attrs:  # cast's target, full's element type
+        try:
+            attrs = {**attrs, "dtype": dtype_name(attrs["dtype"])}
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"infer_spmd('{name}'): attribute 'dtype': {e}") from None
+
+    def pairs(mappings, partial, what):
+        if mappings is None:
+            return None
+        mappings = [list(m) for m in mappings]
+        partial = [[] for _ in mappings] if partial is None else [list(p) for p in partial]
+        if len(partial) != len(mappings):
+            raise ValueError(f"infer_spmd('{name}'): {len(partial)} {what} partial_dims "
+                             f"for {len(mappings)} dims_mappings")
+        return list(zip(mappings, partial))
+
+    try:
+        ins, outs = _ernie.infer_spmd(name, types, pairs(dims_mappings, partial_dims, "input"),
+                                      list(mesh.dim_names), list(mesh.shape), attrs,
+                                      pairs(out_mappings, out_partial, "output"))
+    except TypeError as e:  # a value pybind11 cannot convert
+        raise ValueError(f"infer_spmd('{name}'): {e}") from None
+    return [list(m) for m, _ in ins], [SpmdSpec(*o) for o in outs]
+
+
+def infer_spmd(op: str, inputs, dims_mappings, mesh: ProcessMesh, partial_dims=None, **attrs):
+    """One op's sharding rule, Paddle's `infer_forward`: `inputs` are
+    (shape, dtype) pairs, `dims_mappings` one list per input (Paddle's:
+    -1 or the mesh dimension splitting each tensor dimension),
+    `partial_dims` per input the mesh dimensions it is a pending sum over.
+    Attributes as Paddle or ernie spell them (`trans_x=True`, `axis=-1`,
+    `keepdim`, reshape's `shape` with 0 and -1, split's `num_or_sections`).
+    Returns (input dims_mappings, one SpmdSpec per output); a ValueError
+    names the op and what it cannot take."""
+    return _spmd_call(op, inputs, dims_mappings, mesh, partial_dims, None, None, attrs)
+
+
+def infer_backward(op: str, inputs, output_dims_mappings, mesh: ProcessMesh,
+                   output_partial_dims=None, **attrs):
+    """Paddle's `infer_backward`: the rule run from the outputs'
+    dims_mappings (the inputs give only shapes and dtypes); returns the
+    inputs' dims_mappings and the outputs' SpmdSpecs as the rule makes them."""
+    return _spmd_call(op, inputs, None, mesh, None, output_dims_mappings, output_partial_dims, attrs)
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Export/ProgramFile.h"
 #include "ernie/InitAll.h"
+#include "ernie/Sharding/BuildOp.h"
 #include "ernie/Sharding/InferSpmd.h"
 #include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/PipelineSchedule.h"
@@ -289,43 +290,14 @@ public:
       if (Attribute a = toAttribute(ctx, k, v, fillElement))
         named.push_back(b_.getNamedAttr(k, a));
     }
-    DictionaryAttr dict = b_.getDictionaryAttr(named);
     DiagnosticCollector diagnostics(ctx);
-    if (types.empty()) {
-      auto *infer = info->getInterface<InferTypeOpInterface>();
-      if (!infer)
-        throw py::value_error("'" + name + "' needs its result types");
-      // Inference reads the op's properties: build them from the attributes.
-      OperationName opName = *info;
-      std::vector<uint64_t> storage(
-          (opName.getOpPropertyByteSize() + sizeof(uint64_t) - 1) / sizeof(uint64_t) + 1);
-      OpaqueProperties props(storage.data());
-      opName.initOpProperties(props, nullptr);
-      bool hasProperties = opName.getOpPropertyByteSize() > 0;
-      bool ok = (!hasProperties ||
-                 succeeded(opName.setOpPropertiesFromAttribute(
-                     opName, props, dict, [&] { return emitError(loc); }))) &&
-                succeeded(infer->inferReturnTypes(ctx, loc, values, dict, props,
-                                                  {}, types));
-      opName.destroyOpProperties(props);
-      if (!ok)
-        throw py::value_error("'" + name + "': " +
-                              diagnostics.take("invalid operands or attributes"));
-    }
-    OperationState state(loc, *info);
-    state.addOperands(values);
-    state.addTypes(types);
-    if (info->getOpPropertyByteSize() > 0)
-      state.propertiesAttr = dict;
-    else
-      state.addAttributes(named);
-    Operation *op = b_.create(state);
-    if (failed(verify(op))) {
-      op->erase();
-      throw py::value_error(diagnostics.take("'" + name + "' failed to verify"));
-    }
+    FailureOr<Operation *> op = ec::buildOp(
+        b_, loc, name, values, b_.getDictionaryAttr(named), types);
+    if (failed(op))
+      throw py::value_error("'" + name + "': " +
+                            diagnostics.take("invalid operands or attributes"));
     std::vector<int> ids;
-    for (Value r : op->getResults())
+    for (Value r : (*op)->getResults())
       ids.push_back(add(r));
     return ids;
   }
@@ -646,56 +618,124 @@ ec::MeshShape meshShape(const std::vector<std::string> &axes,
   return mesh;
 }
 
-/// One op's rule on (dims_mapping, partial_dims) pairs, as Paddle's
-/// infer_spmd takes and returns them.
-py::tuple inferSpmd(const std::string &op,
-                    const std::vector<std::pair<std::vector<int64_t>, std::string>> &inputTypes,
-                    const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> &mappings,
-                    const std::vector<std::string> &axes,
-                    const std::vector<int64_t> &sizes, py::dict attrs) {
-  MLIRContext *ctx = &context();
-  if (inputTypes.size() != mappings.size())
-    throw py::value_error("one dims_mapping per input");
-  ec::MeshShape mesh = meshShape(axes, sizes);
-  SmallVector<RankedTensorType> types;
+using SpmdMapping = std::pair<std::vector<int64_t>, std::vector<int64_t>>;
+using SpmdType = std::pair<std::vector<int64_t>, std::string>;
+
+/// Shardings from (dims_mapping, partial_dims) pairs, one per tensor of
+/// `types` (None: all unknown, Paddle's forward or backward alone).
+SmallVector<ec::ShardingAttr>
+spmdShardings(const std::string &op, const std::string &what,
+              const std::optional<std::vector<SpmdMapping>> &mappings,
+              ArrayRef<std::vector<int64_t>> shapes, const ec::MeshShape &mesh) {
   SmallVector<ec::ShardingAttr> shardings;
-  for (auto [type, mapping] : llvm::zip(inputTypes, mappings)) {
-    types.push_back(tensorType(ctx, type.first, type.second));
-    if (mapping.first.size() != type.first.size())
-      throw py::value_error("a dims_mapping needs one entry per dimension");
+  if (!mappings)
+    return shardings;
+  if (!shapes.empty() && mappings->size() != shapes.size())
+    throw py::value_error("infer_spmd('" + op + "'): " + std::to_string(mappings->size()) +
+                          " " + what + " dims_mappings for " + std::to_string(shapes.size()) +
+                          " " + what + "s");
+  for (auto [i, mapping] : llvm::enumerate(*mappings)) {
+    std::string name = what + " " + std::to_string(i);
+    if (!shapes.empty() && mapping.first.size() != shapes[i].size())
+      throw py::value_error("infer_spmd('" + op + "'): the dims_mapping of " + name + " has " +
+                            std::to_string(mapping.first.size()) +
+                            " entries for a tensor of rank " + std::to_string(shapes[i].size()));
+    for (int64_t d : mapping.first)
+      if (d < -1 || d >= static_cast<int64_t>(mesh.axes.size()))
+        throw py::value_error("infer_spmd('" + op + "'): the dims_mapping of " + name +
+                              " names mesh dimension " + std::to_string(d) + " of a mesh of " +
+                              std::to_string(mesh.axes.size()));
     ec::DimsMapping dm{SmallVector<int64_t>(mapping.first.begin(), mapping.first.end()),
-                          SmallVector<int64_t>(mapping.second.begin(), mapping.second.end())};
-    FailureOr<ec::ShardingAttr> s = ec::shardingFromDimsMapping(ctx, mesh, dm);
+                       SmallVector<int64_t>(mapping.second.begin(), mapping.second.end())};
+    FailureOr<ec::ShardingAttr> s = ec::shardingFromDimsMapping(&context(), mesh, dm);
     if (failed(s))
-      throw py::value_error("invalid dims_mapping for this mesh");
+      throw py::value_error("infer_spmd('" + op + "'): invalid dims_mapping/partial_dims for " +
+                            name + " (a mesh dimension out of range or used twice)");
     shardings.push_back(*s);
   }
+  return shardings;
+}
+
+/// One op's rule on (dims_mapping, partial_dims) pairs, as Paddle's
+/// infer_spmd (known inputs) and infer_backward (known outputs) take them;
+/// returns per input (dims_mapping, partial_dims) and per output
+/// (dims_mapping, partial_dims, {mesh_dim: reduce type}).
+py::tuple inferSpmd(const std::string &op, const std::vector<SpmdType> &inputTypes,
+                    const std::optional<std::vector<SpmdMapping>> &mappings,
+                    const std::vector<std::string> &axes,
+                    const std::vector<int64_t> &sizes, py::dict attrs,
+                    const std::optional<std::vector<SpmdMapping>> &outputMappings) {
+  MLIRContext *ctx = &context();
+  std::string prefix = "infer_spmd('" + op + "'): ";
+  if (axes.size() != sizes.size() || axes.empty())
+    throw py::value_error(prefix + "a mesh needs one size per axis name");
+  for (const std::string &a : axes)
+    if (a.empty())
+      throw py::value_error(prefix + "mesh axis names must be non-empty");
+  ec::MeshShape mesh = meshShape(axes, sizes);
+  SmallVector<RankedTensorType> types;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const SpmdType &type : inputTypes) {
+    try {
+      types.push_back(tensorType(ctx, type.first, type.second));
+    } catch (py::error_already_set &) {
+      throw;
+    } catch (const std::exception &e) {
+      throw py::value_error(prefix + e.what());
+    }
+    shapes.push_back(type.first);
+  }
+  SmallVector<ec::ShardingAttr> shardings =
+      spmdShardings(op, "input", mappings, shapes, mesh);
+  SmallVector<ec::ShardingAttr> outShardings =
+      spmdShardings(op, "output", outputMappings, {}, mesh);
   SmallVector<NamedAttribute> named;
   Builder b(ctx);
   for (auto [key, v] : attrs) {
     std::string k = key.cast<std::string>();
-    if (Attribute a = toAttribute(ctx, k, v, Type()))
+    Attribute a;
+    try {
+      a = toAttribute(ctx, k, v, Type());
+    } catch (const std::exception &e) {
+      throw py::value_error(prefix + "attribute '" + k + "': " + e.what());
+    }
+    if (a)
       named.push_back(b.getNamedAttr(k, a));
   }
   std::string error;
   FailureOr<ec::SpmdResult> result =
       ec::inferSpmd(ctx, op, types, shardings, b.getDictionaryAttr(named),
-                       mesh, error);
-  if (failed(result))
-    throw py::value_error(error.empty() ? "infer_spmd failed for " + op : error);
-  auto convert = [&](ArrayRef<ec::ShardingAttr> list) {
+                    mesh, error, {}, outShardings);
+  if (failed(result)) {
+    // Every message names the op.
+    std::string name = op.rfind("ernie.", 0) == 0 ? op : "ernie." + op;
+    if (error.empty())
+      error = "failed";
+    throw py::value_error(error.find("'" + name + "'") == std::string::npos
+                              ? prefix + error
+                              : error);
+  }
+  auto convert = [&](ArrayRef<ec::ShardingAttr> list, bool withKinds) {
     py::list out;
     for (ec::ShardingAttr s : list) {
       FailureOr<ec::DimsMapping> dm = ec::dimsMappingFromSharding(s, mesh);
       if (failed(dm))
-        throw py::value_error("a result sharding has no dims_mapping form");
-      out.append(py::make_tuple(std::vector<int64_t>(dm->dims.begin(), dm->dims.end()),
-                                std::vector<int64_t>(dm->partialDims.begin(),
-                                                     dm->partialDims.end())));
+        throw py::value_error(prefix + "a result sharding has no dims_mapping form");
+      std::vector<int64_t> dims(dm->dims.begin(), dm->dims.end());
+      std::vector<int64_t> partial(dm->partialDims.begin(), dm->partialDims.end());
+      if (!withKinds) {
+        out.append(py::make_tuple(dims, partial));
+        continue;
+      }
+      py::dict kinds;
+      auto partials = s.getPartials();
+      for (auto [meshDim, entry] : llvm::zip(partial, partials))
+        kinds[py::int_(meshDim)] = ec::stringifyReduceKind(entry.second).str();
+      out.append(py::make_tuple(dims, partial, kinds));
     }
     return out;
   };
-  return py::make_tuple(convert(result->inputs), convert(result->outputs));
+  return py::make_tuple(convert(result->inputs, false), convert(result->outputs, true));
 }
 
 //===----------------------------------------------------------------------===//
@@ -874,5 +914,6 @@ PYBIND11_MODULE(_ernie, m) {
 
   m.def("infer_spmd", &inferSpmd, py::arg("op"), py::arg("input_types"),
         py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),
-        py::arg("attrs") = py::dict());
+        py::arg("attrs") = py::dict(),
+        py::arg("output_dims_mappings") = py::none());
 }

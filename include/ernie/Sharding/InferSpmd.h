@@ -24,16 +24,44 @@ struct SpmdResult {
 };
 
 /// Runs the rule of op `opName` (e.g. "ernie.matmul") on inputs of
-/// `inputTypes` sharded as `inputShardings` (null: unknown) over `mesh`.
-/// `resultTypes` is needed only by ops whose results are not inferred
-/// (reshape, broadcast, cast). On failure returns failure and sets `error`
-/// to the diagnostics the op produced.
+/// `inputTypes` over `mesh`, from what is known: `inputShardings` and
+/// `outputShardings` (empty, or one per tensor with null for unknown).
+/// Known inputs alone is Paddle's infer_forward, known outputs alone its
+/// infer_backward; both go through resolveShardings, which weighs every
+/// known tensor.
+///
+/// `attrs` are the op's attributes as a Python user writes them and
+/// normalised here: Paddle's spellings (`trans_x`, reductions' `axis`,
+/// `keep_dim`, split's `num_or_sections`), negative axes, bools for unit
+/// flags, ints for lists and back, strings for enums; Paddle attributes
+/// ernie fixes (`begin_norm_axis`, cross-entropy's `axis`, `soft_label`)
+/// at ernie's value. Results that are not inferred come from `resultTypes`
+/// or the attributes `shape` (reshape: Paddle's 0 and -1), `dtype` and
+/// `value`. On failure returns failure and sets `error` to a message that
+/// names the op and, where one is at fault, the attribute.
 FailureOr<SpmdResult> inferSpmd(MLIRContext *context, StringRef opName,
                                 ArrayRef<RankedTensorType> inputTypes,
                                 ArrayRef<ShardingAttr> inputShardings,
                                 DictionaryAttr attrs, const MeshShape &mesh,
                                 std::string &error,
-                                ArrayRef<RankedTensorType> resultTypes = {});
+                                ArrayRef<RankedTensorType> resultTypes = {},
+                                ArrayRef<ShardingAttr> outputShardings = {});
+
+/// Paddle's infer_backward: from the outputs' shardings to the inputs' (and
+/// the outputs' as the rule makes them).
+FailureOr<SpmdResult>
+inferSpmdReverse(MLIRContext *context, StringRef opName,
+                 ArrayRef<RankedTensorType> inputTypes,
+                 ArrayRef<ShardingAttr> outputShardings, DictionaryAttr attrs,
+                 const MeshShape &mesh, std::string &error,
+                 ArrayRef<RankedTensorType> resultTypes = {});
+
+/// The types of the op's results for these inputs and attributes (the
+/// attributes normalised as inferSpmd does).
+FailureOr<SmallVector<RankedTensorType>>
+inferSpmdResultTypes(MLIRContext *context, StringRef opName,
+                     ArrayRef<RankedTensorType> inputTypes,
+                     DictionaryAttr attrs, std::string &error);
 
 /// Paddle's dims_mapping: per tensor dimension the mesh dimension splitting
 /// it, or -1; plus the mesh dimensions on which the value is Partial (sum).
@@ -43,7 +71,7 @@ struct DimsMapping {
 };
 
 /// A sharding from a dims_mapping on `mesh`; fails on an out-of-range mesh
-/// dimension or one used twice.
+/// dimension, one used twice, or an unnamed mesh axis.
 FailureOr<ShardingAttr> shardingFromDimsMapping(MLIRContext *context,
                                                 const MeshShape &mesh,
                                                 const DimsMapping &mapping);
