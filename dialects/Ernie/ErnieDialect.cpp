@@ -72,6 +72,8 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                              << "' on an argument must be an #ernie.sharding";
     return success();
   }
+  if (name == kGlobalShapeAttrName)
+    return verifyGlobalShape(op, attr, "argument", argIndex);
   if (name == kShardingAttrName) {
     auto sharding = dyn_cast<ShardingAttr>(attr.getValue());
     auto func = dyn_cast<FunctionOpInterface>(op);

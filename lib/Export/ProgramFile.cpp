@@ -196,9 +196,12 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
     if (!mesh_ || shardOf.getMesh().getValue() != mesh_.getSymName())
       return emitError(value.getLoc())
              << "names mesh " << shardOf.getMesh() << ", not the program's";
-    for (int64_t d = 0; d < shardOf.getRank(); ++d)
-      for (StringRef axis : shardOf.getDimAxes(d))
-        global[d] *= axisSize(axis);
+    if (auto shape = attrs.getAs<DenseI64ArrayAttr>(kGlobalShapeAttrName))
+      global.assign(shape.asArrayRef().begin(), shape.asArrayRef().end());
+    else
+      for (int64_t d = 0; d < shardOf.getRank(); ++d)
+        for (StringRef axis : shardOf.getDimAxes(d))
+          global[d] *= axisSize(axis);
     sharding = writeSharding(shardOf);
   }
   return fb::CreateTensorSpec(
