@@ -248,12 +248,16 @@ private:
   /// (False leaves it out) and back, an int for a float, an int for a
   /// one-element list and back, a string for an enum.
   FailureOr<Attribute> coerce(StringAttr name, Attribute value) {
-    SmallVector<Attribute> candidates;
+    SmallVector<Attribute> candidates{value};
+    // Integers of other widths as i64, unless stored as they are (enums).
     if (auto integer = dyn_cast<IntegerAttr>(value);
         integer && !isa<BoolAttr>(value) &&
-        !integer.getType().isInteger(64) && integer.getType().isInteger())
+        !integer.getType().isInteger(64) && integer.getType().isInteger()) {
+      if (accepts(name, value))
+        return value;
       value = builder.getI64IntegerAttr(integer.getInt());
-    candidates.push_back(value);
+      candidates.push_back(value);
+    }
     if (auto flag = dyn_cast<BoolAttr>(value)) {
       if (accepts(name, builder.getUnitAttr()))
         return flag.getValue() ? Attribute(builder.getUnitAttr())

@@ -217,15 +217,17 @@ public:
   }
 
   void setMesh(const std::string &name, const std::vector<std::string> &axes,
-               const std::vector<int64_t> &sizes) {
+               const std::vector<int64_t> &sizes, bool evenSplits) {
     if (axes.size() != sizes.size() || axes.empty())
       throw py::value_error("a mesh needs one size per axis name");
     OpBuilder::InsertionGuard guard(b_);
     b_.setInsertionPointToStart(module_->getBody());
     SmallVector<StringRef> names(axes.begin(), axes.end());
-    ec::MeshOp::create(b_, b_.getUnknownLoc(), name,
-                          b_.getStrArrayAttr(names),
-                          b_.getDenseI64ArrayAttr(sizes));
+    auto mesh = ec::MeshOp::create(b_, b_.getUnknownLoc(), name,
+                                   b_.getStrArrayAttr(names),
+                                   b_.getDenseI64ArrayAttr(sizes));
+    if (evenSplits)
+      mesh->setAttr(ec::kEvenSplitsAttrName, b_.getUnitAttr());
   }
 
   int argument(const std::vector<int64_t> &shape, const std::string &dtype,
@@ -738,6 +740,17 @@ py::tuple inferSpmd(const std::string &op, const std::vector<SpmdType> &inputTyp
   return py::make_tuple(convert(result->inputs, false), convert(result->outputs, true));
 }
 
+/// Every registered ernie op, with whether it has a sharding rule (what
+/// infer_spmd can run): the sweep tests enumerate the dialect with it.
+std::vector<std::pair<std::string, bool>> spmdOps() {
+  std::vector<std::pair<std::string, bool>> ops;
+  for (RegisteredOperationName name : context().getRegisteredOperations())
+    if (name.getDialectNamespace() == ec::ErnieDialect::getDialectNamespace())
+      ops.emplace_back(name.getStringRef().str(),
+                       name.hasInterface<ec::ShardingRuleOpInterface>());
+  return ops;
+}
+
 //===----------------------------------------------------------------------===//
 // Pipeline schedules and pipelined programs
 //===----------------------------------------------------------------------===//
@@ -864,7 +877,8 @@ PYBIND11_MODULE(_ernie, m) {
 
   py::class_<Tracer>(m, "Tracer")
       .def(py::init<const std::string &>(), py::arg("function") = "forward")
-      .def("set_mesh", &Tracer::setMesh)
+      .def("set_mesh", &Tracer::setMesh, py::arg("name"), py::arg("axes"),
+           py::arg("sizes"), py::arg("even_splits") = false)
       .def("argument", &Tracer::argument, py::arg("shape"), py::arg("dtype"),
            py::arg("param") = py::none(), py::arg("sharding") = py::none(),
            py::arg("pipeline_stages") = py::none())
@@ -916,4 +930,6 @@ PYBIND11_MODULE(_ernie, m) {
         py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),
         py::arg("attrs") = py::dict(),
         py::arg("output_dims_mappings") = py::none());
+  m.def("spmd_ops", &spmdOps,
+        "(name, has a sharding rule) for every registered ernie op");
 }
