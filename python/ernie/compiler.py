@@ -150,14 +150,15 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
     return _trace(model, example_inputs, mesh, dp_axis, micro_batches, split_points)[0]
 
 
-def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None):
+def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None,
+           even_splits=False):
     """(traced text, the Trace)."""
     model._name_parameters()
     if split_points is None:
         split_points = _is_pipelined(mesh)
     trace = Trace("forward", split_points=split_points)
     if mesh is not None:
-        trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape)
+        trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape, even_splits)
     inputs = []
     for i, value in enumerate(example_inputs):
         value = _micro_batch(value, micro_batches, i)
@@ -423,14 +424,21 @@ class Program:
         """Per rank: each function's arena (the planned peak), the bytes of
         parameters, gradients and optimizer state (`model_state_bytes`,
         ZeRO's figure), the activations the forward keeps for the backward
-        (`activation_bytes`), and the collectives of one step."""
+        (`activation_bytes`), the padding uneven splits add to the step's
+        arguments (`padding_bytes`, per function too), and the collectives
+        of one step."""
         out = {"ranks": self.num_ranks, "functions": {}}
+        axis_sizes = dict(zip(self.mesh.dim_names, self.mesh.shape)) if self.mesh else {}
         size = lambda t: int(np.prod(t["local_shape"])) * _BYTES[t["dtype"]]
         for fn, sig in self._signatures.items():
             local = lambda role: sum(size(a) for a in sig["arguments"] if a["role"] == role)
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
                                     "parameter_bytes": local("parameter"),
-                                    "optimizer_state_bytes": local("optimizer_state")}
+                                    "optimizer_state_bytes": local("optimizer_state"),
+                                    "padding_bytes": sum(_padding(a, axis_sizes) for a in sig["arguments"])}
+        main = "train_step" if "train_step" in out["functions"] else next(iter(out["functions"]), None)
+        # What uneven splits cost: the padding each rank's arguments hold.
+        out["padding_bytes"] = out["functions"][main]["padding_bytes"] if main else 0
         if "forward_grad" in self._signatures:
             # Gradients as the step holds them: the gradient function's results.
             grads = sum(size(r) for r in self._signatures["forward_grad"]["results"]
@@ -464,6 +472,17 @@ class Program:
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
         return out
+
+
+def _padding(tensor, axis_sizes):
+    """Bytes of `tensor`'s local piece that are padding on an average rank:
+    the piece less its share of the global tensor (0 unless a dimension is
+    split unevenly over its mesh axes, `axis_sizes` by name)."""
+    share = 1.0
+    for d, g in enumerate(tensor["global_shape"]):
+        axes = tensor["sharding"][d] if d < len(tensor["sharding"]) else []
+        share *= g / int(np.prod([axis_sizes[a] for a in axes]))
+    return int(round((int(np.prod(tensor["local_shape"])) - share) * _BYTES[tensor["dtype"]]))
 
 
 def _peak_residuals(steps, residual_bytes):
@@ -598,7 +617,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         _check_micro_batches(example_inputs, pipeline["accumulate_steps"], mesh, dp_axis)
     traced, trace_state = _trace(model, example_inputs, mesh, dp_axis,
                                  pipeline["accumulate_steps"] if pipeline else 1,
-                                 split_points=pipeline is not None)
+                                 split_points=pipeline is not None,
+                                 even_splits=bool(plan and plan.get("even_splits")))
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
     compiled, program_file = _ernie.compile(

@@ -147,12 +147,9 @@ def _check_placements(mesh: ProcessMesh, placements, shape):
         if isinstance(p, Shard):
             if not -len(shape) <= p.dim < len(shape):
                 raise ValueError(f"Shard({p.dim}) is out of range for a tensor of rank {len(shape)}")
-    for d in range(len(shape)):
-        parts = int(np.prod([mesh.shape[i] for i, p in enumerate(placements)
-                             if isinstance(p, Shard) and p.dim % len(shape) == d]))
-        if shape[d] % parts:
-            raise ValueError(f"dimension {d} of size {shape[d]} does not divide over "
-                             f"{parts} ranks of mesh {mesh.dim_names} {mesh.shape}")
+    # A dimension the mesh does not divide is split unevenly (the last
+    # pieces padded, as GSPMD does); config={"even_splits": True} makes the
+    # compiler reject it instead.
     return placements
 
 
@@ -540,7 +537,7 @@ def shard_optimizer(optimizer, shard_fn=None):
     return optimizer
 
 
-_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "fp8_config"}
+_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "fp8_config", "even_splits"}
 
 
 def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None):
@@ -558,6 +555,11 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
     model._name_parameters()
     plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None,
                   "pipeline": None, "sequence_parallel_overlap": False}
+    even = config.get("even_splits", False)
+    if not isinstance(even, bool):
+        raise TypeError(f"even_splits is a bool, not {even!r}")
+    # Every split must divide its dimension (else it is padded).
+    plan_state["even_splits"] = even
 
     # Pipeline first, as Paddle applies it: split_spec marks layers, whose
     # calls then place the stage boundaries while the model is traced.

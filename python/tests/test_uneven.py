@@ -219,3 +219,49 @@ func.func @f(%x: {sharded([7, 5], ["x", None])}) -> {tensor([7, 5])} {{
                          text=True, timeout=60)
     assert out.returncode != 0
     assert "dimension 0 of size 7 does not divide over mesh axes {x} of 3 ranks" in out.stderr
+
+
+# ---------------------------------------------------------------------------
+# A Llama whose vocabulary (1001) and heads do not divide over mp.
+# ---------------------------------------------------------------------------
+
+def _llama_losses(mesh_shape, names, config, vocab=1001, heads=6, steps=4, b=3):
+    import ernie
+    import ernie.distributed as dist
+    from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=48, intermediate_size=72, num_hidden_layers=1,
+                      num_attention_heads=heads, num_key_value_heads=heads, seed=11)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, vocab, size=(b, 8))
+    labels = np.roll(ids, -1, axis=1)
+    opt = ernie.optimizer.SGD(0.5)
+    if mesh_shape is None:
+        prog = ernie.compile(LlamaForCausalLM(cfg), opt, [ids, labels])
+    else:
+        mesh = dist.ProcessMesh(np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape), names)
+        config = dict(config)
+        if "mp" in names:
+            config["mp_config"] = {"parallelize_plan": parallelize_plan()}
+        if "dp" in names:
+            config["dp_config"] = {"sharding_level": 0}
+        prog = ernie.compile(LlamaForCausalLM(cfg), opt, [ids, labels], mesh=mesh, config=config)
+    return prog, [prog.step(ids, labels) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("shape,names", [([4], ["mp"]), ([2, 3], ["dp", "mp"])])
+def test_llama_vocab_1001_matches_single_device(shape, names):
+    _, want = _llama_losses(None, None, {})
+    prog, got = _llama_losses(shape, names, {})
+    # f32 sums in another order over a few SGD steps.
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # The vocabulary stays split (vocab-parallel loss), padded to 4 x 251 (or 3 x 334).
+    state = prog.state_dict()
+    assert state["lm_head.weight"].shape[-1] == 1001
+    report = prog.report()
+    assert report["padding_bytes"] > 0, report
+    assert any(k.endswith("[mp]") for k in report["collectives"])
+
+
+def test_llama_even_splits_rejects_vocab_1001():
+    with pytest.raises(ValueError, match="does not divide over mesh axes {mp} of 4 ranks"):
+        _llama_losses([4], ["mp"], {"even_splits": True}, steps=0)
