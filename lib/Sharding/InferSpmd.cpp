@@ -507,6 +507,18 @@ LogicalResult checkGiven(ShardingAttr sharding, RankedTensorType type,
   return success();
 }
 
+/// Tensors inferSpmd takes: static shapes whose bytes an int64 counts.
+LogicalResult checkStatic(StringRef opName, ArrayRef<RankedTensorType> types,
+                          StringRef what, std::string &error) {
+  for (auto [i, type] : llvm::enumerate(types))
+    if (!type || !type.hasStaticShape() || !hasAddressableSize(type)) {
+      error = "'" + opName.str() + "': " + what.str() + " " +
+              std::to_string(i) + " needs a static shape of addressable size";
+      return failure();
+    }
+  return success();
+}
+
 /// The op of one call, built and verified in `module`; `name` and `attrs`
 /// translated.
 FailureOr<Operation *> buildSpmdOp(MLIRContext *context, ModuleOp module,
@@ -533,6 +545,9 @@ FailureOr<Operation *> buildSpmdOp(MLIRContext *context, ModuleOp module,
       RegisteredOperationName::lookup(opName, context);
   if (!name)
     return fail("unknown op '" + opName + "'");
+  if (failed(checkStatic(opName, inputTypes, "input", error)) ||
+      failed(checkStatic(opName, resultTypes, "result", error)))
+    return failure();
 
   OpBuilder builder(context);
   Location loc = builder.getUnknownLoc();
@@ -599,6 +614,29 @@ broadcastShape(ArrayRef<RankedTensorType> types) {
   return shape;
 }
 
+/// Elementwise ops broadcast as numpy does here, as Paddle's rule does:
+/// ernie's ops take one shape (broadcasting is an explicit op), so the rule
+/// is that of the broadcast shape (`broadcast`, set when the inputs' shapes
+/// differ), the inputs' expanded dimensions taking no factor.
+LogicalResult broadcastInputs(MLIRContext *context, StringRef opName,
+                              ArrayRef<RankedTensorType> inputTypes,
+                              std::optional<SmallVector<int64_t>> &broadcast,
+                              std::string &error) {
+  std::optional<RegisteredOperationName> info =
+      RegisteredOperationName::lookup(opName, context);
+  if (!info || !info->hasTrait<OpTrait::Elementwise>() ||
+      llvm::all_of(inputTypes, [&](RankedTensorType t) {
+        return t && t.getShape() == inputTypes.front().getShape();
+      }))
+    return success();
+  if (llvm::is_contained(inputTypes, RankedTensorType()) ||
+      !(broadcast = broadcastShape(inputTypes))) {
+    error = "'" + opName.str() + "': the input shapes do not broadcast";
+    return failure();
+  }
+  return success();
+}
+
 FailureOr<SpmdResult> runRule(MLIRContext *context, StringRef opName,
                               ArrayRef<RankedTensorType> inputTypes,
                               ArrayRef<ShardingAttr> inputShardings,
@@ -611,28 +649,16 @@ FailureOr<SpmdResult> runRule(MLIRContext *context, StringRef opName,
             " shardings for " + std::to_string(inputTypes.size()) + " inputs";
     return failure();
   }
+  if (failed(checkStatic(opName, inputTypes, "input", error)))
+    return failure();
   for (auto [i, sharding] : llvm::enumerate(inputShardings))
     if (failed(checkGiven(sharding, inputTypes[i], mesh,
                           "input " + Twine(i), error)))
       return failure();
 
-  // Elementwise ops broadcast as numpy does here, as Paddle's rule does:
-  // ernie's ops take one shape (broadcasting is an explicit op), so the
-  // rule is that of the broadcast shape, the inputs' expanded dimensions
-  // taking no factor.
   std::optional<SmallVector<int64_t>> broadcast;
-  std::optional<RegisteredOperationName> info =
-      RegisteredOperationName::lookup(opName, context);
-  if (info && info->hasTrait<OpTrait::Elementwise>() && inputTypes.size() > 1 &&
-      llvm::any_of(inputTypes, [&](RankedTensorType t) {
-        return t.getShape() != inputTypes.front().getShape();
-      })) {
-    broadcast = broadcastShape(inputTypes);
-    if (!broadcast) {
-      error = "'" + opName.str() + "': the input shapes do not broadcast";
-      return failure();
-    }
-  }
+  if (failed(broadcastInputs(context, opName, inputTypes, broadcast, error)))
+    return failure();
   SmallVector<RankedTensorType> buildTypes(inputTypes);
   if (broadcast)
     for (RankedTensorType &type : buildTypes)
@@ -714,9 +740,16 @@ FailureOr<SmallVector<RankedTensorType>> mlir::ernie::inferSpmdResultTypes(
     MLIRContext *context, StringRef opName,
     ArrayRef<RankedTensorType> inputTypes, DictionaryAttr attrs,
     std::string &error) {
+  std::optional<SmallVector<int64_t>> broadcast;
+  if (failed(broadcastInputs(context, opName, inputTypes, broadcast, error)))
+    return failure();
+  SmallVector<RankedTensorType> buildTypes(inputTypes);
+  if (broadcast)
+    for (RankedTensorType &type : buildTypes)
+      type = RankedTensorType::get(*broadcast, type.getElementType());
   OwningOpRef<ModuleOp> module =
       ModuleOp::create(UnknownLoc::get(context));
-  FailureOr<Operation *> op = buildSpmdOp(context, *module, opName, inputTypes,
+  FailureOr<Operation *> op = buildSpmdOp(context, *module, opName, buildTypes,
                                           attrs, {}, nullptr, error);
   if (failed(op))
     return failure();

@@ -1,13 +1,18 @@
 //===- InferSpmdTest.cpp - one op's SPMD rule through the C++ API -----------===//
 //
 // The Paddle-style checks: Megatron's column- and row-parallel matmuls,
-// elementwise merging, softmax's axis, the vocab-parallel embedding, and the
-// dims_mapping conversions.
+// elementwise merging, softmax's axis, the vocab-parallel embedding, the
+// dims_mapping conversions, attributes as Paddle spells them, reverse
+// inference, and a sweep of every registered ernie op (SpmdCases.h).
 //
 //===----------------------------------------------------------------------===//
 
+#include "SpmdCases.h"
+
 #include "ernie/InitAll.h"
 #include "ernie/Sharding/InferSpmd.h"
+
+#include "mlir/AsmParser/AsmParser.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -135,6 +140,150 @@ TEST_F(InferSpmdTest, DimsMappingRoundTrips) {
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{0, 0}, {}})));
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{2}, {}})));
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{0}, {0}})));
+}
+
+TEST_F(InferSpmdTest, PaddleSpellingsAndNegativeAxes) {
+  Builder b(&context);
+  // Paddle's matmul case: trans_x, abcmk[1, -1, -1, 0] -> abcmn[1, -1, 0, -1].
+  SpmdResult r = infer(
+      "ernie.matmul", {f32({4, 2, 64, 32}), f32({64, 48})},
+      {s({1, -1, -1, 0}), s({-1, -1})},
+      b.getDictionaryAttr(b.getNamedAttr("trans_x", b.getBoolAttr(true))));
+  EXPECT_EQ(r.outputs[0], s({1, -1, 0, -1}));
+  r = infer("ernie.reduce_max", {f32({8, 16})}, {s({0, 1})},
+            b.getDictionaryAttr(
+                {b.getNamedAttr("axis", b.getI64IntegerAttr(-1)),
+                 b.getNamedAttr("keepdim", b.getBoolAttr(true))}));
+  ShardingAttr want = ShardingAttr::get(
+      &context, mesh.name, SmallVector<SmallVector<StringRef>>{{"dp"}, {}},
+      {{"mp", ReduceKind::max}});
+  EXPECT_EQ(r.outputs[0], want);
+}
+
+TEST_F(InferSpmdTest, ReverseFromOutputs) {
+  // Paddle's matmul infer_backward: mn[1, 0] -> mk[1, -1], kn[-1, 0].
+  std::string error;
+  FailureOr<SpmdResult> r =
+      inferSpmdReverse(&context, "ernie.matmul", {f32({64, 32}), f32({32, 48})},
+                       {s({1, 0})}, {}, mesh, error);
+  ASSERT_TRUE(succeeded(r)) << error;
+  EXPECT_EQ(r->inputs[0], s({1, -1}));
+  EXPECT_EQ(r->inputs[1], s({-1, 0}));
+  EXPECT_EQ(r->outputs[0], s({1, 0}));
+  // Wrong output count or rank: an error, not a crash.
+  EXPECT_TRUE(failed(inferSpmdReverse(&context, "ernie.exp", {f32({4})},
+                                      {s({0}), s({0})}, {}, mesh, error)));
+  EXPECT_NE(error.find("has 1 outputs; got 2"), std::string::npos) << error;
+  EXPECT_TRUE(failed(inferSpmdReverse(&context, "ernie.exp", {f32({4})},
+                                      {s({0, 1})}, {}, mesh, error)));
+  EXPECT_NE(error.find("output 0 has a sharding of rank 2"), std::string::npos)
+      << error;
+}
+
+TEST_F(InferSpmdTest, AttributeErrorsNameOpAndAttribute) {
+  Builder b(&context);
+  std::string error;
+  auto attrs = [&](StringRef name, Attribute value) {
+    return b.getDictionaryAttr(b.getNamedAttr(name, value));
+  };
+  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})},
+                               {s({0, 1})}, attrs("dim", b.getI64IntegerAttr(1)),
+                               mesh, error)));
+  EXPECT_EQ(error, "'ernie.softmax': has no attribute 'dim' (it has axis)");
+  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})},
+                               {s({0, 1})},
+                               attrs("axis", b.getStringAttr("last")), mesh,
+                               error)));
+  EXPECT_NE(error.find("'ernie.softmax': attribute 'axis' cannot be"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.reduce_sum", {f32({4, 8})},
+                               {s({0, 1})}, {}, mesh, error)));
+  EXPECT_NE(error.find("'ernie.reduce_sum' op requires attribute 'axes'"),
+            std::string::npos)
+      << error;
+  // A dynamic shape is refused before any op sees it.
+  auto dynamic = RankedTensorType::get({ShapedType::kDynamic, 4},
+                                       Float32Type::get(&context));
+  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.exp", {dynamic}, {}, {}, mesh,
+                               error)));
+  EXPECT_NE(error.find("needs a static shape"), std::string::npos) << error;
+}
+
+//===----------------------------------------------------------------------===//
+// The sweep: every registered ernie op.
+//===----------------------------------------------------------------------===//
+
+class InferSpmdSweep : public InferSpmdTest {
+protected:
+  const ernie_test::SpmdCase *find(StringRef op) {
+    for (const ernie_test::SpmdCase &c : ernie_test::spmdCases())
+      if (op == c.op)
+        return &c;
+    return nullptr;
+  }
+  /// Runs `c` forward; returns the error, or "" with `result` set.
+  std::string run(const ernie_test::SpmdCase &c, SpmdResult &result,
+                  SmallVectorImpl<RankedTensorType> &types) {
+    SmallVector<ShardingAttr> shardings;
+    for (auto [text, mapping] : llvm::zip(c.types, c.mappings)) {
+      types.push_back(cast<RankedTensorType>(parseType(text, &context)));
+      shardings.push_back(s(mapping));
+    }
+    auto attrs = cast<DictionaryAttr>(parseAttribute(c.attrs, &context));
+    std::string error;
+    FailureOr<SpmdResult> r =
+        inferSpmd(&context, c.op, types, shardings, attrs, mesh, error);
+    if (failed(r))
+      return error.empty() ? "failed without a message" : error;
+    result = *r;
+    return "";
+  }
+};
+
+TEST_F(InferSpmdSweep, EveryOpHasACase) {
+  int64_t withRules = 0;
+  for (RegisteredOperationName name : context.getRegisteredOperations()) {
+    if (name.getDialectNamespace() != "ernie" ||
+        !name.hasInterface<ShardingRuleOpInterface>())
+      continue;
+    ++withRules;
+    EXPECT_TRUE(find(name.getStringRef())) << name.getStringRef().str();
+  }
+  EXPECT_GE(withRules, 57);
+}
+
+TEST_F(InferSpmdSweep, EveryOpRunsForwardAndBackward) {
+  for (const ernie_test::SpmdCase &c : ernie_test::spmdCases()) {
+    SCOPED_TRACE(c.op);
+    auto name = RegisteredOperationName::lookup(c.op, &context);
+    ASSERT_TRUE(name);
+    SpmdResult r;
+    SmallVector<RankedTensorType> types;
+    std::string error = run(c, r, types);
+    if (!name->hasInterface<ShardingRuleOpInterface>()) {
+      EXPECT_FALSE(error.empty());
+      continue;
+    }
+    ASSERT_EQ(error, "");
+    ASSERT_EQ(r.inputs.size(), types.size());
+    for (auto [sharding, type] : llvm::zip(r.inputs, types))
+      EXPECT_EQ(sharding.getRank(), type.getRank());
+    std::string typesError;
+    auto attrs = cast<DictionaryAttr>(parseAttribute(c.attrs, &context));
+    FailureOr<SmallVector<RankedTensorType>> outTypes =
+        inferSpmdResultTypes(&context, c.op, types, attrs, typesError);
+    ASSERT_TRUE(succeeded(outTypes)) << typesError;
+    ASSERT_EQ(r.outputs.size(), outTypes->size());
+    for (auto [sharding, type] : llvm::zip(r.outputs, *outTypes))
+      EXPECT_EQ(sharding.getRank(), type.getRank());
+    // Backward from the forward's outputs gives them back.
+    FailureOr<SpmdResult> back = inferSpmdReverse(
+        &context, c.op, types, r.outputs, attrs, mesh, error);
+    ASSERT_TRUE(succeeded(back)) << error;
+    for (auto [got, want] : llvm::zip(back->outputs, r.outputs))
+      EXPECT_EQ(got.getDims(), want.getDims());
+  }
 }
 
 } // namespace
