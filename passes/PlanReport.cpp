@@ -2,6 +2,7 @@
 
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Export/MemoryPlan.h"
 #include "ernie/Passes/Passes.h"
 
@@ -10,6 +11,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/ToolOutputFile.h"
 
+#include <cmath>
 #include <map>
 
 namespace mlir::ernie {
@@ -27,6 +29,26 @@ int64_t bytesOf(Type type) {
   if (!t || !t.hasStaticShape())
     return 0;
   return t.getNumElements() * storageBytes(t.getElementType());
+}
+
+/// The bytes of argument `i`'s piece that are padding on an average rank:
+/// its piece less its share of the global tensor (0 unless a dimension is
+/// split unevenly, when partition records `ernie.global_shape`).
+double paddingBytes(func::FuncOp fn, unsigned i, MeshOp mesh) {
+  auto global = fn.getArgAttrOfType<DenseI64ArrayAttr>(i, kGlobalShapeAttrName);
+  auto sharding = fn.getArgAttrOfType<ShardingAttr>(i, kShardOfAttrName);
+  if (!global || !sharding || !mesh)
+    return 0;
+  double share = 1;
+  for (auto [d, size] : llvm::enumerate(global.asArrayRef())) {
+    int64_t parts = 1;
+    for (StringRef axis : sharding.getDimAxes(d))
+      parts *= mesh.getAxisSize(axis).value_or(1);
+    share *= static_cast<double>(size) / static_cast<double>(parts);
+  }
+  RankedTensorType t = storageType(fn.getArgumentTypes()[i]);
+  return (static_cast<double>(t.getNumElements()) - share) *
+         storageBytes(t.getElementType());
 }
 
 /// "all_reduce[dp]" -> (count, bytes) over `fn` and everything it calls.
@@ -61,6 +83,8 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     llvm::json::Object functions;
+    auto meshes = module.getOps<MeshOp>();
+    MeshOp mesh = meshes.empty() ? MeshOp() : *meshes.begin();
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (fn.isExternal())
         continue;
@@ -68,7 +92,9 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
       if (failed(plan))
         return signalPassFailure();
       int64_t params = 0, slots = 0, inputs = 0;
+      double padding = 0;
       for (unsigned i = 0; i < fn.getNumArguments(); ++i) {
+        padding += paddingBytes(fn, i, mesh);
         int64_t b = bytesOf(fn.getArgumentTypes()[i]);
         if (fn.getArgAttr(i, ErnieDialect::kParamAttrName))
           params += b;
@@ -96,6 +122,7 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
           {"arena_bytes", plan->arenaBytes},
           {"live_peak_bytes", plan->livePeakBytes},
           {"activation_bytes", plan->activationBytes},
+          {"padding_bytes", static_cast<int64_t>(std::llround(padding))},
           {"collectives", std::move(comm)}};
     }
     int64_t ranks = 1;

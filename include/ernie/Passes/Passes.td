@@ -354,8 +354,9 @@ def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
     the gradients (`@forward_grad`'s results after the loss), the planned
     arena and live peak (MemoryPlan.h), and the collectives one call runs —
     its callees included — by kind and mesh axes: count and bytes of the
-    operands per rank. Written as JSON to `file` ("-": stdout). Changes
-    nothing.
+    operands per rank; `padding_bytes`, what unevenly split arguments hold
+    beyond their share of the global tensor on an average rank. Written as
+    JSON to `file` ("-": stdout). Changes nothing.
 
     ```
     ernie-opt prog.mlir --ernie-auto-parallel-pipeline "--ernie-plan-report=file=plan.json"
