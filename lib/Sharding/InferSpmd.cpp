@@ -19,6 +19,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "llvm/ADT/StringSet.h"
 
 using namespace mlir;
 using namespace mlir::ernie;
@@ -764,13 +765,12 @@ mlir::ernie::shardingFromDimsMapping(MLIRContext *context,
                                      const MeshShape &mesh,
                                      const DimsMapping &mapping) {
   int64_t meshRank = std::min(mesh.axes.size(), mesh.sizes.size());
-  SmallVector<bool> used(meshRank, false);
+  // By name: a mesh whose axes repeat a name must not make a sharding that
+  // uses one axis twice.
+  llvm::StringSet<> used;
   auto take = [&](int64_t meshDim) {
-    if (meshDim < 0 || meshDim >= meshRank || used[meshDim] ||
-        mesh.axes[meshDim].empty())
-      return false;
-    used[meshDim] = true;
-    return true;
+    return meshDim >= 0 && meshDim < meshRank && !mesh.axes[meshDim].empty() &&
+           used.insert(mesh.axes[meshDim]).second;
   };
   SmallVector<SmallVector<StringRef>> dims;
   for (int64_t meshDim : mapping.dims) {
