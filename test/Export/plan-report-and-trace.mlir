@@ -39,6 +39,7 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 // CHECK-NEXT:       "count": {{[1-9][0-9]*}}
 // CHECK:          "all_reduce[mp]": {
 // CHECK:        "optimizer_state_bytes": 2048,
+// CHECK-NEXT:   "padding_bytes": 0,
 // CHECK-NEXT:   "parameter_bytes": 2048
 // CHECK:      "ranks": 4
 
