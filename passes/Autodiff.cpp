@@ -19,6 +19,7 @@
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/DenseSet.h"
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -563,10 +564,29 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
                          << "' (expected none, sgd or adamw)";
       return signalPassFailure();
     }
-    if (!(lossScale > 0)) {
+    if (!(lossScale > 0) || !std::isfinite(lossScale)) {
       module.emitError() << "loss-scale must be positive, got " << lossScale;
       return signalPassFailure();
     }
+    // Hyper-parameters the update ops would reject later, or compute NaN
+    // from: named by their option here. clip-norm 0 means no clipping.
+    struct Range {
+      StringRef option;
+      double value;
+      bool below1; // [0, 1) rather than [0, inf)
+    };
+    for (Range r : {Range{"momentum", momentum, true},
+                    Range{"weight-decay", weightDecay, false},
+                    Range{"beta1", beta1, true}, Range{"beta2", beta2, true},
+                    Range{"epsilon", epsilon, false},
+                    Range{"clip-norm", clipNorm, false}})
+      if (!(r.value >= 0) || !std::isfinite(r.value) ||
+          (r.below1 && r.value >= 1)) {
+        module.emitError() << r.option << " must be "
+                           << (r.below1 ? "in [0, 1)" : "finite and >= 0")
+                           << ", got " << r.value;
+        return signalPassFailure();
+      }
     FailureOr<func::FuncOp> gradFn = buildGradientFunction(forward, lossScale);
     if (failed(gradFn))
       return signalPassFailure();

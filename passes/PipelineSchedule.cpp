@@ -20,10 +20,11 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ernie/runtime/PipelineSchedule.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Passes/Passes.h"
-#include "ernie/runtime/PipelineSchedule.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -583,17 +584,34 @@ struct PipelineSchedulePass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto pipeline =
-        module->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName);
-    if (!pipeline) {
+    FailureOr<std::optional<PipelineInfo>> read = readPipelineInfo(module);
+    if (failed(read))
+      return signalPassFailure();
+    if (!*read) {
       module.emitError("no pipeline to schedule: run --ernie-pipeline-split "
                        "before autodiff");
       return signalPassFailure();
     }
+    if (microBatches < 1 || microBatches > MeshOp::kMaxRanks) {
+      module.emitError() << "a pipeline needs micro-batches >= 1 and <= "
+                         << MeshOp::kMaxRanks << ", not "
+                         << int64_t(microBatches);
+      return signalPassFailure();
+    }
+    // What this pass will record, checked (the schedule's size included)
+    // by the same reader before anything is built from it.
+    Builder b(module.getContext());
+    NamedAttrList info(
+        module->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName));
+    info.set("micro_batches", b.getI64IntegerAttr(microBatches));
+    info.set("schedule", b.getStringAttr(schedule));
+    DictionaryAttr scheduled = info.getDictionary(b.getContext());
+    if (failed(
+            parsePipelineInfo(scheduled, [&] { return module.emitError(); })))
+      return signalPassFailure();
     rt::PipelineShape shape;
-    shape.stages = cast<IntegerAttr>(pipeline.get("stages")).getInt();
-    shape.virtualStages =
-        cast<IntegerAttr>(pipeline.get("virtual_stages")).getInt();
+    shape.stages = (*read)->stages;
+    shape.virtualStages = (*read)->virtualStages;
     shape.microBatches = microBatches;
     rt::PipelineSchedule steps;
     if (failed(buildOrReadSchedule(module, shape, steps)))
@@ -623,19 +641,15 @@ struct PipelineSchedulePass
     if (eval && failed(Cutter(module, shape.stages, shape.chunks(), channel)
                            .cut(eval, "eval", {}, 1)))
       return signalPassFailure();
-    buildInit(module, train);
+    if (failed(buildInit(module, train)))
+      return signalPassFailure();
     // Everything else was inlined into the stage functions.
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
       if (!fn->hasAttr(ErnieDialect::kPipelineStageAttrName))
         fn.erase();
     numberStageCollectives(module, channel);
 
-    Builder b(module.getContext());
-    NamedAttrList info(pipeline);
-    info.set("micro_batches", b.getI64IntegerAttr(microBatches));
-    info.set("schedule", b.getStringAttr(schedule));
-    module->setAttr(ErnieDialect::kPipelineAttrName,
-                    info.getDictionary(b.getContext()));
+    module->setAttr(ErnieDialect::kPipelineAttrName, scheduled);
     SmallVector<Attribute> perRank;
     for (const auto &rankSteps : steps)
       perRank.push_back(b.getStringAttr(rt::formatSteps(rankSteps)));
@@ -679,19 +693,27 @@ struct PipelineSchedulePass
   }
 
   /// @init.<r>: a shared parameter's replicas start as the group's first.
-  void buildInit(ModuleOp module, func::FuncOp train) {
+  LogicalResult buildInit(ModuleOp module, func::FuncOp train) {
     OpBuilder b(module.getContext());
     std::map<int64_t, SmallVector<unsigned>> byRank;
     std::set<StringRef> names; // channels: as autodiff numbered the sums
-    for (unsigned i = 0; i < train.getNumArguments(); ++i)
-      if (train.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
-        names.insert(paramName(train, i));
-    for (unsigned i = 0; i < train.getNumArguments(); ++i)
-      if (train.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
-        byRank[train.getArgAttrOfType<IntegerAttr>(
-                       i, ErnieDialect::kPipelineRankAttrName)
-                   .getInt()]
-            .push_back(i);
+    for (unsigned i = 0; i < train.getNumArguments(); ++i) {
+      if (!train.getArgAttr(i, ErnieDialect::kSharedStagesAttrName))
+        continue;
+      // The verifier holds shared replicas to be parameters; the rank is
+      // --ernie-shared-weight-dedup's.
+      auto rank = train.getArgAttrOfType<IntegerAttr>(
+          i, ErnieDialect::kPipelineRankAttrName);
+      if (!rank || !train.getArgAttr(i, ErnieDialect::kParamAttrName))
+        return train.emitError()
+               << "argument #" << i << " is a shared-weight replica ('"
+               << ErnieDialect::kSharedStagesAttrName << "') without '"
+               << ErnieDialect::kParamAttrName << "' and '"
+               << ErnieDialect::kPipelineRankAttrName
+               << "': run --ernie-shared-weight-dedup before autodiff";
+      names.insert(paramName(train, i));
+      byRank[rank.getInt()].push_back(i);
+    }
     for (auto &[rank, args] : byRank) {
       b.setInsertionPoint(train);
       auto fn = func::FuncOp::create(b, train.getLoc(),
@@ -725,6 +747,7 @@ struct PipelineSchedulePass
                                    ValueRange(results).getTypes()));
       fn.setAllResultAttrs(resultAttrs);
     }
+    return success();
   }
 
   /// Stage collectives carry their parameter's index among the shared

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -34,9 +35,10 @@ struct SharedWeightDedupPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto fn = module.lookupSymbol<func::FuncOp>(function);
-    auto pipeline =
-        module->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName);
-    if (!fn || fn.isDeclaration() || !pipeline) {
+    FailureOr<std::optional<PipelineInfo>> pipeline = readPipelineInfo(module);
+    if (failed(pipeline))
+      return signalPassFailure();
+    if (!fn || fn.isDeclaration() || !*pipeline) {
       module.emitError() << "shared-weight dedup needs a function @" << function
                          << " split by --ernie-pipeline-split";
       return signalPassFailure();
@@ -46,7 +48,7 @@ struct SharedWeightDedupPass
                    "it must have no callers");
       return signalPassFailure();
     }
-    int64_t stages = cast<IntegerAttr>(pipeline.get("stages")).getInt();
+    int64_t stages = (*pipeline)->stages;
     Builder b(module.getContext());
     // Back to front, so that inserting replicas keeps earlier indices.
     for (int64_t i = fn.getNumArguments() - 1; i >= 0; --i) {

@@ -7,6 +7,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieAttrs.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 
 #include "mlir/IR/Builders.h"
@@ -95,6 +96,12 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
                                 [](int64_t s) { return s < 0; }))
       return op->emitError() << "'" << name << "' on argument #" << argIndex
                              << " must be an array of stage indices";
+    // Replicas of a shared weight are named by their parameter.
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (func && !func.getArgAttr(argIndex, kParamAttrName))
+      return op->emitError()
+             << "argument #" << argIndex << " has '" << name
+             << "' but is not a parameter (no '" << kParamAttrName << "')";
     return success();
   }
   if (name == kResidualAttrName || name == kGradientAttrName ||
@@ -126,6 +133,16 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
   if (!value || value.getValue().empty())
     return op->emitError() << "'" << name << "' on argument #" << argIndex
                            << " must be a non-empty string";
+  if (name == kParamAttrName) {
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    if (func && argIndex < func.getNumArguments() &&
+        hasZeroSizeDimension(func.getArgumentTypes()[argIndex]))
+      return op->emitError()
+             << "parameter argument #" << argIndex << " ('" << value.getValue()
+             << "') has a zero-size dimension ("
+             << func.getArgumentTypes()[argIndex]
+             << "): ernie tensors have no zero-size dimensions";
+  }
   if (name == kTiedAttrName) {
     auto func = dyn_cast<FunctionOpInterface>(op);
     if (func && !func.getArgAttr(argIndex, kParamAttrName))
@@ -171,4 +188,131 @@ Operation *mlir::ernie::getLocalLossOp(func::FuncOp fn) {
     return fn.getBody().front().findAncestorOpInBlock(*loss);
   }
   return nullptr;
+}
+
+//===----------------------------------------------------------------------===//
+// The module's pipeline (PipelineInfo.h)
+//===----------------------------------------------------------------------===//
+
+/// Bounds on what a pipeline dictionary may say: no more stages than a mesh
+/// has ranks, and a schedule (stages x virtual stages x micro-batches steps
+/// per direction) small enough to write out as text.
+static constexpr int64_t kMaxPipelineSteps = int64_t(1) << 22;
+
+FailureOr<PipelineInfo>
+mlir::ernie::parsePipelineInfo(DictionaryAttr dict,
+                               function_ref<InFlightDiagnostic()> emitError) {
+  StringRef attrName = ErnieDialect::kPipelineAttrName;
+  auto fail = [&](StringRef key, StringRef what) -> FailureOr<PipelineInfo> {
+    return emitError() << "'" << attrName << "' key '" << key << "' " << what;
+  };
+  PipelineInfo info;
+  // A positive integer key; required unless `optional`.
+  auto readInt = [&](StringRef key, bool optional,
+                     std::optional<int64_t> &out) -> LogicalResult {
+    Attribute value = dict.get(key);
+    if (!value) {
+      if (optional)
+        return success();
+      return fail(key, "is missing");
+    }
+    auto integer = dyn_cast<IntegerAttr>(value);
+    if (!integer || !integer.getType().isSignlessInteger(64))
+      return fail(key, "must be an i64 integer");
+    if (integer.getInt() < 1 || integer.getInt() > MeshOp::kMaxRanks)
+      return fail(key, "must be in [1, " + std::to_string(MeshOp::kMaxRanks) +
+                           "], got " + std::to_string(integer.getInt()));
+    out = integer.getInt();
+    return success();
+  };
+  auto readString = [&](StringRef key, bool optional,
+                        std::optional<std::string> &out) -> LogicalResult {
+    Attribute value = dict.get(key);
+    if (!value) {
+      if (optional)
+        return success();
+      return fail(key, "is missing");
+    }
+    auto text = dyn_cast<StringAttr>(value);
+    if (!text || text.getValue().empty())
+      return fail(key, "must be a non-empty string");
+    out = text.getValue().str();
+    return success();
+  };
+  for (NamedAttribute entry : dict)
+    if (!llvm::is_contained(
+            {"stages", "virtual_stages", "axis", "micro_batches", "schedule"},
+            entry.getName().strref()))
+      return fail(entry.getName().strref(),
+                  "is unknown (expected stages, virtual_stages, axis, "
+                  "micro_batches, schedule)");
+  std::optional<int64_t> stages, virtualStages;
+  std::optional<std::string> axis;
+  if (failed(readInt("stages", false, stages)) ||
+      failed(readInt("virtual_stages", false, virtualStages)) ||
+      failed(readString("axis", false, axis)) ||
+      failed(readInt("micro_batches", true, info.microBatches)) ||
+      failed(readString("schedule", true, info.schedule)))
+    return failure();
+  if (info.microBatches.has_value() != info.schedule.has_value())
+    return fail(info.microBatches ? "schedule" : "micro_batches",
+                "is missing (a scheduled pipeline has both micro_batches "
+                "and schedule)");
+  info.stages = *stages;
+  info.virtualStages = *virtualStages;
+  info.axis = *axis;
+  int64_t steps = info.stages * info.virtualStages; // both <= 2^20
+  if (steps > MeshOp::kMaxRanks ||
+      (info.microBatches &&
+       llvm::MulOverflow(steps, *info.microBatches, steps)) ||
+      steps > kMaxPipelineSteps)
+    return emitError() << "'" << attrName
+                       << "' has too many steps: stages x virtual_stages "
+                          "x micro_batches must be at most "
+                       << kMaxPipelineSteps;
+  return info;
+}
+
+FailureOr<std::vector<std::string>>
+mlir::ernie::parsePipelineSteps(Attribute steps,
+                                function_ref<InFlightDiagnostic()> emitError) {
+  auto array = dyn_cast<ArrayAttr>(steps);
+  std::vector<std::string> out;
+  for (Attribute entry : array ? array.getValue() : ArrayRef<Attribute>()) {
+    auto text = dyn_cast<StringAttr>(entry);
+    if (!text) {
+      array = nullptr;
+      break;
+    }
+    out.push_back(text.getValue().str());
+  }
+  if (!array)
+    return emitError() << "'" << ErnieDialect::kPipelineScheduleAttrName
+                       << "' must be an array of strings, one per pipeline "
+                          "rank";
+  return out;
+}
+
+FailureOr<std::optional<PipelineInfo>>
+mlir::ernie::readPipelineInfo(ModuleOp module) {
+  auto emitError = [&] { return module.emitError(); };
+  Attribute steps = module->getAttr(ErnieDialect::kPipelineScheduleAttrName);
+  Attribute value = module->getAttr(ErnieDialect::kPipelineAttrName);
+  if (!value) // (steps for schedule=custom may come before the split)
+    return std::optional<PipelineInfo>();
+  auto dict = dyn_cast<DictionaryAttr>(value);
+  if (!dict)
+    return module.emitError() << "'" << ErnieDialect::kPipelineAttrName
+                              << "' must be a dictionary";
+  FailureOr<PipelineInfo> info = parsePipelineInfo(dict, emitError);
+  if (failed(info))
+    return failure();
+  if (steps) {
+    FailureOr<std::vector<std::string>> parsed =
+        parsePipelineSteps(steps, emitError);
+    if (failed(parsed))
+      return failure();
+    info->rankSteps = std::move(*parsed);
+  }
+  return std::optional<PipelineInfo>(std::move(*info));
 }

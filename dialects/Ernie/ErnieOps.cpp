@@ -42,6 +42,39 @@ bool mlir::ernie::hasAddressableSize(ShapedType type) {
   return true;
 }
 
+bool mlir::ernie::hasZeroSizeDimension(Type type) {
+  auto shaped = dyn_cast<ShapedType>(type);
+  return shaped && shaped.hasRank() && llvm::is_contained(shaped.getShape(), 0);
+}
+
+/// The message every zero-size check ends with.
+static constexpr llvm::StringLiteral kNoZeroSize =
+    "ernie tensors have no zero-size dimensions";
+
+LogicalResult mlir::ernie::verifyNoZeroSizeTensors(Operation *op) {
+  for (auto [i, type] : llvm::enumerate(op->getOperandTypes()))
+    if (hasZeroSizeDimension(type))
+      return op->emitOpError("operand #") << i << " has a zero-size dimension ("
+                                          << type << "): " << kNoZeroSize;
+  for (auto [i, type] : llvm::enumerate(op->getResultTypes()))
+    if (hasZeroSizeDimension(type))
+      return op->emitOpError("result #") << i << " has a zero-size dimension ("
+                                         << type << "): " << kNoZeroSize;
+  return success();
+}
+
+LogicalResult mlir::ernie::verifyMeshRankCount(Operation *op) {
+  int64_t ranks = 1;
+  for (int64_t size : cast<MeshOp>(op).getAxisSizes()) {
+    if (size < 1)
+      continue; // MeshOp::verify names the axis.
+    if (llvm::MulOverflow(ranks, size, ranks) || ranks > MeshOp::kMaxRanks)
+      return op->emitOpError("has more than ")
+             << MeshOp::kMaxRanks << " ranks (the product of its axis sizes)";
+  }
+  return success();
+}
+
 /// Formats a shape as `[2, 16, 64]` for diagnostics.
 static std::string shapeStr(ArrayRef<int64_t> shape) {
   std::string text;
@@ -53,14 +86,19 @@ static std::string shapeStr(ArrayRef<int64_t> shape) {
 }
 
 /// The ranked tensor type of an inferred op's operand, or an error when the
-/// parser handed something else (type constraints run after inference there).
+/// parser (or a builder) handed something else: type constraints and the
+/// zero-size check run after inference there.
 static FailureOr<RankedTensorType> rankedOperand(std::optional<Location> loc,
                                                  Value value, StringRef name) {
   auto type = dyn_cast_or_null<RankedTensorType>(
       value ? value.getType() : Type());
-  if (!type || !type.hasStaticShape())
+  if (!type || !hasAddressableSize(type))
     return emitOptionalError(loc, "'", name,
-                             "' must be a statically shaped ranked tensor");
+                             "' must be a statically shaped ranked tensor of "
+                             "integers or floats");
+  if (hasZeroSizeDimension(type))
+    return emitOptionalError(loc, "'", name, "' has a zero-size dimension (",
+                             type, "): ", kNoZeroSize);
   return type;
 }
 

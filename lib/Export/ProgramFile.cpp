@@ -4,6 +4,7 @@
 
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Export/MemoryPlan.h"
 #include "ernie/InitAll.h"
@@ -303,6 +304,19 @@ Writer::writeInstruction(Operation &op, const MemoryPlan &plan) {
 
 FailureOr<flatbuffers::Offset<fb::Function>>
 Writer::writeFunction(func::FuncOp fn) {
+  // Ops have been verified; a signature with no ernie op around a value
+  // has not (every buffer must have at least one element).
+  auto checkSignature = [&](TypeRange types, StringRef what) -> LogicalResult {
+    for (auto [i, type] : llvm::enumerate(types))
+      if (hasZeroSizeDimension(type))
+        return fn.emitError() << what << " #" << i << " (" << type
+                              << ") has a zero-size dimension: ernie tensors "
+                                 "have no zero-size dimensions";
+    return success();
+  };
+  if (failed(checkSignature(fn.getArgumentTypes(), "argument")) ||
+      failed(checkSignature(fn.getResultTypes(), "result")))
+    return failure();
   FailureOr<MemoryPlan> plan = planMemory(fn);
   if (failed(plan))
     return failure();
@@ -335,6 +349,10 @@ Writer::writeFunction(func::FuncOp fn) {
   for (Operation &op : body.without_terminator()) {
     if (isa<func::CallOp>(op))
       return op.emitError("calls must be inlined before export");
+    if (isa<SplitPointOp>(op))
+      return op.emitError("a pipeline split point is left in the program: "
+                          "run --ernie-pipeline-split, autodiff and "
+                          "--ernie-pipeline-schedule before export");
     auto inst = writeInstruction(op, *plan);
     if (failed(inst))
       return failure();
@@ -361,13 +379,14 @@ LogicalResult Writer::write(raw_ostream &os) {
   }
   // A pipelined module (--ernie-pipeline-schedule) has a stage per
   // coordinate of its pipeline axis, each with its functions and steps.
-  auto pipeline =
-      module_->getAttrOfType<DictionaryAttr>(ErnieDialect::kPipelineAttrName);
-  if (pipeline && !pipeline.get("micro_batches"))
+  FailureOr<std::optional<PipelineInfo>> read = readPipelineInfo(module_);
+  if (failed(read))
+    return failure();
+  std::optional<PipelineInfo> &pipeline = *read;
+  if (pipeline && !pipeline->isScheduled())
     return module_.emitError("the pipeline is split but not scheduled: run "
                              "--ernie-pipeline-schedule");
-  int64_t numStages =
-      pipeline ? cast<IntegerAttr>(pipeline.get("stages")).getInt() : 1;
+  int64_t numStages = pipeline ? pipeline->stages : 1;
   std::vector<std::vector<flatbuffers::Offset<fb::Function>>> functions(
       numStages);
   for (auto fn : module_.getOps<func::FuncOp>()) {
@@ -390,17 +409,16 @@ LogicalResult Writer::write(raw_ostream &os) {
   std::vector<flatbuffers::Offset<fb::Axis>> axes;
   for (auto [name, size] : llvm::zip(axisNames_, axisSizes_))
     axes.push_back(fb::CreateAxis(b_, b_.CreateString(name), size));
-  auto schedule = module_->getAttrOfType<ArrayAttr>(
-      ErnieDialect::kPipelineScheduleAttrName);
-  if (pipeline && (!schedule || schedule.size() != size_t(numStages)))
+  if (pipeline && (!pipeline->rankSteps ||
+                   pipeline->rankSteps->size() != size_t(numStages)))
     return module_.emitError("the pipeline needs one schedule per stage");
   std::vector<flatbuffers::Offset<fb::Stage>> stages;
   for (int64_t s = 0; s < numStages; ++s) {
     std::vector<flatbuffers::Offset<fb::PipelineStep>> steps;
     if (pipeline) {
       std::vector<::ernie::runtime::PipelineStep> parsed;
-      std::string error = ::ernie::runtime::parseSteps(
-          cast<StringAttr>(schedule[s]).getValue().str(), parsed);
+      std::string error =
+          ::ernie::runtime::parseSteps((*pipeline->rankSteps)[s], parsed);
       if (!error.empty())
         return module_.emitError() << error;
       for (const auto &step : parsed)
@@ -417,12 +435,10 @@ LogicalResult Writer::write(raw_ostream &os) {
   flatbuffers::Offset<fb::Pipeline> pipelineInfo = 0;
   std::string stageAxis;
   if (pipeline) {
-    stageAxis = cast<StringAttr>(pipeline.get("axis")).getValue().str();
-    pipelineInfo = fb::CreatePipeline(
-        b_, cast<IntegerAttr>(pipeline.get("micro_batches")).getInt(),
-        cast<IntegerAttr>(pipeline.get("virtual_stages")).getInt(),
-        b_.CreateString(
-            cast<StringAttr>(pipeline.get("schedule")).getValue().str()));
+    stageAxis = pipeline->axis;
+    pipelineInfo =
+        fb::CreatePipeline(b_, *pipeline->microBatches, pipeline->virtualStages,
+                           b_.CreateString(*pipeline->schedule));
   }
   b_.Finish(fb::CreateProgram(
       b_, b_.CreateString(meshName_), b_.CreateVector(axes),

@@ -36,10 +36,23 @@ class ProcessMesh:
     """`ProcessMesh(mesh, dim_names)`: `mesh` is a (nested) list of process
     ids whose shape is the mesh shape."""
 
+    # The compiler's bound on a mesh's rank count (MeshOp::kMaxRanks; the
+    # runtime checks the same), so a mesh built here compiles and runs.
+    MAX_RANKS = 1 << 20
+
     def __init__(self, mesh, dim_names=None):
-        ids = np.asarray(mesh)
+        try:
+            ids = np.asarray(mesh)
+        except ValueError as e:  # ragged nesting
+            raise ValueError(f"ProcessMesh needs a rectangular (nested) list of ids: {e}") from None
         if ids.ndim == 0:
             raise ValueError("ProcessMesh needs at least one dimension")
+        if ids.size == 0:
+            raise ValueError(f"ProcessMesh dimensions must have at least one process, got shape {list(ids.shape)}")
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"ProcessMesh process ids must be integers, got {ids.dtype}")
+        if ids.size > self.MAX_RANKS:
+            raise ValueError(f"ProcessMesh has {ids.size} processes; at most {self.MAX_RANKS} are supported")
         self.shape = list(ids.shape)
         self.process_ids = [int(i) for i in ids.reshape(-1)]
         if sorted(self.process_ids) != list(range(ids.size)):
@@ -47,6 +60,8 @@ class ProcessMesh:
         self.dim_names = list(dim_names) if dim_names else [f"d{i}" for i in range(ids.ndim)]
         if len(self.dim_names) != ids.ndim:
             raise ValueError(f"ProcessMesh has {ids.ndim} dimensions but {len(self.dim_names)} names")
+        if not all(isinstance(n, str) and n for n in self.dim_names):
+            raise ValueError(f"ProcessMesh dimension names must be non-empty strings, got {self.dim_names}")
         if len(set(self.dim_names)) != len(self.dim_names):
             raise ValueError("ProcessMesh dimension names must differ")
 

@@ -8,6 +8,7 @@ learning rate is fed every step, so schedulers are plain Python.
 from __future__ import annotations
 
 import math
+import numbers
 
 
 class LRScheduler:
@@ -32,19 +33,40 @@ class LinearWarmupCosine(LRScheduler):
         return self.min_lr + 0.5 * (self.base - self.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def _number(name, value, low=0.0, below=None):
+    """`value` as a float: finite, >= low, and < below when given (PyTorch's
+    bounds: a learning rate or weight decay of 0 is allowed, NaN never)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < low or (below is not None and v >= below):
+        if below is not None:
+            bounds = f"in [{low:g}, {below:g})"
+        else:
+            bounds = "finite" if low == -math.inf else f"finite and >= {low:g}"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return v
+
+
 class Optimizer:
     name = "none"
 
     def __init__(self, learning_rate=1e-3, weight_decay=0.0, grad_clip=None):
+        if not callable(learning_rate):
+            _number("learning_rate", learning_rate)
         self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
+        self.weight_decay = _number("weight_decay", weight_decay)
+        # None: no clipping; otherwise a positive global-norm bound.
+        if grad_clip is not None and _number("grad_clip", grad_clip, low=-math.inf) <= 0:
+            raise ValueError(f"grad_clip must be positive (or None for no clipping), got {grad_clip!r}")
         self.grad_clip = grad_clip
         self.sharding_level = 0   # ZeRO level (dist.shard_optimizer, dp_config)
         self.sharding_axis = None
 
     def get_lr(self, step: int) -> float:
         lr = self.learning_rate
-        return float(lr(step) if callable(lr) else lr)
+        # A scheduler's value is checked each step as a constant one is once.
+        return _number("learning_rate", lr(step) if callable(lr) else lr)
 
     def pass_options(self) -> dict:
         options = {"optimizer": self.name, "weight-decay": self.weight_decay}
@@ -58,7 +80,7 @@ class SGD(Optimizer):
 
     def __init__(self, learning_rate=1e-3, momentum=0.0, weight_decay=0.0, grad_clip=None):
         super().__init__(learning_rate, weight_decay, grad_clip)
-        self.momentum = momentum
+        self.momentum = _number("momentum", momentum, below=1.0)
 
     def pass_options(self):
         return {**super().pass_options(), "momentum": self.momentum}
@@ -70,7 +92,9 @@ class AdamW(Optimizer):
     def __init__(self, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  weight_decay=0.01, multi_precision=False, grad_clip=None):
         super().__init__(learning_rate, weight_decay, grad_clip)
-        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        self.beta1 = _number("beta1", beta1, below=1.0)
+        self.beta2 = _number("beta2", beta2, below=1.0)
+        self.epsilon = _number("epsilon", epsilon)
         self.multi_precision = multi_precision
 
     def pass_options(self):

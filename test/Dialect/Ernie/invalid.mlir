@@ -422,7 +422,7 @@ func.func @slice_step(%x: tensor<4xf32>) {
 
 func.func @slice_reversed(%x: tensor<4xf32>) {
   // expected-error @+1 {{slice range 3:1:1 is invalid for dimension 0 of size 4}}
-  %0 = ernie.slice %x [3:1] : tensor<4xf32> -> tensor<0xf32>
+  %0 = ernie.slice %x [3:1] : tensor<4xf32> -> tensor<1xf32>
   return
 }
 
@@ -470,7 +470,7 @@ func.func @split_sum(%x: tensor<2x8xf32>) {
 
 func.func @split_negative(%x: tensor<2x8xf32>) {
   // expected-error @+1 {{split sizes must be non-negative, got [10, -2]}}
-  %0:2 = ernie.split %x axis = 1, sizes = [10, -2] : tensor<2x8xf32> -> tensor<2x10xf32>, tensor<2x0xf32>
+  %0:2 = ernie.split %x axis = 1, sizes = [10, -2] : tensor<2x8xf32> -> tensor<2x10xf32>, tensor<2x1xf32>
   return
 }
 
@@ -765,5 +765,61 @@ func.func @sgd_decay(%p: tensor<4xf32>, %lr: tensor<f32>) {
 func.func @ignore_index_too_wide(%l: tensor<4x16xf32>, %y: tensor<4xi32>) {
   // expected-error @+1 {{ignore_index 4294967296 does not fit in the labels' type 'i32'}}
   %0 = ernie.cross_entropy %l, %y {ignore_index = 4294967296 : i64} : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>
+  return
+}
+
+// -----
+
+// Ernie tensors have no zero-size dimensions: operands, results and
+// parameters say so before any shape rule reads them.
+func.func @zero_size_operand(%x: tensor<4x0xf32>, %w: tensor<0x8xf32>) {
+  // expected-error @+1 {{'ernie.matmul' op operand #0 has a zero-size dimension ('tensor<4x0xf32>'): ernie tensors have no zero-size dimensions}}
+  %0 = ernie.matmul %x, %w : tensor<4x0xf32>, tensor<0x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @zero_size_result(%x: tensor<4xf32>) {
+  // expected-error @+1 {{'ernie.slice' op result #0 has a zero-size dimension ('tensor<0xf32>')}}
+  %0 = ernie.slice %x [2:2] : tensor<4xf32> -> tensor<0xf32>
+  return
+}
+
+// -----
+
+func.func @zero_size_full() {
+  // expected-error @+1 {{'ernie.full' op result #0 has a zero-size dimension ('tensor<3x0xi64>')}}
+  %0 = ernie.full 1 : tensor<3x0xi64>
+  return
+}
+
+// -----
+
+func.func @zero_size_norm(%x: tensor<2x0xf32>, %w: tensor<0xf32>) {
+  // expected-error @+1 {{'ernie.rms_norm' op operand #0 has a zero-size dimension}}
+  %y = ernie.rms_norm %x, %w, epsilon = 1.0e-6 : tensor<2x0xf32>, tensor<0xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{parameter argument #1 ('w') has a zero-size dimension ('tensor<16x0xf32>'): ernie tensors have no zero-size dimensions}}
+func.func @zero_size_parameter(%x: tensor<8x16xf32>, %w: tensor<16x0xf32> {ernie.param = "w"}) {
+  return
+}
+
+// -----
+
+// Shared-weight replicas are named by their parameter.
+// expected-error @+1 {{argument #0 has 'ernie.pipeline_stages' but is not a parameter (no 'ernie.param')}}
+func.func @pipeline_stages_without_param(%b: tensor<8xf32> {ernie.pipeline_stages = array<i64: 0, 1>}) {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{argument #0 has 'ernie.shared_stages' but is not a parameter (no 'ernie.param')}}
+func.func @shared_stages_without_param(%b: tensor<8xf32> {ernie.shared_stages = array<i64: 0, 1>}) {
   return
 }

@@ -134,3 +134,27 @@ func.func @unknown_op_attr(%x: tensor<8x6xf32>) {
 func.func @even_splits_elsewhere() attributes {ernie.even_splits} {
   return
 }
+
+// -----
+
+// A mesh's rank count is bounded (MeshOp::kMaxRanks, as the runtime's).
+// expected-error @+1 {{'ernie.mesh' op has more than 1048576 ranks (the product of its axis sizes)}}
+ernie.mesh @too_many(dp = 4294967296)
+
+// -----
+
+// Two axes of 2^32: the product wraps to 0 in 64 bits, caught on the way.
+// expected-error @+1 {{'ernie.mesh' op has more than 1048576 ranks}}
+ernie.mesh @wraps(a = 4294967296, b = 4294967296)
+
+// -----
+
+// The bound itself is fine.
+ernie.mesh @largest(dp = 1024, mp = 1024)
+// expected-error @+1 {{'ernie.mesh' op has more than 1048576 ranks}}
+ernie.mesh @one_more(dp = 1024, mp = 1024, pp = 2)
+
+// -----
+
+// expected-error @+1 {{axis names must be non-empty}}
+ernie.mesh @empty_name("" = 2)

@@ -135,7 +135,15 @@ def Ernie_I64Tensor : Ernie_TensorOf<[I64]>;
 // Base op class.
 //===----------------------------------------------------------------------===//
 
+// Ernie tensors have no zero-size dimension (no kernel sees an empty
+// extent). Checked on every op's operands and results after their type
+// constraints, so the message names the cause.
+def Ernie_NoZeroSizeTensors : NativeOpTrait<"NoZeroSizeTensors"> {
+  let cppNamespace = "::mlir::ernie";
+}
+
 class Ernie_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Ernie_Dialect, mnemonic, traits>;
+    : Op<Ernie_Dialect, mnemonic,
+         !listconcat([Ernie_NoZeroSizeTensors], traits)>;
 
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEBASE_TD

@@ -29,6 +29,35 @@ int64_t getElementByteSize(Type element);
 /// at the return; null when no result is a loss or a call computes it.
 Operation *getLocalLossOp(func::FuncOp fn);
 
+/// Fails with "zero-size dimension" on the first operand or result of `op`
+/// that is a tensor with a dimension of size 0: ernie tensors have none.
+LogicalResult verifyNoZeroSizeTensors(Operation *op);
+/// Whether `type` is a shaped type with a dimension of size 0.
+bool hasZeroSizeDimension(Type type);
+
+/// Every ernie op carries this trait (Ernie_Op in ErnieBase.td).
+template <typename ConcreteType>
+class NoZeroSizeTensors
+    : public OpTrait::TraitBase<ConcreteType, NoZeroSizeTensors> {
+public:
+  static LogicalResult verifyTrait(Operation *op) {
+    return verifyNoZeroSizeTensors(op);
+  }
+};
+
+/// Fails when mesh `op`'s positive axis sizes multiply (checked for
+/// overflow) to more than MeshOp::kMaxRanks ranks.
+LogicalResult verifyMeshRankCount(Operation *op);
+
+/// On ernie.mesh: the bound on its rank count.
+template <typename ConcreteType>
+class MeshRankBound : public OpTrait::TraitBase<ConcreteType, MeshRankBound> {
+public:
+  static LogicalResult verifyTrait(Operation *op) {
+    return verifyMeshRankCount(op);
+  }
+};
+
 namespace detail {
 /// Runs an op's inferReturnTypes as its verifier: the shape rules of ops with
 /// inferred results are written once, there.

@@ -838,7 +838,13 @@ def Ernie_AdamWUpdateOp : Ernie_OptimizerOp<"adamw_update",
 // Meshes and sharding annotations.
 //===----------------------------------------------------------------------===//
 
-def Ernie_MeshOp : Ernie_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+// The mesh's rank count, computed without overflow, is at most kMaxRanks.
+def Ernie_MeshRankBound : NativeOpTrait<"MeshRankBound"> {
+  let cppNamespace = "::mlir::ernie";
+}
+
+def Ernie_MeshOp : Ernie_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">,
+                                     Ernie_MeshRankBound]> {
   let summary = "a named N-D device mesh";
   let description = [{
     A logical grid of ranks with named axes, row-major: the last axis varies
@@ -858,6 +864,9 @@ def Ernie_MeshOp : Ernie_Op<"mesh", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     std::optional<int64_t> getAxisSize(::llvm::StringRef name);
     /// Ranks in the mesh: the product of the axis sizes.
     int64_t getNumRanks();
+    /// The most ranks a mesh may have; the runtime checks the same bound
+    /// (kMaxRanks in runtime/include/ernie/runtime/Mesh.h) at load.
+    static constexpr int64_t kMaxRanks = int64_t(1) << 20;
   }];
 }
 
