@@ -12,12 +12,22 @@ Mesh::Mesh(std::vector<std::string> axisNames, std::vector<int64_t> axisSizes)
   if (names_.size() != sizes_.size() || names_.empty())
     throw std::invalid_argument("a mesh needs one size per axis name");
   for (size_t i = 0; i < sizes_.size(); ++i) {
+    if (names_[i].empty())
+      throw std::invalid_argument("mesh axis " + std::to_string(i) +
+                                  " has an empty name");
     if (sizes_[i] < 1)
       throw std::invalid_argument("mesh axis '" + names_[i] +
                                   "' must have a positive size");
     if (std::count(names_.begin(), names_.end(), names_[i]) != 1)
       throw std::invalid_argument("mesh axis '" + names_[i] +
                                   "' is declared twice");
+    // sizes_[i] >= 1 and numRanks_ <= kMaxRanks, so the product cannot
+    // overflow before the comparison.
+    if (sizes_[i] > kMaxRanks || numRanks_ * sizes_[i] > kMaxRanks)
+      throw std::invalid_argument(
+          "the mesh has more than " + std::to_string(kMaxRanks) +
+          " ranks (axis '" + names_[i] + "' of size " +
+          std::to_string(sizes_[i]) + " takes it past the limit)");
     numRanks_ *= sizes_[i];
   }
 }
@@ -51,6 +61,10 @@ std::vector<int64_t> Mesh::group(int64_t rank,
   int64_t members = 1;
   for (const std::string &axis : axes) {
     dims.push_back(axisIndex(axis));
+    // A repeated axis would list ranks twice: the group would wait for
+    // members that never come.
+    if (std::count(dims.begin(), dims.end(), dims.back()) != 1)
+      throw std::invalid_argument("axis '" + axis + "' is named twice");
     members *= sizes_[dims.back()];
   }
   std::vector<int64_t> base = coordinates(rank), out;

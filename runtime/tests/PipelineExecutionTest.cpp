@@ -762,7 +762,9 @@ TEST(PipelineLoad, PipelineFieldsAndFunctionsAreChecked) {
     // A loss anywhere but the last chunk's forward.
     ProgramBuilder pb = modelBuilder(model);
     FunctionBuilder &f = pb.get("train_forward.0");
-    f.ret(f.buffer(DType::F32, {}), Tensor().as(Role::Loss));
+    uint32_t loss = f.buffer(DType::F32, {});
+    f.op("ernie.full", {}, {loss}, {{"value", 0.0}})
+        .ret(loss, Tensor().as(Role::Loss));
     EXPECT_THAT(loadError(pb), HasSubstr("only the last chunk's (1) forward "
                                          "has a loss"));
   }
@@ -831,10 +833,21 @@ TEST(PipelineLoad, StageOpsAreChecked) {
               HasSubstr("(ernie.send): no ernie.recv in chunk 1's functions "
                         "matches it (chunk 0 to chunk 1, channel 9)"));
   {
+    // The receive fills a [1, 2] buffer that a broadcast widens, so the
+    // function itself stays consistent and only the transfer differs.
     ProgramBuilder pb = modelBuilder(model);
-    for (InstDesc &inst : pb.get("eval_forward.2").instructions)
-      if (inst.op == "ernie.recv")
-        pb.get("eval_forward.2").buffers[inst.results[0]].shape = {1, 2};
+    FunctionBuilder &f = pb.get("eval_forward.2");
+    for (size_t i = 0; i < f.instructions.size(); ++i)
+      if (f.instructions[i].op == "ernie.recv") {
+        uint32_t whole = f.instructions[i].results[0];
+        uint32_t row = f.buffer(DType::F32, {1, 2});
+        f.instructions[i].results[0] = row;
+        f.instructions.insert(
+            f.instructions.begin() + i + 1,
+            InstDesc{"ernie.broadcast", {row}, {whole},
+                     {{"dims", std::vector<int64_t>{0, 1}}}, {}, std::nullopt, ""});
+        break;
+      }
     EXPECT_THAT(loadError(pb), HasSubstr("moves 16 bytes on channel 2, but "
                                          "function @eval_forward.2 (stage 2), "
                                          "instruction #"));

@@ -121,12 +121,12 @@ TEST(Program, LoadsWhatTheBuilderWrote) {
 }
 
 TEST(Program, DecodesEveryAttributeKindAndPartials) {
-  ProgramBuilder pb({"x", "y"}, {2, 3});
+  ProgramBuilder pb({"x", "y", "z"}, {2, 3, 2});
   FunctionBuilder &f = pb.function("main");
   uint32_t a = f.buffer(DType::BF16, {4, 2});
   uint32_t b = f.buffer(DType::BF16, {4, 2});
   f.arg(a, Tensor().named("w").as(Role::Parameter).split({{}, {"y", "x"}})
-               .partial("x", ReduceOp::Max))
+               .partial("z", ReduceOp::Max))
       .op("ernie.gelu", {a}, {b},
           {{"z_ints", std::vector<int64_t>{3, -1}},
            {"approximate", true},
@@ -142,7 +142,7 @@ TEST(Program, DecodesEveryAttributeKindAndPartials) {
   EXPECT_EQ(w.globalShape, (std::vector<int64_t>{4, 12}));
   EXPECT_EQ(w.sharding.dims[1], (Axes{"y", "x"}));
   ASSERT_EQ(w.sharding.partials.size(), 1u);
-  EXPECT_EQ(w.sharding.partials[0].first, "x");
+  EXPECT_EQ(w.sharding.partials[0].first, "z");
   EXPECT_EQ(w.sharding.partials[0].second, ReduceOp::Max);
   EXPECT_EQ(fn.results[0].updates, "w");
   const Attrs &attrs = fn.instructions[0].attrs;
@@ -440,15 +440,17 @@ TEST(ProgramRejects, ShardingsInconsistentWithTheShapes) {
     pb.get("main").arguments[0].second.global({5, 3});
     std::string message = errorOf(pb);
     EXPECT_THAT(message, HasSubstr("broken.ernie: "));
-    EXPECT_THAT(message, HasSubstr("function @main, argument 0: global [5, 3] is "
-                                   "not local [2, 3] times its sharding"));
+    EXPECT_THAT(message, HasSubstr("function @main, argument 0: global [5, 3] "
+                                   "split by its sharding is not local [2, 3] "
+                                   "(a dimension split n ways holds "
+                                   "ceil(global / n))"));
   }
   {
     // Replicated, yet global differs from local.
     ProgramBuilder pb = validProgram();
     pb.get("main").results[0].second.global({8, 3});
-    EXPECT_THAT(errorOf(pb), HasSubstr("result 0: global [8, 3] is not local "
-                                       "[4, 3] times its sharding"));
+    EXPECT_THAT(errorOf(pb), HasSubstr("result 0: global [8, 3] split by its "
+                                       "sharding is not local [4, 3]"));
   }
   {
     ProgramBuilder pb = validProgram();

@@ -276,8 +276,14 @@ private:
 
 } // namespace
 
-ThreadWorld::ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout)
-    : state_(std::make_shared<State>(std::move(mesh), timeout)) {}
+ThreadWorld::ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout) {
+  if (mesh.numRanks() > kMaxThreadRanks)
+    throw std::invalid_argument(
+        "the thread backend runs at most " + std::to_string(kMaxThreadRanks) +
+        " ranks in one process; this mesh has " +
+        std::to_string(mesh.numRanks()) + " (use --backend gloo over hosts)");
+  state_ = std::make_shared<State>(std::move(mesh), timeout);
+}
 
 ThreadWorld::~ThreadWorld() = default;
 

@@ -17,8 +17,15 @@
 
 namespace ernie::runtime {
 
+/// The most ranks a mesh may have (the product of its axis sizes), checked
+/// without overflow wherever a mesh is built. Header-only so that the
+/// compiler can include it and refuse the same meshes.
+inline constexpr int64_t kMaxRanks = int64_t(1) << 20;
+
 class Mesh {
 public:
+  /// Throws std::invalid_argument for no axes, an empty or repeated name,
+  /// a size below 1, or more than kMaxRanks ranks.
   Mesh(std::vector<std::string> axisNames, std::vector<int64_t> axisSizes);
 
   int64_t numRanks() const { return numRanks_; }

@@ -172,6 +172,13 @@ private:
 /// ernie.recv, ernie.stage_all_reduce, ernie.stage_broadcast).
 bool isExecutorOp(const std::string &op);
 
+/// Why the CPU kernel of `inst` could not run on its buffers in `fn` (the
+/// operand and result counts, element types and shapes its op's rule
+/// requires, and its attributes), or "" when it can. Program::load applies it
+/// to every kernel instruction; kernels then never read or write past a
+/// buffer.
+std::string kernelSignatureProblem(const Instruction &inst, const Function &fn);
+
 /// Where ernie.shard_insert's operands are: the dialect's order ("%piece
 /// into %dest"), which the program file keeps.
 constexpr size_t kShardInsertPiece = 0, kShardInsertDest = 1;

@@ -17,8 +17,14 @@
 
 namespace ernie::runtime {
 
+/// The most ranks one ThreadWorld runs: each rank is a thread of this
+/// process (two with its communication thread), and far more than this
+/// exhausts the process's threads or memory before anything useful runs.
+inline constexpr int64_t kMaxThreadRanks = 1024;
+
 class ThreadWorld {
 public:
+  /// Throws std::invalid_argument for a mesh of more than kMaxThreadRanks.
   ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout =
                              std::chrono::seconds(60));
   ~ThreadWorld();
