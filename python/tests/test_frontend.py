@@ -289,8 +289,9 @@ def test_bad_input_is_a_clear_error():
         dist.parallelize(model, None, mesh, {"mp_config": {"parallelize_plan": {"nothing.*": dist.ColWiseParallel()}}})
     with pytest.raises(ValueError, match="unknown parallelize config keys"):
         dist.parallelize(model, None, mesh, {"zp_config": {}})
-    with pytest.raises(ValueError, match="does not divide"):
-        dist.shard_tensor(np.zeros((3, 4)), mesh, [dist.Shard(0)])
+    # A dimension the mesh does not divide is split unevenly (padded; see
+    # test_uneven.py, which also tests config={"even_splits": True}).
+    assert isinstance(dist.shard_tensor(np.zeros((3, 4)), mesh, [dist.Shard(0)]), dist.DistTensor)
     with pytest.raises(ValueError, match="out of range"):
         dist.shard_tensor(np.zeros((4, 4)), mesh, [dist.Shard(2)])
     with pytest.raises(ValueError, match="placements for a 1-dimensional mesh"):
