@@ -38,17 +38,28 @@ ShardingAttr splitOver(ShardingAttr sharding, RankedTensorType type,
   SmallVector<SmallVector<StringRef>> dims;
   for (int64_t d = 0; d < type.getRank(); ++d)
     dims.push_back(sharding.getDimAxes(d));
+  auto splitAt = [&](int64_t d) {
+    dims[d].push_back(axis);
+    return ShardingAttr::get(sharding.getContext(), sharding.getMesh(), dims,
+                             sharding.getPartials());
+  };
   for (int64_t d = 0; d < type.getRank(); ++d) {
     int64_t parts = sizeOf(axis);
     for (StringRef a : dims[d])
       parts *= sizeOf(a);
-    if (type.getDimSize(d) % parts != 0)
-      continue;
-    dims[d].push_back(axis);
-    return ShardingAttr::get(sharding.getContext(), sharding.getMesh(), dims,
-                             sharding.getPartials());
+    if (type.getDimSize(d) % parts == 0)
+      return splitAt(d);
   }
-  return {};
+  // No dimension divides: split the largest one not split yet, unevenly
+  // (its last pieces padded), unless the mesh asks for even splits.
+  if (mesh->hasAttr(kEvenSplitsAttrName))
+    return {};
+  int64_t best = -1;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    if (dims[d].empty() && type.getDimSize(d) > 1 &&
+        (best < 0 || type.getDimSize(d) > type.getDimSize(best)))
+      best = d;
+  return best < 0 ? ShardingAttr() : splitAt(best);
 }
 
 struct ZeroShardingPass
@@ -127,7 +138,10 @@ struct ZeroShardingPass
       if (!split) {
         emitRemark(step.getLoc())
             << "ZeRO: '" << name.getValue() << "' " << type
-            << " stays replicated: no dimension divides over " << axis;
+            << " stays replicated: no dimension divides over " << axis
+            << (mesh->hasAttr(kEvenSplitsAttrName)
+                    ? " (and the mesh asks for even splits)"
+                    : " or is free to split unevenly");
         continue;
       }
       step.setArgAttr(i, kShardingAttrName, split);
