@@ -18,14 +18,15 @@ func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh,
 }
 
 // Level 1: the slots of w split on dim 0 over dp (its mp split kept); the
-// parameter stays as it was; a 3-element slot cannot split and stays whole;
+// parameter stays as it was; a 3-element slot splits unevenly (2 + 1, the
+// second piece padded);
 // gradients are constrained to their parameter's layout — whole over dp
 // (all-reduced), their mp split kept — before the update.
 // L1-LABEL: func.func @train_step
 // L1-SAME: {ernie.param = "w", ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}
 // L1-SAME: {ernie.opt_state = "w:moment1", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
 // L1-SAME: {ernie.opt_state = "w:moment2", ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>}
-// L1-SAME: %{{[a-z0-9]+}}: tensor<3xf32> {ernie.opt_state = "odd:moment1"}
+// L1-SAME: %{{[a-z0-9]+}}: tensor<3xf32> {ernie.opt_state = "odd:moment1", ernie.sharding = #ernie.sharding<@mesh, [{dp}]>}
 // L1-SAME: tensor<16x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}]>, ernie.updates = "w:moment1"}
 // L1: ernie.sharding_constraint %{{.*}}#1 <@mesh, [{}, {mp}]>
 
