@@ -60,6 +60,16 @@ constexpr FixedAttr kFixedAttrs[] = {
     {"ernie.embedding", "sparse", Fixed::AnyBool},
 };
 
+/// Paddle's spelling of "none" for an optional attribute: the attribute is
+/// left out (Paddle's phi embedding takes padding_idx = -1 for no padding).
+struct NoneValue {
+  StringLiteral op, name;
+  int64_t value;
+};
+constexpr NoneValue kNoneValues[] = {
+    {"ernie.embedding", "padding_idx", -1},
+};
+
 /// Attributes naming dimensions of the first input: negative values count
 /// from the end, as in numpy and Paddle.
 constexpr StringLiteral kAxisAttrs[] = {"axis", "axes", "perm"};
@@ -114,6 +124,8 @@ public:
                       str(value));
         continue;
       }
+      if (isNoneValue(key, value))
+        continue;
       if (const FixedAttr *fixed = findFixed(key)) {
         if (!checkFixed(*fixed, value))
           return nullptr;
@@ -160,6 +172,15 @@ private:
     for (StringAttr a : info.getAttributeNames())
       names += (names.empty() ? "" : ", ") + a.getValue().str();
     return names.empty() ? "it has none" : "it has " + names;
+  }
+
+  bool isNoneValue(StringRef key, Attribute value) const {
+    auto integer = dyn_cast<IntegerAttr>(value);
+    return integer && !isa<BoolAttr>(value) &&
+           llvm::any_of(kNoneValues, [&](const NoneValue &none) {
+             return none.op == info.getStringRef() && none.name == key &&
+                    none.value == integer.getInt();
+           });
   }
 
   const FixedAttr *findFixed(StringRef key) const {

@@ -422,7 +422,7 @@ private:
 
 TEST(InferSpmdFuzz, RandomAndHostileCallsNeverCrash) {
   uint64_t seed = envInt("ERNIE_FUZZ_SEED", 20261203);
-  int64_t iterations = envInt("ERNIE_FUZZ_ITERATIONS", 200000);
+  int64_t iterations = envInt("ERNIE_FUZZ_ITERATIONS", 500000);
   for (int sig : {SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL})
     std::signal(sig, reportAndDie);
   // A call that does not return within a minute is a hang: report it.

@@ -140,6 +140,18 @@ TEST_F(InferSpmdTest, DimsMappingRoundTrips) {
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{0, 0}, {}})));
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{2}, {}})));
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, mesh, {{0}, {0}})));
+  // Found by the fuzzer: a mesh repeating an axis name asserted in
+  // ShardingAttr::get (one axis used twice); an unnamed axis likewise.
+  MeshShape twice = mesh;
+  twice.axes = {"dp", "dp"};
+  EXPECT_TRUE(failed(shardingFromDimsMapping(&context, twice, {{0, 1}, {}})));
+  MeshShape unnamed = mesh;
+  unnamed.axes = {"", "mp"};
+  EXPECT_TRUE(failed(shardingFromDimsMapping(&context, unnamed, {{0}, {}})));
+  std::string error;
+  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.exp", {f32({4, 4})}, {}, {},
+                               twice, error)));
+  EXPECT_NE(error.find("declared twice"), std::string::npos) << error;
 }
 
 TEST_F(InferSpmdTest, PaddleSpellingsAndNegativeAxes) {
