@@ -54,11 +54,6 @@ private:
   LogicalResult checkTiles(ReshapeOp cut);
   LogicalResult expandCrossEntropy(Operation *op);
 
-  ArrayAttr axesAttr(StringRef axis) {
-    return ArrayAttr::get(module.getContext(),
-                          {StringAttr::get(module.getContext(), axis)});
-  }
-
   ModuleOp module;
   MeshShape mesh;
   llvm::DenseMap<Value, ShardingAttr> shardings;
@@ -129,11 +124,14 @@ FailureOr<Value> Partitioner::emitReshard(OpBuilder &builder, Location loc,
   for (const ReshardStep &step : *plan) {
     auto localType = *getLocalType(globalType, step.after, mesh);
     auto kind = ReduceKindAttr::get(builder.getContext(), step.reduce);
-    ArrayAttr axes = axesAttr(step.axis);
+    SmallVector<Attribute> names;
+    for (StringRef axis : step.axes)
+      names.push_back(builder.getStringAttr(axis));
+    ArrayAttr axes = builder.getArrayAttr(names);
     // Uneven splits: a scatter needs n equal parts of what it splits (pad
     // the piece first); a gather yields n padded pieces, of which the new
     // piece is the front (slice the rest off).
-    int64_t n = mesh.axisSize(step.axis);
+    int64_t n = mesh.product(step.axes);
     auto extent = [&](Value v, int64_t d) {
       return cast<RankedTensorType>(v.getType()).getDimSize(d);
     };

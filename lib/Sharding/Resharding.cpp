@@ -131,6 +131,10 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
     }
     return bytes;
   };
+  // Whether dimension `d` split over `axes` has padding.
+  auto uneven = [&](size_t d, ArrayRef<StringRef> axes) {
+    return type.getDimSize(d) % parts(axes) != 0;
+  };
   // A step adds or removes the minor axis of a dimension. Unevenly split,
   // the pieces before and after must still nest (every coarse piece made of
   // whole fine ones), else no single collective moves between them.
@@ -198,13 +202,13 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       State done = cur;
       llvm::erase_if(done.partial, [&](auto p) { return p.first == axis; });
       relax(node.key, node.cost, done,
-            {ReshardStep::Kind::AllReduce, axis, -1, -1, kind,
+            {ReshardStep::Kind::AllReduce, {axis}, -1, -1, kind,
              2 * bytes * (n - 1) / n});
       for (size_t e = 0; e < done.dims.size(); ++e) {
         State next = done;
         next.dims[e].push_back(axis);
         relax(node.key, node.cost, next,
-              {ReshardStep::Kind::ReduceScatter, axis,
+              {ReshardStep::Kind::ReduceScatter, {axis},
                static_cast<int64_t>(e), -1, kind, bytes * (n - 1) / n});
       }
     }
@@ -218,8 +222,22 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       State gathered = cur;
       gathered.dims[d].pop_back();
       relax(node.key, node.cost, gathered,
-            {ReshardStep::Kind::AllGather, axis, static_cast<int64_t>(d), -1,
+            {ReshardStep::Kind::AllGather, {axis}, static_cast<int64_t>(d), -1,
              ReduceKind::sum, bytes * (n - 1)});
+      // Unevenly split over several axes, the pieces after one axis leaves
+      // need not nest: gather the minor axes together (one group, the
+      // flat layout), as far as the whole.
+      if (uneven(d, axes))
+        for (size_t k = 2; k <= axes.size(); ++k) {
+          State wide = cur;
+          wide.dims[d].resize(axes.size() - k);
+          ArrayRef<StringRef> group = ArrayRef<StringRef>(axes).take_back(k);
+          relax(node.key, node.cost, wide,
+                {ReshardStep::Kind::AllGather,
+                 SmallVector<StringRef, 2>(group.begin(), group.end()),
+                 static_cast<int64_t>(d), -1, ReduceKind::sum,
+                 bytes * (parts(group) - 1)});
+        }
       // Moving it to another dimension, even one the goal does not split
       // by it, can free a dimension more cheaply than a gather.
       for (size_t e = 0; e < cur.dims.size(); ++e) {
@@ -228,7 +246,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
         State moved = gathered;
         moved.dims[e].push_back(axis);
         relax(node.key, node.cost, moved,
-              {ReshardStep::Kind::AllToAll, axis, static_cast<int64_t>(d),
+              {ReshardStep::Kind::AllToAll, {axis}, static_cast<int64_t>(d),
                static_cast<int64_t>(e), ReduceKind::sum,
                bytes * (n - 1) / n});
       }
@@ -244,8 +262,22 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       State next = cur;
       next.dims[e].push_back(axis);
       relax(node.key, node.cost, next,
-            {ReshardStep::Kind::ShardSlice, axis, static_cast<int64_t>(e), -1,
+            {ReshardStep::Kind::ShardSlice, {axis}, static_cast<int64_t>(e), -1,
              ReduceKind::sum, 0});
+      // The mirror of a wide gather: slice several goal axes at once.
+      if (uneven(e, target))
+        for (size_t k = 2; axes.size() + k <= target.size(); ++k) {
+          ArrayRef<StringRef> group =
+              ArrayRef<StringRef>(target).slice(axes.size(), k);
+          if (llvm::any_of(group, [&](StringRef a) { return cur.uses(a); }))
+            break;
+          State wide = cur;
+          llvm::append_range(wide.dims[e], group);
+          relax(node.key, node.cost, wide,
+                {ReshardStep::Kind::ShardSlice,
+                 SmallVector<StringRef, 2>(group.begin(), group.end()),
+                 static_cast<int64_t>(e), -1, ReduceKind::sum, 0});
+        }
     }
     // Pending reductions the goal adds.
     for (auto [axis, kind] : goal.partial) {
@@ -255,7 +287,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
       next.partial.emplace_back(axis, kind);
       llvm::sort(next.partial);
       relax(node.key, node.cost, next,
-            {ReshardStep::Kind::PartialInit, axis, -1, -1, kind, 0});
+            {ReshardStep::Kind::PartialInit, {axis}, -1, -1, kind, 0});
     }
   }
 

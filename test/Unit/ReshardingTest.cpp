@@ -158,13 +158,23 @@ Local concat(const std::vector<Local> &parts, int64_t dim) {
 /// Runs one step on every rank, by the definition of its collective.
 std::vector<Local> apply(const SimMesh &mesh, const std::vector<Local> &in,
                          const ReshardStep &step) {
-  int64_t n = mesh.shape.axisSize(step.axis);
+  int64_t n = mesh.shape.product(step.axes);
   std::vector<Local> out(in.size());
   for (int64_t r = 0; r < mesh.numRanks(); ++r) {
+    // The group over the step's axes, in row-major order over them.
     std::vector<Local> group;
-    for (int64_t c = 0; c < n; ++c)
-      group.push_back(in[mesh.withCoord(r, step.axis, c)]);
-    int64_t me = mesh.coord(r, step.axis);
+    for (int64_t c = 0; c < n; ++c) {
+      int64_t member = r;
+      for (int64_t i = step.axes.size() - 1, rest = c; i >= 0; --i) {
+        int64_t size = mesh.shape.axisSize(step.axes[i]);
+        member = mesh.withCoord(member, step.axes[i], rest % size);
+        rest /= size;
+      }
+      group.push_back(in[member]);
+    }
+    int64_t me = 0;
+    for (StringRef axis : step.axes)
+      me = me * mesh.shape.axisSize(axis) + mesh.coord(r, axis);
     auto sum = [&] {
       Local total = group[0];
       for (size_t g = 1; g < group.size(); ++g)

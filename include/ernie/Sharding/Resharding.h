@@ -22,19 +22,22 @@ struct ReshardStep {
     /// Complete it and keep this rank's piece: `axis` becomes the minor
     /// split of `dim`.
     ReduceScatter,
-    /// `axis`, the minor split of `dim`, stops splitting it.
+    /// `axes`, the minor splits of `dim`, stop splitting it.
     AllGather,
     /// `axis` moves from the minor split of `dim` to the minor split of
     /// `toDim`.
     AllToAll,
-    /// `axis` becomes the minor split of `dim` by local slicing (no traffic).
+    /// `axes` become the minor splits of `dim` by local slicing (no traffic).
     ShardSlice,
     /// A replicated value becomes a pending reduction over `axis` (no
     /// traffic).
     PartialInit,
   };
   Kind kind;
-  StringRef axis;
+  /// The mesh axes of the step's group, major to minor: one, except where a
+  /// gather or a slice moves several minor axes of an unevenly split
+  /// dimension at once (their pieces would not nest one axis at a time).
+  SmallVector<StringRef, 2> axes;
   int64_t dim = -1;
   int64_t toDim = -1;
   ReduceKind reduce = ReduceKind::sum;
