@@ -1,4 +1,5 @@
-//===- BuildOp.cpp - one op from its name, operands and attributes ----------===//
+//===- BuildOp.cpp - one op from its name, operands and attributes
+//----------===//
 
 #include "ernie/Sharding/BuildOp.h"
 
@@ -66,11 +67,10 @@ llvm::DenseMap<TypeID, AdaptorCheck> makeAdaptorChecks() {
 }
 
 const llvm::DenseMap<TypeID, AdaptorCheck> &adaptorChecks() {
-  static const llvm::DenseMap<TypeID, AdaptorCheck> checks =
-      makeAdaptorChecks<
+  static const llvm::DenseMap<TypeID, AdaptorCheck> checks = makeAdaptorChecks<
 #define GET_OP_LIST
 #include "ernie/Dialect/Ernie/IR/ErnieOps.cpp.inc"
-          >();
+      >();
   return checks;
 }
 
@@ -102,8 +102,8 @@ std::pair<int64_t, int64_t>
 mlir::ernie::operandCountRange(RegisteredOperationName name) {
   if (name.hasTrait<OpTrait::VariadicOperands>())
     return {0, -1};
-  return countFromTraits(name,
-                         std::make_integer_sequence<unsigned, kMaxFixedOperands>());
+  return countFromTraits(
+      name, std::make_integer_sequence<unsigned, kMaxFixedOperands>());
 }
 
 FailureOr<Operation *> mlir::ernie::buildOp(OpBuilder &builder, Location loc,
@@ -141,13 +141,13 @@ FailureOr<Operation *> mlir::ernie::buildOp(OpBuilder &builder, Location loc,
   bool hasProperties = info->getOpPropertyByteSize() > 0;
   DictionaryAttr inherentDict = inherent.getDictionary(context);
   PropertyStorage properties(*info);
-  if (hasProperties &&
-      failed(info->setOpPropertiesFromAttribute(
-          *info, properties.get(), inherentDict,
-          [&] { return emitError(loc) << "'" << name << "': "; })))
+  if (hasProperties && failed(info->setOpPropertiesFromAttribute(
+                           *info, properties.get(), inherentDict, [&] {
+                             return emitError(loc) << "'" << name << "': ";
+                           })))
     return failure();
-  DictionaryAttr attrDict = hasProperties ? discardable.getDictionary(context)
-                                          : inherentDict;
+  DictionaryAttr attrDict =
+      hasProperties ? discardable.getDictionary(context) : inherentDict;
   const auto &checks = adaptorChecks();
   if (auto it = checks.find(info->getTypeID()); it != checks.end())
     if (failed(it->second(operands, attrDict, properties.get(), loc)))

@@ -1,4 +1,5 @@
-//===- InferSpmd.cpp - one op's SPMD rule, called alone ----------------------===//
+//===- InferSpmd.cpp - one op's SPMD rule, called alone
+//----------------------===//
 //
 // Builds the op in a throwaway module (with the mesh as an `ernie.mesh`, so
 // the mesh is checked as a program's would be), runs resolveShardings on it
@@ -32,11 +33,16 @@ struct Alias {
   StringLiteral alias, canonical;
 };
 constexpr Alias kAliases[] = {
-    {"trans_x", "transpose_a"},   {"transpose_x", "transpose_a"},
-    {"trans_y", "transpose_b"},   {"transpose_y", "transpose_b"},
-    {"axis", "axes"},             {"keep_dim", "keepdim"},
-    {"num_or_sections", "sizes"}, {"sections", "sizes"},
-    {"num", "sizes"},             {"eps", "epsilon"},
+    {"trans_x", "transpose_a"},
+    {"transpose_x", "transpose_a"},
+    {"trans_y", "transpose_b"},
+    {"transpose_y", "transpose_b"},
+    {"axis", "axes"},
+    {"keep_dim", "keepdim"},
+    {"num_or_sections", "sizes"},
+    {"sections", "sizes"},
+    {"num", "sizes"},
+    {"eps", "epsilon"},
 };
 
 /// Paddle attributes for what ernie's op fixes: accepted at ernie's value
@@ -103,8 +109,8 @@ public:
     std::optional<SmallVector<int64_t>> shape;
     Type dtype;
     bool inferred = info.hasInterface<InferTypeOpInterface>();
-    for (NamedAttribute attr : given ? given.getValue()
-                                     : ArrayRef<NamedAttribute>()) {
+    for (NamedAttribute attr :
+         given ? given.getValue() : ArrayRef<NamedAttribute>()) {
       StringRef key = attr.getName().strref();
       Attribute value = attr.getValue();
       if (!inferred && resultTypes.empty() && key == "shape") {
@@ -255,9 +261,8 @@ private:
         1);
     OpaqueProperties props(storage.data());
     info.initOpProperties(props, nullptr);
-    ScopedDiagnosticHandler quiet(context, [](Diagnostic &) {
-      return success();
-    });
+    ScopedDiagnosticHandler quiet(context,
+                                  [](Diagnostic &) { return success(); });
     NamedAttribute entry(name, value);
     bool ok = succeeded(info.setOpPropertiesFromAttribute(
         info, props, DictionaryAttr::get(context, entry),
@@ -273,8 +278,8 @@ private:
     SmallVector<Attribute> candidates{value};
     // Integers of other widths as i64, unless stored as they are (enums).
     if (auto integer = dyn_cast<IntegerAttr>(value);
-        integer && !isa<BoolAttr>(value) &&
-        !integer.getType().isInteger(64) && integer.getType().isInteger()) {
+        integer && !isa<BoolAttr>(value) && !integer.getType().isInteger(64) &&
+        integer.getType().isInteger()) {
       if (accepts(name, value))
         return value;
       value = builder.getI64IntegerAttr(integer.getInt());
@@ -282,8 +287,7 @@ private:
     }
     if (auto flag = dyn_cast<BoolAttr>(value)) {
       if (accepts(name, builder.getUnitAttr()))
-        return flag.getValue() ? Attribute(builder.getUnitAttr())
-                               : Attribute();
+        return flag.getValue() ? Attribute(builder.getUnitAttr()) : Attribute();
     } else if (isa<UnitAttr>(value)) {
       candidates.push_back(builder.getBoolAttr(true));
     } else if (auto integer = dyn_cast<IntegerAttr>(value)) {
@@ -366,8 +370,8 @@ private:
     if (pieces.size() == 1 && pieces[0] > 0) {
       int64_t num = pieces[0];
       if (total % num != 0) {
-        fail("cannot split a dimension of " + std::to_string(total) +
-             " into " + std::to_string(num) + " equal pieces");
+        fail("cannot split a dimension of " + std::to_string(total) + " into " +
+             std::to_string(num) + " equal pieces");
         return failure();
       }
       pieces.assign(num, total / num);
@@ -399,8 +403,8 @@ private:
     }
     RankedTensorType input = inputs.empty() ? nullptr : inputs.front();
     auto value = dyn_cast_or_null<TypedAttr>(attrs.get("value"));
-    if (auto elements = dyn_cast_or_null<ShapedType>(
-            value ? value.getType() : Type());
+    if (auto elements =
+            dyn_cast_or_null<ShapedType>(value ? value.getType() : Type());
         elements && !shape && !dtype) {
       if (auto ranked = dyn_cast<RankedTensorType>(elements)) {
         results.push_back(ranked);
@@ -411,8 +415,8 @@ private:
       fail("needs a 'shape' (its result is not inferred)");
       return failure();
     }
-    SmallVector<int64_t> dims = shape ? *shape
-                                      : SmallVector<int64_t>(input.getShape());
+    SmallVector<int64_t> dims =
+        shape ? *shape : SmallVector<int64_t>(input.getShape());
     if (shape && input && info.getStringRef() == ReshapeOp::getOperationName())
       if (failed(resolveReshape(input, dims)))
         return failure();
@@ -442,7 +446,8 @@ private:
         retyped = builder.getFloatAttr(element, f.getValueAsDouble());
       else if (auto i = dyn_cast<IntegerAttr>(value);
                i && isa<FloatType>(element))
-        retyped = builder.getFloatAttr(element, static_cast<double>(i.getInt()));
+        retyped =
+            builder.getFloatAttr(element, static_cast<double>(i.getInt()));
       else if (i && isa<IntegerType>(element))
         retyped = builder.getIntegerAttr(element, i.getInt());
       if (retyped)
@@ -580,10 +585,9 @@ FailureOr<Operation *> buildSpmdOp(MLIRContext *context, ModuleOp module,
                   " axis names but " + Twine(mesh->sizes.size()) + " sizes");
     if (!mesh->name)
       return fail("the mesh has no name");
-    auto meshOp = MeshOp::create(
-        builder, loc, mesh->name.getValue(),
-        builder.getStrArrayAttr(mesh->axes),
-        builder.getDenseI64ArrayAttr(mesh->sizes));
+    auto meshOp = MeshOp::create(builder, loc, mesh->name.getValue(),
+                                 builder.getStrArrayAttr(mesh->axes),
+                                 builder.getDenseI64ArrayAttr(mesh->sizes));
     if (failed(verify(meshOp)))
       return fail("invalid mesh");
   }
@@ -604,8 +608,8 @@ FailureOr<Operation *> buildSpmdOp(MLIRContext *context, ModuleOp module,
   Block *entry = func.addEntryBlock();
   builder.setInsertionPointToEnd(entry);
   SmallVector<Type> types(results.begin(), results.end());
-  FailureOr<Operation *> op = buildOp(builder, loc, opName,
-                                      entry->getArguments(), opAttrs, types);
+  FailureOr<Operation *> op =
+      buildOp(builder, loc, opName, entry->getArguments(), opAttrs, types);
   func::ReturnOp::create(builder, loc);
   if (failed(op))
     return fail("'" + opName + "' rejects these inputs");
@@ -667,15 +671,15 @@ FailureOr<SpmdResult> runRule(MLIRContext *context, StringRef opName,
                               std::string &error,
                               ArrayRef<RankedTensorType> resultTypes) {
   if (!inputShardings.empty() && inputShardings.size() != inputTypes.size()) {
-    error = "got " + std::to_string(inputShardings.size()) +
-            " shardings for " + std::to_string(inputTypes.size()) + " inputs";
+    error = "got " + std::to_string(inputShardings.size()) + " shardings for " +
+            std::to_string(inputTypes.size()) + " inputs";
     return failure();
   }
   if (failed(checkStatic(opName, inputTypes, "input", error)))
     return failure();
   for (auto [i, sharding] : llvm::enumerate(inputShardings))
-    if (failed(checkGiven(sharding, inputTypes[i], mesh,
-                          "input " + Twine(i), error)))
+    if (failed(checkGiven(sharding, inputTypes[i], mesh, "input " + Twine(i),
+                          error)))
       return failure();
 
   std::optional<SmallVector<int64_t>> broadcast;
@@ -688,9 +692,8 @@ FailureOr<SpmdResult> runRule(MLIRContext *context, StringRef opName,
 
   OpBuilder builder(context);
   OwningOpRef<ModuleOp> module = ModuleOp::create(builder.getUnknownLoc());
-  FailureOr<Operation *> built =
-      buildSpmdOp(context, *module, opName, buildTypes, attrs, resultTypes,
-                  &mesh, error);
+  FailureOr<Operation *> built = buildSpmdOp(
+      context, *module, opName, buildTypes, attrs, resultTypes, &mesh, error);
   if (failed(built))
     return failure();
   Operation *op = *built;
@@ -730,38 +733,40 @@ FailureOr<SpmdResult> runRule(MLIRContext *context, StringRef opName,
   ins.resize(inputTypes.size());
   SmallVector<ShardingAttr> outs(outputShardings);
   outs.resize(outTypes.size());
-  OpShardings resolved = resolveShardings(context, rule, ins, outs,
-                                          inputTypes, outTypes, mesh);
+  OpShardings resolved =
+      resolveShardings(context, rule, ins, outs, inputTypes, outTypes, mesh);
   return SpmdResult{resolved.operands, resolved.results};
 }
 
 } // namespace
 
-FailureOr<SpmdResult> mlir::ernie::inferSpmd(
-    MLIRContext *context, StringRef opName,
-    ArrayRef<RankedTensorType> inputTypes,
-    ArrayRef<ShardingAttr> inputShardings, DictionaryAttr attrs,
-    const MeshShape &mesh, std::string &error,
-    ArrayRef<RankedTensorType> resultTypes,
-    ArrayRef<ShardingAttr> outputShardings) {
+FailureOr<SpmdResult>
+mlir::ernie::inferSpmd(MLIRContext *context, StringRef opName,
+                       ArrayRef<RankedTensorType> inputTypes,
+                       ArrayRef<ShardingAttr> inputShardings,
+                       DictionaryAttr attrs, const MeshShape &mesh,
+                       std::string &error,
+                       ArrayRef<RankedTensorType> resultTypes,
+                       ArrayRef<ShardingAttr> outputShardings) {
   return runRule(context, opName, inputTypes, inputShardings, outputShardings,
                  attrs, mesh, error, resultTypes);
 }
 
-FailureOr<SpmdResult> mlir::ernie::inferSpmdReverse(
-    MLIRContext *context, StringRef opName,
-    ArrayRef<RankedTensorType> inputTypes,
-    ArrayRef<ShardingAttr> outputShardings, DictionaryAttr attrs,
-    const MeshShape &mesh, std::string &error,
-    ArrayRef<RankedTensorType> resultTypes) {
-  return runRule(context, opName, inputTypes, {}, outputShardings, attrs,
-                 mesh, error, resultTypes);
+FailureOr<SpmdResult>
+mlir::ernie::inferSpmdReverse(MLIRContext *context, StringRef opName,
+                              ArrayRef<RankedTensorType> inputTypes,
+                              ArrayRef<ShardingAttr> outputShardings,
+                              DictionaryAttr attrs, const MeshShape &mesh,
+                              std::string &error,
+                              ArrayRef<RankedTensorType> resultTypes) {
+  return runRule(context, opName, inputTypes, {}, outputShardings, attrs, mesh,
+                 error, resultTypes);
 }
 
-FailureOr<SmallVector<RankedTensorType>> mlir::ernie::inferSpmdResultTypes(
-    MLIRContext *context, StringRef opName,
-    ArrayRef<RankedTensorType> inputTypes, DictionaryAttr attrs,
-    std::string &error) {
+FailureOr<SmallVector<RankedTensorType>>
+mlir::ernie::inferSpmdResultTypes(MLIRContext *context, StringRef opName,
+                                  ArrayRef<RankedTensorType> inputTypes,
+                                  DictionaryAttr attrs, std::string &error) {
   std::optional<SmallVector<int64_t>> broadcast;
   if (failed(broadcastInputs(context, opName, inputTypes, broadcast, error)))
     return failure();
@@ -769,8 +774,7 @@ FailureOr<SmallVector<RankedTensorType>> mlir::ernie::inferSpmdResultTypes(
   if (broadcast)
     for (RankedTensorType &type : buildTypes)
       type = RankedTensorType::get(*broadcast, type.getElementType());
-  OwningOpRef<ModuleOp> module =
-      ModuleOp::create(UnknownLoc::get(context));
+  OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(context));
   FailureOr<Operation *> op = buildSpmdOp(context, *module, opName, buildTypes,
                                           attrs, {}, nullptr, error);
   if (failed(op))
@@ -781,10 +785,8 @@ FailureOr<SmallVector<RankedTensorType>> mlir::ernie::inferSpmdResultTypes(
   return types;
 }
 
-FailureOr<ShardingAttr>
-mlir::ernie::shardingFromDimsMapping(MLIRContext *context,
-                                     const MeshShape &mesh,
-                                     const DimsMapping &mapping) {
+FailureOr<ShardingAttr> mlir::ernie::shardingFromDimsMapping(
+    MLIRContext *context, const MeshShape &mesh, const DimsMapping &mapping) {
   int64_t meshRank = std::min(mesh.axes.size(), mesh.sizes.size());
   // By name: a mesh whose axes repeat a name must not make a sharding that
   // uses one axis twice.

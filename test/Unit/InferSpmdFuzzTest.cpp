@@ -1,4 +1,5 @@
-//===- InferSpmdFuzzTest.cpp - random and hostile inferSpmd calls -----------===//
+//===- InferSpmdFuzzTest.cpp - random and hostile inferSpmd calls
+//-----------===//
 //
 // Random ops, shapes, dims_mappings, meshes and attributes through inferSpmd
 // and inferSpmdReverse, half of them mutations of the valid cases of
@@ -151,7 +152,9 @@ public:
   }
 
 private:
-  bool coin(double p) { return std::uniform_real_distribution<>(0, 1)(rng) < p; }
+  bool coin(double p) {
+    return std::uniform_real_distribution<>(0, 1)(rng) < p;
+  }
   int64_t pick(int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   }
@@ -161,8 +164,9 @@ private:
 
   int64_t randomInt() {
     static const int64_t hostile[] = {
-        0,       -1,        -2,        1,         2,  3,  -100, 1 << 20,
-        INT32_MAX, INT64_MAX, INT64_MIN, (int64_t(1) << 40), -7, 64, 5};
+        0,    -1,      -2,        1,         2,         3,
+        -100, 1 << 20, INT32_MAX, INT64_MAX, INT64_MIN, (int64_t(1) << 40),
+        -7,   64,      5};
     if (coin(0.6))
       return pick(-3, 4);
     return choose(ArrayRef<int64_t>(hostile));
@@ -171,8 +175,8 @@ private:
   int64_t randomDim() {
     static const int64_t dims[] = {1, 2, 3, 4, 6, 8, 12, 16, 5, 7};
     if (coin(0.03))
-      return choose(ArrayRef<int64_t>({0, int64_t(1) << 40, 50257,
-                                       ShapedType::kDynamic}));
+      return choose(ArrayRef<int64_t>(
+          {0, int64_t(1) << 40, 50257, ShapedType::kDynamic}));
     return choose(ArrayRef<int64_t>(dims));
   }
 
@@ -197,8 +201,8 @@ private:
     SmallVector<int64_t> shape;
     for (int64_t d = 0; d < rank; ++d)
       shape.push_back(randomDim());
-    return RankedTensorType::get(shape, coin(0.7) ? b.getF32Type()
-                                                  : randomElement());
+    return RankedTensorType::get(shape,
+                                 coin(0.7) ? b.getF32Type() : randomElement());
   }
 
   void randomMesh(SmallVectorImpl<std::string> &names,
@@ -255,15 +259,45 @@ private:
   }
 
   std::string randomKey(StringRef op) {
-    static const char *keys[] = {
-        "axis",      "axes",       "keepdim",   "keep_dim",  "perm",
-        "shape",     "dtype",      "sizes",     "num",       "num_or_sections",
-        "trans_x",   "trans_y",    "transpose_a", "transpose_b", "value",
-        "dims",      "start",      "limit",     "step",      "low",
-        "high",      "interior",   "k",         "largest",   "epsilon",
-        "reduction", "ignore_index", "causal",  "scale",     "dimension",
-        "padding_idx", "begin_norm_axis", "soft_label", "direction",
-        "stages",    "channel",    "momentum",  "approximate", "bogus"};
+    static const char *keys[] = {"axis",
+                                 "axes",
+                                 "keepdim",
+                                 "keep_dim",
+                                 "perm",
+                                 "shape",
+                                 "dtype",
+                                 "sizes",
+                                 "num",
+                                 "num_or_sections",
+                                 "trans_x",
+                                 "trans_y",
+                                 "transpose_a",
+                                 "transpose_b",
+                                 "value",
+                                 "dims",
+                                 "start",
+                                 "limit",
+                                 "step",
+                                 "low",
+                                 "high",
+                                 "interior",
+                                 "k",
+                                 "largest",
+                                 "epsilon",
+                                 "reduction",
+                                 "ignore_index",
+                                 "causal",
+                                 "scale",
+                                 "dimension",
+                                 "padding_idx",
+                                 "begin_norm_axis",
+                                 "soft_label",
+                                 "direction",
+                                 "stages",
+                                 "channel",
+                                 "momentum",
+                                 "approximate",
+                                 "bogus"};
     std::optional<RegisteredOperationName> name =
         RegisteredOperationName::lookup(op, &context);
     if (name && !name->getAttributeNames().empty() && coin(0.6))
@@ -336,12 +370,14 @@ private:
       case 4: // an element type
         if (!types.empty()) {
           int64_t i = pick(0, types.size() - 1);
-          types[i] = RankedTensorType::get(types[i].getShape(), randomElement());
+          types[i] =
+              RankedTensorType::get(types[i].getShape(), randomElement());
         }
         break;
       case 5: // an attribute dropped
         if (!attrs.empty())
-          attrs.erase(attrs.begin()[pick(0, attrs.end() - attrs.begin() - 1)].getName());
+          attrs.erase(attrs.begin()[pick(0, attrs.end() - attrs.begin() - 1)]
+                          .getName());
         break;
       default: // an attribute's value, or a new one
         attrs.set(randomKey(op), randomAttr());
@@ -403,10 +439,11 @@ private:
                          StringRef what) {
       for (auto [sharding, type] : llvm::zip(shardings, tensorTypes)) {
         ASSERT_TRUE(sharding) << currentCall;
-        EXPECT_TRUE(succeeded(verifySharding(
-            [&] { return emitError(builder.getUnknownLoc()); }, sharding,
-            meshOp, type, what)))
-            << currentCall << "\n" << diagnostics;
+        EXPECT_TRUE(succeeded(
+            verifySharding([&] { return emitError(builder.getUnknownLoc()); },
+                           sharding, meshOp, type, what)))
+            << currentCall << "\n"
+            << diagnostics;
       }
     };
     verifyAll(result.inputs, types, "input");

@@ -1,4 +1,5 @@
-//===- InferSpmdTest.cpp - one op's SPMD rule through the C++ API -----------===//
+//===- InferSpmdTest.cpp - one op's SPMD rule through the C++ API
+//-----------===//
 //
 // The Paddle-style checks: Megatron's column- and row-parallel matmuls,
 // elementwise merging, softmax's axis, the vocab-parallel embedding, the
@@ -82,15 +83,15 @@ TEST_F(InferSpmdTest, RowParallelMatmulIsPartial) {
 
 TEST_F(InferSpmdTest, ElementwiseFirstInputWinsOnConflict) {
   // Equal cost: the first operand seeds the choice; the second is resharded.
-  SpmdResult r = infer("ernie.add", {f32({8, 8}), f32({8, 8})},
-                       {s({0, -1}), s({-1, 0})});
+  SpmdResult r =
+      infer("ernie.add", {f32({8, 8}), f32({8, 8})}, {s({0, -1}), s({-1, 0})});
   EXPECT_EQ(r.outputs[0], s({0, -1}));
   EXPECT_EQ(r.inputs[1], s({0, -1}));
 }
 
 TEST_F(InferSpmdTest, ElementwiseMergesDisjointAxes) {
-  SpmdResult r = infer("ernie.mul", {f32({8, 8}), f32({8, 8})},
-                       {s({0, -1}), s({-1, 1})});
+  SpmdResult r =
+      infer("ernie.mul", {f32({8, 8}), f32({8, 8})}, {s({0, -1}), s({-1, 1})});
   EXPECT_EQ(r.outputs[0], s({0, 1}));
 }
 
@@ -113,21 +114,22 @@ TEST_F(InferSpmdTest, ReshapeKeepsMajorFactorSplit) {
   // [b, s, h/mp] -> [b, s, heads/mp, head_dim]: 64 = 4 heads x 16.
   std::string error;
   FailureOr<SpmdResult> r =
-      inferSpmd(&context, "ernie.reshape", {f32({2, 8, 64})},
-                {s({-1, -1, 1})}, {}, mesh, error, {f32({2, 8, 4, 16})});
+      inferSpmd(&context, "ernie.reshape", {f32({2, 8, 64})}, {s({-1, -1, 1})},
+                {}, mesh, error, {f32({2, 8, 4, 16})});
   ASSERT_TRUE(succeeded(r)) << error;
   EXPECT_EQ(r->outputs[0], s({-1, -1, 1, -1}));
 }
 
 TEST_F(InferSpmdTest, BadInputsAreErrorsNotCrashes) {
   std::string error;
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.matmul",
-                               {f32({4, 3}), f32({5, 6})}, {s({-1, -1}), s({-1, -1})},
-                               {}, mesh, error)));
+  EXPECT_TRUE(
+      failed(inferSpmd(&context, "ernie.matmul", {f32({4, 3}), f32({5, 6})},
+                       {s({-1, -1}), s({-1, -1})}, {}, mesh, error)));
   EXPECT_NE(error.find("matmul contraction sizes differ: lhs has 3, rhs has 5"),
             std::string::npos)
       << error;
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.nope", {}, {}, {}, mesh, error)));
+  EXPECT_TRUE(
+      failed(inferSpmd(&context, "ernie.nope", {}, {}, {}, mesh, error)));
   EXPECT_NE(error.find("unknown op 'ernie.nope'"), std::string::npos) << error;
 }
 
@@ -149,8 +151,8 @@ TEST_F(InferSpmdTest, DimsMappingRoundTrips) {
   unnamed.axes = {"", "mp"};
   EXPECT_TRUE(failed(shardingFromDimsMapping(&context, unnamed, {{0}, {}})));
   std::string error;
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.exp", {f32({4, 4})}, {}, {},
-                               twice, error)));
+  EXPECT_TRUE(failed(
+      inferSpmd(&context, "ernie.exp", {f32({4, 4})}, {}, {}, twice, error)));
   EXPECT_NE(error.find("declared twice"), std::string::npos) << error;
 }
 
@@ -162,10 +164,10 @@ TEST_F(InferSpmdTest, PaddleSpellingsAndNegativeAxes) {
       {s({1, -1, -1, 0}), s({-1, -1})},
       b.getDictionaryAttr(b.getNamedAttr("trans_x", b.getBoolAttr(true))));
   EXPECT_EQ(r.outputs[0], s({1, -1, 0, -1}));
-  r = infer("ernie.reduce_max", {f32({8, 16})}, {s({0, 1})},
-            b.getDictionaryAttr(
-                {b.getNamedAttr("axis", b.getI64IntegerAttr(-1)),
-                 b.getNamedAttr("keepdim", b.getBoolAttr(true))}));
+  r = infer(
+      "ernie.reduce_max", {f32({8, 16})}, {s({0, 1})},
+      b.getDictionaryAttr({b.getNamedAttr("axis", b.getI64IntegerAttr(-1)),
+                           b.getNamedAttr("keepdim", b.getBoolAttr(true))}));
   ShardingAttr want = ShardingAttr::get(
       &context, mesh.name, SmallVector<SmallVector<StringRef>>{{"dp"}, {}},
       {{"mp", ReduceKind::max}});
@@ -198,14 +200,13 @@ TEST_F(InferSpmdTest, AttributeErrorsNameOpAndAttribute) {
   auto attrs = [&](StringRef name, Attribute value) {
     return b.getDictionaryAttr(b.getNamedAttr(name, value));
   };
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})},
-                               {s({0, 1})}, attrs("dim", b.getI64IntegerAttr(1)),
-                               mesh, error)));
+  EXPECT_TRUE(
+      failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})}, {s({0, 1})},
+                       attrs("dim", b.getI64IntegerAttr(1)), mesh, error)));
   EXPECT_EQ(error, "'ernie.softmax': has no attribute 'dim' (it has axis)");
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})},
-                               {s({0, 1})},
-                               attrs("axis", b.getStringAttr("last")), mesh,
-                               error)));
+  EXPECT_TRUE(
+      failed(inferSpmd(&context, "ernie.softmax", {f32({4, 8})}, {s({0, 1})},
+                       attrs("axis", b.getStringAttr("last")), mesh, error)));
   EXPECT_NE(error.find("'ernie.softmax': attribute 'axis' cannot be"),
             std::string::npos)
       << error;
@@ -217,8 +218,8 @@ TEST_F(InferSpmdTest, AttributeErrorsNameOpAndAttribute) {
   // A dynamic shape is refused before any op sees it.
   auto dynamic = RankedTensorType::get({ShapedType::kDynamic, 4},
                                        Float32Type::get(&context));
-  EXPECT_TRUE(failed(inferSpmd(&context, "ernie.exp", {dynamic}, {}, {}, mesh,
-                               error)));
+  EXPECT_TRUE(
+      failed(inferSpmd(&context, "ernie.exp", {dynamic}, {}, {}, mesh, error)));
   EXPECT_NE(error.find("needs a static shape"), std::string::npos) << error;
 }
 
@@ -290,8 +291,8 @@ TEST_F(InferSpmdSweep, EveryOpRunsForwardAndBackward) {
     for (auto [sharding, type] : llvm::zip(r.outputs, *outTypes))
       EXPECT_EQ(sharding.getRank(), type.getRank());
     // Backward from the forward's outputs gives them back.
-    FailureOr<SpmdResult> back = inferSpmdReverse(
-        &context, c.op, types, r.outputs, attrs, mesh, error);
+    FailureOr<SpmdResult> back =
+        inferSpmdReverse(&context, c.op, types, r.outputs, attrs, mesh, error);
     ASSERT_TRUE(succeeded(back)) << error;
     for (auto [got, want] : llvm::zip(back->outputs, r.outputs))
       EXPECT_EQ(got.getDims(), want.getDims());

@@ -1,4 +1,5 @@
-//===- BuildOp.h - one op from its name, operands and attributes -*- C++ -*-===//
+//===- BuildOp.h - one op from its name, operands and attributes -*- C++
+//-*-===//
 //
 // What the Python tracer and inferSpmd both do: create a registered op from
 // a name, operand values and an attribute dictionary (the op's inherent
@@ -21,9 +22,8 @@ namespace mlir::ernie {
 /// holds inherent and discardable attributes alike. With `resultTypes`
 /// empty the op must infer them (InferTypeOpInterface). On failure nothing
 /// is left in the IR and the reasons were emitted as diagnostics at `loc`.
-FailureOr<Operation *> buildOp(OpBuilder &builder, Location loc,
-                               StringRef name, ValueRange operands,
-                               DictionaryAttr attrs,
+FailureOr<Operation *> buildOp(OpBuilder &builder, Location loc, StringRef name,
+                               ValueRange operands, DictionaryAttr attrs,
                                TypeRange resultTypes = {});
 
 /// The operand counts op `name` accepts, [min, max] (max = -1: any number),
