@@ -290,7 +290,8 @@ static Attribute reductionIdentity(ReduceKind kind, Type element) {
 /// makes more padding, so nothing else needs it. The cross-entropies reduce
 /// their vocabulary through a log-sum-exp (padding -inf) and their tokens
 /// through the labels (padding ignore_index); a mean over padding divides
-/// by the padded count, so it is rescaled to the real one.
+/// by the padded count, so it is rescaled to the real one. Lookup indices
+/// get zeros: padding computed from padding could index out of range.
 void Partitioner::maskPaddedOperands(Operation *op) {
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
@@ -333,6 +334,10 @@ void Partitioner::maskPaddedOperands(Operation *op) {
               isa<CrossEntropyOp>(op)
                   ? cast<CrossEntropyOp>(op).getIgnoreIndex()
                   : cast<CrossEntropyGradOp>(op).getIgnoreIndex());
+      } else if ((isa<EmbeddingOp>(op) && i == 0) ||
+                 (isa<GatherOp>(op) && i == 1)) {
+        // Indices: padding computed from padding could be out of range.
+        fill = IntegerAttr::get(type.getElementType(), 0);
       } else {
         for (int64_t f : factors)
           if (rule.factors[f].kind == FactorKind::Reduction) {

@@ -105,3 +105,18 @@ func.func @elementwise(%x: tensor<7x4xf32> {ernie.sharding = #ernie.sharding<@me
   %y = ernie.exp %x : tensor<7x4xf32>
   return %y : tensor<7x4xf32>
 }
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+// Lookup ids in padded rows are zeroed before the lookup (padding computed
+// from padding could index out of range).
+// CHECK-LABEL: func.func @lookup
+// CHECK-DAG:     %[[ZERO:.+]] = ernie.full 0 : tensor<2x4xi64>
+// CHECK:         %[[IDS:.+]] = ernie.select %{{.+}}, %{{.+}}, %[[ZERO]] : tensor<2x4xi1>, tensor<2x4xi64>
+// CHECK:         ernie.embedding %[[IDS]], %arg1
+func.func @lookup(%ids: tensor<3x4xi64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}, %table: tensor<10x8xf32>) -> (tensor<3x4x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}, {}]>}) {
+  %twice = ernie.add %ids, %ids : tensor<3x4xi64>
+  %h = ernie.embedding %twice, %table : tensor<3x4xi64>, tensor<10x8xf32> -> tensor<3x4x8xf32>
+  return %h : tensor<3x4x8xf32>
+}
