@@ -1,5 +1,4 @@
-//===- BuildOp.cpp - one op from its name, operands and attributes
-//----------===//
+//===- BuildOp.cpp - one op from its name, operands and attributes --------===//
 
 #include "ernie/Sharding/BuildOp.h"
 

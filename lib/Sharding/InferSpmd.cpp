@@ -1,5 +1,4 @@
-//===- InferSpmd.cpp - one op's SPMD rule, called alone
-//----------------------===//
+//===- InferSpmd.cpp - one op's SPMD rule, called alone -------------------===//
 //
 // Builds the op in a throwaway module (with the mesh as an `ernie.mesh`, so
 // the mesh is checked as a program's would be), runs resolveShardings on it

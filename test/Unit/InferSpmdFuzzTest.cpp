@@ -1,5 +1,4 @@
-//===- InferSpmdFuzzTest.cpp - random and hostile inferSpmd calls
-//-----------===//
+//===- InferSpmdFuzzTest.cpp - random and hostile inferSpmd calls ---------===//
 //
 // Random ops, shapes, dims_mappings, meshes and attributes through inferSpmd
 // and inferSpmdReverse, half of them mutations of the valid cases of

@@ -1,5 +1,4 @@
-//===- InferSpmdTest.cpp - one op's SPMD rule through the C++ API
-//-----------===//
+//===- InferSpmdTest.cpp - one op's SPMD rule through the C++ API ---------===//
 //
 // The Paddle-style checks: Megatron's column- and row-parallel matmuls,
 // elementwise merging, softmax's axis, the vocab-parallel embedding, the

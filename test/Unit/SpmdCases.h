@@ -1,5 +1,4 @@
-//===- SpmdCases.h - one valid inferSpmd call per ernie op -------*- C++
-//-*-===//
+//===- SpmdCases.h - one valid inferSpmd call per ernie op ------*- C++ -*-===//
 //
 // The sweep test runs each; the fuzzer mutates them. Types and attributes
 // are MLIR text, dims_mappings are over the mesh [x = 2, y = 4]. An op with

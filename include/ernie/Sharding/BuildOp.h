@@ -1,5 +1,4 @@
-//===- BuildOp.h - one op from its name, operands and attributes -*- C++
-//-*-===//
+//===- BuildOp.h - one op from name, operands and attributes ----*- C++ -*-===//
 //
 // What the Python tracer and inferSpmd both do: create a registered op from
 // a name, operand values and an attribute dictionary (the op's inherent

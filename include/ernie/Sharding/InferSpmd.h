@@ -1,5 +1,4 @@
-//===- InferSpmd.h - one op's SPMD rule, called alone ------------*- C++
-//-*-===//
+//===- InferSpmd.h - one op's SPMD rule, called alone -----------*- C++ -*-===//
 //
 // Paddle's `infer_spmd`: given an op by name, its inputs' types and
 // shardings and its attributes, the shardings its inputs should have, its
