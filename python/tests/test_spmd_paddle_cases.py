@@ -3,7 +3,8 @@ PaddlePaddle/Paddle: test_matmul_rule.py, test_elementwise_rule.py,
 test_reduction_rule.py, test_softmax_rule.py, test_layer_norm_rule.py,
 test_embedding_rule.py, test_transpose_rule.py, test_reshape_rule.py,
 test_split_rule.py, test_concat_rule.py,
-test_cross_entropy_with_softmax_rule.py), transcribed: the inputs, the
+test_cross_entropy_with_softmax_rule.py; rms_norm from the C++ rule test in
+test/cpp/auto_parallel), transcribed: the inputs, the
 attributes and Paddle's expected dims_mappings (and partial dims where
 Paddle checks them), run through ernie.distributed.infer_spmd /
 infer_backward.
@@ -193,6 +194,15 @@ CASES = [
          differs=("ValueError", None, None,
                   "ernie's layer_norm normalises the last dimension only (Paddle's "
                   "begin_norm_axis < rank - 1 is a reshape to [.., prod] before it)")),
+
+    # rms_norm: Paddle's C++ rule test (test/cpp/auto_parallel,
+    # FusedRmsNormSPMDRule); Paddle's op also returns the inverse variance.
+    case("rms_norm/[1,-1,-1]", "rms_norm", M23, [((64, 32, 1024), F), ((1024,), F)],
+         [[1, -1, -1], [-1]], {"epsilon": 0.5}, [[1, -1, -1], [-1]], [[1, -1, -1]]),
+    case("rms_norm/[1,0,-1],scale[0]", "rms_norm", M23, [((64, 32, 1024), F), ((1024,), F)],
+         [[1, 0, -1], [0]], {"epsilon": 0.5}, [[1, 0, -1], [-1]], [[1, 0, -1]]),
+    case("rms_norm/backward", "rms_norm", M23, [((64, 32, 1024), F), ((1024,), F)],
+         [[0, 1, -1]], {"epsilon": 0.5}, [[0, 1, -1], [-1]], [[0, 1, -1]], backward=True),
 
     # --------------------------------------------------------- embedding
     case("embedding/dp", "embedding", M24, [((4, 1024), I), ((512, 768), F)], [[1, -1], [-1, -1]],
