@@ -1,0 +1,84 @@
+//===- Safetensors.h - the safetensors format, read and written ---*- C++ -*-===//
+//
+// Hugging Face's safetensors file: 8 bytes of little-endian header length N,
+// N bytes of JSON ({name: {dtype, shape, data_offsets: [begin, end)}} and an
+// optional "__metadata__" string map), then the tensors' raw little-endian
+// row-major bytes, covering the data region with no holes or overlaps.
+// Checkpoints (one file per writing rank) and Hugging Face weight folders
+// are read and written through this, without Python.
+//
+// Reading validates everything before it hands out a byte: the header's
+// length against the file, the JSON, every dtype and shape, every extent
+// against its dtype and shape, and the extents' exact cover of the data.
+// Errors are std::runtime_error naming the file (and the tensor).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ERNIE_RUNTIME_SAFETENSORS_H
+#define ERNIE_RUNTIME_SAFETENSORS_H
+
+#include "ernie/runtime/HostTensor.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ernie::runtime {
+
+/// The safetensors spelling of `type` ("F32", "BF16", "F8_E4M3", ...).
+const char *safetensorsDtype(DType type);
+/// The DType of a safetensors dtype string; false when ernie has none.
+bool parseSafetensorsDtype(const std::string &name, DType &type);
+
+/// One tensor of a file: where its bytes are, relative to the data region.
+struct SafetensorsEntry {
+  std::string name;
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+/// An open, validated safetensors file. Reads are positioned (pread), so a
+/// rank reads only the byte ranges it needs.
+class SafetensorsFile {
+public:
+  /// Opens and validates `path`; throws std::runtime_error on any fault.
+  explicit SafetensorsFile(const std::string &path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile &) = delete;
+  SafetensorsFile &operator=(const SafetensorsFile &) = delete;
+
+  const std::string &path() const { return path_; }
+  /// The tensors, in header order.
+  const std::vector<SafetensorsEntry> &tensors() const { return tensors_; }
+  /// The entry named `name`, or null.
+  const SafetensorsEntry *find(const std::string &name) const;
+  const std::map<std::string, std::string> &metadata() const { return metadata_; }
+
+  /// Copies `bytes` bytes from `offset` within tensor `name`'s data to `dst`.
+  void readBytes(const std::string &name, uint64_t offset, uint64_t bytes,
+                 void *dst) const;
+  /// The whole tensor `name`.
+  HostTensor read(const std::string &name) const;
+
+private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t dataStart_ = 0;
+  std::vector<SafetensorsEntry> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Writes `tensors` (name, tensor; names distinct and not "__metadata__")
+/// to `path` in order, with `metadata`; fsyncs the file when `sync`.
+/// Throws std::runtime_error on an I/O fault.
+void writeSafetensors(const std::string &path,
+                      const std::vector<std::pair<std::string, const HostTensor *>> &tensors,
+                      const std::map<std::string, std::string> &metadata = {},
+                      bool sync = true);
+
+} // namespace ernie::runtime
+
+#endif // ERNIE_RUNTIME_SAFETENSORS_H
