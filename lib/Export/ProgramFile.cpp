@@ -18,6 +18,7 @@
 #include "mlir/Tools/mlir-translate/Translation.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/Support/CRC.h"
+#include "llvm/Support/MathExtras.h"
 
 using namespace mlir;
 using namespace mlir::ernie;
@@ -64,7 +65,13 @@ std::string locationString(Location loc) {
 }
 
 /// Little-endian bytes of every element, as the runtime stores them.
-FailureOr<std::vector<uint8_t>> constantBytes(Attribute value, Location loc) {
+/// The most constant bytes one program file holds: a FlatBuffer is at most
+/// 2 GiB, and the constants are nearly all of it.
+constexpr int64_t kMaxConstantBytes = int64_t(1) << 30;
+
+/// The constant's bytes, counted against `budget` (what the file has left).
+FailureOr<std::vector<uint8_t>> constantBytes(Attribute value, Location loc,
+                                              int64_t &budget) {
   // A scalar constant is a rank-0 tensor to the runtime.
   if (isa<IntegerAttr, FloatAttr>(value)) {
     auto typed = cast<TypedAttr>(value);
@@ -78,8 +85,16 @@ FailureOr<std::vector<uint8_t>> constantBytes(Attribute value, Location loc) {
   int64_t width = storageBytes(element);
   if (width == 0)
     return emitError(loc) << "the runtime has no element type " << element;
+  int64_t bytes = 0;
+  if (llvm::MulOverflow(dense.getNumElements(), width, bytes) || bytes > budget)
+    return emitError(loc) << "constants of more than " << kMaxConstantBytes
+                          << " bytes in all do not fit in a program file "
+                             "(this one is "
+                          << dense.getNumElements() << " x " << width
+                          << " bytes)";
+  budget -= bytes;
   std::vector<uint8_t> out;
-  out.reserve(dense.getNumElements() * width);
+  out.reserve(bytes);
   auto append = [&](const APInt &bits) {
     for (int64_t i = 0; i < width; ++i)
       out.push_back(bits.getBitWidth() == 1
@@ -122,6 +137,7 @@ private:
 
   ModuleOp module_;
   flatbuffers::FlatBufferBuilder b_{1 << 16};
+  int64_t constantBudget_ = kMaxConstantBytes;
   // The program's mesh; a module without one runs on a single rank.
   std::string meshName_ = "mesh";
   SmallVector<std::string> axisNames_ = {"world"};
@@ -284,7 +300,7 @@ Writer::writeInstruction(Operation &op, const MemoryPlan &plan) {
     }
     if (constant && key == "value") {
       FailureOr<std::vector<uint8_t>> bytes =
-          constantBytes(attr.getValue(), op.getLoc());
+          constantBytes(attr.getValue(), op.getLoc(), constantBudget_);
       if (failed(bytes))
         return failure();
       // Constants reach the arena by memcpy: no alignment beyond a byte.

@@ -44,3 +44,13 @@ module attributes {ernie.pipeline = {axis = "pp", micro_batches = 1 : i64, sched
     return %x : tensor<4xf32>
   }
 }
+
+// -----
+
+// Found by ernie-fuzz-mlir: a splat of 2^34 elements was expanded into
+// 64 GiB of bytes (std::bad_alloc); a FlatBuffer holds 2 GiB.
+func.func @huge_constant() -> tensor<8x2147483648xf32> {
+  // expected-error @+1 {{constants of more than 1073741824 bytes in all do not fit in a program file (this one is 17179869184 x 4 bytes)}}
+  %0 = ernie.constant dense<1.0> : tensor<8x2147483648xf32>
+  return %0 : tensor<8x2147483648xf32>
+}
