@@ -932,6 +932,14 @@ TensorSpec decodeTensor(const fb::TensorSpec *t, const Function &fn,
                     " does not exist");
   std::string problem = shapeProblem(spec.globalShape, spec.type);
   check.require(problem.empty(), where + ": global shape: " + problem);
+  // The runtime feeds these as scalars it makes itself (Session).
+  if (spec.role == Role::LearningRate || spec.role == Role::Step)
+    check.require(spec.localShape.empty() && spec.globalShape.empty() &&
+                      (spec.role == Role::Step || isFloat(spec.type)),
+                  where + ": a " + roleName(spec.role) + " must be a " +
+                      (spec.role == Role::Step ? "" : "float ") +
+                      "scalar, not " + shapeString(spec.localShape) + "x" +
+                      std::string(name(spec.type)));
   const BufferSpec &b = fn.buffers[spec.buffer];
   check.require(b.shape == spec.localShape && b.type == spec.type,
                 where + ": local " + shapeString(spec.localShape) + "x" +
@@ -1636,63 +1644,137 @@ PipelineSpec decodePipeline(const fb::Program *p,
       }
     }
   }
-  // Every send of a chunk's function meets a receive in the peer chunk's
-  // functions (and the other way round) on the same channel, with as many
-  // bytes: a mismatch would otherwise wait out a timeout, or fail one side.
+  // Every send meets exactly one receive on the peer's stage (and the other
+  // way round) in the same part of the step, on the same channel, with as
+  // many bytes; every stage collective meets its twin on each member stage.
+  // A mismatch would otherwise wait out a timeout, or fail one side. The
+  // executor finds a peer by its stage (peer mod stages), so that is what
+  // pairs; a chunk's functions name chunks, the update and init name stages.
+  enum Phase { Train, Eval, Init };
+  struct Place {
+    Phase phase;
+    int64_t chunk; // -1: the stage's update or init, run once per step
+  };
+  auto placeOf = [&](const Function &fn, int64_t s) -> std::optional<Place> {
+    for (int64_t c = s; c < C; c += S) {
+      if (fn.name == pipelineFunction("train_forward", c) ||
+          fn.name == pipelineFunction("train_backward", c))
+        return Place{Train, c};
+      if (fn.name == pipelineFunction("eval_forward", c))
+        return Place{Eval, c};
+    }
+    if (fn.name == pipelineFunction("train_update", s))
+      return Place{Train, -1};
+    if (fn.name == pipelineFunction("init", s))
+      return Place{Init, -1};
+    return std::nullopt;
+  };
   struct Transfer {
-    int64_t from, to, channel;
+    Phase phase;
+    int64_t from, to, fromStage, toStage, channel;
+    bool perMicroBatch; // in a chunk's function: once per micro-batch
+    uint64_t bytes;
+    std::string where;
+  };
+  struct StageCollective {
+    Phase phase;
+    int64_t stage, channel;
+    std::string op;
+    std::vector<int64_t> members;
     uint64_t bytes;
     std::string where;
   };
   std::vector<Transfer> sends, recvs;
+  std::vector<StageCollective> stageCollectives;
   for (int64_t s = 0; s < S; ++s)
     for (const Function &fn : stages[s]) {
-      int64_t chunk = -1;
-      for (const char *kind : {"train_forward", "train_backward", "eval_forward"})
-        for (int64_t c = s; c < C; c += S)
-          if (fn.name == pipelineFunction(kind, c))
-            chunk = c;
-      if (chunk < 0)
-        continue;
+      std::optional<Place> place = placeOf(fn, s);
       for (size_t i = 0; i < fn.instructions.size(); ++i) {
         const Instruction &inst = fn.instructions[i];
+        if (!isStageOp(inst.op))
+          continue;
         std::string where = "function @" + fn.name + " (stage " +
                             std::to_string(s) + "), instruction #" +
                             std::to_string(i) + " (" + inst.op + ")";
-        if (inst.op == "ernie.send")
-          sends.push_back({chunk, inst.attrs.getInt("peer"),
-                           inst.attrs.getInt("channel"),
-                           fn.buffers[inst.operands[0]].bytes, where});
-        else if (inst.op == "ernie.recv")
-          recvs.push_back({inst.attrs.getInt("peer"), chunk,
-                           inst.attrs.getInt("channel"),
-                           fn.buffers[inst.results[0]].bytes, where});
+        check.require(place.has_value(),
+                      where + ": only a chunk's functions, the update and "
+                              "init talk between stages");
+        int64_t self = place->chunk >= 0 ? place->chunk : s;
+        int64_t channel = inst.attrs.getInt("channel");
+        bool perMicroBatch = place->chunk >= 0;
+        if (inst.op == "ernie.send") {
+          int64_t peer = inst.attrs.getInt("peer");
+          sends.push_back({place->phase, self, peer, s, peer % S, channel,
+                           perMicroBatch, fn.buffers[inst.operands[0]].bytes,
+                           where});
+        } else if (inst.op == "ernie.recv") {
+          int64_t peer = inst.attrs.getInt("peer");
+          recvs.push_back({place->phase, peer, self, peer % S, s, channel,
+                           perMicroBatch, fn.buffers[inst.results[0]].bytes,
+                           where});
+        } else {
+          stageCollectives.push_back({place->phase, s, channel, inst.op,
+                                      inst.attrs.getInts("stages"),
+                                      fn.buffers[inst.operands[0]].bytes,
+                                      where});
+        }
       }
     }
   auto match = [&](const std::vector<Transfer> &mine,
                    const std::vector<Transfer> &theirs, const char *other,
                    bool sending) {
     for (const Transfer &t : mine) {
-      bool found = false;
+      const Transfer *partner = nullptr;
       for (const Transfer &u : theirs) {
-        if (u.from != t.from || u.to != t.to || u.channel != t.channel)
+        if (u.phase != t.phase || u.fromStage != t.fromStage ||
+            u.toStage != t.toStage || u.channel != t.channel)
           continue;
-        found = true;
+        if (partner)
+          check.fail(t.where + ": both " + partner->where + " and " + u.where +
+                     " match it");
+        partner = &u;
         check.require(u.bytes == t.bytes,
                       t.where + ": moves " + std::to_string(t.bytes) +
                           " bytes on channel " + std::to_string(t.channel) +
                           ", but " + u.where + " " + std::to_string(u.bytes));
       }
-      check.require(found, t.where + ": no " + other + " in chunk " +
-                               std::to_string(sending ? t.to : t.from) +
-                               "'s functions matches it (chunk " +
-                               std::to_string(t.from) + " to chunk " +
-                               std::to_string(t.to) + ", channel " +
-                               std::to_string(t.channel) + ")");
+      check.require(partner != nullptr,
+                    t.where + ": no " + other + " in chunk " +
+                        std::to_string(sending ? t.to : t.from) +
+                        "'s functions matches it (chunk " +
+                        std::to_string(t.from) + " to chunk " +
+                        std::to_string(t.to) + ", channel " +
+                        std::to_string(t.channel) + ")");
+      // A receive per micro-batch fed by one send per step would wait for
+      // the micro-batches after the first.
+      const Transfer &recv = sending ? *partner : t, &send = sending ? t : *partner;
+      check.require(!recv.perMicroBatch || send.perMicroBatch,
+                    recv.where + ": receives once per micro-batch, but " +
+                        send.where + " sends once per step");
     }
   };
   match(sends, recvs, "ernie.recv", true);
   match(recvs, sends, "ernie.send", false);
+  for (const StageCollective &c : stageCollectives)
+    for (int64_t t : c.members) {
+      if (t == c.stage)
+        continue;
+      int64_t twins = 0;
+      for (const StageCollective &d : stageCollectives)
+        if (d.stage == t && d.phase == c.phase && d.channel == c.channel) {
+          ++twins;
+          check.require(d.op == c.op && d.members == c.members &&
+                            d.bytes == c.bytes,
+                        c.where + ": " + d.where + " on channel " +
+                            std::to_string(c.channel) +
+                            " differs in its op, stages or bytes");
+        }
+      check.require(twins == 1, c.where + ": member stage " +
+                                    std::to_string(t) + " has " +
+                                    std::to_string(twins) +
+                                    " stage collectives on channel " +
+                                    std::to_string(c.channel) + ", not one");
+    }
 
   for (const auto &[k, first] : inputs) {
     check.require(k == static_cast<int64_t>(spec.inputs.size()),
@@ -1743,6 +1825,17 @@ Program Program::parse(const void *data, size_t size,
   check.require(file->program() != nullptr, "holds no program");
   const uint8_t *payload = file->program()->data();
   size_t payloadSize = file->program()->size();
+  // Nothing follows the program but the writer's alignment padding: bytes
+  // appended to a file are damage, not data to ignore.
+  const uint8_t *tail = payload + payloadSize, *fileEnd = bytes + size;
+  check.require(tail <= fileEnd &&
+                    size_t(fileEnd - tail) < program::kPayloadAlignment &&
+                    std::all_of(tail, fileEnd, [](uint8_t b) { return b == 0; }),
+                "has " + std::to_string(fileEnd - tail) +
+                    " bytes after its program (a file ends with its program "
+                    "and at most " +
+                    std::to_string(program::kPayloadAlignment - 1) +
+                    " zero bytes of padding)");
   uLong crc = crc32(0L, Z_NULL, 0);
   crc = crc32(crc, payload, static_cast<uInt>(payloadSize));
   check.require(crc == file->checksum(),

@@ -22,6 +22,12 @@ inline constexpr uint32_t kFormatVersion = 2;
 /// any SIMD load the kernels do).
 inline constexpr uint64_t kBufferAlignment = 64;
 
+/// Alignment of the envelope's nested program bytes (the writer's
+/// ForceVectorAlignment). The builder writes that vector first, so it ends
+/// the file but for fewer than this many zero padding bytes; a reader
+/// rejects anything else after it.
+inline constexpr uint64_t kPayloadAlignment = 16;
+
 } // namespace ernie::program
 
 #endif // ERNIE_RUNTIME_PROGRAMFORMAT_H
