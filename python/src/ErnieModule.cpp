@@ -25,6 +25,7 @@
 #include "ernie/Sharding/InferSpmd.h"
 #include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/PipelineSchedule.h"
+#include "ernie/runtime/Safetensors.h"
 #include "ernie/runtime/Session.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -39,6 +40,9 @@
 #include "mlir/Pass/PassRegistry.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -427,6 +431,66 @@ py::array toNumpy(rt::HostTensor tensor) {
   py::capsule free(owned, [](void *p) { delete static_cast<rt::HostTensor *>(p); });
   std::vector<py::ssize_t> shape(owned->shape.begin(), owned->shape.end());
   return py::array(py::dtype(numpyDtype(owned->type)), shape, owned->bytes.data(), free);
+}
+
+//===----------------------------------------------------------------------===//
+// safetensors files (the runtime's reader and writer)
+//===----------------------------------------------------------------------===//
+
+/// {name: (dtype, array)} and the metadata of a safetensors file; narrow
+/// floats come as their raw bits (uint16 for BF16, uint8 for F8_*), named by
+/// their safetensors dtype ("BF16", "F8_E4M3", ...).
+py::tuple readSafetensors(const std::string &path) {
+  std::unique_ptr<rt::SafetensorsFile> file;
+  try {
+    file = std::make_unique<rt::SafetensorsFile>(path);
+  } catch (const std::runtime_error &e) {
+    throw py::value_error(e.what());
+  }
+  py::dict tensors;
+  for (const rt::SafetensorsEntry &e : file->tensors())
+    tensors[py::str(e.name)] = py::make_tuple(rt::safetensorsDtype(e.type),
+                                              toNumpy(file->read(e.name)));
+  return py::make_tuple(tensors, file->metadata());
+}
+
+/// Writes [(name, dtype, array)] in order; `dtype` is a safetensors dtype,
+/// and a narrow float's array holds its raw bits.
+void writeSafetensors(const std::string &path,
+                      const std::vector<std::tuple<std::string, std::string, py::array>> &items,
+                      const std::map<std::string, std::string> &metadata) {
+  std::vector<rt::HostTensor> tensors;
+  tensors.reserve(items.size());
+  for (const auto &[name, dtype, object] : items) {
+    rt::DType type;
+    if (!rt::parseSafetensorsDtype(dtype, type))
+      throw py::value_error("'" + name + "': unknown safetensors dtype '" + dtype + "'");
+    auto array = py::array::ensure(object, py::array::c_style);
+    std::string kind = py::str(array.dtype()).cast<std::string>();
+    if (kind != numpyDtype(type))
+      throw py::type_error("'" + name + "': " + dtype + " is written from a " +
+                           numpyDtype(type) + " array, not " + kind);
+    rt::HostTensor t;
+    t.type = type;
+    t.shape.assign(array.shape(), array.shape() + array.ndim());
+    const auto *data = static_cast<const uint8_t *>(array.data());
+    t.bytes.assign(data, data + array.nbytes());
+    tensors.push_back(std::move(t));
+  }
+  std::vector<std::pair<std::string, const rt::HostTensor *>> named;
+  for (size_t i = 0; i < items.size(); ++i)
+    named.emplace_back(std::get<0>(items[i]), &tensors[i]);
+  std::string error;
+  {
+    py::gil_scoped_release release;
+    try {
+      rt::writeSafetensors(path, named, metadata);
+    } catch (const std::runtime_error &e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty())
+    throw py::value_error(error);
 }
 
 /// The role as Python's describe() spells it (an identifier).
@@ -926,6 +990,11 @@ PYBIND11_MODULE(_ernie, m) {
         "f32 to a narrow float type's raw bits (uint8/uint16), or back; "
         "types by their MLIR spelling (f16, bf16, f8E4M3FN, f8E5M2)");
 
+  m.def("read_safetensors", &readSafetensors, py::arg("path"),
+        "({name: (dtype, array)}, metadata) of a safetensors file");
+  m.def("write_safetensors", &writeSafetensors, py::arg("path"),
+        py::arg("tensors"), py::arg("metadata") = std::map<std::string, std::string>{},
+        "writes [(name, safetensors dtype, array)] and metadata");
   m.def("infer_spmd", &inferSpmd, py::arg("op"), py::arg("input_types"),
         py::arg("dims_mappings"), py::arg("mesh_axes"), py::arg("mesh_sizes"),
         py::arg("attrs") = py::dict(),

@@ -16,6 +16,12 @@ q/k/v (gate/up) boundaries and the plan must reshard around the split
 (Megatron lays fused weights out per rank instead). Separate projections
 are the default, as in Paddle and Hugging Face.
 
+Hugging Face folders: `LlamaForCausalLM.from_pretrained(folder)` reads
+config.json and model.safetensors (or the shards an index lists) through the
+runtime's safetensors reader, Hugging Face's [out, in] Linears transposed
+to ernie's [in, out]; `save_pretrained(folder)` writes the same layout back
+(`ernie.weights`).
+
 `LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
 logits against `labels`, which the data pipeline has already shifted by one
 (Paddle's pretraining criterion); without labels it returns the logits.
@@ -163,6 +169,47 @@ class LlamaForCausalLM(Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, rng, cfg.hidden_size, cfg.vocab_size)
 
+    @classmethod
+    def from_pretrained(cls, folder, dtype=None, **overrides):
+        """The model of a Hugging Face folder (config.json and
+        model.safetensors, or shards with model.safetensors.index.json):
+        Hugging Face's names and [out, in] Linears mapped onto ernie's
+        [in, out] ones (fused projections concatenated where the config
+        asks for them). `dtype` ("f32", "bf16", ...) defaults to the file's
+        torch_dtype; narrow floats are read exactly. `overrides` set other
+        LlamaConfig fields (fuse_attention_qkv, ...)."""
+        from ..weights import read_hf_folder
+        hf, weights, _ = read_hf_folder(folder)
+        cfg = LlamaConfig(**{**config_from_hf(hf, dtype), **overrides})
+        model = cls(cfg)
+        state = ernie_state_from_hf(weights, cfg)
+        params = dict(model.named_parameters())
+        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise ValueError(f"{folder}: weights do not match the config: missing "
+                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+        for name, p in params.items():
+            value = state[name]
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"{folder}: '{name}' has shape {list(value.shape)}, the config "
+                                 f"makes it {list(p.shape)}")
+            p.value = _rounded(value, cfg.dtype).astype(p.value.dtype)
+        return model
+
+    def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
+        """Writes the model as a Hugging Face folder (config.json,
+        model.safetensors or shards past `max_shard_bytes`) in `dtype`
+        (default: the model's). `state` (a program's state_dict()) writes
+        trained values instead of the model's initial ones."""
+        from ..weights import write_hf_folder
+        cfg = self.config
+        dtype = dtype or cfg.dtype
+        values = {n: p.value for n, p in self.named_parameters()}
+        if state is not None:
+            values.update({n: state[n] for n in values if n in state})
+        write_hf_folder(folder, config_to_hf(cfg, dtype), hf_state_from_ernie(values, cfg), dtype,
+                        max_shard_bytes)
+
     def forward(self, input_ids, labels=None):
         h = self.llama(input_ids)
         if self.config.tie_word_embeddings:
@@ -172,6 +219,131 @@ class LlamaForCausalLM(Module):
         if labels is None:
             return logits
         return F.cross_entropy(logits, labels)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face's LlamaForCausalLM: config.json and weight names.
+# ---------------------------------------------------------------------------
+
+_HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                   "tie_word_embeddings")
+
+
+def _rounded(value, dtype):
+    """`value` rounded to `dtype` when that is a narrow float (the values a
+    bf16 parameter holds are bf16 numbers, kept in f32 arrays)."""
+    if dtype not in ("bf16", "f8E4M3FN", "f8E5M2"):
+        return value
+    from .. import _ernie
+    x = np.ascontiguousarray(value, dtype=np.float32)
+    return _ernie.convert_float(_ernie.convert_float(x, "f32", dtype), dtype, "f32").reshape(x.shape)
+
+
+def config_from_hf(hf: dict, dtype=None) -> dict:
+    """LlamaConfig fields from a Hugging Face config.json; what ernie's Llama
+    does not compute (biases, rope scaling, another activation or head
+    size) is a ValueError rather than a silently different model."""
+    from ..weights import TORCH_DTYPES
+    arch = hf.get("architectures") or ["LlamaForCausalLM"]
+    if "LlamaForCausalLM" not in arch and hf.get("model_type") != "llama":
+        raise ValueError(f"config.json describes {arch}, not LlamaForCausalLM")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
+                      ("rope_scaling", None)):
+        if hf.get(key, want) != want:
+            raise ValueError(f"config.json: {key} = {hf[key]!r} is not supported (ernie's "
+                             f"Llama has {want!r})")
+    fields = {k: hf[k] for k in _HF_CONFIG_KEYS if k in hf}
+    fields.setdefault("num_key_value_heads", hf.get("num_attention_heads"))
+    heads = fields.get("num_attention_heads")
+    if "head_dim" in hf and heads and hf["head_dim"] * heads != fields.get("hidden_size"):
+        raise ValueError(f"config.json: head_dim {hf['head_dim']} x {heads} heads is not "
+                         f"hidden_size {fields.get('hidden_size')}")
+    if dtype is None:
+        torch_dtype = hf.get("torch_dtype", "float32")
+        if torch_dtype not in TORCH_DTYPES:
+            raise ValueError(f"config.json: torch_dtype {torch_dtype!r} is not one of "
+                             f"{sorted(TORCH_DTYPES)}")
+        dtype = TORCH_DTYPES[torch_dtype]
+    fields["dtype"] = dtype
+    return fields
+
+
+def config_to_hf(cfg: LlamaConfig, dtype: str) -> dict:
+    from ..weights import TORCH_DTYPES
+    torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+    out = {k: getattr(cfg, k) for k in _HF_CONFIG_KEYS}
+    out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+               attention_bias=False, mlp_bias=False, head_dim=cfg.head_dim,
+               torch_dtype=torch_dtype, rope_scaling=None)
+    return out
+
+
+def ernie_state_from_hf(weights: dict, cfg: LlamaConfig) -> dict:
+    """ernie's parameters from Hugging Face's tensors ([out, in] Linears
+    transposed to [in, out]; q/k/v and gate/up concatenated when fused)."""
+    w = dict(weights)
+    take = lambda name: w.pop(name)  # noqa: E731 - KeyError names what is missing
+    out = {"llama.embed_tokens.weight": take("model.embed_tokens.weight"),
+           "llama.norm.weight": take("model.norm.weight")}
+    if cfg.tie_word_embeddings:
+        w.pop("lm_head.weight", None)  # some writers keep the tied copy
+    else:
+        out["lm_head.weight"] = take("lm_head.weight").T
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"llama.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[dst + norm + ".weight"] = take(src + norm + ".weight")
+        q, k, v = (take(src + f"self_attn.{n}_proj.weight").T for n in "qkv")
+        if cfg.fuse_attention_qkv:
+            out[dst + "self_attn.qkv_proj.weight"] = np.concatenate([q, k, v], axis=1)
+        else:
+            out.update({dst + "self_attn.q_proj.weight": q, dst + "self_attn.k_proj.weight": k,
+                        dst + "self_attn.v_proj.weight": v})
+        out[dst + "self_attn.o_proj.weight"] = take(src + "self_attn.o_proj.weight").T
+        gate, up = (take(src + f"mlp.{n}_proj.weight").T for n in ("gate", "up"))
+        if cfg.fuse_attention_ffn:
+            out[dst + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
+        else:
+            out.update({dst + "mlp.gate_proj.weight": gate, dst + "mlp.up_proj.weight": up})
+        out[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight").T
+    # Rotary caches some writers store are recomputed here.
+    leftover = sorted(n for n in w if not n.endswith("rotary_emb.inv_freq"))
+    if leftover:
+        raise ValueError(f"weights ernie's Llama has no place for: {leftover[:5]}")
+    return out
+
+
+def hf_state_from_ernie(values: dict, cfg: LlamaConfig) -> dict:
+    """The inverse of ernie_state_from_hf, in Hugging Face's order."""
+    hq, hkv, d, inter = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                         cfg.intermediate_size)
+    t = lambda a: np.ascontiguousarray(np.asarray(a).T)  # noqa: E731
+    out = {"model.embed_tokens.weight": np.asarray(values["llama.embed_tokens.weight"])}
+    for i in range(cfg.num_hidden_layers):
+        src, dst = f"llama.layers.{i}.", f"model.layers.{i}."
+        out[dst + "input_layernorm.weight"] = np.asarray(values[src + "input_layernorm.weight"])
+        if cfg.fuse_attention_qkv:
+            qkv = np.asarray(values[src + "self_attn.qkv_proj.weight"])
+            q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
+        else:
+            q, k, v = (values[src + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        out.update({dst + "self_attn.q_proj.weight": t(q), dst + "self_attn.k_proj.weight": t(k),
+                    dst + "self_attn.v_proj.weight": t(v),
+                    dst + "self_attn.o_proj.weight": t(values[src + "self_attn.o_proj.weight"])})
+        if cfg.fuse_attention_ffn:
+            gu = np.asarray(values[src + "mlp.gate_up_proj.weight"])
+            gate, up = gu[:, :inter], gu[:, inter:]
+        else:
+            gate, up = values[src + "mlp.gate_proj.weight"], values[src + "mlp.up_proj.weight"]
+        out.update({dst + "mlp.gate_proj.weight": t(gate), dst + "mlp.up_proj.weight": t(up),
+                    dst + "mlp.down_proj.weight": t(values[src + "mlp.down_proj.weight"])})
+        out[dst + "post_attention_layernorm.weight"] = np.asarray(
+            values[src + "post_attention_layernorm.weight"])
+    out["model.norm.weight"] = np.asarray(values["llama.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = t(values["lm_head.weight"])
+    return out
 
 
 class LlamaDecoderLayerPipe(LlamaDecoderLayer):

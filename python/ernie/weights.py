@@ -1,0 +1,143 @@
+"""Weight files: safetensors (through the runtime's C++ reader and writer)
+and Hugging Face model folders.
+
+A Hugging Face folder holds `config.json` and either `model.safetensors` or
+several files listed by `model.safetensors.index.json` ({"weight_map":
+{name: file}}). Narrow floats are converted exactly (the runtime's
+conversions, round to nearest even): `load_file` gives float32 arrays for
+BF16/F16/F8 tensors, `save_file` rounds float arrays to the dtype asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import _ernie
+
+# ernie element type <-> safetensors dtype.
+SAFETENSORS_DTYPES = {"f64": "F64", "f32": "F32", "f16": "F16", "bf16": "BF16",
+                      "f8E4M3FN": "F8_E4M3", "f8E5M2": "F8_E5M2", "i64": "I64", "i32": "I32",
+                      "i1": "BOOL"}
+_ERNIE_OF = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+# Hugging Face's torch_dtype names.
+TORCH_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
+_NARROW = ("bf16", "f8E4M3FN", "f8E5M2")
+_NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
+          "I32": np.int32, "BOOL": np.bool_}
+
+
+def load_file(path, raw=False):
+    """{name: array} of a safetensors file, and its metadata. BF16 and F8
+    tensors come as float32 (exact), or as raw bits with raw=True. A damaged
+    file is a ValueError naming the file and the tensor."""
+    tensors, metadata = _ernie.read_safetensors(str(path))
+    out = {}
+    for name, (dtype, array) in tensors.items():
+        kind = _ERNIE_OF[dtype]
+        if kind in _NARROW and not raw:
+            array = _ernie.convert_float(array, kind, "f32").reshape(array.shape)
+        out[name] = array
+    return out, metadata
+
+
+def file_dtypes(path):
+    """{name: ernie element type} of a safetensors file."""
+    tensors, _ = _ernie.read_safetensors(str(path))
+    return {name: _ERNIE_OF[dtype] for name, (dtype, _) in tensors.items()}
+
+
+def save_file(tensors: dict, path, metadata=None, dtype=None):
+    """Writes {name: array} in order. Float arrays are written as `dtype`
+    (an ernie element type; default: each array's own), rounded exactly;
+    integer and bool arrays as they are."""
+    items = []
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        kind = {np.float64: "f64", np.float32: "f32", np.float16: "f16", np.int64: "i64",
+                np.int32: "i32", np.bool_: "i1"}.get(array.dtype.type)
+        if kind is None:
+            raise TypeError(f"'{name}': cannot write a {array.dtype} array")
+        if dtype is not None and array.dtype.kind == "f":
+            kind = dtype
+        if kind in _NARROW:
+            bits = _ernie.convert_float(np.ascontiguousarray(array, dtype=np.float32), "f32", kind)
+            array = bits.reshape(array.shape)
+        elif array.dtype != _NUMPY[SAFETENSORS_DTYPES[kind]]:
+            array = array.astype(_NUMPY[SAFETENSORS_DTYPES[kind]])
+        items.append((name, SAFETENSORS_DTYPES[kind], array))
+    _ernie.write_safetensors(str(path), items, {k: str(v) for k, v in (metadata or {}).items()})
+
+
+def read_hf_folder(folder):
+    """(config dict, {name: float array or int array}, {name: file dtype}) of
+    a Hugging Face model folder."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    config = json.loads(config_path.read_text())
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no weight_map")
+        files = sorted(set(weight_map.values()))
+    elif (folder / "model.safetensors").is_file():
+        weight_map, files = None, ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{folder}: neither model.safetensors nor "
+                                f"model.safetensors.index.json")
+    weights, dtypes = {}, {}
+    for file in files:
+        path = folder / file
+        if Path(file).is_absolute() or ".." in Path(file).parts:
+            raise ValueError(f"{index}: weight file {file!r} is outside the folder")
+        tensors, _ = load_file(path)
+        for name, value in tensors.items():
+            if weight_map is not None and weight_map.get(name) != file:
+                raise ValueError(f"{path}: tensor '{name}' is not listed for this file in "
+                                 f"{index.name}")
+            if name in weights:
+                raise ValueError(f"{path}: tensor '{name}' appears in two files")
+            weights[name] = value
+        dtypes.update(file_dtypes(path))
+    if weight_map is not None:
+        missing = sorted(set(weight_map) - set(weights))
+        if missing:
+            raise ValueError(f"{index}: tensors listed but in no file: {missing[:5]}")
+    return config, weights, dtypes
+
+
+def write_hf_folder(folder, config: dict, weights: dict, dtype: str, max_shard_bytes=None):
+    """Writes `config.json` and the weights as `model.safetensors`, or, past
+    `max_shard_bytes` per file, as numbered shards with an index, Hugging
+    Face's layout. Files are written under temporary names and renamed, so a
+    folder is never left with a half-written weight file under its final name."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    itemsize = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2}[dtype]
+    shards, current, size = [], {}, 0
+    for name, value in weights.items():
+        nbytes = int(np.prod(value.shape)) * (itemsize if value.dtype.kind == "f" else value.itemsize)
+        if current and max_shard_bytes is not None and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = value
+        size += nbytes
+    shards.append(current)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for name, shard in zip(names, shards):
+        tmp = folder / (name + ".tmp")
+        save_file(shard, tmp, metadata={"format": "pt"}, dtype=dtype)
+        os.replace(tmp, folder / name)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(
+                     int(np.prod(v.shape)) * itemsize for s in shards for v in s.values())},
+                 "weight_map": {n: f for f, s in zip(names, shards) for n in s}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,253 @@
+"""Weight files: safetensors through the runtime's C++ reader and writer,
+checked against the `safetensors` package (an independent implementation),
+and Hugging Face Llama folders in and out.
+
+A Llama folder written in Hugging Face's layout by the `safetensors` package
+loads into `LlamaForCausalLM.from_pretrained` and gives the logits of an
+independent numpy forward written over Hugging Face's own names and [out, in]
+Linears (f64: 1e-10 relative; f32: 1e-5, sums in another order);
+`save_pretrained` round-trips the tensors bit for bit, f32 and bf16.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import ernie
+from ernie import weights
+from ernie.models.llama import LlamaConfig, LlamaForCausalLM
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+# ---------------------------------------------------------------------------
+# safetensors files
+# ---------------------------------------------------------------------------
+
+def test_files_written_by_the_package_read_back(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.normal(size=(3, 4)).astype(np.float32),
+               "b": rng.normal(size=(5,)),
+               "h": rng.normal(size=(2, 2)).astype(np.float16),
+               "ids": rng.integers(-5, 5, size=(7,)),
+               "mask": rng.normal(size=(4,)) > 0, "scalar": np.array(3.5, np.float32)}
+    safetensors_numpy.save_file(tensors, str(tmp_path / "x.safetensors"), metadata={"k": "v"})
+    got, metadata = weights.load_file(tmp_path / "x.safetensors")
+    assert metadata == {"k": "v"}
+    assert set(got) == set(tensors)
+    for name, want in tensors.items():
+        assert got[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_files_ernie_writes_the_package_reads(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = {"w": rng.normal(size=(4, 3)).astype(np.float32), "ids": np.arange(6),
+               "d": rng.normal(size=(2,))}
+    weights.save_file(tensors, tmp_path / "y.safetensors", metadata={"format": "pt"})
+    got = safetensors_numpy.load_file(str(tmp_path / "y.safetensors"))
+    for name, want in tensors.items():
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_bf16_and_fp8_are_rounded_exactly_and_stored_as_bits(tmp_path):
+    x = np.array([1.0, 1.00390625, 1.005859375, -3.1e-3, 448.0], np.float32)
+    weights.save_file({"x": x}, tmp_path / "b.safetensors", dtype="bf16")
+    raw, _ = weights.load_file(tmp_path / "b.safetensors", raw=True)
+    # bf16 is f32's upper 16 bits, rounded to nearest even.
+    bits = x.view(np.uint32)
+    want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    np.testing.assert_array_equal(raw["x"], want)
+    back, _ = weights.load_file(tmp_path / "b.safetensors")
+    np.testing.assert_array_equal(back["x"], (want.astype(np.uint32) << 16).view(np.float32))
+    assert weights.file_dtypes(tmp_path / "b.safetensors") == {"x": "bf16"}
+    # The header says BF16, as the format's readers expect.
+    header = (tmp_path / "b.safetensors").read_bytes()
+    n = int.from_bytes(header[:8], "little")
+    assert json.loads(header[8:8 + n])["x"]["dtype"] == "BF16"
+    weights.save_file({"x": x}, tmp_path / "f8.safetensors", dtype="f8E4M3FN")
+    assert weights.file_dtypes(tmp_path / "f8.safetensors") == {"x": "f8E4M3FN"}
+    # e4m3fn codes worked out by hand: 1.0 = 0x38 (the two values just above
+    # it round down to it), -3.1e-3 = -2 x 2^-9 (subnormal) = 0x82,
+    # 448 (the largest finite) = 0x7e.
+    codes, _ = weights.load_file(tmp_path / "f8.safetensors", raw=True)
+    np.testing.assert_array_equal(codes["x"], np.array([0x38, 0x38, 0x38, 0x82, 0x7E], np.uint8))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda b: b[:-3], "outside the"),
+    (lambda b: b + b"xyz", "bytes after the last tensor"),
+    (lambda b: b"\xff" * 8 + b[8:], "does not fit the file"),
+    (lambda b: b[:8] + b[8:12].replace(b"{", b"[") + b[12:], "not a JSON object"),
+])
+def test_damaged_files_are_value_errors_naming_the_file(tmp_path, damage, message):
+    path = tmp_path / "d.safetensors"
+    safetensors_numpy.save_file({"w": np.ones((4, 4), np.float32)}, str(path))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=message) as info:
+        weights.load_file(path)
+    assert str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face Llama folders
+# ---------------------------------------------------------------------------
+
+HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 40,
+             "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+             "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+             "torch_dtype": "float32", "max_position_embeddings": 64}
+
+
+def hf_weights(cfg, rng, dtype=np.float32):
+    """Random weights under Hugging Face's names, Linears [out, in]."""
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    w = {"model.embed_tokens.weight": rng.normal(size=(v, h)), "model.norm.weight": 1 + 0.1 * rng.normal(size=h)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.normal(size=(v, h)) * 0.2
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + 0.1 * rng.normal(size=h),
+                  p + "post_attention_layernorm.weight": 1 + 0.1 * rng.normal(size=h),
+                  p + "self_attn.q_proj.weight": rng.normal(size=(h, h)) * 0.3,
+                  p + "self_attn.k_proj.weight": rng.normal(size=(kv, h)) * 0.3,
+                  p + "self_attn.v_proj.weight": rng.normal(size=(kv, h)) * 0.3,
+                  p + "self_attn.o_proj.weight": rng.normal(size=(h, h)) * 0.3,
+                  p + "mlp.gate_proj.weight": rng.normal(size=(inter, h)) * 0.3,
+                  p + "mlp.up_proj.weight": rng.normal(size=(inter, h)) * 0.3,
+                  p + "mlp.down_proj.weight": rng.normal(size=(h, inter)) * 0.3})
+    return {k: np.asarray(a, dtype) for k, a in w.items()}
+
+
+def hf_numpy_logits(w, cfg, ids):
+    """Hugging Face's LlamaForCausalLM forward, in numpy, over its own names:
+    x @ W.T for every Linear, rotate-half rope, grouped-query causal
+    attention, SwiGLU."""
+    h, heads, kvh = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d, eps = h // heads, cfg["rms_norm_eps"]
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * g
+
+    def rope(x):
+        s = x.shape[1]
+        inv = 1.0 / cfg["rope_theta"] ** (np.arange(0, d, 2) / d)
+        freqs = np.outer(np.arange(s), inv)
+        emb = np.concatenate([freqs, freqs], -1)
+        cos, sin = np.cos(emb)[None, :, None], np.sin(emb)[None, :, None]
+        half = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
+        return x * cos + half * sin
+
+    x = w["model.embed_tokens.weight"][ids]
+    b, s, _ = x.shape
+    for i in range(cfg["num_hidden_layers"]):
+        p = lambda n: w[f"model.layers.{i}.{n}"]  # noqa: E731
+        y = rms(x, p("input_layernorm.weight"))
+        q = rope((y @ p("self_attn.q_proj.weight").T).reshape(b, s, heads, d))
+        k = rope((y @ p("self_attn.k_proj.weight").T).reshape(b, s, kvh, d))
+        v = (y @ p("self_attn.v_proj.weight").T).reshape(b, s, kvh, d)
+        k, v = np.repeat(k, heads // kvh, 2), np.repeat(v, heads // kvh, 2)
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        att = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h)
+        x = x + att @ p("self_attn.o_proj.weight").T
+        y = rms(x, p("post_attention_layernorm.weight"))
+        gate, up = y @ p("mlp.gate_proj.weight").T, y @ p("mlp.up_proj.weight").T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ p("mlp.down_proj.weight").T
+    x = rms(x, w["model.norm.weight"])
+    head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
+    return x @ head.T
+
+
+def write_hf(folder, cfg, w):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    safetensors_numpy.save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("tied,fused", [(False, False), (True, False), (False, True)])
+def test_from_pretrained_matches_a_numpy_hugging_face_forward(tmp_path, tied, fused):
+    cfg = {**HF_CONFIG, "tie_word_embeddings": tied, "torch_dtype": "float64"}
+    w = hf_weights(cfg, np.random.default_rng(3), np.float64)
+    write_hf(tmp_path / "hf", cfg, w)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "hf", fuse_attention_qkv=fused,
+                                             fuse_attention_ffn=fused)
+    assert model.config.dtype == "f64" and model.config.tie_word_embeddings == tied
+    ids = np.random.default_rng(4).integers(0, cfg["vocab_size"], size=(2, 7))
+    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+    np.testing.assert_allclose(logits, hf_numpy_logits(w, cfg, ids), rtol=1e-10, atol=1e-10)
+
+
+def test_save_pretrained_round_trips_bit_for_bit(tmp_path):
+    w = hf_weights(HF_CONFIG, np.random.default_rng(5))
+    write_hf(tmp_path / "hf", HF_CONFIG, w)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    model.save_pretrained(tmp_path / "out")
+    back = safetensors_numpy.load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(back) == set(w)
+    for name in w:
+        assert back[name].dtype == np.float32
+        np.testing.assert_array_equal(back[name], w[name], err_msg=name)
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    for key in ("vocab_size", "hidden_size", "num_key_value_heads", "rms_norm_eps", "torch_dtype"):
+        assert saved[key] == HF_CONFIG[key], key
+    # And loading what was saved gives the same model.
+    again = LlamaForCausalLM.from_pretrained(tmp_path / "out")
+    for (n, a), (_, b) in zip(model.named_parameters(), again.named_parameters()):
+        np.testing.assert_array_equal(a.value, b.value, err_msg=n)
+
+
+def test_bf16_folder_sharded_with_an_index_round_trips(tmp_path):
+    """A bf16 model saved in shards (an index listing them), loaded back:
+    every tensor's bits equal, and the f32 logits of an f32 load equal
+    the numpy forward of the bf16-rounded weights."""
+    w = hf_weights(HF_CONFIG, np.random.default_rng(6))
+    write_hf(tmp_path / "hf", HF_CONFIG, w)
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype="bf16")
+    model.save_pretrained(tmp_path / "bf16", max_shard_bytes=4000)
+    index = json.loads((tmp_path / "bf16" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and all(f.startswith("model-") for f in files)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert reloaded.config.dtype == "bf16"
+    for (n, a), (_, b) in zip(model.named_parameters(), reloaded.named_parameters()):
+        np.testing.assert_array_equal(a.value, b.value, err_msg=n)
+    reloaded.save_pretrained(tmp_path / "again", max_shard_bytes=4000)
+    for f in files:
+        first, _ = weights.load_file(tmp_path / "bf16" / f, raw=True)
+        second, _ = weights.load_file(tmp_path / "again" / f, raw=True)
+        for name in first:
+            np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    as_f32 = LlamaForCausalLM.from_pretrained(tmp_path / "bf16", dtype="f32")
+    rounded = {n: v.astype(np.float64) for n, v in weights.read_hf_folder(tmp_path / "bf16")[1].items()}
+    ids = np.random.default_rng(7).integers(0, HF_CONFIG["vocab_size"], size=(2, 5))
+    logits = ernie.compile(as_f32, None, [ids], differentiate=False).forward(ids)
+    np.testing.assert_allclose(logits, hf_numpy_logits(rounded, HF_CONFIG, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_folders_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    w = hf_weights(HF_CONFIG, np.random.default_rng(8))
+    missing = dict(w)
+    del missing["model.layers.1.mlp.up_proj.weight"]
+    write_hf(tmp_path / "missing", HF_CONFIG, missing)
+    with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "missing")
+    write_hf(tmp_path / "extra", HF_CONFIG, {**w, "model.layers.0.self_attn.q_proj.bias": np.zeros(16, np.float32)})
+    with pytest.raises(ValueError, match="no place for.*q_proj.bias"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "extra")
+    write_hf(tmp_path / "scaled", {**HF_CONFIG, "rope_scaling": {"type": "linear", "factor": 2.0}}, w)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "scaled")
+    wrong = {**w, "model.norm.weight": np.ones(17, np.float32)}
+    write_hf(tmp_path / "shape", HF_CONFIG, wrong)
+    with pytest.raises(ValueError, match="'llama.norm.weight' has shape \\[17\\]"):
+        LlamaForCausalLM.from_pretrained(tmp_path / "shape")
