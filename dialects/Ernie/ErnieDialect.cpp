@@ -194,10 +194,13 @@ Operation *mlir::ernie::getLocalLossOp(func::FuncOp fn) {
 // The module's pipeline (PipelineInfo.h)
 //===----------------------------------------------------------------------===//
 
-/// Bounds on what a pipeline dictionary may say: no more stages than a mesh
-/// has ranks, and a schedule (stages x virtual stages x micro-batches steps
-/// per direction) small enough to write out as text.
+/// Bounds on what a pipeline dictionary may say: a schedule (stages x
+/// virtual stages x micro-batches steps per direction) small enough to
+/// write out as text, and stages few enough for the schedule check
+/// (runtime::checkSchedule sweeps every rank per round: 2^16 stages took
+/// 100 s).
 static constexpr int64_t kMaxPipelineSteps = int64_t(1) << 22;
+static constexpr int64_t kMaxPipelineStages = int64_t(1) << 12;
 
 FailureOr<PipelineInfo>
 mlir::ernie::parsePipelineInfo(DictionaryAttr dict,
@@ -258,6 +261,10 @@ mlir::ernie::parsePipelineInfo(DictionaryAttr dict,
     return fail(info.microBatches ? "schedule" : "micro_batches",
                 "is missing (a scheduled pipeline has both micro_batches "
                 "and schedule)");
+  if (*stages > kMaxPipelineStages)
+    return fail("stages", "must be at most " +
+                              std::to_string(kMaxPipelineStages) + ", got " +
+                              std::to_string(*stages));
   info.stages = *stages;
   info.virtualStages = *virtualStages;
   info.axis = *axis;
@@ -307,6 +314,19 @@ mlir::ernie::readPipelineInfo(ModuleOp module) {
   FailureOr<PipelineInfo> info = parsePipelineInfo(dict, emitError);
   if (failed(info))
     return failure();
+  // The stages are the coordinates of the mesh's pipeline axis (as
+  // --ernie-pipeline-split made them): nothing larger is scheduled.
+  if (info->stages > 1) {
+    auto meshes = module.getOps<MeshOp>();
+    std::optional<int64_t> size;
+    if (!meshes.empty())
+      size = (*meshes.begin()).getAxisSize(info->axis);
+    if (size != info->stages)
+      return module.emitError()
+             << "'" << ErnieDialect::kPipelineAttrName << "' has "
+             << info->stages << " stages, but the module's mesh has no axis '"
+             << info->axis << "' of that size";
+  }
   if (steps) {
     FailureOr<std::vector<std::string>> parsed =
         parsePipelineSteps(steps, emitError);

@@ -51,7 +51,7 @@ module attributes {ernie.pipeline = {axis = "pp", micro_batches = 2 : i64, stage
 // -----
 
 // expected-error @+1 {{'ernie.pipeline' has too many steps: stages x virtual_stages x micro_batches must be at most 4194304}}
-module attributes {ernie.pipeline = {axis = "pp", stages = 1048576 : i64, virtual_stages = 1048576 : i64}} {
+module attributes {ernie.pipeline = {axis = "pp", stages = 4096 : i64, virtual_stages = 1048576 : i64}} {
 }
 
 // -----
@@ -63,5 +63,28 @@ module attributes {ernie.pipeline = [2, 1]} {
 // -----
 
 // expected-error @+1 {{'ernie.pipeline_schedule' must be an array of strings, one per pipeline rank}}
-module attributes {ernie.pipeline = {axis = "pp", stages = 2 : i64, virtual_stages = 1 : i64}, ernie.pipeline_schedule = ["F0:0 B0:0", 7]} {
+module attributes {ernie.pipeline = {axis = "pp", stages = 1 : i64, virtual_stages = 1 : i64}, ernie.pipeline_schedule = ["F0:0 B0:0", 7]} {
+}
+
+// -----
+
+// Found by ernie-fuzz-mlir: 2^20 stages (on a mesh of 2^20) took hours in
+// the schedule check, which is quadratic in the stages.
+// expected-error @+1 {{'ernie.pipeline' key 'stages' must be at most 4096, got 1048576}}
+module attributes {ernie.pipeline = {axis = "pp", stages = 1048576 : i64, virtual_stages = 1 : i64}} {
+  ernie.mesh @mesh(pp = 1048576)
+}
+
+// -----
+
+// The stages are the coordinates of the mesh's pipeline axis.
+// expected-error @+1 {{'ernie.pipeline' has 4 stages, but the module's mesh has no axis 'pp' of that size}}
+module attributes {ernie.pipeline = {axis = "pp", stages = 4 : i64, virtual_stages = 1 : i64}} {
+  ernie.mesh @mesh(pp = 2)
+}
+
+// -----
+
+// expected-error @+1 {{'ernie.pipeline' has 2 stages, but the module's mesh has no axis 'pp' of that size}}
+module attributes {ernie.pipeline = {axis = "pp", stages = 2 : i64, virtual_stages = 1 : i64}} {
 }

@@ -19,7 +19,8 @@
 //
 //   ernie-fuzz-mlir [--iterations N] [--seed S] [--crash-dir D]
 //                   [--time-limit SECONDS] [--max-seconds T]
-//                   [--first I] [--print-input I] PATH...
+//                   [--first I] [--print-input I] [--list-pipelines]
+//                   PATH...
 //
 // ERNIE_FUZZ_ITERATIONS, when set, overrides --iterations (and lifts
 // --max-seconds): the suite's short run becomes a long one.
@@ -49,6 +50,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -87,6 +89,12 @@ const char *const kPipelines[] = {
     "canonicalize,cse",
 };
 constexpr unsigned kNumPipelines = std::size(kPipelines);
+
+/// Every pipeline an input may get: kPipelines, then those the seeds' own
+/// RUN lines give ernie-opt (so each pass is fuzzed on the inputs written
+/// for it).
+std::vector<std::string> pipelines(std::begin(kPipelines),
+                                   std::end(kPipelines));
 
 /// Inputs that crash MLIR 22's own parser (not ernie code, and not
 /// fixable here): such inputs are counted as skipped, not run.
@@ -238,9 +246,12 @@ class Mutator {
 public:
   /// `valid`: the seeds that verify, mutated four times in five (the
   /// others are the invalid.mlir cases, which stop at the verifier).
+  /// `native[i]`: indices into `pipelines` of seed i's RUN lines.
   Mutator(const std::vector<std::string> &seeds, std::vector<size_t> valid,
+          std::vector<std::vector<unsigned>> native,
           std::vector<std::string> opNames)
-      : seeds_(seeds), valid_(std::move(valid)), opNames_(std::move(opNames)) {
+      : seeds_(seeds), valid_(std::move(valid)), native_(std::move(native)),
+        opNames_(std::move(opNames)) {
     std::set<std::string> words;
     for (const std::string &seed : seeds)
       for (const Token &t : tokenize(seed))
@@ -252,15 +263,20 @@ public:
   /// Input `index` under `seed`: its text and its pipeline.
   std::pair<std::string, unsigned> make(uint64_t seed, uint64_t index) const {
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + index);
-    std::string text = !valid_.empty() && rng() % 5 != 0
-                           ? seeds_[valid_[rng() % valid_.size()]]
-                           : seeds_[rng() % seeds_.size()];
+    size_t from = !valid_.empty() && rng() % 5 != 0
+                      ? valid_[rng() % valid_.size()]
+                      : rng() % seeds_.size();
+    std::string text = seeds_[from];
     unsigned steps = 1;
     while (steps < 6 && rng() % 2)
       ++steps;
     for (unsigned s = 0; s < steps; ++s)
       text = mutateOnce(text, rng);
-    return {text, static_cast<unsigned>(rng() % kNumPipelines)};
+    const std::vector<unsigned> &own = native_[from];
+    unsigned pipeline = static_cast<unsigned>(rng() % kNumPipelines);
+    if (!own.empty() && rng() % 2)
+      pipeline = own[rng() % own.size()];
+    return {text, pipeline};
   }
 
 private:
@@ -292,11 +308,11 @@ private:
   };
   static Kind pickKind(std::mt19937_64 &rng) {
     static const std::pair<Kind, unsigned> weights[] = {
-        {kNumberEverywhere, 20}, {kNumberOnce, 14},  {kNegate, 4},
-        {kElementType, 8},       {kOpName, 6},       {kValueSwap, 8},
-        {kExtraOperand, 3},      {kDropOperand, 3},  {kString, 6},
-        {kAttrValue, 6},         {kSwapSameKind, 6}, {kDeleteToken, 3},
-        {kDuplicateToken, 2},    {kInsertWord, 2},   {kLines, 5}};
+        {kNumberEverywhere, 30}, {kNumberOnce, 10},  {kNegate, 2},
+        {kElementType, 8},       {kOpName, 6},       {kValueSwap, 3},
+        {kExtraOperand, 2},      {kDropOperand, 2},  {kString, 6},
+        {kAttrValue, 8},         {kSwapSameKind, 4}, {kDeleteToken, 2},
+        {kDuplicateToken, 1},    {kInsertWord, 1},   {kLines, 4}};
     unsigned total = 0;
     for (auto [kind, w] : weights)
       total += w;
@@ -397,7 +413,7 @@ private:
       t.text = "-" + t.text;
       break;
     case kElementType:
-      if (rng() % 2)
+      if (rng() % 5 != 0)
         replaceAll(tokens, std::string(t.text), pick(kElementTypes, rng));
       else
         t.text = pick(kElementTypes, rng);
@@ -490,6 +506,7 @@ private:
 
   const std::vector<std::string> &seeds_;
   std::vector<size_t> valid_;
+  std::vector<std::vector<unsigned>> native_;
   std::vector<std::string> opNames_;
   std::vector<std::string> dictionary_;
 };
@@ -516,8 +533,8 @@ Outcome runInput(DialectRegistry &registry, const std::string &text,
   // The module's own pass manager, its passes listed as in
   // --pass-pipeline=builtin.module(...).
   PassManager pm(&context);
-  if (failed(parsePassPipeline(kPipelines[pipeline], pm))) {
-    llvm::errs() << "ernie-fuzz-mlir: bad pipeline " << kPipelines[pipeline]
+  if (failed(parsePassPipeline(pipelines[pipeline], pm))) {
+    llvm::errs() << "ernie-fuzz-mlir: bad pipeline " << pipelines[pipeline]
                  << "\n";
     std::abort();
   }
@@ -547,30 +564,96 @@ void collectSeeds(StringRef path, std::vector<std::string> &files) {
   files.push_back(path.str());
 }
 
+/// The pass pipeline of a lit RUN line's `ernie-opt %s --a --b=x "--c=y z"`
+/// in --pass-pipeline syntax (`a,b{x},c{y z}`), or "" when it runs none.
+/// Flags that are not passes are dropped here; whether the rest parse is
+/// checked by the caller.
+std::string pipelineOfRunLine(StringRef line) {
+  size_t at = line.find("ernie-opt %s");
+  if (at == StringRef::npos)
+    return "";
+  StringRef rest = line.substr(at + strlen("ernie-opt %s"));
+  rest = rest.take_until([](char c) { return c == '|' || c == '>'; });
+  std::vector<std::string> words;
+  std::string word;
+  bool quoted = false;
+  for (char c : rest) {
+    if (c == '"') {
+      quoted = !quoted;
+    } else if (std::isspace(static_cast<unsigned char>(c)) && !quoted) {
+      if (!word.empty())
+        words.push_back(word);
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  if (!word.empty())
+    words.push_back(word);
+  std::vector<std::string> passes;
+  for (StringRef w : std::vector<StringRef>(words.begin(), words.end())) {
+    if (!w.consume_front("--") && !w.consume_front("-"))
+      continue; // an operand, a redirection's target
+    auto [name, options] = w.split('=');
+    if (name.starts_with("mlir-") || name == "split-input-file" ||
+        name == "verify-diagnostics" || name == "o" || name == "2" ||
+        name == "emit-bytecode" || name == "pass-pipeline")
+      continue;
+    std::string element = name.str();
+    if (!options.empty()) {
+      // Files a pass writes (plan reports) go nowhere.
+      std::string opts = options.str();
+      size_t t = opts.find("%t");
+      if (t != std::string::npos) {
+        size_t end = opts.find(' ', t);
+        opts.replace(t, end == std::string::npos ? std::string::npos : end - t,
+                     "/dev/null");
+      }
+      element += "{" + opts + "}";
+    }
+    passes.push_back(element);
+  }
+  return llvm::join(passes, ",");
+}
+
+struct SeedPiece {
+  std::string text;
+  /// The pipelines of its file's RUN lines.
+  std::vector<std::string> runPipelines;
+};
+
 /// The seed texts: each file cut into its split-input-file pieces.
-std::vector<std::string> loadSeeds(std::vector<std::string> files) {
+std::vector<SeedPiece> loadSeeds(std::vector<std::string> files) {
   llvm::sort(files); // the corpus order makes inputs reproducible
-  std::vector<std::string> seeds;
+  std::vector<SeedPiece> seeds;
   for (const std::string &file : files) {
     auto buffer = llvm::MemoryBuffer::getFile(file);
     if (!buffer)
       continue;
     std::string piece;
+    std::set<std::string> runs;
     SmallVector<StringRef> lines;
     (*buffer)->getBuffer().split(lines, '\n');
+    size_t first = seeds.size();
     for (StringRef line : lines) {
       if (line.starts_with("// -----") || line.starts_with("//---")) {
         if (!StringRef(piece).trim().empty())
-          seeds.push_back(piece);
+          seeds.push_back({piece, {}});
         piece.clear();
         continue;
       }
-      if (line.trim().starts_with("//"))
+      if (line.trim().starts_with("//")) {
+        if (line.contains("RUN:"))
+          if (std::string p = pipelineOfRunLine(line); !p.empty())
+            runs.insert(p);
         continue;
+      }
       piece += line.str() + "\n";
     }
     if (!StringRef(piece).trim().empty())
-      seeds.push_back(piece);
+      seeds.push_back({piece, {}});
+    for (size_t i = first; i < seeds.size(); ++i)
+      seeds[i].runPipelines.assign(runs.begin(), runs.end());
   }
   return seeds;
 }
@@ -616,6 +699,7 @@ int64_t envOr(const char *name, int64_t fallback) {
 
 int main(int argc, char **argv) {
   int64_t iterations = 2000, maxSeconds = 0, printInput = -1, first = 0;
+  bool listPipelines = false;
   uint64_t seed = 1;
   unsigned timeLimit = 20;
   std::string crashDir = ".";
@@ -639,6 +723,8 @@ int main(int argc, char **argv) {
       timeLimit = std::atoi(value().c_str());
     else if (arg == "--max-seconds")
       maxSeconds = std::atoll(value().c_str());
+    else if (arg == "--list-pipelines")
+      listPipelines = true;
     else if (arg == "--first")
       first = std::atoll(value().c_str());
     else if (arg == "--print-input")
@@ -654,7 +740,10 @@ int main(int argc, char **argv) {
     maxSeconds = 0;
   }
   seed = envOr("ERNIE_FUZZ_SEED", seed);
-  std::vector<std::string> seeds = loadSeeds(files);
+  std::vector<SeedPiece> pieces = loadSeeds(files);
+  std::vector<std::string> seeds;
+  for (const SeedPiece &piece : pieces)
+    seeds.push_back(piece.text);
   if (seeds.empty()) {
     llvm::errs() << "ernie-fuzz-mlir: no seed inputs (.mlir) given\n";
     return 2;
@@ -679,11 +768,36 @@ int main(int argc, char **argv) {
     if (parseSourceString<ModuleOp>(seeds[i], &context))
       valid.push_back(i);
   }
-  Mutator mutator(seeds, valid, opNames);
+  // The seeds' RUN-line pipelines that parse, each once.
+  std::vector<std::vector<unsigned>> native(pieces.size());
+  std::map<std::string, unsigned> known;
+  for (auto [i, piece] : llvm::enumerate(pieces))
+    for (const std::string &p : piece.runPipelines) {
+      auto [it, inserted] = known.try_emplace(p, pipelines.size());
+      if (inserted) {
+        MLIRContext context(registry);
+        PassManager pm(&context);
+        std::string errors;
+        llvm::raw_string_ostream os(errors);
+        if (failed(parsePassPipeline(p, pm, os))) {
+          it->second = ~0u;
+          continue;
+        }
+        pipelines.push_back(p);
+      }
+      if (it->second != ~0u)
+        native[i].push_back(it->second);
+    }
+  Mutator mutator(seeds, valid, native, opNames);
+  if (listPipelines) {
+    for (const std::string &p : pipelines)
+      llvm::outs() << "builtin.module(" << p << ")\n";
+    return 0;
+  }
   if (printInput >= 0) {
     // The input a crash report names, to replay outside the harness.
     auto [text, pipeline] = mutator.make(seed, printInput);
-    llvm::outs() << "// pipeline: builtin.module(" << kPipelines[pipeline]
+    llvm::outs() << "// pipeline: builtin.module(" << pipelines[pipeline]
                  << ")\n"
                  << text;
     return 0;
@@ -753,12 +867,12 @@ int main(int argc, char **argv) {
     if (!ec) {
       out << "// ernie-fuzz-mlir --seed " << seed << ": input " << running
           << ", " << describeStatus(status) << "\n// ernie-opt FILE "
-          << "'--pass-pipeline=builtin.module(" << kPipelines[pipeline]
+          << "'--pass-pipeline=builtin.module(" << pipelines[pipeline]
           << ")' | ernie-translate --ernie-to-program -o /dev/null\n"
           << text;
     }
     llvm::errs() << "ernie-fuzz-mlir: input " << running << " "
-                 << describeStatus(status) << " under '" << kPipelines[pipeline]
+                 << describeStatus(status) << " under '" << pipelines[pipeline]
                  << "': written to " << path << "\n";
     next = running + 1;
   }
@@ -766,9 +880,9 @@ int main(int argc, char **argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
           .count();
   llvm::outs() << "ernie-fuzz-mlir: " << ran << " inputs (seed " << seed << ", "
-               << seeds.size() << " seed pieces, " << valid.size()
-               << " valid) in " << llvm::format("%.1f", seconds)
-               << " s: " << counts[kSkipped]
+               << seeds.size() << " seed pieces, " << valid.size() << " valid, "
+               << pipelines.size() << " pipelines) in "
+               << llvm::format("%.1f", seconds) << " s: " << counts[kSkipped]
                << " skipped (known MLIR parser crashes), "
                << counts[kParseError] << " parse errors, "
                << counts[kVerifyError] << " verifier errors, "
