@@ -16,10 +16,10 @@
 using namespace mlir;
 using namespace mlir::ernie;
 
-ShardingAttr
-ShardingAttr::get(MLIRContext *context, FlatSymbolRefAttr mesh,
-                  ArrayRef<SmallVector<StringRef>> dims,
-                  ArrayRef<std::pair<StringRef, ReduceKind>> partial) {
+/// The attribute's parameters from per-dimension axis names and partials.
+static std::tuple<ArrayAttr, ArrayAttr, ArrayAttr>
+shardingParams(MLIRContext *context, ArrayRef<SmallVector<StringRef>> dims,
+               ArrayRef<std::pair<StringRef, ReduceKind>> partial) {
   Builder b(context);
   SmallVector<Attribute> dimAttrs;
   for (const SmallVector<StringRef> &axes : dims)
@@ -29,8 +29,24 @@ ShardingAttr::get(MLIRContext *context, FlatSymbolRefAttr mesh,
     axes.push_back(b.getStringAttr(axis));
     kinds.push_back(ReduceKindAttr::get(context, kind));
   }
-  return get(context, mesh, b.getArrayAttr(dimAttrs), b.getArrayAttr(axes),
-             b.getArrayAttr(kinds));
+  return {b.getArrayAttr(dimAttrs), b.getArrayAttr(axes),
+          b.getArrayAttr(kinds)};
+}
+
+ShardingAttr
+ShardingAttr::get(MLIRContext *context, FlatSymbolRefAttr mesh,
+                  ArrayRef<SmallVector<StringRef>> dims,
+                  ArrayRef<std::pair<StringRef, ReduceKind>> partial) {
+  auto [dimAttrs, axes, kinds] = shardingParams(context, dims, partial);
+  return get(context, mesh, dimAttrs, axes, kinds);
+}
+
+ShardingAttr ShardingAttr::getCheckedFromNames(
+    function_ref<InFlightDiagnostic()> emitError, MLIRContext *context,
+    FlatSymbolRefAttr mesh, ArrayRef<SmallVector<StringRef>> dims,
+    ArrayRef<std::pair<StringRef, ReduceKind>> partial) {
+  auto [dimAttrs, axes, kinds] = shardingParams(context, dims, partial);
+  return getChecked(emitError, context, mesh, dimAttrs, axes, kinds);
 }
 
 ShardingAttr ShardingAttr::getReplicated(MLIRContext *context,

@@ -74,6 +74,13 @@ def Ernie_ShardingAttr : AttrDef<Ernie_Dialect, "Sharding"> {
                             ::mlir::FlatSymbolRefAttr mesh,
                             ::llvm::ArrayRef<::llvm::SmallVector<::llvm::StringRef>> dims,
                             ::llvm::ArrayRef<std::pair<::llvm::StringRef, ReduceKind>> partial = {});
+    /// The same from names a user gave (empty or repeated axes): null and
+    /// a diagnostic through `emitError` where `get` would assert.
+    static ShardingAttr getCheckedFromNames(
+        ::llvm::function_ref<::mlir::InFlightDiagnostic()> emitError,
+        ::mlir::MLIRContext *context, ::mlir::FlatSymbolRefAttr mesh,
+        ::llvm::ArrayRef<::llvm::SmallVector<::llvm::StringRef>> dims,
+        ::llvm::ArrayRef<std::pair<::llvm::StringRef, ReduceKind>> partial = {});
     /// The fully replicated sharding of a rank-`rank` tensor.
     static ShardingAttr getReplicated(::mlir::MLIRContext *context,
                                       ::mlir::FlatSymbolRefAttr mesh,
