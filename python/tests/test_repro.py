@@ -103,3 +103,16 @@ def test_optimizer_accepts_and_checks_schedules():
     assert opt.get_lr(2) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="learning_rate must be finite and >= 0, got nan"):
         opt.get_lr(3)
+
+
+@pytest.mark.parametrize("dims, partials, message", [
+    ([[""], []], [], "mesh axes are named by non-empty strings"),
+    ([["x"], ["x"]], [], "mesh axis 'x' is used twice in one sharding"),
+    ([["x"], []], [("x", "sum")], "mesh axis 'x' is used twice in one sharding"),
+])
+def test_tracer_sharding_names(dims, partials, message):
+    # A sharding built from a user's names is checked, not asserted on.
+    from ernie import _ernie
+    t = _ernie.Tracer("f")
+    with pytest.raises(ValueError, match=message):
+        t.argument([4, 8], "f32", None, ("mesh", dims, partials), None)
