@@ -16,6 +16,7 @@ runtime splits each global batch into the micro-batches itself).
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, OrderedDict
 
@@ -410,6 +411,39 @@ class Program:
         if step is not None and self.optimizer is not None:
             self.step_count = step
 
+    def save_checkpoint(self, directory, keep=None, data_position=None):
+        """Saves the state as a distributed checkpoint `directory/step-<N>`:
+        each rank writes the pieces it owns (safetensors, a replicated piece
+        once), then a manifest of global shapes and offsets, the step, the
+        optimizer's hyper-parameters, the mesh and `data_position` (any
+        JSON value, given back by load_checkpoint). Atomic: a temporary
+        directory renamed into place once complete. `keep` keeps the newest
+        `keep` checkpoints. Returns the checkpoint's directory."""
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+            raise ValueError(f"keep is a positive number of checkpoints, not {keep!r}")
+        metadata = {"data_position": data_position,
+                    "optimizer": _optimizer_description(self.optimizer),
+                    "mesh": (None if self.mesh is None else
+                             {"dim_names": list(self.mesh.dim_names),
+                              "shape": list(self.mesh.shape)})}
+        try:
+            text = json.dumps(metadata)
+        except TypeError as e:
+            raise TypeError(f"data_position must be JSON-serialisable: {e}") from None
+        return self._require_session().save_checkpoint(str(directory), self.step_count, text,
+                                                       keep or 0)
+
+    def load_checkpoint(self, directory):
+        """Loads a checkpoint saved by save_checkpoint on any mesh, plan,
+        ZeRO level or pipeline split: each rank reads only the byte ranges
+        of its own pieces. `directory` is a checkpoint or a directory of
+        them (the newest complete one is taken). Sets the step count;
+        returns the saved metadata ({"data_position": ..., ...})."""
+        step, text = self._require_session().load_checkpoint(str(directory))
+        if self.optimizer is not None:
+            self.step_count = int(step)
+        return json.loads(text)
+
     def write_trace(self, path):
         """The timeline of every instruction on every rank so far, as a
         Chrome-trace / Perfetto JSON file (compile(..., trace=True))."""
@@ -483,6 +517,15 @@ def _padding(tensor, axis_sizes):
         axes = tensor["sharding"][d] if d < len(tensor["sharding"]) else []
         share *= g / int(np.prod([axis_sizes[a] for a in axes]))
     return int(round((int(np.prod(tensor["local_shape"])) - share) * _BYTES[tensor["dtype"]]))
+
+
+def _optimizer_description(optimizer):
+    """The optimizer's class and plain hyper-parameters, for a manifest."""
+    if optimizer is None:
+        return None
+    plain = {k: v for k, v in vars(optimizer).items()
+             if isinstance(v, (int, float, str, bool, type(None)))}
+    return {"type": type(optimizer).__name__, **plain}
 
 
 def _peak_residuals(steps, residual_bytes):

@@ -639,3 +639,18 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
 
     object.__setattr__(model, "_ernie_plan", plan_state)
     return model, optimizer
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints, by Paddle's names
+# ---------------------------------------------------------------------------
+
+def save_state_dict(program, path, keep=None, data_position=None):
+    """Paddle's `dist.save_state_dict`: `program.save_checkpoint(path)`."""
+    return program.save_checkpoint(path, keep=keep, data_position=data_position)
+
+
+def load_state_dict(program, path):
+    """Paddle's `dist.load_state_dict`: `program.load_checkpoint(path)`,
+    resharded onto the program's mesh and plan."""
+    return program.load_checkpoint(path)

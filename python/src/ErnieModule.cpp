@@ -23,6 +23,7 @@
 #include "ernie/InitAll.h"
 #include "ernie/Sharding/BuildOp.h"
 #include "ernie/Sharding/InferSpmd.h"
+#include "ernie/runtime/Checkpoint.h"
 #include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/PipelineSchedule.h"
 #include "ernie/runtime/Safetensors.h"
@@ -40,6 +41,8 @@
 #include "mlir/Pass/PassRegistry.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -136,8 +139,14 @@ ec::ShardingAttr shardingAttr(MLIRContext *ctx, const std::string &mesh,
                             "' (sum, avg, max, min)");
     partialRefs.push_back({axis, *k});
   }
-  return ec::ShardingAttr::get(ctx, FlatSymbolRefAttr::get(ctx, mesh),
-                                  dimRefs, partialRefs);
+  // Names come from the user: a bad one is a ValueError, not an assertion.
+  DiagnosticCollector diagnostics(ctx);
+  ec::ShardingAttr sharding = ec::ShardingAttr::getCheckedFromNames(
+      [&] { return emitError(UnknownLoc::get(ctx)); }, ctx,
+      FlatSymbolRefAttr::get(ctx, mesh), dimRefs, partialRefs);
+  if (!sharding)
+    throw py::value_error(diagnostics.take("invalid sharding"));
+  return sharding;
 }
 
 /// A Python value as the attribute an ernie op expects under `name`. The
@@ -555,6 +564,32 @@ template <typename Fn> auto translateErrors(Fn fn) {
   }
 }
 
+/// Runs `fn` without the GIL; checkpoint faults as Python exceptions.
+template <typename Fn> auto checkpointErrors(Fn fn) {
+  std::string error;
+  bool os = false;
+  std::optional<decltype(fn())> result;
+  {
+    py::gil_scoped_release release;
+    try {
+      result.emplace(fn());
+    } catch (const std::filesystem::filesystem_error &e) {
+      error = e.what();
+      os = true;
+    } catch (const std::exception &e) {
+      error = e.what();
+    }
+  }
+  if (!result) {
+    if (os) {
+      PyErr_SetString(PyExc_OSError, error.c_str());
+      throw py::error_already_set();
+    }
+    throw py::value_error(error);
+  }
+  return std::move(*result);
+}
+
 class PySession {
 public:
   PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace) {
@@ -614,6 +649,22 @@ public:
   }
 
   int64_t numRanks() const { return session_->numRanks(); }
+
+  /// Checkpoint.h through the session; a damaged or missing checkpoint is
+  /// a ValueError (OSError for the file system's own faults).
+  std::string saveCheckpoint(const std::string &root, int64_t step,
+                             const std::string &metadata, int keep) {
+    return checkpointErrors([&] {
+      return session_->saveCheckpoint(root, step, metadata, keep);
+    });
+  }
+
+  py::tuple loadCheckpoint(const std::string &path) {
+    rt::CheckpointInfo info = checkpointErrors([&] {
+      return session_->loadCheckpoint(path);
+    });
+    return py::make_tuple(info.step, info.metadataJson);
+  }
 
   void writeTrace(const std::string &path) {
     translateErrors([&] {
@@ -967,6 +1018,9 @@ PYBIND11_MODULE(_ernie, m) {
       .def("init_state", &PySession::initState, py::arg("function"),
            py::arg("values") = py::dict(), py::arg("seed") = 0)
       .def("set_state", &PySession::setState)
+      .def("save_checkpoint", &PySession::saveCheckpoint, py::arg("root"),
+           py::arg("step"), py::arg("metadata") = "{}", py::arg("keep") = 0)
+      .def("load_checkpoint", &PySession::loadCheckpoint, py::arg("path"))
       .def("state", &PySession::state)
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
            py::arg("lr") = 0.0, py::arg("step") = 1);
@@ -990,6 +1044,11 @@ PYBIND11_MODULE(_ernie, m) {
         "f32 to a narrow float type's raw bits (uint8/uint16), or back; "
         "types by their MLIR spelling (f16, bf16, f8E4M3FN, f8E5M2)");
 
+  m.def("verify_checkpoint", [](const std::string &dir) {
+        return checkpointErrors([&] {
+          return rt::verifyCheckpoint(rt::resolveCheckpoint(dir));
+        });
+      }, py::arg("path"), "checks every byte of a checkpoint; returns a summary");
   m.def("read_safetensors", &readSafetensors, py::arg("path"),
         "({name: (dtype, array)}, metadata) of a safetensors file");
   m.def("write_safetensors", &writeSafetensors, py::arg("path"),

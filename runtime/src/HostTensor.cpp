@@ -61,31 +61,6 @@ void forEachRow(const std::vector<int64_t> &blockShape,
   }
 }
 
-/// Where `rank`'s piece starts in the global tensor.
-std::vector<int64_t> pieceOffsets(const TensorSpec &spec, const Mesh &mesh,
-                                  int64_t rank) {
-  std::vector<int64_t> offsets(spec.localShape.size(), 0);
-  for (size_t d = 0; d < spec.sharding.dims.size(); ++d)
-    offsets[d] =
-        mesh.indexInGroup(rank, spec.sharding.dims[d]) * spec.localShape[d];
-  return offsets;
-}
-
-/// The part of a piece at `offsets` that lies inside the global tensor: the
-/// local shape, less the padding of an uneven split (GSPMD's convention:
-/// every piece has the local shape `ceil(global / parts)`, the last ones
-/// padded). Empty when the piece is all padding.
-std::vector<int64_t> realExtent(const TensorSpec &spec,
-                                const std::vector<int64_t> &offsets) {
-  std::vector<int64_t> real(spec.localShape.size());
-  for (size_t d = 0; d < real.size(); ++d) {
-    real[d] = std::min(spec.localShape[d], spec.globalShape[d] - offsets[d]);
-    if (real[d] <= 0)
-      return {};
-  }
-  return real;
-}
-
 void requireShape(const HostTensor &t, const std::vector<int64_t> &shape,
                   DType type, const std::string &what) {
   if (t.shape != shape || t.type != type) {
@@ -102,6 +77,26 @@ void requireShape(const HostTensor &t, const std::vector<int64_t> &shape,
 }
 
 } // namespace
+
+std::vector<int64_t> pieceOffsets(const TensorSpec &spec, const Mesh &mesh,
+                                  int64_t rank) {
+  std::vector<int64_t> offsets(spec.localShape.size(), 0);
+  for (size_t d = 0; d < spec.sharding.dims.size(); ++d)
+    offsets[d] =
+        mesh.indexInGroup(rank, spec.sharding.dims[d]) * spec.localShape[d];
+  return offsets;
+}
+
+std::vector<int64_t> realExtent(const TensorSpec &spec,
+                                const std::vector<int64_t> &offsets) {
+  std::vector<int64_t> real(spec.localShape.size());
+  for (size_t d = 0; d < real.size(); ++d) {
+    real[d] = std::min(spec.localShape[d], spec.globalShape[d] - offsets[d]);
+    if (real[d] <= 0)
+      return {};
+  }
+  return real;
+}
 
 void insertBlock(const uint8_t *src, const std::vector<int64_t> &blockShape,
                  uint8_t *dst, const std::vector<int64_t> &dstShape,

@@ -2,6 +2,8 @@
 
 #include "ernie/runtime/Session.h"
 
+#include "ernie/runtime/Checkpoint.h"
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -173,6 +175,16 @@ const HostTensor &RankRunner::localState(const std::string &name) const {
   return it->second.piece;
 }
 
+void RankRunner::replaceLocalState(const std::string &name, HostTensor piece) {
+  auto it = state_.find(name);
+  if (it == state_.end())
+    throw std::invalid_argument("no state named '" + name + "'");
+  if (piece.type != it->second.spec.type ||
+      piece.shape != it->second.spec.localShape)
+    throw std::invalid_argument("state '" + name + "': a piece of another layout");
+  it->second.piece = std::move(piece);
+}
+
 const TensorSpec &RankRunner::stateSpec(const std::string &name) const {
   auto it = state_.find(name);
   if (it == state_.end())
@@ -221,6 +233,10 @@ std::vector<std::string> RankRunner::stateNames() const {
 std::vector<HostTensor> RankRunner::call(const std::string &fnName,
                                          const std::vector<HostTensor> &inputs,
                                          double lr, int64_t step) {
+  // Every rank refuses alike, before anything talks.
+  if (std::string problem = callProblem(program_, fnName, inputs, lr, step);
+      !problem.empty())
+    throw std::invalid_argument(problem);
   if (program_.isPipelined())
     return callPipelined(fnName, inputs, lr, step);
   return callFunction(fnName, inputs, lr, step);
@@ -709,9 +725,32 @@ HostTensor Session::state(const std::string &fn, const std::string &name) const 
   return assemble(pieces, ranks_[0]->stateSpec(name), program_.mesh());
 }
 
+std::string Session::saveCheckpoint(const std::string &root, int64_t step,
+                                   const std::string &metadataJson, int keep) {
+  std::string dir = beginCheckpoint(root, step);
+  onEveryRank([&](int64_t r) { writeCheckpointShards(program_, *ranks_[r], r, dir); });
+  return commitCheckpoint(program_, dir, root, step, metadataJson, keep);
+}
+
+CheckpointInfo Session::loadCheckpoint(const std::string &path) {
+  std::string dir = resolveCheckpoint(path);
+  CheckpointInfo info = readCheckpointInfo(dir);
+  std::vector<std::map<std::string, HostTensor>> read(numRanks());
+  onEveryRank([&](int64_t r) {
+    read[r] = readCheckpointShards(program_, *ranks_[r], r, dir);
+  });
+  for (int64_t r = 0; r < numRanks(); ++r)
+    for (auto &[name, piece] : read[r])
+      ranks_[r]->replaceLocalState(name, std::move(piece));
+  return info;
+}
+
 std::vector<HostTensor> Session::call(const std::string &fn,
                                       const std::vector<HostTensor> &inputs,
                                       double lr, int64_t step) {
+  if (std::string problem = callProblem(program_, fn, inputs, lr, step);
+      !problem.empty())
+    throw std::invalid_argument(problem); // before a thread starts
   std::vector<std::vector<HostTensor>> perRank(numRanks());
   onEveryRank([&](int64_t r) { perRank[r] = ranks_[r]->call(fn, inputs, lr, step); });
   if (program_.isPipelined())

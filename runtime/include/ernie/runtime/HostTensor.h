@@ -52,6 +52,18 @@ void extractBlock(const uint8_t *src, const std::vector<int64_t> &srcShape,
                   const std::vector<int64_t> &offsets, uint8_t *dst,
                   const std::vector<int64_t> &blockShape, size_t elementBytes);
 
+/// Where `rank`'s piece of a tensor laid out as `spec` starts in the global
+/// tensor.
+std::vector<int64_t> pieceOffsets(const TensorSpec &spec, const Mesh &mesh,
+                                  int64_t rank);
+/// The part of the piece at `offsets` that lies inside the global tensor:
+/// the local shape, less the padding of an uneven split (every piece has
+/// the local shape `ceil(global / parts)`, the last ones padded). Empty
+/// when the piece is all padding (a rank-0 tensor's extent is empty too, and
+/// equals its local shape).
+std::vector<int64_t> realExtent(const TensorSpec &spec,
+                                const std::vector<int64_t> &offsets);
+
 /// `rank`'s piece of `global` under `spec`'s sharding.
 HostTensor pieceOf(const HostTensor &global, const TensorSpec &spec,
                    const Mesh &mesh, int64_t rank);

@@ -42,6 +42,8 @@
 
 namespace ernie::runtime {
 
+struct CheckpointInfo;
+
 /// Where a state's first value comes from: a global tensor, or nullopt for
 /// the default (parameters drawn from a seeded generator, slots zero).
 using StateSource = std::function<std::optional<HostTensor>(const TensorSpec &)>;
@@ -71,6 +73,9 @@ public:
                 const HostTensor &global);
   /// This rank's piece of state `name`; throws when there is none.
   const HostTensor &localState(const std::string &name) const;
+  /// Replaces this rank's piece of state `name` (held already) with
+  /// `piece`, of the same layout.
+  void replaceLocalState(const std::string &name, HostTensor piece);
   /// The layout that piece belongs to.
   const TensorSpec &stateSpec(const std::string &name) const;
   std::vector<std::string> stateNames() const;
@@ -175,6 +180,16 @@ public:
                 const HostTensor &global);
   /// The global value of state `name`.
   HostTensor state(const std::string &fn, const std::string &name) const;
+
+  /// Saves every rank's state as checkpoint `<root>/step-<step>`
+  /// (Checkpoint.h) with the caller's `metadataJson`, keeping the newest
+  /// `keep` (0: all); returns its directory.
+  std::string saveCheckpoint(const std::string &root, int64_t step,
+                             const std::string &metadataJson, int keep);
+  /// Replaces every rank's state from checkpoint `path` (one, or the newest
+  /// complete one under it), resharded; nothing changes unless every rank
+  /// read everything. Returns its step and metadata.
+  CheckpointInfo loadCheckpoint(const std::string &path);
 
   /// Every rank's recorded intervals (SessionOptions::executor.trace).
   std::vector<std::vector<TraceEvent>> traceEvents() const;
