@@ -17,6 +17,9 @@ namespace ernie::runtime {
 /// One function's memory: a single aligned block, every buffer at its offset.
 struct Executor::Arena {
   explicit Arena(uint64_t bytes) {
+    // Program::load bounds `bytes` far below where this rounding could wrap.
+    if (bytes > UINT64_MAX - program::kBufferAlignment)
+      throw std::bad_alloc();
     uint64_t size = (bytes + program::kBufferAlignment - 1) /
                     program::kBufferAlignment * program::kBufferAlignment;
     data = static_cast<uint8_t *>(

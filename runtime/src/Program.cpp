@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -1206,6 +1207,12 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   fn.name = f->name()->str();
   fn.arenaBytes = f->arena_bytes();
   const std::string at = "function @" + fn.name;
+  // Far past any machine, and small enough that rounding it up to the
+  // buffer alignment cannot wrap.
+  constexpr uint64_t kMaxArenaBytes = uint64_t(1) << 48;
+  check.require(fn.arenaBytes <= kMaxArenaBytes,
+                at + ": an arena of " + std::to_string(fn.arenaBytes) +
+                    " bytes is past the limit of 2^48");
   if (f->buffers())
     for (const fb::Buffer *b : *f->buffers()) {
       BufferSpec spec{decode(b->dtype(), check), ints(b->shape()), b->offset(),
@@ -1978,6 +1985,60 @@ const Function &Program::requireFunction(int64_t stage,
   throw std::invalid_argument("the program has no function @" + name +
                               " (it has " + (known.empty() ? "none" : known) +
                               ")");
+}
+
+std::string callProblem(const Program &program, const std::string &fn,
+                        const std::vector<HostTensor> &inputs, double lr,
+                        int64_t step) {
+  if (!std::isfinite(lr))
+    return "@" + fn + ": the learning rate must be finite, not " +
+           std::to_string(lr);
+  if (step < 1)
+    return "@" + fn + ": the step is counted from 1, not " +
+           std::to_string(step);
+  // The global batch inputs the call takes, as Session feeds them.
+  std::vector<TensorSpec> want;
+  if (const PipelineSpec *pipeline = program.pipeline()) {
+    if (fn != "train_step" && fn != "eval_step")
+      return "a pipelined program runs train_step and eval_step, not '" + fn +
+             "'";
+    for (TensorSpec spec : pipeline->inputs) {
+      spec.globalShape[0] *= pipeline->microBatches; // load bounds both
+      want.push_back(std::move(spec));
+    }
+  } else {
+    const Function *f = program.function(0, fn);
+    if (!f)
+      return "the program has no function @" + fn;
+    for (const TensorSpec &arg : f->arguments)
+      if (arg.role == Role::Input || arg.role == Role::Loss)
+        want.push_back(arg);
+  }
+  if (inputs.size() != want.size())
+    return "@" + fn + " takes " + std::to_string(want.size()) +
+           " batch inputs, not " + std::to_string(inputs.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const HostTensor &t = inputs[i];
+    const TensorSpec &spec = want[i];
+    std::string what = "@" + fn + " input " + std::to_string(i) +
+                       (spec.name.empty() ? "" : " ('" + spec.name + "')");
+    if (t.shape != spec.globalShape) {
+      std::string micro;
+      if (const PipelineSpec *pipeline = program.pipeline())
+        micro = " (" + std::to_string(pipeline->microBatches) +
+                " micro-batches of " +
+                shapeString(pipeline->inputs[i].globalShape) + ")";
+      return what + " must have shape " + shapeString(spec.globalShape) +
+             micro + ", not " + shapeString(t.shape);
+    }
+    if (t.type != spec.type)
+      return what + " must be " + std::string(name(spec.type)) + ", not " +
+             std::string(name(t.type)) +
+             (isFloat(t.type) != isFloat(spec.type)
+                  ? " (integers and floats are not converted into each other)"
+                  : "");
+  }
+  return "";
 }
 
 } // namespace ernie::runtime

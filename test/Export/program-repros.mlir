@@ -31,6 +31,11 @@
 // RUN: not ernie-run %S/Inputs/repro/program-pipe-run-segv.ernie --steps 2 --timeout 5 2>&1 | FileCheck %s --check-prefix=PIPESTEP
 // PIPESTEP: function @train_backward.1, instruction #7 (ernie.sub): the result ([]xf32) must be [4, 16]xf32 like the operands
 //
+// Found by ernie-fuzz-program (seed 7): an arena of 2^64 - 1 bytes wrapped
+// to a 64-byte allocation when rounded up to the buffer alignment.
+// RUN: not ernie-run %S/Inputs/repro/fuzz-arena-bytes-wrap.ernie --steps 1 --timeout 5 2>&1 | FileCheck %s --check-prefix=ARENA
+// ARENA: function @block: an arena of 18446744073709551615 bytes is past the limit of 2^48
+//
 // Bytes appended after the program are damage, not ignored.
 // RUN: ernie-translate --ernie-to-program %s -o %t.ernie
 // RUN: ernie-run %t.ernie | FileCheck %s --check-prefix=GOOD

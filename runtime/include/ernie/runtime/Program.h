@@ -179,6 +179,18 @@ bool isExecutorOp(const std::string &op);
 /// buffer.
 std::string kernelSignatureProblem(const Instruction &inst, const Function &fn);
 
+struct HostTensor;
+
+/// Why a call of `fn` with these global batch `inputs` (in argument order;
+/// pipelines: "train_step"/"eval_step" with the full batches), learning rate
+/// `lr` and 1-based `step` cannot run, or "": the input count, each input's
+/// shape and exact element type (integer ids are never taken from floats,
+/// nor floats from integers), a finite learning rate, step >= 1. Sessions
+/// (C++ and Python) check it before any rank starts.
+std::string callProblem(const Program &program, const std::string &fn,
+                        const std::vector<HostTensor> &inputs, double lr,
+                        int64_t step);
+
 /// Where ernie.shard_insert's operands are: the dialect's order ("%piece
 /// into %dest"), which the program file keeps.
 constexpr size_t kShardInsertPiece = 0, kShardInsertDest = 1;
