@@ -1506,10 +1506,32 @@ TEST(ExecutorFaults, WrongInputsAreInvalidArguments) {
     return std::string();
   };
   HostTensor global = f32({4, 3}, [](int64_t i) { return float(i) - 5; });
-  EXPECT_THAT(callError({}), HasSubstr("@f needs more than 0 inputs"));
-  EXPECT_THAT(callError({global, global}), HasSubstr("@f takes 1 inputs, not 2"));
+  EXPECT_THAT(callError({}), HasSubstr("@f takes 1 batch inputs, not 0"));
+  EXPECT_THAT(callError({global, global}),
+              HasSubstr("@f takes 1 batch inputs, not 2"));
   EXPECT_THAT(callError({HostTensor(DType::F32, {2, 3})}),
-              HasSubstr("'x' must be f32[4, 3], not f32[2, 3]"));
+              HasSubstr("@f input 0 ('x') must have shape [4, 3], not [2, 3]"));
+  // Exact element types (ids are never floats), a finite learning rate and
+  // a step from 1, checked before any rank runs.
+  EXPECT_THAT(callError({HostTensor(DType::I64, {4, 3})}),
+              HasSubstr("@f input 0 ('x') must be f32, not i64 (integers and "
+                        "floats are not converted into each other)"));
+  EXPECT_THAT(callError({HostTensor(DType::F64, {4, 3})}),
+              HasSubstr("must be f32, not f64"));
+  auto callWith = [&](double lr, int64_t step) {
+    try {
+      session.call("f", {global}, lr, step);
+    } catch (const std::invalid_argument &e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(callWith(std::nan(""), 1),
+              HasSubstr("@f: the learning rate must be finite, not nan"));
+  EXPECT_THAT(callWith(INFINITY, 1), HasSubstr("must be finite"));
+  EXPECT_THAT(callWith(0.1, -5), HasSubstr("@f: the step is counted from 1, "
+                                           "not -5"));
+  EXPECT_THAT(callWith(0.1, 0), HasSubstr("not 0"));
   // Nothing was started: the session still works.
   std::vector<HostTensor> out = session.call("f", {global});
   EXPECT_EQ(out[0].as<float>()[0], 0.0f);

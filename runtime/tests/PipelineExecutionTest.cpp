@@ -617,8 +617,8 @@ TEST(PipelineExecution, WrongBatchesAreInvalidArgumentsAndTheSessionGoesOn) {
   };
   HostTensor x = tensorOf(Values(12 * kFeatures, 1.0), {12, kFeatures});
   EXPECT_THAT(callError("train_step", {x, x}),
-              HasSubstr("batch input 0 must be [16, 2] (4 micro-batches of "
-                        "[4, 2]), not [12, 2]"));
+              HasSubstr("@train_step input 0 ('input.0') must have shape "
+                        "[16, 2] (4 micro-batches of [4, 2]), not [12, 2]"));
   EXPECT_THAT(callError("train_step", {x}),
               HasSubstr("takes 2 batch inputs, not 1"));
   EXPECT_THAT(callError("forward", {}),
