@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -45,16 +46,20 @@ struct PipelineSplitPass
                          << int64_t(stages) << " and " << int64_t(virtualStages);
       return signalPassFailure();
     }
-    if (failed(checkMesh(module)) || failed(assignStages(fn)))
-      return signalPassFailure();
+    // What this pass will record, checked by the one reader (its bounds
+    // included) before any per-chunk table is sized from it.
     Builder b(module.getContext());
-    module->setAttr(ErnieDialect::kPipelineAttrName,
-                    b.getDictionaryAttr({
-                        b.getNamedAttr("stages", b.getI64IntegerAttr(stages)),
-                        b.getNamedAttr("virtual_stages",
-                                       b.getI64IntegerAttr(virtualStages)),
-                        b.getNamedAttr("axis", b.getStringAttr(axis)),
-                    }));
+    DictionaryAttr pipeline = b.getDictionaryAttr({
+        b.getNamedAttr("stages", b.getI64IntegerAttr(stages)),
+        b.getNamedAttr("virtual_stages", b.getI64IntegerAttr(virtualStages)),
+        b.getNamedAttr("axis", b.getStringAttr(axis)),
+    });
+    if (failed(parsePipelineInfo(
+            pipeline,
+            [&] { return module.emitError("--ernie-pipeline-split: "); })) ||
+        failed(checkMesh(module)) || failed(assignStages(fn)))
+      return signalPassFailure();
+    module->setAttr(ErnieDialect::kPipelineAttrName, pipeline);
   }
 
   /// With more than one stage, the mesh must have `axis` of that size.

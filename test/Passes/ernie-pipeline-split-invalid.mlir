@@ -1,5 +1,11 @@
 // Pipeline plans that do not fit the model are clear errors.
 // RUN: not ernie-opt %s --split-input-file --ernie-pipeline-split=stages=2 2>&1 | FileCheck %s
+// Found by ernie-fuzz-mlir: 2^32 virtual stages sized a table per chunk
+// (std::bad_alloc); the options are checked as the dictionary they write.
+// RUN: not ernie-opt %s --split-input-file "--ernie-pipeline-split=stages=2 virtual-stages=4294967296" 2>&1 | FileCheck %s --check-prefix=HUGE
+// RUN: not ernie-opt %s --split-input-file --ernie-pipeline-split=stages=8192 2>&1 | FileCheck %s --check-prefix=STAGES
+// HUGE: error: --ernie-pipeline-split: 'ernie.pipeline' key 'virtual_stages' must be in [1, 1048576], got 4294967296
+// STAGES: error: --ernie-pipeline-split: 'ernie.pipeline' key 'stages' must be at most 4096, got 8192
 
 ernie.mesh @mesh(pp = 2)
 func.func @forward(%x: tensor<4x8xf32>, %y: tensor<4xi64>,

@@ -20,7 +20,7 @@
 //   ernie-fuzz-mlir [--iterations N] [--seed S] [--crash-dir D]
 //                   [--time-limit SECONDS] [--max-seconds T]
 //                   [--first I] [--print-input I] [--list-pipelines]
-//                   PATH...
+//                   [--verbose] PATH...
 //
 // ERNIE_FUZZ_ITERATIONS, when set, overrides --iterations (and lifts
 // --max-seconds): the suite's short run becomes a long one.
@@ -261,7 +261,8 @@ public:
   }
 
   /// Input `index` under `seed`: its text and its pipeline.
-  std::pair<std::string, unsigned> make(uint64_t seed, uint64_t index) const {
+  std::pair<std::string, std::string> make(uint64_t seed,
+                                           uint64_t index) const {
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + index);
     size_t from = !valid_.empty() && rng() % 5 != 0
                       ? valid_[rng() % valid_.size()]
@@ -276,7 +277,20 @@ public:
     unsigned pipeline = static_cast<unsigned>(rng() % kNumPipelines);
     if (!own.empty() && rng() % 2)
       pipeline = own[rng() % own.size()];
-    return {text, pipeline};
+    // Pass options are user input too: one in four gets a number changed.
+    std::string options = pipelines[pipeline];
+    if (rng() % 4 == 0) {
+      std::vector<Token> tokens = tokenize(options);
+      std::vector<size_t> numbers;
+      for (size_t i = 0; i < tokens.size(); ++i)
+        if (tokens[i].kind == Tok::Number)
+          numbers.push_back(i);
+      if (!numbers.empty()) {
+        tokens[numbers[rng() % numbers.size()]].text = pick(kIntegers, rng);
+        options = join(tokens);
+      }
+    }
+    return {text, options};
   }
 
 private:
@@ -516,7 +530,7 @@ private:
 //===----------------------------------------------------------------------===//
 
 Outcome runInput(DialectRegistry &registry, const std::string &text,
-                 unsigned pipeline) {
+                 const std::string &pipeline) {
   for (const char *pattern : kUpstreamCrashes)
     if (StringRef(text).contains(pattern))
       return kSkipped;
@@ -533,11 +547,11 @@ Outcome runInput(DialectRegistry &registry, const std::string &text,
   // The module's own pass manager, its passes listed as in
   // --pass-pipeline=builtin.module(...).
   PassManager pm(&context);
-  if (failed(parsePassPipeline(pipelines[pipeline], pm))) {
-    llvm::errs() << "ernie-fuzz-mlir: bad pipeline " << pipelines[pipeline]
-                 << "\n";
-    std::abort();
-  }
+  std::string errors;
+  llvm::raw_string_ostream errorStream(errors);
+  if (failed(parsePassPipeline(pipeline, pm, errorStream)))
+    return kPassError; // a mutated option the pass refuses
+
   if (failed(pm.run(*module)))
     return kPassError;
   std::string program;
@@ -699,7 +713,7 @@ int64_t envOr(const char *name, int64_t fallback) {
 
 int main(int argc, char **argv) {
   int64_t iterations = 2000, maxSeconds = 0, printInput = -1, first = 0;
-  bool listPipelines = false;
+  bool listPipelines = false, verbose = false;
   uint64_t seed = 1;
   unsigned timeLimit = 20;
   std::string crashDir = ".";
@@ -723,6 +737,8 @@ int main(int argc, char **argv) {
       timeLimit = std::atoi(value().c_str());
     else if (arg == "--max-seconds")
       maxSeconds = std::atoll(value().c_str());
+    else if (arg == "--verbose")
+      verbose = true;
     else if (arg == "--list-pipelines")
       listPipelines = true;
     else if (arg == "--first")
@@ -797,9 +813,7 @@ int main(int argc, char **argv) {
   if (printInput >= 0) {
     // The input a crash report names, to replay outside the harness.
     auto [text, pipeline] = mutator.make(seed, printInput);
-    llvm::outs() << "// pipeline: builtin.module(" << pipelines[pipeline]
-                 << ")\n"
-                 << text;
+    llvm::outs() << "// pipeline: builtin.module(" << pipeline << ")\n" << text;
     return 0;
   }
 
@@ -830,6 +844,11 @@ int main(int argc, char **argv) {
       // A runaway allocation ends this child, not the machine.
       rlimit memory{int64_t(4) << 30, int64_t(4) << 30};
       setrlimit(RLIMIT_AS, &memory);
+      // Option parsers print their complaints; a crash is reported by the
+      // parent, and --verbose keeps the child's stack dumps.
+      if (!verbose)
+        if (FILE *null = std::freopen("/dev/null", "w", stderr); !null)
+          _exit(3);
       runBatch(registry, mutator, seed, next, end, fds[1], timeLimit);
     }
     close(fds[1]);
@@ -867,12 +886,12 @@ int main(int argc, char **argv) {
     if (!ec) {
       out << "// ernie-fuzz-mlir --seed " << seed << ": input " << running
           << ", " << describeStatus(status) << "\n// ernie-opt FILE "
-          << "'--pass-pipeline=builtin.module(" << pipelines[pipeline]
+          << "'--pass-pipeline=builtin.module(" << pipeline
           << ")' | ernie-translate --ernie-to-program -o /dev/null\n"
           << text;
     }
     llvm::errs() << "ernie-fuzz-mlir: input " << running << " "
-                 << describeStatus(status) << " under '" << pipelines[pipeline]
+                 << describeStatus(status) << " under '" << pipeline
                  << "': written to " << path << "\n";
     next = running + 1;
   }
