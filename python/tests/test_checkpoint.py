@@ -216,3 +216,29 @@ def test_killed_saves_leave_a_loadable_checkpoint(tmp_path):
         loader.load_checkpoint(root)
         # A killed save's temporary directory is removed by the next save.
         assert len([d for d in root.iterdir() if d.name.startswith(".tmp-")]) <= 1
+
+
+def test_ernie_ckpt_info_verify_consolidate_import(saved, build_dir, tmp_path):
+    root, where, want, state = saved
+    tool = str(build_dir / "bin" / "ernie-ckpt")
+    run = lambda *a: subprocess.run([tool, *map(str, a)], capture_output=True, text=True, timeout=120)  # noqa: E731
+    info = run("info", root)
+    assert info.returncode == 0, info.stderr
+    assert "step 10, saved on mesh dp=2 x pp=2 x mp=2" in info.stdout
+    assert "llama.embed_tokens.weight  F32[32, 16]  2048 bytes" in info.stdout
+    assert run("verify", where).returncode == 0
+    out = run("consolidate", root, tmp_path / "all.safetensors")
+    assert out.returncode == 0, out.stderr
+    whole = safetensors_numpy.load_file(str(tmp_path / "all.safetensors"))
+    assert set(whole) == {n for n in state if n != ernie.Program.STEP_KEY}
+    for name, value in whole.items():
+        np.testing.assert_array_equal(value, state[name], err_msg=name)
+    # Back into a checkpoint, which a program on two ranks resumes from.
+    imported = run("import", tmp_path / "all.safetensors", tmp_path / "imported", 10)
+    assert imported.returncode == 0, imported.stderr
+    prog = program([2], ["mp"])
+    prog.load_checkpoint(tmp_path / "imported")
+    np.testing.assert_allclose(train(prog, 10, 20), want, rtol=1e-5)
+    bad = run("verify", tmp_path / "nothing")
+    assert bad.returncode == 1 and "no such checkpoint directory" in bad.stderr
+    assert run("frobnicate", root).returncode == 2

@@ -295,7 +295,7 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
                    {{kPiecesKey, pieces.dump()}});
 }
 
-std::string commitCheckpoint(const Program &program, const std::string &dir,
+std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
                              const std::string &root, int64_t step,
                              const std::string &metadataJson, int keep) {
   json tensors = json::object();
@@ -333,7 +333,6 @@ std::string commitCheckpoint(const Program &program, const std::string &dir,
                               nullptr, false);
   if (metadata.is_discarded())
     fail("checkpoint metadata is not JSON");
-  const Mesh &mesh = program.mesh();
   json manifest = {{"format", kFormat},
                    {"version", kVersion},
                    {"step", step},
@@ -510,6 +509,87 @@ std::string verifyCheckpoint(const std::string &dir) {
   summary << m.tensors.size() << " tensors, " << bytes << " bytes, step "
           << m.step << ": verified\n";
   return summary.str();
+}
+
+std::string describeCheckpoint(const std::string &dir) {
+  Manifest m = readManifest(dir);
+  json j = readJson(m.dir / kManifest);
+  std::ostringstream out;
+  out << m.dir.string() << ": step " << m.step << ", saved on mesh";
+  const json &mesh = j.value("mesh", json::object());
+  auto axes = mesh.value("axes", std::vector<std::string>{});
+  auto sizes = mesh.value("sizes", std::vector<int64_t>{});
+  for (size_t i = 0; i < axes.size() && i < sizes.size(); ++i)
+    out << (i ? " x " : " ") << axes[i] << "=" << sizes[i];
+  out << "\n";
+  uint64_t total = 0;
+  std::map<std::string, uint64_t> fileBytes;
+  for (const auto &[name, saved] : m.tensors) {
+    uint64_t bytes = volume(saved.globalShape) * byteSize(saved.type);
+    total += bytes;
+    for (const Piece &p : saved.pieces)
+      fileBytes[p.file] += volume(p.shape) * byteSize(saved.type);
+    out << "  " << name << "  " << safetensorsDtype(saved.type)
+        << shapeString(saved.globalShape) << "  " << bytes << " bytes in "
+        << saved.pieces.size() << " piece(s)\n";
+  }
+  out << m.tensors.size() << " tensors, " << total << " bytes in "
+      << fileBytes.size() << " file(s)";
+  if (!m.metadata.empty())
+    out << "; metadata " << m.metadata.dump();
+  out << "\n";
+  return out.str();
+}
+
+void consolidateCheckpoint(const std::string &dir, const std::string &out) {
+  Manifest m = readManifest(dir);
+  std::vector<SafetensorsWriter::Tensor> header;
+  for (const auto &[name, saved] : m.tensors)
+    header.push_back({name, saved.type, saved.globalShape});
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  SafetensorsWriter writer(out, header, metadata);
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  // One tensor in memory at a time.
+  for (const auto &[name, saved] : m.tensors) {
+    HostTensor whole(saved.type, saved.globalShape);
+    for (const Piece &p : saved.pieces) {
+      auto &f = files[p.file];
+      if (!f)
+        f = std::make_unique<SafetensorsFile>((m.dir / p.file).string());
+      HostTensor piece = f->read(name);
+      if (piece.shape != p.shape || piece.type != saved.type)
+        fail(f->path() + ": tensor '" + name +
+             "' is not the piece the manifest lists");
+      insertBlock(piece.bytes.data(), p.shape, whole.bytes.data(),
+                  saved.globalShape, p.offsets, byteSize(saved.type));
+    }
+    writer.append(whole.bytes.data(), whole.bytes.size());
+  }
+  writer.finish();
+}
+
+std::string importCheckpoint(const std::string &file, const std::string &root,
+                             int64_t step) {
+  SafetensorsFile in(file);
+  std::string dir = beginCheckpoint(root, step);
+  std::vector<SafetensorsWriter::Tensor> header;
+  json pieces = json::object();
+  std::vector<HostTensor> values;
+  for (const SafetensorsEntry &e : in.tensors()) {
+    HostTensor t = in.read(e.name);
+    pieces[e.name] = {{"offsets", std::vector<int64_t>(e.shape.size(), 0)},
+                      {"global_shape", e.shape},
+                      {"crc32", ::crc32(0L, t.bytes.data(), t.bytes.size())}};
+    header.push_back({e.name, e.type, e.shape});
+  }
+  SafetensorsWriter writer((fs::path(dir) / rankFile(0)).string(), header,
+                           {{kPiecesKey, pieces.dump()}});
+  for (const SafetensorsEntry &e : in.tensors()) {
+    HostTensor t = in.read(e.name);
+    writer.append(t.bytes.data(), t.bytes.size());
+  }
+  writer.finish();
+  return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
 }
 
 } // namespace ernie::runtime

@@ -224,23 +224,24 @@ HostTensor SafetensorsFile::read(const std::string &name) const {
   return t;
 }
 
-void writeSafetensors(
-    const std::string &path,
-    const std::vector<std::pair<std::string, const HostTensor *>> &tensors,
-    const std::map<std::string, std::string> &metadata, bool sync) {
+SafetensorsWriter::SafetensorsWriter(const std::string &path,
+                                     const std::vector<Tensor> &tensors,
+                                     const std::map<std::string, std::string> &metadata)
+    : path_(path) {
   // nlohmann::ordered_json keeps the tensors in the order given.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty())
     header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (const auto &[name, tensor] : tensors) {
-    if (name == "__metadata__" || header.contains(name))
-      fail(path, "tensor name '" + name + "' is reserved or repeated");
-    uint64_t bytes = tensor->bytes.size();
-    header[name] = {{"dtype", safetensorsDtype(tensor->type)},
-                    {"shape", tensor->shape},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+  for (const Tensor &t : tensors) {
+    if (t.name == "__metadata__" || header.contains(t.name))
+      fail(path, "tensor name '" + t.name + "' is reserved or repeated");
+    uint64_t bytes = byteSize(t.type);
+    for (int64_t d : t.shape)
+      bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", safetensorsDtype(t.type)},
+                      {"shape", t.shape},
+                      {"data_offsets", {expected_, expected_ + bytes}}};
+    expected_ += bytes;
   }
   std::string text = header.dump();
   // Pad the header with spaces to 8 bytes, as the reference writer does,
@@ -249,23 +250,48 @@ void writeSafetensors(
   unsigned char length[8];
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
-
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
     fail(path, std::string("cannot create: ") + std::strerror(errno));
-  try {
-    writeAll(fd, length, 8, path);
-    writeAll(fd, text.data(), text.size(), path);
-    for (const auto &[name, tensor] : tensors)
-      writeAll(fd, tensor->bytes.data(), tensor->bytes.size(), path);
-    if (sync && ::fsync(fd) != 0)
-      fail(path, std::string("fsync failed: ") + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  writeAll(fd_, length, 8, path);
+  writeAll(fd_, text.data(), text.size(), path);
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+void SafetensorsWriter::append(const void *bytes, uint64_t size) {
+  if (size > expected_ - written_)
+    fail(path_, "more data than the header declares");
+  writeAll(fd_, bytes, size, path_);
+  written_ += size;
+}
+
+void SafetensorsWriter::finish(bool sync) {
+  if (written_ != expected_)
+    fail(path_, "closed after " + std::to_string(written_) + " of " +
+                    std::to_string(expected_) + " data bytes");
+  if (sync && ::fsync(fd_) != 0)
+    fail(path_, std::string("fsync failed: ") + std::strerror(errno));
+  int fd = fd_;
+  fd_ = -1;
   if (::close(fd) != 0)
-    fail(path, std::string("close failed: ") + std::strerror(errno));
+    fail(path_, std::string("close failed: ") + std::strerror(errno));
+}
+
+void writeSafetensors(
+    const std::string &path,
+    const std::vector<std::pair<std::string, const HostTensor *>> &tensors,
+    const std::map<std::string, std::string> &metadata, bool sync) {
+  std::vector<SafetensorsWriter::Tensor> header;
+  for (const auto &[name, tensor] : tensors)
+    header.push_back({name, tensor->type, tensor->shape});
+  SafetensorsWriter writer(path, header, metadata);
+  for (const auto &[name, tensor] : tensors)
+    writer.append(tensor->bytes.data(), tensor->bytes.size());
+  writer.finish(sync);
 }
 
 } // namespace ernie::runtime

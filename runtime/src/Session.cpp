@@ -729,7 +729,7 @@ std::string Session::saveCheckpoint(const std::string &root, int64_t step,
                                    const std::string &metadataJson, int keep) {
   std::string dir = beginCheckpoint(root, step);
   onEveryRank([&](int64_t r) { writeCheckpointShards(program_, *ranks_[r], r, dir); });
-  return commitCheckpoint(program_, dir, root, step, metadataJson, keep);
+  return commitCheckpoint(program_.mesh(), dir, root, step, metadataJson, keep);
 }
 
 CheckpointInfo Session::loadCheckpoint(const std::string &path) {

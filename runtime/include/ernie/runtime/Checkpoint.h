@@ -38,7 +38,7 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
 /// written), writes it, and renames `dir` to `<root>/step-<step>`; removes
 /// all but the newest `keep` complete checkpoints (0 keeps all). Called
 /// once, by one rank. Returns the final directory.
-std::string commitCheckpoint(const Program &program, const std::string &dir,
+std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
                              const std::string &root, int64_t step,
                              const std::string &metadataJson, int keep);
 
@@ -71,6 +71,19 @@ readCheckpointShards(const Program &program, const RankRunner &runner,
 /// bytes present, and every tensor's elements covered exactly once. Returns
 /// a human-readable summary; throws on the first fault.
 std::string verifyCheckpoint(const std::string &dir);
+
+/// What a checkpoint holds: step, mesh, every tensor's dtype, global shape,
+/// size and pieces, the caller's metadata.
+std::string describeCheckpoint(const std::string &dir);
+
+/// Writes checkpoint `dir` as one safetensors file of global tensors at
+/// `out` (one tensor in memory at a time).
+void consolidateCheckpoint(const std::string &dir, const std::string &out);
+
+/// A checkpoint `<root>/step-<step>` of the global tensors in safetensors
+/// file `file` (one piece each); returns its directory.
+std::string importCheckpoint(const std::string &file, const std::string &root,
+                             int64_t step);
 
 } // namespace ernie::runtime
 

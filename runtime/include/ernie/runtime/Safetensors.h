@@ -71,6 +71,35 @@ private:
   std::map<std::string, std::string> metadata_;
 };
 
+/// A safetensors file written as a stream: the header from the tensors'
+/// names, dtypes and shapes first, then each tensor's bytes in that order,
+/// so a writer holds one tensor at a time.
+class SafetensorsWriter {
+public:
+  struct Tensor {
+    std::string name;
+    DType type;
+    std::vector<int64_t> shape;
+  };
+  /// Creates `path` and writes the header; throws on an I/O fault or a
+  /// repeated or reserved name.
+  SafetensorsWriter(const std::string &path, const std::vector<Tensor> &tensors,
+                    const std::map<std::string, std::string> &metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter &) = delete;
+  SafetensorsWriter &operator=(const SafetensorsWriter &) = delete;
+  /// Appends the next tensor's bytes (`bytes` must be its whole size, and
+  /// tensors come in header order; appending in parts is allowed).
+  void append(const void *bytes, uint64_t size);
+  /// Checks every byte was written, fsyncs when `sync`, closes.
+  void finish(bool sync = true);
+
+private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t expected_ = 0, written_ = 0;
+};
+
 /// Writes `tensors` (name, tensor; names distinct and not "__metadata__")
 /// to `path` in order, with `metadata`; fsyncs the file when `sync`.
 /// Throws std::runtime_error on an I/O fault.
