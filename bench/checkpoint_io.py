@@ -1,0 +1,100 @@
+"""Checkpoint save and load speed beside the disk's own rate.
+
+    python3 bench/checkpoint_io.py [--hidden 512] [--layers 8] [--ranks 2]
+
+A Llama (AdamW, so parameters and two moments) on `--ranks` tensor-parallel
+ranks is saved as a distributed checkpoint and loaded back into a fresh
+program on another mesh (one rank fewer dp: mp // 2 x dp 2 where possible),
+best of 3. Beside it: `dd` writing and reading a file of the same size
+(with conv=fsync, and after dropping the page cache where the OS lets us;
+otherwise the read is from the cache, as the checkpoint's is). The load's
+peak extra memory (RSS growth of the loading process) is printed beside the
+state's size: loading reads only each rank's pieces plus one row at a time.
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(os.environ.get("ERNIE_BUILD_DIR", ROOT / "build")) / "python"))
+
+import ernie  # noqa: E402
+import ernie.distributed as dist  # noqa: E402
+from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan  # noqa: E402
+
+
+def build(cfg, mesh_shape, names):
+    ids = np.zeros((2, 16), np.int64)
+    mesh = dist.ProcessMesh(np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape), names)
+    config = {"mp_config": {"parallelize_plan": parallelize_plan()}}
+    if "dp" in names:
+        config["dp_config"] = {"sharding_level": 1}
+    return ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.AdamW(1e-3), [ids, ids],
+                         mesh=mesh, config=config)
+
+
+def dd(path, nbytes):
+    mb = max(1, nbytes // (1 << 20))
+    t = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mb}", "conv=fsync"],
+                   check=True, capture_output=True)
+    write = mb / (time.perf_counter() - t)
+    subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
+    t = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
+    read = mb / (time.perf_counter() - t)
+    os.remove(path)
+    return write, read
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+                      num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=8)
+    saver = build(cfg, [args.ranks], ["mp"])
+    state = saver.state_dict()
+    nbytes = sum(v.nbytes for k, v in state.items() if k != ernie.Program.STEP_KEY)
+    work = Path(tempfile.mkdtemp(prefix="ernie-ckpt-bench-"))
+    target = ([2, args.ranks // 2], ["dp", "mp"]) if args.ranks >= 2 else ([1], ["mp"])
+    loader = build(cfg, *target)
+    save_s, load_s = [], []
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(args.repeat):
+        shutil.rmtree(work / "ckpt", ignore_errors=True)
+        t = time.perf_counter()
+        saver.save_checkpoint(work / "ckpt")
+        save_s.append(time.perf_counter() - t)
+        subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
+        t = time.perf_counter()
+        loader.load_checkpoint(work / "ckpt")
+        load_s.append(time.perf_counter() - t)
+    rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+    dd_write, dd_read = dd(work / "dd.bin", nbytes)
+    shutil.rmtree(work)
+    mb = nbytes / (1 << 20)
+    print(f"state {mb:.0f} MB (parameters and AdamW moments), saved on mp {args.ranks}, "
+          f"loaded on {' x '.join(f'{n} {s}' for n, s in zip(target[1], target[0]))}")
+    print(f"{'':14} | {'ernie MB/s':>10} | {'dd MB/s':>8} | ernie/dd")
+    print("-" * 48)
+    print(f"{'save (fsync)':14} | {mb / min(save_s):10.0f} | {dd_write:8.0f} | {mb / min(save_s) / dd_write:8.2f}")
+    print(f"{'load':14} | {mb / min(load_s):10.0f} | {dd_read:8.0f} | {mb / min(load_s) / dd_read:8.2f}")
+    print(f"peak RSS growth over the loads: {rss / (1 << 20):.0f} MB "
+          f"(the state itself: {mb:.0f} MB over all ranks)")
+
+
+if __name__ == "__main__":
+    main()
