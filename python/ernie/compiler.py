@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, namedtuple
 
 import numpy as np
 
@@ -71,6 +71,37 @@ def _fp8_pass(fp8_config: dict) -> str:
             raise ValueError(f"fp8_config.{key} may not contain a double quote")
         options.append(f'{_FP8_KEYS[key]}="{value}"')
     return f"ernie-fp8-lowering{{{' '.join(options)}}}"
+
+
+# What load_state_dict(strict=False) returns, as PyTorch's `_IncompatibleKeys`.
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+# The numpy dtypes state_dict() hands out per runtime type (narrow floats as
+# their raw bits) and load_state_dict() takes back.
+_STATE_DTYPES = {"f64": "float", "f32": "float", "f16": "float", "bf16": "uint16",
+                 "f8E4M3FN": "uint8", "f8E5M2": "uint8", "i64": "integer",
+                 "i32": "integer", "i1": "bool"}
+
+
+def _check_state_value(name, value, spec):
+    """`value` as an array for state `spec` (global shape, runtime dtype):
+    floats for a float state (any width, rounded once by the runtime), the
+    raw bits state_dict() gives for bf16/fp8, integers for integers; bool or
+    integer arrays are never read as float weights."""
+    array = np.asarray(value)
+    want = _STATE_DTYPES[spec["dtype"]]
+    kind = array.dtype.kind
+    ok = {"float": kind == "f", "integer": kind in "iu", "bool": kind == "b"}.get(
+        want, array.dtype == np.dtype(want))
+    if not ok:
+        raise TypeError(f"load_state_dict: {name!r} is {spec['dtype']}; an array of "
+                        f"{array.dtype} cannot be loaded into it"
+                        + (" (narrow floats travel as their raw bits, as state_dict() "
+                           f"gives them: {want})" if want in ("uint16", "uint8") else ""))
+    if list(array.shape) != list(spec["global_shape"]):
+        raise ValueError(f"load_state_dict: {name!r} has shape {list(array.shape)}, "
+                         f"the program's is {list(spec['global_shape'])}")
+    return np.ascontiguousarray(array)
 
 
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
@@ -384,19 +415,38 @@ class Program:
             state[self.STEP_KEY] = np.array(self.step_count, dtype=np.int64)
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, strict=True):
+        """Sets parameters and optimizer state from global arrays (and the
+        step count from `STEP_KEY`). Every value is checked against the
+        program first (dtype kind, global shape) and nothing changes unless
+        all pass. `strict` (the default, as in PyTorch): every state name
+        must be given and nothing else (`STEP_KEY` is always allowed);
+        otherwise a KeyError names the missing and unexpected keys.
+        `strict=False` loads what matches and returns PyTorch's
+        `(missing_keys, unexpected_keys)` named tuple."""
         fn, names = self._state_names()
         state = dict(state)
         step = state.pop(self.STEP_KEY, None)
-        unknown = set(state) - set(names)
-        if unknown:
-            raise KeyError(f"load_state_dict: unknown names {sorted(unknown)}")
         if step is not None:  # set once the tensors are in (ignored without an optimizer)
             step = np.asarray(step)
             if step.shape != () or step.dtype.kind not in "iu" or int(step) < 0:
                 raise ValueError(f"load_state_dict: {self.STEP_KEY!r} must be a "
                                  f"non-negative integer scalar, not {step!r}")
             step = int(step)
+        missing = [n for n in names if n not in state]
+        unexpected = sorted(k for k in state if k not in names)
+        if strict and (missing or unexpected):
+            raise KeyError("load_state_dict: "
+                           + "; ".join(([f"missing keys {missing}"] if missing else [])
+                                       + ([f"unexpected keys {unexpected}"]
+                                          if unexpected else []))
+                           + " (strict=False loads the rest)")
+        for k in unexpected:
+            del state[k]
+        specs = {a["name"]: a for sig in self._signatures.values() for a in sig["arguments"]
+                 if a["role"] in ("parameter", "optimizer_state")}
+        state = {name: _check_state_value(name, value, specs[name]) if name in specs
+                 else np.ascontiguousarray(value) for name, value in state.items()}
         if self.pipeline is not None:  # every stage holding a name gets it
             for name, value in state.items():
                 self._require_session().set_state(fn, name, np.ascontiguousarray(value))
@@ -410,6 +460,7 @@ class Program:
                                                               np.ascontiguousarray(value))
         if step is not None and self.optimizer is not None:
             self.step_count = step
+        return IncompatibleKeys(missing, unexpected)
 
     def save_checkpoint(self, directory, keep=None, data_position=None):
         """Saves the state as a distributed checkpoint `directory/step-<N>`:
