@@ -494,6 +494,15 @@ int runGlooRank(const Program &program, const Options &o) {
 /// them; when one fails, the others get the timeout to stop on their own
 /// (they see its abort) before they are killed.
 int launchGloo(const Program &program, const Options &o, char **argv) {
+  // One process per rank on this host: the same bound as the thread
+  // backend's ranks per process (more is a fork storm, not a run; start
+  // ranks by hand with --rank across hosts instead).
+  if (program.mesh().numRanks() > kMaxThreadRanks)
+    throw std::invalid_argument(
+        "--backend gloo starts at most " + std::to_string(kMaxThreadRanks) +
+        " rank processes on one host; this mesh has " +
+        std::to_string(program.mesh().numRanks()) +
+        " (run each rank with --rank and --store-address)");
   std::string store = o.store;
   bool ownStore = store.empty() && o.storeAddress.empty();
   if (ownStore) {

@@ -49,6 +49,8 @@
 // RUN: ernie-translate --ernie-to-program %t.big.mlir -o %t.big.ernie
 // RUN: not ernie-run %t.big.ernie 2>&1 | FileCheck %s --check-prefix=THREADS
 // THREADS: the thread backend runs at most 1024 ranks in one process; this mesh has 2048
+// RUN: not ernie-run %t.big.ernie --backend gloo 2>&1 | FileCheck %s --check-prefix=GLOO
+// GLOO: --backend gloo starts at most 1024 rank processes on one host; this mesh has 2048
 
 ernie.mesh @mesh(x = 2)
 
