@@ -116,3 +116,21 @@ def test_tracer_sharding_names(dims, partials, message):
     t = _ernie.Tracer("f")
     with pytest.raises(ValueError, match=message):
         t.argument([4, 8], "f32", None, ("mesh", dims, partials), None)
+
+
+@pytest.mark.parametrize("op, inputs, message", [
+    ("add", [((0,), "f32"), ((0,), "f32")],
+     r"'ernie.add' op operand #0 has a zero-size dimension \('tensor<0xf32>'\): ernie tensors have no zero-size dimensions"),
+    ("matmul", [((4, 0), "f32"), ((0, 8), "f32")],
+     r"'lhs' has a zero-size dimension \('tensor<4x0xf32>'\)"),
+])
+def test_zero_size_is_a_value_error(op, inputs, message):
+    # Ernie tensors have no zero-size dimensions, wherever an op is built.
+    mesh = dist.ProcessMesh([0, 1], ["x"])
+    with pytest.raises(ValueError, match=message):
+        dist.infer_spmd(op, inputs, [[-1] * len(s) for s, _ in inputs], mesh)
+    from ernie import _ernie
+    t = _ernie.Tracer("f")
+    ids = [t.argument(list(s), d, None, None, None) for s, d in inputs]
+    with pytest.raises(ValueError, match="zero-size dimension"):
+        t.op("ernie." + op, ids, {}, None, "")
