@@ -239,6 +239,17 @@ void forEachRun(const std::vector<int64_t> &lo, const std::vector<int64_t> &hi,
   }
 }
 
+/// Removes checkpoint directory `dir` without ever leaving a step-* name on
+/// a partly deleted one: it is renamed out of the way first (a kill during
+/// the removal leaves a hidden directory the next save clears).
+void discard(const fs::path &dir) {
+  fs::path gone = dir.parent_path() / (".tmp-" + dir.filename().string() +
+                                       "-gone-" + std::to_string(::getpid()));
+  fs::remove_all(gone);
+  fs::rename(dir, gone);
+  fs::remove_all(gone);
+}
+
 } // namespace
 
 std::string beginCheckpoint(const std::string &root, int64_t step) {
@@ -261,9 +272,13 @@ std::string beginCheckpoint(const std::string &root, int64_t step) {
 
 void writeCheckpointShards(const Program &program, const RankRunner &runner,
                            int64_t rank, const std::string &dir) {
-  std::vector<HostTensor> blocks;
-  std::vector<std::string> names;
-  json pieces = json::object();
+  // What this rank owns, and each piece's real extent (padding is not saved).
+  struct Owned {
+    std::string name;
+    const TensorSpec *spec;
+    std::vector<int64_t> offsets, real;
+  };
+  std::vector<Owned> owned;
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
     if (!spec.sharding.partials.empty())
@@ -274,25 +289,41 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
     std::vector<int64_t> real = realExtent(spec, offsets);
     if (real.empty() && !spec.localShape.empty())
       continue; // all padding
-    const HostTensor &piece = runner.localState(name);
-    HostTensor block(spec.type, real);
-    extractBlock(piece.bytes.data(), piece.shape,
-                 std::vector<int64_t>(real.size(), 0), block.bytes.data(), real,
-                 byteSize(spec.type));
-    uint32_t crc = ::crc32(0L, block.bytes.data(), block.bytes.size());
-    pieces[name] = {{"offsets", offsets},
-                    {"global_shape", spec.globalShape},
-                    {"crc32", crc}};
-    names.push_back(name);
-    blocks.push_back(std::move(block));
+    owned.push_back({name, &spec, std::move(offsets), std::move(real)});
   }
-  if (names.empty())
+  if (owned.empty())
     return;
-  std::vector<std::pair<std::string, const HostTensor *>> named;
-  for (size_t i = 0; i < names.size(); ++i)
-    named.emplace_back(names[i], &blocks[i]);
-  writeSafetensors((fs::path(dir) / rankFile(rank)).string(), named,
-                   {{kPiecesKey, pieces.dump()}});
+  // The pieces' checksums go in the header, so each is computed first;
+  // the data is then streamed piece by piece (one padded copy at a time).
+  json pieces = json::object();
+  std::vector<SafetensorsWriter::Tensor> header;
+  // `use(bytes)` on a piece's real part: the piece itself unless padded.
+  auto withBlock = [&](const Owned &o, auto use) {
+    const HostTensor &piece = runner.localState(o.name);
+    if (o.real == piece.shape)
+      return use(piece.bytes);
+    HostTensor b(o.spec->type, o.real);
+    extractBlock(piece.bytes.data(), piece.shape,
+                 std::vector<int64_t>(o.real.size(), 0), b.bytes.data(), o.real,
+                 byteSize(o.spec->type));
+    return use(b.bytes);
+  };
+  for (const Owned &o : owned) {
+    uint32_t crc = withBlock(o, [](const std::vector<uint8_t> &bytes) {
+      return static_cast<uint32_t>(::crc32(0L, bytes.data(), bytes.size()));
+    });
+    pieces[o.name] = {{"offsets", o.offsets},
+                      {"global_shape", o.spec->globalShape},
+                      {"crc32", crc}};
+    header.push_back({o.name, o.spec->type, o.real});
+  }
+  SafetensorsWriter writer((fs::path(dir) / rankFile(rank)).string(), header,
+                           {{kPiecesKey, pieces.dump()}});
+  for (const Owned &o : owned)
+    withBlock(o, [&](const std::vector<uint8_t> &bytes) {
+      writer.append(bytes.data(), bytes.size());
+    });
+  writer.finish();
 }
 
 std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
@@ -345,11 +376,8 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
   fs::path final = fs::path(root) / stepName(step);
   if (fs::exists(final)) {
     // Saving a step again: the new one replaces the old after it is complete.
-    fs::path old = fs::path(root) / (".old-" + stepName(step));
-    fs::remove_all(old);
-    fs::rename(final, old);
+    discard(final);
     fs::rename(dir, final);
-    fs::remove_all(old);
   } else {
     fs::rename(dir, final);
   }
@@ -362,7 +390,7 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
         complete.emplace_back(s, entry.path());
     std::sort(complete.begin(), complete.end());
     for (size_t i = 0; i + keep < complete.size(); ++i)
-      fs::remove_all(complete[i].second);
+      discard(complete[i].second);
   }
   return final.string();
 }
