@@ -37,10 +37,11 @@ struct PipelineInfo {
   bool isScheduled() const { return microBatches.has_value(); }
 };
 
-/// Checks and reads an `ernie.pipeline` dictionary: `stages` and
-/// `virtual_stages` positive integers, `axis` a non-empty string,
-/// `micro_batches` (a positive integer) and `schedule` (a string) both or
-/// neither, no other key. Diagnostics name the key.
+/// Checks and reads an `ernie.pipeline` dictionary: `stages` (i64 in
+/// [1, 4096]) and `virtual_stages` (i64 in [1, 2^20]), `axis` a non-empty
+/// string, `micro_batches` (i64 in [1, 2^20]) and `schedule` (a non-empty
+/// string) both or neither, no other key, at most 2^22 steps. Diagnostics
+/// name the key.
 FailureOr<PipelineInfo>
 parsePipelineInfo(DictionaryAttr dict,
                   function_ref<InFlightDiagnostic()> emitError);
@@ -52,7 +53,8 @@ parsePipelineSteps(Attribute steps,
 
 /// The module's pipeline: std::nullopt when it has no `ernie.pipeline`;
 /// failure, with a diagnostic at the module, when the dictionary or the
-/// per-rank steps are ill-formed.
+/// per-rank steps are ill-formed, or when more than one stage does not
+/// match the mesh's `axis`.
 FailureOr<std::optional<PipelineInfo>> readPipelineInfo(ModuleOp module);
 
 } // namespace mlir::ernie
