@@ -56,6 +56,25 @@ def check(ernie_opt, ernie_translate, ernie_run, tmp_path, mesh, body, inputs, f
     return module
 
 
+def train_both(ernie_opt, ernie_translate, ernie_run, tmp_path, axis, body, inputs, flags):
+    """Three training steps of `body` on a mesh of 3 along `axis` and on one
+    rank; every output equal (1e-5). Returns the distributed module."""
+    outs, modules = [], []
+    for name, n in (("dist", 3), ("single", 1)):
+        d = tmp_path / name
+        d.mkdir()
+        modules.append(compile_program(ernie_opt, ernie_translate,
+                                       f"ernie.mesh @mesh({axis} = {n})\n{body}",
+                                       [*flags, *PIPELINE], d / "prog.ernie"))
+        outs.append(run_program(ernie_run, d / "prog.ernie", d, inputs, "--steps", "3",
+                                "--lr", "0.1"))
+    got, want = outs
+    assert set(got) == set(want)
+    for stem in sorted(want):
+        assert_close(got[stem], want[stem], stem)
+    return modules[0]
+
+
 def rng_inputs(*shapes, seed=0):
     rng = np.random.default_rng(seed)
     return {f"input{i}": rng.normal(size=s).astype(np.float32) for i, s in enumerate(shapes)}
@@ -194,19 +213,8 @@ func.func @forward(%w1: {sharded([10, 11], [None, "x"])} {{ernie.param = "w1"}},
               "w2": (rng.normal(size=(11, 10)) * 0.3).astype(np.float32),
               "input0": rng.normal(size=(5, 10)).astype(np.float32),
               "input1": rng.integers(0, 10, size=(5,))}
-    flags = ["--ernie-autodiff=optimizer=sgd momentum=0.9"]
-    outs = []
-    for name, n in (("dist", 3), ("single", 1)):
-        d = tmp_path / name
-        d.mkdir()
-        compile_program(ernie_opt, ernie_translate, f"ernie.mesh @mesh(x = {n})\n{body}",
-                        [*flags, *PIPELINE], d / "prog.ernie")
-        outs.append(run_program(ernie_run, d / "prog.ernie", d, inputs, "--steps", "3",
-                                "--lr", "0.1"))
-    got, want = outs
-    assert set(got) == set(want)
-    for stem in sorted(want):
-        assert_close(got[stem], want[stem], stem)
+    train_both(ernie_opt, ernie_translate, ernie_run, tmp_path, "x", body, inputs,
+               ["--ernie-autodiff=optimizer=sgd momentum=0.9"])
 
 
 def test_even_splits_mesh_rejects_uneven(ernie_opt, ernie_translate, tmp_path):
@@ -286,21 +294,10 @@ func.func @forward(%w1: tensor<10x11xf32> {{ernie.param = "w1"}}, %w2: tensor<11
     inputs = {"w1": (rng.normal(size=(10, 11)) * 0.3).astype(np.float32),
               "w2": (rng.normal(size=(11, 5)) * 0.3).astype(np.float32),
               "input0": rng.normal(size=(6, 10)).astype(np.float32)}
-    flags = ["--ernie-autodiff=optimizer=sgd momentum=0.9", f"--ernie-zero-sharding=level={level}"]
-    outs = []
-    for name, n in (("dist", 3), ("single", 1)):
-        d = tmp_path / name
-        d.mkdir()
-        module = compile_program(ernie_opt, ernie_translate, f"ernie.mesh @mesh(dp = {n})\n{body}",
-                                 [*flags, *PIPELINE], d / "prog.ernie")
-        if n == 3:  # the momentum of w1 [10, 11] is split 11 -> 4 + 4 + 3
-            assert "tensor<10x4xf32>" in module
-        outs.append(run_program(ernie_run, d / "prog.ernie", d, inputs, "--steps", "3",
-                                "--lr", "0.1"))
-    got, want = outs
-    assert set(got) == set(want)
-    for stem in sorted(want):
-        assert_close(got[stem], want[stem], stem)
+    module = train_both(ernie_opt, ernie_translate, ernie_run, tmp_path, "dp", body, inputs,
+                        ["--ernie-autodiff=optimizer=sgd momentum=0.9",
+                         f"--ernie-zero-sharding=level={level}"])
+    assert "tensor<10x4xf32>" in module  # the momentum of w1 [10, 11]: 11 -> 4 + 4 + 3
 
 
 @pytest.mark.parametrize("mesh", [{"a": 3}, {"x": 2, "y": 3}])
@@ -309,24 +306,5 @@ def test_uneven_resharding_table_runs_exactly(ernie_opt, ernie_translate, ernie_
     2 or 3): each reshard gives back exactly the global value, including a
     dimension split over both axes of 2 x 3 (pieces of 2, 4 or 3: only
     moved through gathers and slices over both axes at once)."""
-    from test_runtime import all_shardings
-    shardings = all_shardings(list(mesh))
-    t = "tensor<7x5xi64>"
-    funcs = []
-    for i, src in enumerate(shardings):
-        results = ", ".join(f"{t} {{ernie.sharding = {dst}}}" for dst in shardings)
-        body = "\n".join(f"  %r{j} = ernie.reshard %x {dst[len('#ernie.sharding'):]} : {t}"
-                         for j, dst in enumerate(shardings))
-        returns = ", ".join(f"%r{j}" for j in range(len(shardings)))
-        funcs.append(f"func.func @from{i}(%x: {t} {{ernie.sharding = {src}}}) -> ({results}) {{\n"
-                     f"{body}\n  return {returns} : {', '.join([t] * len(shardings))}\n}}")
-    axes = ", ".join(f"{a} = {n}" for a, n in mesh.items())
-    source = f"ernie.mesh @mesh({axes})\n" + "\n".join(funcs)
-    compile_program(ernie_opt, ernie_translate, source, PIPELINE, tmp_path / "prog.ernie")
-    x = np.arange(35, dtype=np.int64).reshape(7, 5) * 7 - 100
-    for i in range(len(shardings)):
-        out = run_program(ernie_run, tmp_path / "prog.ernie", tmp_path, {"input0": x},
-                          "--function", f"from{i}")
-        for j in range(len(shardings)):
-            np.testing.assert_array_equal(out[f"result{j}"], x,
-                                          err_msg=f"{shardings[i]} -> {shardings[j]}")
+    from test_runtime import run_resharding_table
+    run_resharding_table(ernie_opt, ernie_translate, ernie_run, tmp_path, mesh, (7, 5))
