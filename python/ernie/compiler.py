@@ -236,19 +236,32 @@ class Program:
         self.abstract = abstract
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
+        self.last_io = None  # _record_io
         if abstract:  # compiled and planned, never run: nothing allocated
             self._session = None
             return
+        # A model built under ernie.nn.abstract() has no values; its
+        # pretrained_weights (from_pretrained) are loaded rank by rank once
+        # the state exists (drawn from the seed first, then replaced).
+        pretrained = getattr(model, "pretrained_weights", None) or {}
+        values = {name: p.value for name, p in model.named_parameters() if p.value is not None}
+        valueless = [name for name, p in model.named_parameters()
+                     if p.value is None and name not in pretrained]
+        if valueless:
+            raise ValueError(f"parameters {valueless[:5]} have no values (the model was built "
+                             f"under ernie.nn.abstract()): compile it with abstract=True, or "
+                             f"build it with from_pretrained")
         self._session = _ernie.Session(program_file, timeout, check_finite, trace)
-        values = {name: p.value for name, p in model.named_parameters()}
         if self.pipeline is not None:
             # Every stage's state, then @init.<s> (shared parameters'
             # replicas start equal): once, through train_step.
             self._session.init_state("train_step", values, seed)
-            return
-        for fn in self.functions():
-            if fn in ("train_step", "eval_step", "forward", "forward_grad"):
-                self._session.init_state(fn, values, seed)
+        else:
+            for fn in self.functions():
+                if fn in ("train_step", "eval_step", "forward", "forward_grad"):
+                    self._session.init_state(fn, values, seed)
+        if pretrained:
+            self.load_weights(pretrained)
 
     def functions(self):
         """The program file's functions (a pipelined program's are its
@@ -462,14 +475,16 @@ class Program:
             self.step_count = step
         return IncompatibleKeys(missing, unexpected)
 
-    def save_checkpoint(self, directory, keep=None, data_position=None):
+    def save_checkpoint(self, directory, keep=None, data_position=None, progress=False):
         """Saves the state as a distributed checkpoint `directory/step-<N>`:
         each rank writes the pieces it owns (safetensors, a replicated piece
         once), then a manifest of global shapes and offsets, the step, the
         optimizer's hyper-parameters, the mesh and `data_position` (any
         JSON value, given back by load_checkpoint). Atomic: a temporary
         directory renamed into place once complete. `keep` keeps the newest
-        `keep` checkpoints. Returns the checkpoint's directory."""
+        `keep` checkpoints. With `progress`, progress and MB/s go to stderr;
+        `last_io` has the bytes written and the seconds either way. Returns
+        the checkpoint's directory."""
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
             raise ValueError(f"keep is a positive number of checkpoints, not {keep!r}")
         metadata = {"data_position": data_position,
@@ -481,19 +496,55 @@ class Program:
             text = json.dumps(metadata)
         except TypeError as e:
             raise TypeError(f"data_position must be JSON-serialisable: {e}") from None
-        return self._require_session().save_checkpoint(str(directory), self.step_count, text,
-                                                       keep or 0)
+        path, nbytes, seconds = self._require_session().save_checkpoint(
+            str(directory), self.step_count, text, keep or 0, progress)
+        self._record_io(nbytes, seconds)
+        return path
 
-    def load_checkpoint(self, directory):
+    def load_checkpoint(self, directory, progress=False):
         """Loads a checkpoint saved by save_checkpoint on any mesh, plan,
         ZeRO level or pipeline split: each rank reads only the byte ranges
         of its own pieces. `directory` is a checkpoint or a directory of
         them (the newest complete one is taken). Sets the step count;
-        returns the saved metadata ({"data_position": ..., ...})."""
-        step, text = self._require_session().load_checkpoint(str(directory))
+        returns the saved metadata ({"data_position": ..., ...}). `progress`
+        and `last_io` as in save_checkpoint."""
+        step, text, nbytes, seconds = self._require_session().load_checkpoint(
+            str(directory), progress)
+        self._record_io(nbytes, seconds)
         if self.optimizer is not None:
             self.step_count = int(step)
         return json.loads(text)
+
+    def _record_io(self, nbytes, seconds):
+        """`last_io`: what the last checkpoint or weight transfer moved."""
+        self.last_io = {"bytes": int(nbytes), "seconds": float(seconds),
+                        "mb_per_s": nbytes / 1e6 / seconds if seconds > 0 else float("inf")}
+
+    def load_weights(self, weights, progress=False):
+        """Sets parameters from tensors in safetensors files, each rank
+        reading only the byte ranges of its own pieces (and master weights
+        with their parameters). `weights`: {parameter: [(file, tensor,
+        offsets, transposed)]}, the blocks covering each parameter exactly
+        once (`offsets` where the block starts in the parameter;
+        `transposed`: the file holds the block's transpose, as Hugging
+        Face's [out, in] Linears). Floats convert to the parameter's dtype
+        (round to nearest even). All or nothing; errors name the file and
+        the tensor. Returns the names set; `last_io` as in save_checkpoint."""
+        spec = {}
+        for name, blocks in dict(weights).items():
+            spec[name] = [(str(file), str(tensor), [int(o) for o in offsets], bool(transposed))
+                          for file, tensor, offsets, transposed in blocks]
+        names, nbytes, seconds = self._require_session().load_weights(spec, progress)
+        self._record_io(nbytes, seconds)
+        return names
+
+    def load_pretrained(self, folder, progress=False):
+        """Sets the parameters from a Hugging Face folder of the model's own
+        config (`model.hf_weight_map`), rank by rank (load_weights)."""
+        if not hasattr(self.model, "hf_weight_map"):
+            raise TypeError(f"{type(self.model).__name__} has no Hugging Face layout "
+                            f"(hf_weight_map); use load_weights with a weight map")
+        return self.load_weights(self.model.hf_weight_map(folder), progress)
 
     def write_trace(self, path):
         """The timeline of every instruction on every rank so far, as a

@@ -46,7 +46,7 @@ def load_file(path, raw=False):
 
 def file_dtypes(path):
     """{name: ernie element type} of a safetensors file."""
-    tensors, _ = _ernie.read_safetensors(str(path))
+    tensors, _ = _ernie.safetensors_header(str(path))
     return {name: _ERNIE_OF[dtype] for name, (dtype, _) in tensors.items()}
 
 
@@ -72,9 +72,10 @@ def save_file(tensors: dict, path, metadata=None, dtype=None):
     _ernie.write_safetensors(str(path), items, {k: str(v) for k, v in (metadata or {}).items()})
 
 
-def read_hf_folder(folder):
-    """(config dict, {name: float array or int array}, {name: file dtype}) of
-    a Hugging Face model folder."""
+def hf_folder_index(folder):
+    """(config dict, {tensor name: (file path, ernie element type, shape)})
+    of a Hugging Face model folder, from config.json, the index and the
+    files' headers; no tensor data is read."""
     folder = Path(folder)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -91,25 +92,34 @@ def read_hf_folder(folder):
     else:
         raise FileNotFoundError(f"{folder}: neither model.safetensors nor "
                                 f"model.safetensors.index.json")
-    weights, dtypes = {}, {}
+    tensors = {}
     for file in files:
         path = folder / file
         if Path(file).is_absolute() or ".." in Path(file).parts:
             raise ValueError(f"{index}: weight file {file!r} is outside the folder")
-        tensors, _ = load_file(path)
-        for name, value in tensors.items():
+        header, _ = _ernie.safetensors_header(str(path))
+        for name, (dtype, shape) in header.items():
             if weight_map is not None and weight_map.get(name) != file:
                 raise ValueError(f"{path}: tensor '{name}' is not listed for this file in "
                                  f"{index.name}")
-            if name in weights:
+            if name in tensors:
                 raise ValueError(f"{path}: tensor '{name}' appears in two files")
-            weights[name] = value
-        dtypes.update(file_dtypes(path))
+            tensors[name] = (str(path), _ERNIE_OF[dtype], tuple(shape))
     if weight_map is not None:
-        missing = sorted(set(weight_map) - set(weights))
+        missing = sorted(set(weight_map) - set(tensors))
         if missing:
             raise ValueError(f"{index}: tensors listed but in no file: {missing[:5]}")
-    return config, weights, dtypes
+    return config, tensors
+
+
+def read_hf_folder(folder):
+    """(config dict, {name: float array or int array}, {name: file dtype}) of
+    a Hugging Face model folder (hf_folder_index, then every file's data)."""
+    config, index = hf_folder_index(folder)
+    weights = {}
+    for path in sorted({path for path, _, _ in index.values()}):
+        weights.update(load_file(path)[0])
+    return config, weights, {name: dtype for name, (_, dtype, _) in index.items()}
 
 
 def write_hf_folder(folder, config: dict, weights: dict, dtype: str, max_shard_bytes=None):

@@ -651,19 +651,44 @@ public:
   int64_t numRanks() const { return session_->numRanks(); }
 
   /// Checkpoint.h through the session; a damaged or missing checkpoint is
-  /// a ValueError (OSError for the file system's own faults).
-  std::string saveCheckpoint(const std::string &root, int64_t step,
-                             const std::string &metadata, int keep) {
-    return checkpointErrors([&] {
-      return session_->saveCheckpoint(root, step, metadata, keep);
+  /// a ValueError (OSError for the file system's own faults). Each returns
+  /// what it returns in C++ and the bytes moved and seconds taken; with
+  /// `progress` it prints progress and MB/s on stderr.
+  py::tuple saveCheckpoint(const std::string &root, int64_t step,
+                           const std::string &metadata, int keep, bool progress) {
+    rt::IoMeter meter(progress ? rt::IoMeter::printer("saving " + root) : nullptr);
+    std::string dir = checkpointErrors([&] {
+      return session_->saveCheckpoint(root, step, metadata, keep, &meter);
     });
+    double seconds = meter.finish();
+    return py::make_tuple(dir, meter.bytes(), seconds);
   }
 
-  py::tuple loadCheckpoint(const std::string &path) {
+  py::tuple loadCheckpoint(const std::string &path, bool progress) {
+    rt::IoMeter meter(progress ? rt::IoMeter::printer("loading " + path) : nullptr);
     rt::CheckpointInfo info = checkpointErrors([&] {
-      return session_->loadCheckpoint(path);
+      return session_->loadCheckpoint(path, &meter);
     });
-    return py::make_tuple(info.step, info.metadataJson);
+    double seconds = meter.finish();
+    return py::make_tuple(info.step, info.metadataJson, meter.bytes(), seconds);
+  }
+
+  /// `weights`: {state: [(file, tensor, offsets, transposed)]}.
+  py::tuple loadWeights(
+      const std::map<std::string,
+                     std::vector<std::tuple<std::string, std::string,
+                                            std::vector<int64_t>, bool>>> &weights,
+      bool progress) {
+    rt::WeightMap map;
+    for (const auto &[name, pieces] : weights)
+      for (const auto &[file, tensor, offsets, transposed] : pieces)
+        map[name].push_back({file, tensor, offsets, transposed});
+    rt::IoMeter meter(progress ? rt::IoMeter::printer("loading weights") : nullptr);
+    std::vector<std::string> loaded = checkpointErrors([&] {
+      return session_->loadWeights(map, &meter);
+    });
+    double seconds = meter.finish();
+    return py::make_tuple(loaded, meter.bytes(), seconds);
   }
 
   void writeTrace(const std::string &path) {
@@ -1019,8 +1044,12 @@ PYBIND11_MODULE(_ernie, m) {
            py::arg("values") = py::dict(), py::arg("seed") = 0)
       .def("set_state", &PySession::setState)
       .def("save_checkpoint", &PySession::saveCheckpoint, py::arg("root"),
-           py::arg("step"), py::arg("metadata") = "{}", py::arg("keep") = 0)
-      .def("load_checkpoint", &PySession::loadCheckpoint, py::arg("path"))
+           py::arg("step"), py::arg("metadata") = "{}", py::arg("keep") = 0,
+           py::arg("progress") = false)
+      .def("load_checkpoint", &PySession::loadCheckpoint, py::arg("path"),
+           py::arg("progress") = false)
+      .def("load_weights", &PySession::loadWeights, py::arg("weights"),
+           py::arg("progress") = false)
       .def("state", &PySession::state)
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
            py::arg("lr") = 0.0, py::arg("step") = 1);
@@ -1049,6 +1078,19 @@ PYBIND11_MODULE(_ernie, m) {
           return rt::verifyCheckpoint(rt::resolveCheckpoint(dir));
         });
       }, py::arg("path"), "checks every byte of a checkpoint; returns a summary");
+  m.def("safetensors_header", [](const std::string &path) {
+        std::unique_ptr<rt::SafetensorsFile> file;
+        try {
+          file = std::make_unique<rt::SafetensorsFile>(path);
+        } catch (const std::runtime_error &e) {
+          throw py::value_error(e.what());
+        }
+        py::dict tensors;
+        for (const rt::SafetensorsEntry &e : file->tensors())
+          tensors[py::str(e.name)] = py::make_tuple(rt::safetensorsDtype(e.type), e.shape);
+        return py::make_tuple(tensors, file->metadata());
+      }, py::arg("path"),
+        "({name: (dtype, shape)}, metadata) of a safetensors file; no data read");
   m.def("read_safetensors", &readSafetensors, py::arg("path"),
         "({name: (dtype, array)}, metadata) of a safetensors file");
   m.def("write_safetensors", &writeSafetensors, py::arg("path"),

@@ -239,7 +239,7 @@ def test_bad_folders_are_clear_errors(tmp_path):
     missing = dict(w)
     del missing["model.layers.1.mlp.up_proj.weight"]
     write_hf(tmp_path / "missing", HF_CONFIG, missing)
-    with pytest.raises(KeyError, match="model.layers.1.mlp.up_proj.weight"):
+    with pytest.raises(ValueError, match="missing: no tensor 'model.layers.1.mlp.up_proj.weight'"):
         LlamaForCausalLM.from_pretrained(tmp_path / "missing")
     write_hf(tmp_path / "extra", HF_CONFIG, {**w, "model.layers.0.self_attn.q_proj.bias": np.zeros(16, np.float32)})
     with pytest.raises(ValueError, match="no place for.*q_proj.bias"):
@@ -249,5 +249,145 @@ def test_bad_folders_are_clear_errors(tmp_path):
         LlamaForCausalLM.from_pretrained(tmp_path / "scaled")
     wrong = {**w, "model.norm.weight": np.ones(17, np.float32)}
     write_hf(tmp_path / "shape", HF_CONFIG, wrong)
-    with pytest.raises(ValueError, match="'llama.norm.weight' has shape \\[17\\]"):
+    with pytest.raises(ValueError, match="tensor 'model.norm.weight' has shape \\[17\\], the "
+                                         "config makes it \\[16\\]"):
         LlamaForCausalLM.from_pretrained(tmp_path / "shape")
+
+
+# ---------------------------------------------------------------------------
+# Loading a folder into a distributed program, rank by rank
+# ---------------------------------------------------------------------------
+
+def pretrained_program(folder, mesh_shape, names, abstract, zero=0, pp=False, **overrides):
+    """A training program of the folder's Llama on a mesh: from the model
+    read whole (eager), or from headers alone, each rank reading its own
+    pieces (abstract)."""
+    import contextlib
+    import ernie.distributed as dist
+    from ernie.models.llama import parallelize_plan
+    with ernie.nn.abstract() if abstract else contextlib.nullcontext():
+        model = LlamaForCausalLM.from_pretrained(folder, **overrides)
+    assert (getattr(model, "pretrained_weights", None) is not None) == abstract
+    mesh = dist.ProcessMesh(np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape), names)
+    config = {"mp_config": {"parallelize_plan": parallelize_plan(
+        tie_word_embeddings=model.config.tie_word_embeddings)}}
+    if "dp" in names:
+        config["dp_config"] = {"sharding_level": zero}
+    if pp:
+        config["pp_config"] = {"split_spec": "llama.layers", "accumulate_steps": 2}
+    ids = np.zeros((4, 6), np.int64)
+    opt = ernie.optimizer.AdamW(1e-3, multi_precision=model.config.dtype == "bf16")
+    return ernie.compile(model, opt, [ids, ids], mesh=mesh, config=config)
+
+
+@pytest.mark.parametrize("mesh_shape,names,zero,pp,fused", [
+    ([2], ["mp"], 0, False, False),
+    ([2, 2], ["dp", "mp"], 3, False, True),
+    ([2, 2], ["pp", "mp"], 0, True, False),
+])
+def test_a_folder_loads_rank_by_rank_as_the_whole_model_does(tmp_path, mesh_shape, names,
+                                                             zero, pp, fused):
+    """Every rank reading only its pieces (fused projections assembled from
+    column blocks, Linears transposed on the way) gives the state, bit for
+    bit, and so the losses of the program built from the model read whole;
+    each rank read less than the whole folder."""
+    cfg = {**HF_CONFIG, "tie_word_embeddings": fused}
+    w = hf_weights(cfg, np.random.default_rng(11))
+    write_hf(tmp_path / "hf", cfg, w)
+    whole = pretrained_program(tmp_path / "hf", mesh_shape, names, False, zero, pp,
+                               fuse_attention_qkv=fused, fuse_attention_ffn=fused)
+    ranked = pretrained_program(tmp_path / "hf", mesh_shape, names, True, zero, pp,
+                                fuse_attention_qkv=fused, fuse_attention_ffn=fused)
+    want, got = whole.state_dict(), ranked.state_dict()
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    folder_bytes = sum(a.nbytes for a in w.values())
+    ranks = int(np.prod(mesh_shape))
+    # Every rank reads its pieces: more than one copy of the folder in all
+    # (replicated norms, dp replicas), never the folder on every rank.
+    assert folder_bytes < ranked.last_io["bytes"] < ranks * folder_bytes
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        ids = rng.integers(0, cfg["vocab_size"], size=(4, 6))
+        assert ranked.step(ids, np.roll(ids, -1, 1)) == whole.step(ids, np.roll(ids, -1, 1))
+
+
+def test_a_bf16_folder_loads_into_an_f32_program_and_master_weights(tmp_path):
+    """bf16 tensors into f32 parameters: exact (bf16 values are f32 values).
+    A bf16 program with f32 master weights gets its masters from the same
+    pieces."""
+    w = hf_weights(HF_CONFIG, np.random.default_rng(13))
+    bf16 = {k: _bf16(v) for k, v in w.items()}
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**HF_CONFIG, "torch_dtype": "bfloat16"}))
+    weights.save_file(w, tmp_path / "hf" / "model.safetensors", dtype="bf16")
+    f32 = pretrained_program(tmp_path / "hf", [2], ["mp"], True, dtype="f32")
+    state = f32.state_dict()
+    mixed = pretrained_program(tmp_path / "hf", [2], ["mp"], True)
+    mixed_state = mixed.state_dict()
+    from ernie.models.llama import hf_state_from_ernie
+    cfg = f32.model.config
+    # state_dict gives bf16 parameters as their bits.
+    params = {n: (v.astype(np.uint32) << 16).view(np.float32) if v.dtype == np.uint16 else v
+              for n, v in mixed_state.items() if ":" not in n}
+    assert any(v.dtype == np.uint16 for v in mixed_state.values())
+    for source in (state, params):
+        back = hf_state_from_ernie(source, cfg)
+        for name in w:
+            np.testing.assert_array_equal(np.asarray(back[name], np.float32), bf16[name],
+                                          err_msg=name)
+    masters = {n[:-len(":master")]: v for n, v in mixed_state.items() if n.endswith(":master")}
+    assert masters and all(v.dtype == np.float32 for v in masters.values())
+    for name, value in masters.items():
+        np.testing.assert_array_equal(value, state[name], err_msg=name)
+
+
+def _bf16(a):
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def test_loading_weights_errors_name_the_file_and_tensor_and_change_nothing(tmp_path):
+    w = hf_weights(HF_CONFIG, np.random.default_rng(14))
+    write_hf(tmp_path / "hf", HF_CONFIG, w)
+    prog = pretrained_program(tmp_path / "hf", [2], ["mp"], True)
+    before = prog.state_dict()
+    # Another model's folder.
+    write_hf(tmp_path / "wider", {**HF_CONFIG, "intermediate_size": 32},
+             hf_weights({**HF_CONFIG, "intermediate_size": 32}, np.random.default_rng(1)))
+    with pytest.raises(ValueError, match="wider: config.json is another model: "
+                                         "intermediate_size 32 \\(this model: 24\\)"):
+        prog.load_pretrained(tmp_path / "wider")
+    path = str(tmp_path / "hf" / "model.safetensors")
+    name = "model.layers.0.self_attn.k_proj.weight"
+    target = "llama.layers.0.self_attn.k_proj.weight"
+    cases = [
+        ({target: [(path, "nope", [0, 0], True)]}, "nope"),
+        ({target: [(path, name, [0, 0], False)]}, name),      # [out, in] read as [in, out]
+        ({target: [(path, name, [0, 0], True)] * 2}, "at the place of another"),
+        ({target: [(path, name, [0, 4], True)]}, name),       # past the parameter's end
+        ({"llama.no_such.weight": [(path, name, [0, 0], True)]}, "no state 'llama.no_such.weight'"),
+        ({target: [(str(tmp_path / "absent.safetensors"), name, [0, 0], True)]}, "absent.safetensors"),
+    ]
+    # Pieces of the right total size that overlap (and leave a gap).
+    parts = str(tmp_path / "parts.safetensors")
+    safetensors_numpy.save_file({"a": np.ones(12, np.float32), "b": np.ones(4, np.float32)}, parts)
+    cases.append(({"llama.layers.0.input_layernorm.weight": [(parts, "a", [0], False),
+                                                            (parts, "b", [2], False)]},
+                  "overlap or leave gaps"))
+    good = {"llama.norm.weight": [(path, "model.norm.weight", [0], False)]}
+    for bad, message in cases:
+        with pytest.raises((ValueError, OSError), match=message):
+            prog.load_weights({**good, **bad})
+        after = prog.state_dict()
+        for n in before:  # nothing loaded half-way: not even the good entry
+            np.testing.assert_array_equal(after[n], before[n], err_msg=n)
+    # A parameter left without a value is an error, not a silent draw.
+    with ernie.nn.abstract():
+        model = LlamaForCausalLM(LlamaConfig(**{k: HF_CONFIG[k] for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads")}))
+    ids = np.zeros((2, 4), np.int64)
+    with pytest.raises(ValueError, match="have no values.*abstract=True"):
+        ernie.compile(model, None, [ids], differentiate=False)

@@ -124,12 +124,15 @@ bool ownsPiece(const Program &program, const TensorSpec &spec, int64_t rank) {
   return true;
 }
 
-/// A manifest read and checked: per tensor its dtype, global shape and
-/// pieces, with a per-dimension index of the pieces' starts.
+/// Where a state's values are: pieces of safetensors files, each a block
+/// of the state (its offsets and shape in the state's coordinates) held as
+/// tensor `tensor` of `file` in the file's dtype, or transposed (2-D).
 struct Piece {
-  std::string file;
+  std::string file, tensor;
+  DType type = DType::F32;
   std::vector<int64_t> offsets, shape;
-  uint32_t crc = 0;
+  bool transposed = false;
+  uint32_t crc = 0; // checkpoints only
 };
 struct SavedTensor {
   DType type;
@@ -145,6 +148,60 @@ struct Manifest {
   json metadata;
   std::map<std::string, SavedTensor> tensors;
 };
+
+/// Checks that `saved`'s pieces lie in its global shape and cover it
+/// exactly once, and builds the interval index; `where` and `name` are for
+/// the errors.
+void indexPieces(SavedTensor &saved, const std::string &where,
+                 const std::string &name) {
+  size_t rank = saved.globalShape.size();
+  saved.starts.assign(rank, {});
+  saved.byStart.clear();
+  int64_t covered = 0;
+  for (size_t i = 0; i < saved.pieces.size(); ++i) {
+    const Piece &piece = saved.pieces[i];
+    // A weight map's piece is another tensor, in a file of its own.
+    std::string what = "tensor '" + name + "' has a piece";
+    if (piece.tensor != name)
+      what = "tensor '" + piece.tensor + "' of " + piece.file + " (at " +
+             shapeString(piece.offsets) + " of '" + name + "') is a piece";
+    if (piece.offsets.size() != rank || piece.shape.size() != rank)
+      fail(where + ": " + what + " of the wrong rank");
+    for (size_t d = 0; d < rank; ++d)
+      if (piece.offsets[d] < 0 || piece.shape[d] < 1 ||
+          piece.offsets[d] > saved.globalShape[d] - piece.shape[d])
+        fail(where + ": " + what + " outside the global shape " +
+             shapeString(saved.globalShape) + " (its shape " +
+             shapeString(piece.shape) + ")");
+    for (size_t d = 0; d < rank; ++d)
+      saved.starts[d].push_back(piece.offsets[d]);
+    if (!saved.byStart.emplace(piece.offsets, i).second)
+      fail(where + ": " + what + " at the place of another");
+    covered += volume(piece.shape);
+  }
+  if (covered != volume(saved.globalShape))
+    fail(where + ": the pieces of tensor '" + name + "' cover " +
+         std::to_string(covered) + " of its " +
+         std::to_string(volume(saved.globalShape)) + " elements");
+  for (auto &s : saved.starts) {
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+  }
+  // The interval lookup needs the pieces to tile a grid: along each
+  // dimension a piece ends where the next start is (or at the end). With
+  // distinct starts that, and the volume, make the cover exact.
+  for (const Piece &piece : saved.pieces)
+    for (size_t d = 0; d < rank; ++d) {
+      const auto &s = saved.starts[d];
+      size_t k = std::lower_bound(s.begin(), s.end(), piece.offsets[d]) - s.begin();
+      int64_t end = k + 1 < s.size() ? s[k + 1] : saved.globalShape[d];
+      if (piece.offsets[d] + piece.shape[d] != end)
+        fail(where + ": the pieces of tensor '" + name + "' overlap or leave "
+             "gaps: the piece at " + shapeString(piece.offsets) + " of shape " +
+             shapeString(piece.shape) + " does not end where the next begins "
+             "along dimension " + std::to_string(d));
+    }
+}
 
 Manifest readManifest(const fs::path &dir) {
   fs::path path = dir / kManifest;
@@ -163,41 +220,17 @@ Manifest readManifest(const fs::path &dir) {
       if (!parseSafetensorsDtype(t.at("dtype").get<std::string>(), saved.type))
         fail(where + ": tensor '" + name + "' has an unknown dtype");
       saved.globalShape = t.at("global_shape").get<std::vector<int64_t>>();
-      size_t rank = saved.globalShape.size();
-      saved.starts.resize(rank);
-      int64_t covered = 0;
       for (const json &p : t.at("pieces")) {
-        Piece piece{p.at("file").get<std::string>(),
+        Piece piece{p.at("file").get<std::string>(), name, saved.type,
                     p.at("offsets").get<std::vector<int64_t>>(),
-                    p.at("shape").get<std::vector<int64_t>>(),
+                    p.at("shape").get<std::vector<int64_t>>(), false,
                     p.at("crc32").get<uint32_t>()};
         if (piece.file.find('/') != std::string::npos || piece.file == "..")
           fail(where + ": tensor '" + name + "' names file '" + piece.file +
                "' outside the checkpoint");
-        if (piece.offsets.size() != rank || piece.shape.size() != rank)
-          fail(where + ": tensor '" + name + "' has a piece of the wrong rank");
-        for (size_t d = 0; d < rank; ++d)
-          if (piece.offsets[d] < 0 || piece.shape[d] < 1 ||
-              piece.offsets[d] + piece.shape[d] > saved.globalShape[d])
-            fail(where + ": tensor '" + name + "' has a piece outside its "
-                 "global shape");
-        for (size_t d = 0; d < rank; ++d)
-          saved.starts[d].push_back(piece.offsets[d]);
-        if (!saved.byStart.emplace(piece.offsets, saved.pieces.size()).second)
-          fail(where + ": tensor '" + name + "' has two pieces at one place");
-        covered += volume(piece.shape);
         saved.pieces.push_back(std::move(piece));
       }
-      // Distinct, in-bounds pieces of the right total volume on a grid of
-      // starts cover the tensor exactly once.
-      if (covered != volume(saved.globalShape))
-        fail(where + ": the pieces of tensor '" + name + "' cover " +
-             std::to_string(covered) + " of its " +
-             std::to_string(volume(saved.globalShape)) + " elements");
-      for (auto &s : saved.starts) {
-        std::sort(s.begin(), s.end());
-        s.erase(std::unique(s.begin(), s.end()), s.end());
-      }
+      indexPieces(saved, where, name);
       m.tensors.emplace(name, std::move(saved));
     }
   } catch (const json::exception &e) {
@@ -252,7 +285,63 @@ void discard(const fs::path &dir) {
 
 } // namespace
 
-std::string beginCheckpoint(const std::string &root, int64_t step) {
+IoMeter::IoMeter(Report report, std::chrono::milliseconds interval)
+    : report_(std::move(report)), start_(std::chrono::steady_clock::now()),
+      interval_(interval), lastReport_(start_) {}
+
+void IoMeter::add(uint64_t bytes) {
+  done_ += bytes;
+  if (!report_)
+    return;
+  auto now = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock || now - lastReport_ < interval_)
+    return; // another rank reports, or too soon
+  lastReport_ = now;
+  report_(done_, expected_, std::chrono::duration<double>(now - start_).count(),
+          false);
+}
+
+double IoMeter::finish() {
+  double seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start_)
+                       .count();
+  if (report_)
+    report_(done_, expected_, seconds, true);
+  return seconds;
+}
+
+IoMeter::Report IoMeter::printer(std::string what) {
+  const bool terminal = ::isatty(2);
+  return [what = std::move(what), terminal](uint64_t done, uint64_t expected,
+                                            double seconds, bool final) {
+    double mb = done / 1e6, rate = seconds > 0 ? mb / seconds : 0;
+    char line[256];
+    if (final)
+      std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s)\n",
+                    what.c_str(), mb, seconds, rate);
+    else if (terminal)
+      std::snprintf(line, sizeof line, "\r\033[K%s: %.0f%% (%.1f of %.1f MB, %.0f MB/s)",
+                    what.c_str(), expected ? 100.0 * done / expected : 0.0, mb,
+                    expected / 1e6, rate);
+    else
+      std::snprintf(line, sizeof line, "%s: %.1f of %.1f MB (%.0f MB/s)\n",
+                    what.c_str(), mb, expected / 1e6, rate);
+    std::string text = line;
+    if (final && terminal)
+      text = "\r\033[K" + text;
+    std::fputs(text.c_str(), stderr);
+  };
+}
+
+std::string checkpointTempDir(const std::string &root, int64_t step,
+                              int64_t tag) {
+  return (fs::path(root) / (".tmp-" + stepName(step) + "-" +
+                            std::to_string(tag < 0 ? ::getpid() : tag)))
+      .string();
+}
+
+std::string beginCheckpoint(const std::string &root, int64_t step, int64_t tag) {
   fs::create_directories(root);
   // What a killed save left: temporary directories of processes gone.
   for (const auto &entry : fs::directory_iterator(root)) {
@@ -263,15 +352,14 @@ std::string beginCheckpoint(const std::string &root, int64_t step) {
     if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
       fs::remove_all(entry.path());
   }
-  fs::path tmp = fs::path(root) /
-                 (".tmp-" + stepName(step) + "-" + std::to_string(::getpid()));
+  fs::path tmp = checkpointTempDir(root, step, tag);
   fs::remove_all(tmp);
   fs::create_directory(tmp);
   return tmp.string();
 }
 
 void writeCheckpointShards(const Program &program, const RankRunner &runner,
-                           int64_t rank, const std::string &dir) {
+                           int64_t rank, const std::string &dir, IoMeter *meter) {
   // What this rank owns, and each piece's real extent (padding is not saved).
   struct Owned {
     std::string name;
@@ -317,11 +405,16 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
                       {"crc32", crc}};
     header.push_back({o.name, o.spec->type, o.real});
   }
+  if (meter)
+    for (const Owned &o : owned)
+      meter->expect(volume(o.real) * byteSize(o.spec->type));
   SafetensorsWriter writer((fs::path(dir) / rankFile(rank)).string(), header,
                            {{kPiecesKey, pieces.dump()}});
   for (const Owned &o : owned)
     withBlock(o, [&](const std::vector<uint8_t> &bytes) {
       writer.append(bytes.data(), bytes.size());
+      if (meter)
+        meter->add(bytes.size());
     });
   writer.finish();
 }
@@ -419,17 +512,140 @@ CheckpointInfo readCheckpointInfo(const std::string &dir) {
   return {m.step, m.metadata.dump()};
 }
 
+namespace {
+
+/// Opens each file once.
+class FileCache {
+public:
+  explicit FileCache(fs::path base = {}) : base_(std::move(base)) {}
+  SafetensorsFile &open(const std::string &file) {
+    auto &f = files_[file];
+    if (!f)
+      f = std::make_unique<SafetensorsFile>((base_ / file).string());
+    return *f;
+  }
+
+private:
+  fs::path base_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+/// Copies the box [a, b) (the state's coordinates) of saved piece `src`
+/// into `piece`, rank `lo`'s block of `spec`: whole runs straight into the
+/// piece when the file holds the state's dtype untransposed, else through
+/// a buffer of one run, converted and (transposed) scattered by column.
+void copyBox(SafetensorsFile &file, const Piece &src, const std::vector<int64_t> &a,
+             const std::vector<int64_t> &b, const std::vector<int64_t> &lo,
+             const TensorSpec &spec, HostTensor &piece) {
+  const size_t dstBytes = byteSize(spec.type), srcBytes = byteSize(src.type);
+  if (!src.transposed && src.type == spec.type) {
+    forEachRun(a, b, src.offsets, src.shape, lo, spec.localShape,
+               [&](int64_t from, int64_t to, int64_t n) {
+                 file.readBytes(src.tensor, from * srcBytes, n * srcBytes,
+                                piece.bytes.data() + to * dstBytes);
+               });
+    return;
+  }
+  // One contiguous run of the file: `n` elements from element `from`, to
+  // land at `to` with a stride of `stride` elements.
+  auto run = [&](int64_t from, int64_t to, int64_t n, int64_t stride) {
+    HostTensor buffer(src.type, {n});
+    file.readBytes(src.tensor, from * srcBytes, n * srcBytes, buffer.bytes.data());
+    HostTensor converted = convert(buffer, spec.type);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(piece.bytes.data() + (to + i * stride) * dstBytes,
+                  converted.bytes.data() + i * dstBytes, dstBytes);
+  };
+  if (!src.transposed) {
+    forEachRun(a, b, src.offsets, src.shape, lo, spec.localShape,
+               [&](int64_t from, int64_t to, int64_t n) { run(from, to, n, 1); });
+    return;
+  }
+  // The file holds [shape1, shape0]: column j of the state is a row there.
+  const int64_t rows = src.shape[0], width = spec.localShape[1];
+  for (int64_t j = a[1]; j < b[1]; ++j)
+    run((j - src.offsets[1]) * rows + (a[0] - src.offsets[0]),
+        (a[0] - lo[0]) * width + (j - lo[1]), b[0] - a[0], width);
+}
+
+/// Rank `rank`'s piece of `spec` (padding zero) from `saved`, found by an
+/// interval lookup per dimension: only the overlapping byte ranges are read.
+HostTensor readPiece(const Program &program, const TensorSpec &spec, int64_t rank,
+                     const SavedTensor &saved, const std::string &where,
+                     FileCache &files, IoMeter *meter) {
+  HostTensor piece(spec.type, spec.localShape);
+  std::vector<int64_t> lo = pieceOffsets(spec, program.mesh(), rank);
+  std::vector<int64_t> real = realExtent(spec, lo);
+  if (real.empty() && !spec.localShape.empty())
+    return piece; // all padding
+  std::vector<int64_t> hi(lo.size());
+  for (size_t d = 0; d < lo.size(); ++d)
+    hi[d] = lo[d] + real[d];
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (size_t d = 0; d < lo.size(); ++d) {
+    const auto &s = saved.starts[d];
+    size_t first = std::upper_bound(s.begin(), s.end(), lo[d]) - s.begin();
+    first = first == 0 ? 0 : first - 1;
+    size_t last = std::lower_bound(s.begin(), s.end(), hi[d]) - s.begin();
+    ranges.emplace_back(first, last);
+  }
+  if (meter)
+    meter->expect(volume(real) * byteSize(spec.type));
+  std::vector<size_t> k;
+  for (auto [first, last] : ranges)
+    k.push_back(first);
+  while (true) {
+    std::vector<int64_t> start(lo.size());
+    for (size_t d = 0; d < lo.size(); ++d)
+      start[d] = saved.starts[d][k[d]];
+    auto p = saved.byStart.find(start);
+    if (p == saved.byStart.end())
+      fail(where + ": tensor '" + spec.name +
+           "' has no saved piece at an offset this rank needs");
+    const Piece &src = saved.pieces[p->second];
+    std::vector<int64_t> a(lo.size()), b(lo.size());
+    bool overlaps = true;
+    for (size_t d = 0; d < lo.size(); ++d) {
+      a[d] = std::max(lo[d], src.offsets[d]);
+      b[d] = std::min(hi[d], src.offsets[d] + src.shape[d]);
+      overlaps &= a[d] < b[d];
+    }
+    if (overlaps) {
+      SafetensorsFile &file = files.open(src.file);
+      const SafetensorsEntry *entry = file.find(src.tensor);
+      std::vector<int64_t> stored = src.shape;
+      if (src.transposed)
+        std::reverse(stored.begin(), stored.end());
+      if (!entry || entry->type != src.type || entry->shape != stored)
+        fail(file.path() + ": tensor '" + src.tensor +
+             "' is missing or not the piece the manifest lists");
+      copyBox(file, src, a, b, lo, spec, piece);
+      if (meter) {
+        int64_t n = 1;
+        for (size_t d = 0; d < a.size(); ++d)
+          n *= b[d] - a[d];
+        meter->add(n * byteSize(spec.type));
+      }
+    }
+    size_t d = lo.size();
+    while (d-- > 0) {
+      if (++k[d] < ranges[d].second)
+        break;
+      k[d] = ranges[d].first;
+    }
+    if (d == static_cast<size_t>(-1) || lo.empty())
+      break;
+  }
+  return piece;
+}
+
+} // namespace
+
 std::map<std::string, HostTensor>
 readCheckpointShards(const Program &program, const RankRunner &runner,
-                     int64_t rank, const std::string &dir) {
+                     int64_t rank, const std::string &dir, IoMeter *meter) {
   Manifest m = readManifest(dir);
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
-  auto open = [&](const std::string &name) -> SafetensorsFile & {
-    auto &f = files[name];
-    if (!f)
-      f = std::make_unique<SafetensorsFile>((m.dir / name).string());
-    return *f;
-  };
+  FileCache files(m.dir);
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
@@ -442,67 +658,61 @@ readCheckpointShards(const Program &program, const RankRunner &runner,
            std::string(runtime::name(saved.type)) + shapeString(saved.globalShape) +
            " in the checkpoint, the program wants " +
            std::string(runtime::name(spec.type)) + shapeString(spec.globalShape));
-    HostTensor piece(spec.type, spec.localShape);
-    std::vector<int64_t> lo = pieceOffsets(spec, program.mesh(), rank);
-    std::vector<int64_t> real = realExtent(spec, lo);
-    if (real.empty() && !spec.localShape.empty()) {
-      out.emplace(name, std::move(piece));
+    out.emplace(name, readPiece(program, spec, rank, saved, m.dir.string(),
+                                files, meter));
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor>
+readWeightShards(const Program &program, const RankRunner &runner,
+                 int64_t rank, const WeightMap &weights, IoMeter *meter) {
+  FileCache files;
+  // The map's pieces as saved pieces of `spec`, shapes and dtypes from the
+  // files' headers.
+  auto savedOf = [&](const std::string &name, const TensorSpec &spec) {
+    SavedTensor saved{spec.type, spec.globalShape, {}, {}, {}};
+    for (const WeightPiece &w : weights.at(name)) {
+      SafetensorsFile &file = files.open(w.file);
+      const SafetensorsEntry *entry = file.find(w.tensor);
+      if (!entry)
+        fail(file.path() + ": no tensor '" + w.tensor + "' (for '" + name + "')");
+      if (isFloat(entry->type) != isFloat(spec.type) ||
+          (!isFloat(spec.type) && entry->type != spec.type))
+        fail(file.path() + ": tensor '" + w.tensor + "' is " +
+             std::string(runtime::name(entry->type)) + "; '" + name + "' is " +
+             std::string(runtime::name(spec.type)));
+      std::vector<int64_t> shape = entry->shape;
+      if (w.transposed) {
+        if (shape.size() != 2)
+          fail(file.path() + ": tensor '" + w.tensor + "' is not a matrix; "
+               "it cannot be read transposed");
+        std::reverse(shape.begin(), shape.end());
+      }
+      saved.pieces.push_back({w.file, w.tensor, entry->type, w.offsets, shape,
+                              w.transposed, 0});
+    }
+    indexPieces(saved, "the weight map", name);
+    return saved;
+  };
+  const std::string masterSuffix = ":master";
+  std::map<std::string, HostTensor> out;
+  for (const std::string &name : runner.stateNames()) {
+    std::string source = name;
+    if (!weights.count(name) && name.size() > masterSuffix.size() &&
+        name.compare(name.size() - masterSuffix.size(), masterSuffix.size(),
+                     masterSuffix) == 0)
+      source = name.substr(0, name.size() - masterSuffix.size());
+    auto it = weights.find(source);
+    if (it == weights.end())
       continue;
-    }
-    std::vector<int64_t> hi(lo.size());
-    for (size_t d = 0; d < lo.size(); ++d)
-      hi[d] = lo[d] + real[d];
-    // Interval lookup per dimension: the saved starts overlapping [lo, hi).
-    std::vector<std::pair<size_t, size_t>> ranges;
-    for (size_t d = 0; d < lo.size(); ++d) {
-      const auto &s = saved.starts[d];
-      size_t first = std::upper_bound(s.begin(), s.end(), lo[d]) - s.begin();
-      first = first == 0 ? 0 : first - 1;
-      size_t last = std::lower_bound(s.begin(), s.end(), hi[d]) - s.begin();
-      ranges.emplace_back(first, last);
-    }
-    size_t elementBytes = byteSize(spec.type);
-    std::vector<size_t> k;
-    for (auto [first, last] : ranges)
-      k.push_back(first);
-    while (true) {
-      std::vector<int64_t> start(lo.size());
-      for (size_t d = 0; d < lo.size(); ++d)
-        start[d] = saved.starts[d][k[d]];
-      auto p = saved.byStart.find(start);
-      if (p == saved.byStart.end())
-        fail(m.dir.string() + ": tensor '" + name +
-             "' has no saved piece at an offset this rank needs");
-      const Piece &src = saved.pieces[p->second];
-      std::vector<int64_t> a(lo.size()), b(lo.size());
-      bool overlaps = true;
-      for (size_t d = 0; d < lo.size(); ++d) {
-        a[d] = std::max(lo[d], src.offsets[d]);
-        b[d] = std::min(hi[d], src.offsets[d] + src.shape[d]);
-        overlaps &= a[d] < b[d];
-      }
-      if (overlaps) {
-        SafetensorsFile &file = open(src.file);
-        const SafetensorsEntry *entry = file.find(name);
-        if (!entry || entry->type != spec.type || entry->shape != src.shape)
-          fail(file.path() + ": tensor '" + name +
-               "' is missing or not the piece the manifest lists");
-        forEachRun(a, b, src.offsets, src.shape, lo, spec.localShape,
-                   [&](int64_t from, int64_t to, int64_t n) {
-                     file.readBytes(name, from * elementBytes, n * elementBytes,
-                                    piece.bytes.data() + to * elementBytes);
-                   });
-      }
-      size_t d = lo.size();
-      while (d-- > 0) {
-        if (++k[d] < ranges[d].second)
-          break;
-        k[d] = ranges[d].first;
-      }
-      if (d == static_cast<size_t>(-1) || lo.empty())
-        break;
-    }
-    out.emplace(name, std::move(piece));
+    if (it->second.empty())
+      fail("the weight map lists no pieces for '" + source + "'");
+    const TensorSpec &spec = runner.stateSpec(name);
+    SavedTensor saved = savedOf(source, spec);
+    out.emplace(name, readPiece(program, spec, rank, saved,
+                                files.open(it->second.front().file).path(),
+                                files, meter));
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -726,23 +727,50 @@ HostTensor Session::state(const std::string &fn, const std::string &name) const 
 }
 
 std::string Session::saveCheckpoint(const std::string &root, int64_t step,
-                                   const std::string &metadataJson, int keep) {
+                                   const std::string &metadataJson, int keep,
+                                   IoMeter *meter) {
   std::string dir = beginCheckpoint(root, step);
-  onEveryRank([&](int64_t r) { writeCheckpointShards(program_, *ranks_[r], r, dir); });
+  onEveryRank([&](int64_t r) {
+    writeCheckpointShards(program_, *ranks_[r], r, dir, meter);
+  });
   return commitCheckpoint(program_.mesh(), dir, root, step, metadataJson, keep);
 }
 
-CheckpointInfo Session::loadCheckpoint(const std::string &path) {
+void Session::replaceEverywhere(
+    const std::function<std::map<std::string, HostTensor>(int64_t)> &read) {
+  std::vector<std::map<std::string, HostTensor>> pieces(numRanks());
+  onEveryRank([&](int64_t r) { pieces[r] = read(r); });
+  for (int64_t r = 0; r < numRanks(); ++r)
+    for (auto &[name, piece] : pieces[r])
+      ranks_[r]->replaceLocalState(name, std::move(piece));
+}
+
+CheckpointInfo Session::loadCheckpoint(const std::string &path, IoMeter *meter) {
   std::string dir = resolveCheckpoint(path);
   CheckpointInfo info = readCheckpointInfo(dir);
-  std::vector<std::map<std::string, HostTensor>> read(numRanks());
-  onEveryRank([&](int64_t r) {
-    read[r] = readCheckpointShards(program_, *ranks_[r], r, dir);
+  replaceEverywhere([&](int64_t r) {
+    return readCheckpointShards(program_, *ranks_[r], r, dir, meter);
   });
-  for (int64_t r = 0; r < numRanks(); ++r)
-    for (auto &[name, piece] : read[r])
-      ranks_[r]->replaceLocalState(name, std::move(piece));
   return info;
+}
+
+std::vector<std::string> Session::loadWeights(const WeightMap &weights,
+                                              IoMeter *meter) {
+  std::vector<std::string> states = program_.stateNames();
+  for (const auto &[name, pieces] : weights)
+    if (std::find(states.begin(), states.end(), name) == states.end())
+      throw std::invalid_argument("the program has no state '" + name +
+                                  "' to load weights into");
+  std::set<std::string> loaded;
+  std::mutex mutex;
+  replaceEverywhere([&](int64_t r) {
+    auto pieces = readWeightShards(program_, *ranks_[r], r, weights, meter);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto &entry : pieces)
+      loaded.insert(entry.first);
+    return pieces;
+  });
+  return {loaded.begin(), loaded.end()};
 }
 
 std::vector<HostTensor> Session::call(const std::string &fn,

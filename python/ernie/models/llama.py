@@ -20,7 +20,10 @@ Hugging Face folders: `LlamaForCausalLM.from_pretrained(folder)` reads
 config.json and model.safetensors (or the shards an index lists) through the
 runtime's safetensors reader, Hugging Face's [out, in] Linears transposed
 to ernie's [in, out]; `save_pretrained(folder)` writes the same layout back
-(`ernie.weights`).
+(`ernie.weights`). One table, `hf_layout`, says where each Hugging Face
+tensor goes; built under `ernie.nn.abstract()`, `from_pretrained` reads
+headers only and the compiled program loads the folder rank by rank
+(`hf_weight_map`, `Program.load_weights`).
 
 `LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
 logits against `labels`, which the data pipeline has already shifted by one
@@ -174,27 +177,43 @@ class LlamaForCausalLM(Module):
         """The model of a Hugging Face folder (config.json and
         model.safetensors, or shards with model.safetensors.index.json):
         Hugging Face's names and [out, in] Linears mapped onto ernie's
-        [in, out] ones (fused projections concatenated where the config
-        asks for them). `dtype` ("f32", "bf16", ...) defaults to the file's
+        [in, out] ones (hf_layout; fused projections where the config asks
+        for them). `dtype` ("f32", "bf16", ...) defaults to the file's
         torch_dtype; narrow floats are read exactly. `overrides` set other
-        LlamaConfig fields (fuse_attention_qkv, ...)."""
-        from ..weights import read_hf_folder
-        hf, weights, _ = read_hf_folder(folder)
+        LlamaConfig fields (fuse_attention_qkv, ...).
+
+        Built under `ernie.nn.abstract()` nothing is read but the headers:
+        the model remembers the folder (`pretrained_weights`) and
+        `ernie.compile` loads it into the program, each rank reading only
+        its own pieces of each tensor."""
+        from ..weights import hf_folder_index, read_hf_folder
+        hf, _ = hf_folder_index(folder)
         cfg = LlamaConfig(**{**config_from_hf(hf, dtype), **overrides})
         model = cls(cfg)
-        state = ernie_state_from_hf(weights, cfg)
         params = dict(model.named_parameters())
-        missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
-        if missing or unexpected:
-            raise ValueError(f"{folder}: weights do not match the config: missing "
-                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+        if all(p.value is None for p in params.values()):  # abstract
+            object.__setattr__(model, "pretrained_weights", hf_weight_map(folder, cfg))
+            return model
+        _, weights, _ = read_hf_folder(folder)
+        state = ernie_state_from_hf(weights, cfg, where=folder)
         for name, p in params.items():
-            value = state[name]
-            if tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"{folder}: '{name}' has shape {list(value.shape)}, the config "
-                                 f"makes it {list(p.shape)}")
-            p.value = _rounded(value, cfg.dtype).astype(p.value.dtype)
+            p.value = _rounded(state[name], cfg.dtype).astype(p.value.dtype)
         return model
+
+    def hf_weight_map(self, folder):
+        """The weight map (Program.load_weights) of a Hugging Face folder for
+        this model, whose config must be the folder's (dtype and fusion
+        aside)."""
+        from ..weights import hf_folder_index
+        hf, _ = hf_folder_index(folder)
+        theirs = config_from_hf(hf, self.config.dtype)
+        differ = {k: (getattr(self.config, k), v) for k, v in theirs.items()
+                  if k != "dtype" and getattr(self.config, k) != v}
+        if differ:
+            raise ValueError(f"{folder}: config.json is another model: " + ", ".join(
+                f"{k} {theirs_v!r} (this model: {ours!r})"
+                for k, (ours, theirs_v) in sorted(differ.items())))
+        return hf_weight_map(folder, self.config)
 
     def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
         """Writes the model as a Hugging Face folder (config.json,
@@ -279,70 +298,112 @@ def config_to_hf(cfg: LlamaConfig, dtype: str) -> dict:
     return out
 
 
-def ernie_state_from_hf(weights: dict, cfg: LlamaConfig) -> dict:
-    """ernie's parameters from Hugging Face's tensors ([out, in] Linears
-    transposed to [in, out]; q/k/v and gate/up concatenated when fused)."""
-    w = dict(weights)
-    take = lambda name: w.pop(name)  # noqa: E731 - KeyError names what is missing
-    out = {"llama.embed_tokens.weight": take("model.embed_tokens.weight"),
-           "llama.norm.weight": take("model.norm.weight")}
-    if cfg.tie_word_embeddings:
-        w.pop("lm_head.weight", None)  # some writers keep the tied copy
-    else:
-        out["lm_head.weight"] = take("lm_head.weight").T
+def hf_layout(cfg: LlamaConfig) -> list:
+    """Where each of Hugging Face's tensors goes, in Hugging Face's order:
+    (ernie parameter, Hugging Face name, offsets in the parameter, the
+    block's shape in the parameter, transposed). Linears are Hugging Face's
+    [out, in], ernie's [in, out] (transposed); fused q/k/v and gate/up are
+    blocks at column offsets of one parameter; a tied LM head has no
+    tensor of its own. The one mapping the readers, the writer and the
+    distributed loader (hf_weight_map) share."""
+    h, hq, hkv, d, inter = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                            cfg.head_dim, cfg.intermediate_size)
+    out = [("llama.embed_tokens.weight", "model.embed_tokens.weight", (0, 0),
+            (cfg.vocab_size, h), False)]
+
+    def linears(dst, fused, parts):
+        # parts: (Hugging Face name, out features); fused: one parameter.
+        column = 0
+        for hf, n_out in parts:
+            name = dst + (fused if fused else hf.rsplit(".", 1)[-1]) + ".weight"
+            out.append((name, hf + ".weight", (0, column if fused else 0), (h, n_out), True))
+            column += n_out if fused else 0
+
     for i in range(cfg.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"llama.layers.{i}."
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            out[dst + norm + ".weight"] = take(src + norm + ".weight")
-        q, k, v = (take(src + f"self_attn.{n}_proj.weight").T for n in "qkv")
-        if cfg.fuse_attention_qkv:
-            out[dst + "self_attn.qkv_proj.weight"] = np.concatenate([q, k, v], axis=1)
-        else:
-            out.update({dst + "self_attn.q_proj.weight": q, dst + "self_attn.k_proj.weight": k,
-                        dst + "self_attn.v_proj.weight": v})
-        out[dst + "self_attn.o_proj.weight"] = take(src + "self_attn.o_proj.weight").T
-        gate, up = (take(src + f"mlp.{n}_proj.weight").T for n in ("gate", "up"))
-        if cfg.fuse_attention_ffn:
-            out[dst + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up], axis=1)
-        else:
-            out.update({dst + "mlp.gate_proj.weight": gate, dst + "mlp.up_proj.weight": up})
-        out[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight").T
-    # Rotary caches some writers store are recomputed here.
-    leftover = sorted(n for n in w if not n.endswith("rotary_emb.inv_freq"))
+        out.append((dst + "input_layernorm.weight", src + "input_layernorm.weight", (0,), (h,),
+                    False))
+        linears(dst + "self_attn.", "qkv_proj" if cfg.fuse_attention_qkv else None,
+                [(src + f"self_attn.{n}_proj", width) for n, width in
+                 (("q", hq * d), ("k", hkv * d), ("v", hkv * d))])
+        out.append((dst + "self_attn.o_proj.weight", src + "self_attn.o_proj.weight", (0, 0),
+                    (hq * d, h), True))
+        linears(dst + "mlp.", "gate_up_proj" if cfg.fuse_attention_ffn else None,
+                [(src + f"mlp.{n}_proj", inter) for n in ("gate", "up")])
+        out.append((dst + "mlp.down_proj.weight", src + "mlp.down_proj.weight", (0, 0),
+                    (inter, h), True))
+        out.append((dst + "post_attention_layernorm.weight",
+                    src + "post_attention_layernorm.weight", (0,), (h,), False))
+    out.append(("llama.norm.weight", "model.norm.weight", (0,), (h,), False))
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", "lm_head.weight", (0, 0), (h, cfg.vocab_size), True))
+    return out
+
+
+def _hf_leftovers(names, cfg: LlamaConfig, where):
+    """Raises for Hugging Face tensors ernie's Llama has no place for
+    (besides rotary caches, recomputed, and a tied head's copy)."""
+    placed = {hf for _, hf, _, _, _ in hf_layout(cfg)}
+    leftover = sorted(n for n in names if n not in placed
+                      and not n.endswith("rotary_emb.inv_freq")
+                      and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
     if leftover:
-        raise ValueError(f"weights ernie's Llama has no place for: {leftover[:5]}")
+        raise ValueError(f"{where}: weights ernie's Llama has no place for: {leftover[:5]}")
+
+
+def _check_block_shape(where, hf, shape, block, transposed):
+    want = tuple(reversed(block)) if transposed else tuple(block)
+    if tuple(shape) != want:
+        raise ValueError(f"{where}: tensor '{hf}' has shape {list(shape)}, the config makes "
+                         f"it {list(want)}")
+
+
+def ernie_state_from_hf(weights: dict, cfg: LlamaConfig, where="weights") -> dict:
+    """ernie's parameters from Hugging Face's tensors (hf_layout)."""
+    _hf_leftovers(weights, cfg, where)
+    out = {}
+    for name, hf, offsets, block, transposed in hf_layout(cfg):
+        if hf not in weights:
+            raise ValueError(f"{where}: no tensor '{hf}' (for ernie's '{name}')")
+        value = np.asarray(weights[hf])
+        _check_block_shape(where, hf, value.shape, block, transposed)
+        out.setdefault(name, []).append((offsets, value.T if transposed else value))
+    for name, blocks in out.items():
+        if len(blocks) == 1:
+            out[name] = blocks[0][1]
+            continue
+        shape = tuple(max(off[k] + v.shape[k] for off, v in blocks)
+                      for k in range(blocks[0][1].ndim))
+        whole = np.empty(shape, dtype=blocks[0][1].dtype)
+        for off, v in blocks:
+            whole[tuple(slice(o, o + n) for o, n in zip(off, v.shape))] = v
+        out[name] = whole
     return out
 
 
 def hf_state_from_ernie(values: dict, cfg: LlamaConfig) -> dict:
     """The inverse of ernie_state_from_hf, in Hugging Face's order."""
-    hq, hkv, d, inter = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                         cfg.intermediate_size)
-    t = lambda a: np.ascontiguousarray(np.asarray(a).T)  # noqa: E731
-    out = {"model.embed_tokens.weight": np.asarray(values["llama.embed_tokens.weight"])}
-    for i in range(cfg.num_hidden_layers):
-        src, dst = f"llama.layers.{i}.", f"model.layers.{i}."
-        out[dst + "input_layernorm.weight"] = np.asarray(values[src + "input_layernorm.weight"])
-        if cfg.fuse_attention_qkv:
-            qkv = np.asarray(values[src + "self_attn.qkv_proj.weight"])
-            q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
-        else:
-            q, k, v = (values[src + f"self_attn.{n}_proj.weight"] for n in "qkv")
-        out.update({dst + "self_attn.q_proj.weight": t(q), dst + "self_attn.k_proj.weight": t(k),
-                    dst + "self_attn.v_proj.weight": t(v),
-                    dst + "self_attn.o_proj.weight": t(values[src + "self_attn.o_proj.weight"])})
-        if cfg.fuse_attention_ffn:
-            gu = np.asarray(values[src + "mlp.gate_up_proj.weight"])
-            gate, up = gu[:, :inter], gu[:, inter:]
-        else:
-            gate, up = values[src + "mlp.gate_proj.weight"], values[src + "mlp.up_proj.weight"]
-        out.update({dst + "mlp.gate_proj.weight": t(gate), dst + "mlp.up_proj.weight": t(up),
-                    dst + "mlp.down_proj.weight": t(values[src + "mlp.down_proj.weight"])})
-        out[dst + "post_attention_layernorm.weight"] = np.asarray(
-            values[src + "post_attention_layernorm.weight"])
-    out["model.norm.weight"] = np.asarray(values["llama.norm.weight"])
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = t(values["lm_head.weight"])
+    out = {}
+    for name, hf, offsets, block, transposed in hf_layout(cfg):
+        value = np.asarray(values[name])[tuple(slice(o, o + n) for o, n in zip(offsets, block))]
+        out[hf] = np.ascontiguousarray(value.T if transposed else value)
+    return out
+
+
+def hf_weight_map(folder, cfg: LlamaConfig) -> dict:
+    """{ernie parameter: [(file, tensor, offsets, transposed)]} of a Hugging
+    Face folder, from its index and headers alone (Program.load_weights
+    reads each rank's pieces). Shapes are checked against `cfg`."""
+    from ..weights import hf_folder_index
+    _, index = hf_folder_index(folder)
+    _hf_leftovers(index, cfg, folder)
+    out = {}
+    for name, hf, offsets, block, transposed in hf_layout(cfg):
+        if hf not in index:
+            raise ValueError(f"{folder}: no tensor '{hf}' (for ernie's '{name}')")
+        path, _, shape = index[hf]
+        _check_block_shape(path, hf, shape, block, transposed)
+        out.setdefault(name, []).append((path, hf, offsets, transposed))
     return out
 
 

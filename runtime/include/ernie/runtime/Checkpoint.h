@@ -24,15 +24,49 @@
 
 #include "ernie/runtime/Session.h"
 
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace ernie::runtime {
 
+/// Counts the bytes a save or load moves on every rank of a process and
+/// reports progress: `report(done, expected, seconds, final)` from the
+/// thread that crossed the next reporting interval, and once at the end.
+/// Ranks announce what they will move (expect) before moving it (add).
+class IoMeter {
+public:
+  using Report = std::function<void(uint64_t done, uint64_t expected,
+                                    double seconds, bool final)>;
+  explicit IoMeter(Report report = {},
+                   std::chrono::milliseconds interval = std::chrono::milliseconds(500));
+  void expect(uint64_t bytes) { expected_ += bytes; }
+  void add(uint64_t bytes);
+  /// The final report; returns the seconds since construction.
+  double finish();
+  /// A report printing `what: 45% (120.0 of 260.0 MB, 230 MB/s)` on
+  /// stderr (rewritten in place on a terminal) and the final line
+  /// `what: 260.0 MB in 1.13 s (230 MB/s)`.
+  static Report printer(std::string what);
+  uint64_t bytes() const { return done_; }
+
+private:
+  Report report_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::milliseconds interval_;
+  std::atomic<uint64_t> done_{0}, expected_{0};
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point lastReport_;
+};
+
 /// Writes the pieces `runner` (rank `rank` of `program`) owns into `dir`.
 /// Every rank calls it (with the same `dir`) before commitCheckpoint.
 void writeCheckpointShards(const Program &program, const RankRunner &runner,
-                           int64_t rank, const std::string &dir);
+                           int64_t rank, const std::string &dir,
+                           IoMeter *meter = nullptr);
 
 /// Composes the manifest from the rank files in `dir` (which every rank has
 /// written), writes it, and renames `dir` to `<root>/step-<step>`; removes
@@ -43,7 +77,16 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
                              const std::string &metadataJson, int keep);
 
 /// The temporary directory a save into `root` at `step` writes (created).
-std::string beginCheckpoint(const std::string &root, int64_t step);
+/// `tag` (default: this process's id) names the directory; the ranks of
+/// one save in several processes pass the same tag, agreed beforehand,
+/// and it must be the id of a live process on this host while the save
+/// runs (a directory whose tag is no live process is a killed save's and
+/// the next save into `root` removes it).
+std::string beginCheckpoint(const std::string &root, int64_t step,
+                            int64_t tag = -1);
+/// The name beginCheckpoint gives that directory (nothing created).
+std::string checkpointTempDir(const std::string &root, int64_t step,
+                              int64_t tag = -1);
 
 /// `path` itself when it holds a manifest, else the newest complete
 /// checkpoint under it; throws when there is none.
@@ -65,7 +108,31 @@ CheckpointInfo readCheckpointInfo(const std::string &dir);
 /// and global shape; errors name the file and the tensor.
 std::map<std::string, HostTensor>
 readCheckpointShards(const Program &program, const RankRunner &runner,
-                     int64_t rank, const std::string &dir);
+                     int64_t rank, const std::string &dir,
+                     IoMeter *meter = nullptr);
+
+/// One piece of a state in a safetensors file that is not an ernie
+/// checkpoint (a Hugging Face folder): tensor `tensor` of `file` holds the
+/// block of the state at `offsets`, its shape the file's, or with
+/// `transposed` (2-D only) the file holds the block's transpose ([out, in]
+/// Linears read as [in, out]). Its dtype is the file's; floats convert to
+/// the state's (round to nearest even).
+struct WeightPiece {
+  std::string file, tensor;
+  std::vector<int64_t> offsets;
+  bool transposed = false;
+};
+/// Per state name, the pieces covering it exactly once.
+using WeightMap = std::map<std::string, std::vector<WeightPiece>>;
+
+/// The pieces of rank `rank` of the states `weights` maps, read from their
+/// files and resharded as readCheckpointShards does; a master weight
+/// ("<p>:master") not in the map is read from p's pieces. Other states are
+/// not returned (they keep their values). Errors name the file and tensor.
+std::map<std::string, HostTensor>
+readWeightShards(const Program &program, const RankRunner &runner,
+                 int64_t rank, const WeightMap &weights,
+                 IoMeter *meter = nullptr);
 
 /// Checks a checkpoint completely: the manifest, every file, every piece's
 /// bytes present, and every tensor's elements covered exactly once. Returns

@@ -43,6 +43,9 @@
 namespace ernie::runtime {
 
 struct CheckpointInfo;
+class IoMeter;
+struct WeightPiece;
+using WeightMap = std::map<std::string, std::vector<WeightPiece>>;
 
 /// Where a state's first value comes from: a global tensor, or nullopt for
 /// the default (parameters drawn from a seeded generator, slots zero).
@@ -185,11 +188,19 @@ public:
   /// (Checkpoint.h) with the caller's `metadataJson`, keeping the newest
   /// `keep` (0: all); returns its directory.
   std::string saveCheckpoint(const std::string &root, int64_t step,
-                             const std::string &metadataJson, int keep);
+                             const std::string &metadataJson, int keep,
+                             IoMeter *meter = nullptr);
   /// Replaces every rank's state from checkpoint `path` (one, or the newest
   /// complete one under it), resharded; nothing changes unless every rank
   /// read everything. Returns its step and metadata.
-  CheckpointInfo loadCheckpoint(const std::string &path);
+  CheckpointInfo loadCheckpoint(const std::string &path,
+                                IoMeter *meter = nullptr);
+  /// Replaces the states `weights` maps (and their master weights) on
+  /// every rank, each rank reading only its pieces (readWeightShards); all
+  /// or nothing. Every name must be a state of the program. Returns the
+  /// states replaced.
+  std::vector<std::string> loadWeights(const WeightMap &weights,
+                                       IoMeter *meter = nullptr);
 
   /// Every rank's recorded intervals (SessionOptions::executor.trace).
   std::vector<std::vector<TraceEvent>> traceEvents() const;
@@ -204,6 +215,10 @@ public:
 private:
   /// Runs `work(rank)` on one thread per rank; rethrows the root failure.
   void onEveryRank(const std::function<void(int64_t)> &work);
+  /// Each rank's new pieces from `read(rank)` (on its thread); they replace
+  /// the state only after every rank read all of its own.
+  void replaceEverywhere(
+      const std::function<std::map<std::string, HostTensor>(int64_t)> &read);
 
   Program program_;
   ThreadWorld world_;
