@@ -830,4 +830,75 @@ std::string importCheckpoint(const std::string &file, const std::string &root,
   return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
 }
 
+namespace {
+
+/// Runs `work` on this rank and agrees with every other rank whether all
+/// succeeded; a rank whose work threw rethrows its error, the others fail
+/// naming the collective step.
+template <typename Work>
+void onAllRanksOrNone(Communicator &comm, const std::string &what, Work work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  int64_t ok = error ? 0 : 1, all = 0;
+  comm.allReduce(&ok, &all, 1, DType::I64, ReduceOp::Min,
+                 comm.mesh().axisNames());
+  if (error)
+    std::rethrow_exception(error);
+  if (!all)
+    fail(what + " failed on another rank (its error says why)");
+}
+
+} // namespace
+
+std::string saveCheckpointOnRank(const Program &program, const RankRunner &runner,
+                                 Communicator &comm, const std::string &root,
+                                 int64_t step, const std::string &metadataJson,
+                                 int keep, IoMeter *meter) {
+  const Axes all = comm.mesh().axisNames();
+  int64_t tag = ::getpid();
+  comm.broadcast(&tag, sizeof tag, 0, all);
+  const bool leader = comm.rank() == 0;
+  std::string dir = checkpointTempDir(root, step, tag), done;
+  onAllRanksOrNone(comm, "starting the checkpoint", [&] {
+    if (leader)
+      beginCheckpoint(root, step, tag);
+  });
+  onAllRanksOrNone(comm, "writing the checkpoint", [&] {
+    writeCheckpointShards(program, runner, comm.rank(), dir, meter);
+  });
+  onAllRanksOrNone(comm, "committing the checkpoint", [&] {
+    if (leader)
+      done = commitCheckpoint(program.mesh(), dir, root, step, metadataJson, keep);
+  });
+  return leader ? done : (fs::path(root) / stepName(step)).string();
+}
+
+CheckpointInfo loadCheckpointOnRank(const Program &program, RankRunner &runner,
+                                    Communicator &comm, const std::string &path,
+                                    IoMeter *meter) {
+  CheckpointInfo info;
+  std::map<std::string, HostTensor> pieces;
+  onAllRanksOrNone(comm, "reading the checkpoint", [&] {
+    std::string dir = resolveCheckpoint(path);
+    info = readCheckpointInfo(dir);
+    pieces = readCheckpointShards(program, runner, comm.rank(), dir, meter);
+  });
+  // Every rank resolved the same newest checkpoint unless one was committed
+  // meanwhile: the steps must agree.
+  int64_t lo = 0, hi = 0;
+  comm.allReduce(&info.step, &lo, 1, DType::I64, ReduceOp::Min, comm.mesh().axisNames());
+  comm.allReduce(&info.step, &hi, 1, DType::I64, ReduceOp::Max, comm.mesh().axisNames());
+  if (lo != hi)
+    fail(path + ": the ranks found different newest checkpoints (steps " +
+         std::to_string(lo) + " and " + std::to_string(hi) +
+         "); a save was committed while loading: name the checkpoint");
+  for (auto &[name, piece] : pieces)
+    runner.replaceLocalState(name, std::move(piece));
+  return info;
+}
+
 } // namespace ernie::runtime

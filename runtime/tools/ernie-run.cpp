@@ -3,7 +3,8 @@
 //   ernie-run prog.ernie [--ranks N] [--backend threads|gloo] [--steps K]
 //             [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]
 //             [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]
-//             [--trace FILE]
+//             [--trace FILE] [--save DIR --save-every K [--keep N]]
+//             [--resume PATH]
 //             [--rank R (--store DIR | --store-address HOST:PORT)]
 //
 // Runs K calls of a function (train_step when the program has one), carrying
@@ -15,6 +16,13 @@
 // --store-address). Any failure on any rank exits non-zero with a message
 // naming the rank and the instruction.
 //
+// Checkpoints: --save DIR --save-every K saves a distributed checkpoint
+// (Checkpoint.h) every K steps into DIR/step-<N>, keeping the newest N with
+// --keep; --resume PATH (a checkpoint, or a directory of them: the newest
+// complete one) loads one, resharded to this program's mesh and plan, and
+// continues from its step to --steps (the last step, counted from the
+// start of training). Each save and load prints its MB/s.
+//
 // Pipelined programs run train_step (the default) or eval_step on either
 // backend: the batch inputs are input<k>.npy (or input.<k>.npy), each of
 // micro_batches times the program's micro-batch rows. Every rank gets the
@@ -23,6 +31,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ernie/runtime/Checkpoint.h"
 #include "ernie/runtime/GlooCommunicator.h"
 #include "ernie/runtime/Session.h"
 
@@ -33,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -54,6 +64,9 @@ struct Options {
   int64_t steps = 1;
   std::string function;
   std::string inputs, outputs, trace;
+  std::string save, resume;
+  int64_t saveEvery = 0;
+  int keep = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
   bool checkFinite = false;
@@ -71,6 +84,7 @@ const char *kUsage =
     "                 [--trace FILE]\n"
     "                 [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]\n"
     "                 [--blas-threads N]\n"
+    "                 [--save DIR --save-every K [--keep N]] [--resume PATH]\n"
     "                 [--rank R (--store DIR | --store-address HOST:PORT)]\n"
     "\n"
     "Runs K steps of a program file written by `ernie-translate "
@@ -87,7 +101,11 @@ const char *kUsage =
     "  --check-finite    fail when the loss is NaN or infinite\n"
     "  --trace FILE      a Chrome-trace / Perfetto timeline of every\n"
     "                    instruction on every rank (Gloo: FILE.rank<r>.json)\n"
-    "  --timeout S       seconds a collective waits for its peers (default 60)\n";
+    "  --timeout S       seconds a collective waits for its peers (default 60)\n"
+    "  --save DIR        save a distributed checkpoint DIR/step-<N> every\n"
+    "  --save-every K    K steps (and keep the newest N with --keep N)\n"
+    "  --resume PATH     start from a checkpoint (or the newest under PATH),\n"
+    "                    resharded; runs its step + 1 to --steps\n";
 
 [[noreturn]] void usageError(const std::string &message) {
   std::cerr << "ernie-run: error: " << message << "\n" << kUsage;
@@ -146,6 +164,18 @@ Options parseOptions(int argc, char **argv) {
       o.quiet = true;
     } else if (arg == "--blas-threads") {
       o.blasThreads = parseNumber<int>(arg, value());
+    } else if (arg == "--save") {
+      o.save = value();
+    } else if (arg == "--save-every") {
+      o.saveEvery = parseNumber<int64_t>(arg, value());
+      if (o.saveEvery < 1)
+        usageError("--save-every must be at least 1");
+    } else if (arg == "--keep") {
+      o.keep = parseNumber<int>(arg, value());
+      if (o.keep < 1)
+        usageError("--keep must be at least 1");
+    } else if (arg == "--resume") {
+      o.resume = value();
     } else if (arg == "--rank") {
       o.rank = parseNumber<int64_t>(arg, value());
     } else if (arg == "--store") {
@@ -162,6 +192,10 @@ Options parseOptions(int argc, char **argv) {
   }
   if (o.program.empty())
     usageError("no program file given");
+  if (o.save.empty() != (o.saveEvery == 0))
+    usageError("--save DIR and --save-every K go together");
+  if (o.keep && o.save.empty())
+    usageError("--keep applies to --save");
   if (o.rank && o.backend != "gloo")
     usageError("--rank runs one rank of a Gloo run: add --backend gloo");
   if (o.rank && o.store.empty() && o.storeAddress.empty())
@@ -365,6 +399,42 @@ void writeOutputs(const std::string &dir,
     writeNpy((fs::path(dir) / (name + ".npy")).string(), t);
 }
 
+/// --resume: loads the checkpoint through `load` and returns the first
+/// step to run (1 without --resume).
+int64_t resumeFrom(const Options &o, bool report,
+                   const std::function<CheckpointInfo(IoMeter &)> &load) {
+  if (o.resume.empty())
+    return 1;
+  std::string who = o.rank ? " (rank " + std::to_string(*o.rank) + ")" : "";
+  IoMeter meter(report ? IoMeter::printer("loading " + o.resume + who) : nullptr);
+  CheckpointInfo info = load(meter);
+  meter.finish();
+  if (info.step >= o.steps)
+    throw std::invalid_argument(
+        o.resume + ": the checkpoint is at step " + std::to_string(info.step) +
+        "; --steps " + std::to_string(o.steps) +
+        " (the last step to run) leaves nothing to run");
+  return info.step + 1;
+}
+
+/// --save: after every --save-every steps, saves through `save`.
+void saveIfDue(const Options &o, int64_t step, bool report,
+               const std::function<void(IoMeter &, const std::string &)> &save) {
+  if (o.save.empty() || step % o.saveEvery != 0)
+    return;
+  char metadata[160];
+  std::snprintf(metadata, sizeof metadata,
+                "{\"tool\": \"ernie-run\", \"lr\": %.17g, \"seed\": %llu}", o.lr,
+                (unsigned long long)o.seed);
+  // A Gloo rank meters its own bytes only.
+  std::string who = o.rank ? " (rank " + std::to_string(*o.rank) + ")" : "";
+  IoMeter meter(report ? IoMeter::printer("saving step " + std::to_string(step) +
+                                          " to " + o.save + who)
+                       : nullptr);
+  save(meter, metadata);
+  meter.finish();
+}
+
 /// Every rank in this process, on threads.
 int runThreads(const Program &program, const Options &o) {
   SessionOptions options;
@@ -379,10 +449,13 @@ int runThreads(const Program &program, const Options &o) {
   std::vector<HostTensor> inputs = loadInputs(program, name, o);
   session.initState(name, stateFrom(o), o.seed);
   std::optional<size_t> loss = pipelined ? std::optional<size_t>(0) : lossIndex(*fn);
+  int64_t first = resumeFrom(o, !o.quiet, [&](IoMeter &meter) {
+    return session.loadCheckpoint(o.resume, &meter);
+  });
   Reporter reporter(o.steps, o.quiet);
   std::vector<HostTensor> outputs;
   std::vector<double> losses;
-  for (int64_t step = 1; step <= o.steps; ++step) {
+  for (int64_t step = first; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     outputs = session.call(name, inputs, o.lr, step);
     double ms = millisecondsSince(start);
@@ -390,6 +463,9 @@ int runThreads(const Program &program, const Options &o) {
     if (loss)
       losses.push_back(*(lossValue = scalarValue(outputs[*loss])));
     reporter.step(step, lossValue, ms);
+    saveIfDue(o, step, !o.quiet, [&](IoMeter &meter, const std::string &metadata) {
+      session.saveCheckpoint(o.save, step, metadata, o.keep, &meter);
+    });
   }
   reporter.summary();
   if (!o.outputs.empty()) {
@@ -433,10 +509,13 @@ int runGlooRank(const Program &program, const Options &o) {
   runner.initState(name, stateFrom(o), o.seed);
   std::optional<size_t> loss = pipelined ? std::optional<size_t>(0) : lossIndex(*fn);
   bool leader = *o.rank == 0;
+  int64_t first = resumeFrom(o, leader && !o.quiet, [&](IoMeter &meter) {
+    return loadCheckpointOnRank(program, runner, *comm, o.resume, &meter);
+  });
   Reporter reporter(o.steps, o.quiet || !leader);
   std::vector<HostTensor> local;
   std::vector<double> losses;
-  for (int64_t step = 1; step <= o.steps; ++step) {
+  for (int64_t step = first; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     local = runner.call(name, inputs, o.lr, step);
     std::optional<double> lossValue;
@@ -447,6 +526,11 @@ int runGlooRank(const Program &program, const Options &o) {
     if (lossValue)
       losses.push_back(*lossValue);
     reporter.step(step, lossValue, millisecondsSince(start));
+    saveIfDue(o, step, leader && !o.quiet,
+              [&](IoMeter &meter, const std::string &metadata) {
+                saveCheckpointOnRank(program, runner, *comm, o.save, step, metadata,
+                                     o.keep, &meter);
+              });
   }
   reporter.summary();
   if (!o.outputs.empty() && pipelined) {

@@ -134,6 +134,20 @@ readWeightShards(const Program &program, const RankRunner &runner,
                  int64_t rank, const WeightMap &weights,
                  IoMeter *meter = nullptr);
 
+/// Save and load where each rank is a process of its own (Gloo): every
+/// rank calls them with the same arguments, in step. Saving agrees on one
+/// temporary directory (rank 0's process id), writes each rank's shards and
+/// commits on rank 0; loading replaces the runner's state only when every
+/// rank read all of its pieces. A failure on any rank fails every rank
+/// (nothing replaced, no checkpoint committed).
+std::string saveCheckpointOnRank(const Program &program, const RankRunner &runner,
+                                 Communicator &comm, const std::string &root,
+                                 int64_t step, const std::string &metadataJson,
+                                 int keep, IoMeter *meter = nullptr);
+CheckpointInfo loadCheckpointOnRank(const Program &program, RankRunner &runner,
+                                    Communicator &comm, const std::string &path,
+                                    IoMeter *meter = nullptr);
+
 /// Checks a checkpoint completely: the manifest, every file, every piece's
 /// bytes present, and every tensor's elements covered exactly once. Returns
 /// a human-readable summary; throws on the first fault.
