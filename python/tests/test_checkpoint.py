@@ -243,6 +243,35 @@ def test_ernie_ckpt_info_verify_consolidate_import(saved, build_dir, tmp_path):
     prog = program([2], ["mp"])
     prog.load_checkpoint(tmp_path / "imported")
     np.testing.assert_allclose(train(prog, 10, 20), want, rtol=1e-5)
+    # A sharded folder in Hugging Face's layout (an index, files of at most
+    # 4000 bytes; the 2048-byte embedding fills one alone), read by the
+    # independent reader, and imported back.
+    out = run("consolidate", root, tmp_path / "sharded", "--max-shard-bytes", 4000)
+    assert out.returncode == 0, out.stderr
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in whole.values())
+    for f in files:
+        assert (tmp_path / "sharded" / f).stat().st_size <= 4000 + 2048 + 1024  # + header
+        part = safetensors_numpy.load_file(str(tmp_path / "sharded" / f))
+        assert {n for n, g in index["weight_map"].items() if g == f} == set(part)
+        for name, value in part.items():
+            np.testing.assert_array_equal(value, whole[name], err_msg=name)
+    assert not [p for p in (tmp_path / "sharded").iterdir() if p.name.endswith(".tmp")]
+    back = run("import", tmp_path / "sharded", tmp_path / "from-folder", 10)
+    assert back.returncode == 0, back.stderr
+    prog = program([2], ["mp"])
+    prog.load_checkpoint(tmp_path / "from-folder")
+    np.testing.assert_allclose(train(prog, 10, 20), want, rtol=1e-5)
+    index["weight_map"]["llama.norm.weight"] = files[0] if index["weight_map"][
+        "llama.norm.weight"] != files[0] else files[1]
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text(json.dumps(index))
+    mislisted = run("import", tmp_path / "sharded", tmp_path / "bad-folder", 10)
+    assert mislisted.returncode == 1 and "'llama.norm.weight' is listed for another file" in \
+        mislisted.stderr
+    assert run("consolidate", root, tmp_path / "one.safetensors", "--max-shard-bytes",
+               "0").returncode == 2
     bad = run("verify", tmp_path / "nothing")
     assert bad.returncode == 1 and "no such checkpoint directory" in bad.stderr
     assert run("frobnicate", root).returncode == 2

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <csignal>
 #include <cstdlib>
@@ -779,16 +780,21 @@ std::string describeCheckpoint(const std::string &dir) {
   return out.str();
 }
 
-void consolidateCheckpoint(const std::string &dir, const std::string &out) {
-  Manifest m = readManifest(dir);
+namespace {
+
+/// Writes the global tensors `names` of checkpoint `m` as safetensors file
+/// `out` (under a temporary name, renamed once complete), one tensor in
+/// memory at a time.
+void writeGlobalTensors(const Manifest &m, const std::vector<std::string> &names,
+                        const fs::path &out) {
   std::vector<SafetensorsWriter::Tensor> header;
-  for (const auto &[name, saved] : m.tensors)
-    header.push_back({name, saved.type, saved.globalShape});
-  std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  SafetensorsWriter writer(out, header, metadata);
+  for (const std::string &name : names)
+    header.push_back({name, m.tensors.at(name).type, m.tensors.at(name).globalShape});
+  fs::path tmp = out.string() + ".tmp";
+  SafetensorsWriter writer(tmp.string(), header, {{"format", "pt"}});
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
-  // One tensor in memory at a time.
-  for (const auto &[name, saved] : m.tensors) {
+  for (const std::string &name : names) {
+    const SavedTensor &saved = m.tensors.at(name);
     HostTensor whole(saved.type, saved.globalShape);
     for (const Piece &p : saved.pieces) {
       auto &f = files[p.file];
@@ -804,29 +810,120 @@ void consolidateCheckpoint(const std::string &dir, const std::string &out) {
     writer.append(whole.bytes.data(), whole.bytes.size());
   }
   writer.finish();
+  fsyncPath(tmp, false);
+  fs::rename(tmp, out);
 }
 
-std::string importCheckpoint(const std::string &file, const std::string &root,
+bool isSafetensorsPath(const std::string &path) {
+  return fs::path(path).extension() == ".safetensors";
+}
+
+} // namespace
+
+void consolidateCheckpoint(const std::string &dir, const std::string &out,
+                           uint64_t maxShardBytes) {
+  Manifest m = readManifest(dir);
+  std::vector<std::string> all;
+  for (const auto &entry : m.tensors)
+    all.push_back(entry.first);
+  if (isSafetensorsPath(out)) {
+    if (maxShardBytes)
+      fail(out + ": a single file cannot be sharded; give a folder to shard into");
+    writeGlobalTensors(m, all, out);
+    return;
+  }
+  // Hugging Face's sharded layout: files of at most maxShardBytes (a larger
+  // tensor alone in its file) and an index of which file holds each tensor.
+  std::vector<std::vector<std::string>> shards(1);
+  uint64_t size = 0, total = 0;
+  for (const std::string &name : all) {
+    const SavedTensor &t = m.tensors.at(name);
+    uint64_t bytes = volume(t.globalShape) * byteSize(t.type);
+    if (maxShardBytes && !shards.back().empty() && size + bytes > maxShardBytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().push_back(name);
+    size += bytes;
+    total += bytes;
+  }
+  fs::create_directories(out);
+  auto shardName = [&](size_t i) {
+    if (shards.size() == 1)
+      return std::string("model.safetensors");
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1,
+                  shards.size());
+    return std::string(name);
+  };
+  json weightMap = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    writeGlobalTensors(m, shards[i], fs::path(out) / shardName(i));
+    for (const std::string &name : shards[i])
+      weightMap[name] = shardName(i);
+  }
+  if (shards.size() > 1)
+    writeSynced(fs::path(out) / "model.safetensors.index.json",
+                json{{"metadata", {{"total_size", total}}}, {"weight_map", weightMap}}
+                        .dump(2) + "\n");
+}
+
+std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step) {
-  SafetensorsFile in(file);
+  // The files to import: one, or a folder's model.safetensors or the files
+  // its index lists (each tensor in the file the index names).
+  std::vector<std::string> files;
+  std::map<std::string, std::string> listed;
+  if (!fs::is_directory(source)) {
+    files.push_back(source);
+  } else if (fs::path index = fs::path(source) / "model.safetensors.index.json";
+             fs::exists(index)) {
+    json j = readJson(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(index.string() + ": no weight_map");
+    for (auto &[name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        fail(index.string() + ": tensor '" + name + "' names no file of the folder");
+      listed[name] = (fs::path(source) / file.get<std::string>()).string();
+    }
+    for (const auto &entry : listed)
+      if (std::find(files.begin(), files.end(), entry.second) == files.end())
+        files.push_back(entry.second);
+    std::sort(files.begin(), files.end());
+  } else if (fs::exists(fs::path(source) / "model.safetensors")) {
+    files.push_back((fs::path(source) / "model.safetensors").string());
+  } else {
+    fail(source + ": neither a safetensors file nor a folder with "
+                  "model.safetensors or model.safetensors.index.json");
+  }
   std::string dir = beginCheckpoint(root, step);
-  std::vector<SafetensorsWriter::Tensor> header;
-  json pieces = json::object();
-  std::vector<HostTensor> values;
-  for (const SafetensorsEntry &e : in.tensors()) {
-    HostTensor t = in.read(e.name);
-    pieces[e.name] = {{"offsets", std::vector<int64_t>(e.shape.size(), 0)},
-                      {"global_shape", e.shape},
-                      {"crc32", ::crc32(0L, t.bytes.data(), t.bytes.size())}};
-    header.push_back({e.name, e.type, e.shape});
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    SafetensorsFile in(files[i]);
+    std::vector<SafetensorsWriter::Tensor> header;
+    json pieces = json::object();
+    for (const SafetensorsEntry &e : in.tensors()) {
+      if (!listed.empty() && listed.count(e.name) && listed[e.name] != files[i])
+        fail(files[i] + ": tensor '" + e.name + "' is listed for another file");
+      if (!seen.insert(e.name).second)
+        fail(files[i] + ": tensor '" + e.name + "' appears in two files");
+      HostTensor t = in.read(e.name);
+      pieces[e.name] = {{"offsets", std::vector<int64_t>(e.shape.size(), 0)},
+                        {"global_shape", e.shape},
+                        {"crc32", ::crc32(0L, t.bytes.data(), t.bytes.size())}};
+      header.push_back({e.name, e.type, e.shape});
+    }
+    SafetensorsWriter writer((fs::path(dir) / rankFile(i)).string(), header,
+                             {{kPiecesKey, pieces.dump()}});
+    for (const SafetensorsEntry &e : in.tensors()) {
+      HostTensor t = in.read(e.name);
+      writer.append(t.bytes.data(), t.bytes.size());
+    }
+    writer.finish();
   }
-  SafetensorsWriter writer((fs::path(dir) / rankFile(0)).string(), header,
-                           {{kPiecesKey, pieces.dump()}});
-  for (const SafetensorsEntry &e : in.tensors()) {
-    HostTensor t = in.read(e.name);
-    writer.append(t.bytes.data(), t.bytes.size());
-  }
-  writer.finish();
+  for (const auto &entry : listed)
+    if (!seen.count(entry.first))
+      fail(source + ": tensor '" + entry.first + "' is listed but in no file");
   return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
 }
 

@@ -2,9 +2,17 @@
 //
 //   ernie-ckpt info DIR                  tensors, shapes, dtypes, mesh, sizes
 //   ernie-ckpt verify DIR                every byte covered once, checksums
-//   ernie-ckpt consolidate DIR OUT       one safetensors file of global tensors
-//   ernie-ckpt import FILE ROOT [STEP]   a checkpoint from such a file
+//   ernie-ckpt consolidate DIR OUT [--max-shard-bytes N]
+//                                        the global tensors: one safetensors
+//                                        file (OUT.safetensors), or a folder
+//                                        in Hugging Face's layout (shards of
+//                                        at most N bytes and an index)
+//   ernie-ckpt import SOURCE ROOT [STEP] a checkpoint from such a file or
+//                                        folder
 //
+// The tensors keep the checkpoint's names; a model's own Hugging Face names
+// and layout come from Python (LlamaForCausalLM.save_pretrained(folder,
+// state=program.state_dict()), Program.load_pretrained(folder)).
 // DIR is a checkpoint or a directory of them (the newest complete one).
 // Exit status 0 on success, 1 with a message naming the file and tensor on
 // any fault, 2 on bad usage.
@@ -13,18 +21,32 @@
 
 #include "ernie/runtime/Checkpoint.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 
 using namespace ernie::runtime;
 
 static int usage() {
-  std::cerr << "usage: ernie-ckpt info DIR | verify DIR | consolidate DIR OUT"
-               ".safetensors | import FILE.safetensors ROOT [STEP]\n";
+  std::cerr << "usage: ernie-ckpt info DIR | verify DIR\n"
+               "       ernie-ckpt consolidate DIR OUT.safetensors\n"
+               "       ernie-ckpt consolidate DIR FOLDER [--max-shard-bytes N]\n"
+               "       ernie-ckpt import FILE.safetensors|FOLDER ROOT [STEP]\n";
   return 2;
+}
+
+/// A non-negative integer argument, or nullopt.
+static std::optional<long long> count(const char *text) {
+  char *end = nullptr;
+  errno = 0;
+  long long n = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || n < 0 || errno == ERANGE)
+    return std::nullopt;
+  return n;
 }
 
 int main(int argc, char **argv) {
@@ -36,18 +58,26 @@ int main(int argc, char **argv) {
       std::cout << describeCheckpoint(resolveCheckpoint(argv[2]));
     } else if (command == "verify" && argc == 3) {
       std::cout << verifyCheckpoint(resolveCheckpoint(argv[2]));
-    } else if (command == "consolidate" && argc == 4) {
-      consolidateCheckpoint(resolveCheckpoint(argv[2]), argv[3]);
+    } else if (command == "consolidate" && (argc == 4 || argc == 6)) {
+      uint64_t maxShard = 0;
+      if (argc == 6) {
+        std::optional<long long> n = count(argv[5]);
+        if (std::strcmp(argv[4], "--max-shard-bytes") != 0 || !n || *n == 0) {
+          std::cerr << "ernie-ckpt: consolidate takes --max-shard-bytes N (N > 0)\n";
+          return 2;
+        }
+        maxShard = *n;
+      }
+      consolidateCheckpoint(resolveCheckpoint(argv[2]), argv[3], maxShard);
       std::cout << "wrote " << argv[3] << "\n";
     } else if (command == "import" && (argc == 4 || argc == 5)) {
-      char *end = nullptr;
-      long long step = argc == 5 ? std::strtoll(argv[4], &end, 10) : 0;
-      if (argc == 5 && (*end != '\0' || step < 0)) {
+      std::optional<long long> step = argc == 5 ? count(argv[4]) : 0;
+      if (!step) {
         std::cerr << "ernie-ckpt: STEP must be a non-negative integer, not '"
                   << argv[4] << "'\n";
         return 2;
       }
-      std::cout << "wrote " << importCheckpoint(argv[2], argv[3], step) << "\n";
+      std::cout << "wrote " << importCheckpoint(argv[2], argv[3], *step) << "\n";
     } else {
       return usage();
     }

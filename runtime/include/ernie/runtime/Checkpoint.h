@@ -157,13 +157,18 @@ std::string verifyCheckpoint(const std::string &dir);
 /// size and pieces, the caller's metadata.
 std::string describeCheckpoint(const std::string &dir);
 
-/// Writes checkpoint `dir` as one safetensors file of global tensors at
-/// `out` (one tensor in memory at a time).
-void consolidateCheckpoint(const std::string &dir, const std::string &out);
+/// Writes checkpoint `dir`'s global tensors (one in memory at a time) as
+/// one safetensors file when `out` ends in .safetensors, else as a folder
+/// in Hugging Face's layout: model.safetensors, or with `maxShardBytes`
+/// numbered shards of at most that size (a larger tensor alone) and
+/// model.safetensors.index.json. The names are the checkpoint's.
+void consolidateCheckpoint(const std::string &dir, const std::string &out,
+                           uint64_t maxShardBytes = 0);
 
-/// A checkpoint `<root>/step-<step>` of the global tensors in safetensors
-/// file `file` (one piece each); returns its directory.
-std::string importCheckpoint(const std::string &file, const std::string &root,
+/// A checkpoint `<root>/step-<step>` of the global tensors in `source`: a
+/// safetensors file, or a folder as consolidateCheckpoint writes (or Hugging
+/// Face does); each tensor one piece. Returns its directory.
+std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step);
 
 } // namespace ernie::runtime
