@@ -10,6 +10,9 @@ best of 3. Beside it: `dd` writing and reading a file of the same size
 otherwise the read is from the cache, as the checkpoint's is). The load's
 peak extra memory (RSS growth of the loading process) is printed beside the
 state's size: loading reads only each rank's pieces plus one row at a time.
+A third row loads the parameters from a Hugging Face folder of bf16 shards
+(save_pretrained) into the f32 program rank by rank (Program.load_pretrained;
+its MB/s counts the f32 bytes placed, as the runtime's meter does).
 """
 
 import argparse
@@ -83,6 +86,16 @@ def main():
         loader.load_checkpoint(work / "ckpt")
         load_s.append(time.perf_counter() - t)
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+    # A Hugging Face folder (bf16, sharded) into the f32 program, rank by
+    # rank: the bytes each rank's pieces take in the program.
+    saver.model.save_pretrained(work / "hf", dtype="bf16", max_shard_bytes=64 << 20,
+                                state=state)
+    hf_s, hf_bytes = [], 0
+    for _ in range(args.repeat):
+        subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
+        loader.load_pretrained(work / "hf")
+        hf_s.append(loader.last_io["seconds"])
+        hf_bytes = loader.last_io["bytes"]
     dd_write, dd_read = dd(work / "dd.bin", nbytes)
     shutil.rmtree(work)
     mb = nbytes / (1 << 20)
@@ -92,6 +105,9 @@ def main():
     print("-" * 48)
     print(f"{'save (fsync)':14} | {mb / min(save_s):10.0f} | {dd_write:8.0f} | {mb / min(save_s) / dd_write:8.2f}")
     print(f"{'load':14} | {mb / min(load_s):10.0f} | {dd_read:8.0f} | {mb / min(load_s) / dd_read:8.2f}")
+    hf_mb = hf_bytes / (1 << 20)
+    print(f"{'HF folder':14} | {hf_mb / min(hf_s):10.0f} | {dd_read:8.0f} | "
+          f"{hf_mb / min(hf_s) / dd_read:8.2f}   (bf16 files, {hf_mb:.0f} MB of f32 pieces)")
     print(f"peak RSS growth over the loads: {rss / (1 << 20):.0f} MB "
           f"(the state itself: {mb:.0f} MB over all ranks)")
 

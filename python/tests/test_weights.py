@@ -391,3 +391,21 @@ def test_loading_weights_errors_name_the_file_and_tensor_and_change_nothing(tmp_
     ids = np.zeros((2, 4), np.int64)
     with pytest.raises(ValueError, match="have no values.*abstract=True"):
         ernie.compile(model, None, [ids], differentiate=False)
+
+
+def test_transformers_reads_what_save_pretrained_writes(tmp_path):
+    """Optional: with `transformers` and `torch` installed, Hugging Face's
+    own from_pretrained reads a folder save_pretrained wrote (sharded, with
+    an index) and gives the logits of ernie's model (f64, 1e-6 relative)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, dtype="f64", seed=9))
+    model.save_pretrained(tmp_path / "hf", max_shard_bytes=8000)
+    ids = np.random.default_rng(15).integers(0, 40, size=(2, 7))
+    ours = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).double().eval()
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-9)
