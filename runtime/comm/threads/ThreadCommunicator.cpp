@@ -1,20 +1,39 @@
 //===- ThreadCommunicator.cpp - every rank a thread of one process ----------===//
 //
 // A collective is a rendezvous keyed by (kind, group, sequence number): each
-// member posts its input pointer, waits until all members have, computes its
-// own output from all inputs (in group order), then waits until every member
-// is done reading before its buffers may be reused.
+// member posts pointers to its input and output and waits until all members
+// have (the only wait that times out or sees an abort). Then every member
+// runs the collective's phases on the posted buffers — reading the others'
+// memory directly, no copies — with a barrier after each phase, and leaves
+// only when every member is done reading its buffers. A phase is bounded
+// work, so once all have arrived every member finishes. A member whose
+// output partly overlaps its input posts a copy of the input instead.
+//
+// All-reduce is a reduce-scatter fused with an all-gather in shared memory:
+// member i sums slice i of every input (in group order, as reduceInOrder
+// does) and writes the sum into slice i of every member's output, so every
+// rank reduces 1/n of the data in parallel, each input is read once and each
+// output written once, and one phase suffices. Only member i touches slice
+// i of any buffer, so an in-place all-reduce is safe.
+//
+// A wake-up through the condition variable costs more than a small
+// collective's work, so a member first spins briefly on the counters it
+// waits for — only where every member of the group can have a core.
 //
 //===----------------------------------------------------------------------===//
 
 #include "ernie/runtime/ThreadCommunicator.h"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace ernie::runtime {
 
@@ -22,12 +41,17 @@ struct ThreadWorld::State {
   State(Mesh mesh, std::chrono::milliseconds timeout)
       : mesh(std::move(mesh)), timeout(timeout) {}
 
-  /// Members post copies of their inputs, so a member may overwrite its
-  /// buffer (in-place collectives) or leave (a failure) while others read.
+  /// What the members posted. `copies[i]` holds member i's input when
+  /// its output overlaps it; `finished[k]`: members done with phase k.
   struct Rendezvous {
-    std::vector<std::vector<char>> inputs;
-    int64_t arrived = 0;
+    std::vector<const void *> inputs;
+    std::vector<void *> outputs;
+    std::vector<std::vector<char>> copies;
+    // Changed under the mutex, read without it by spinning members.
+    std::atomic<int64_t> arrived{0};
+    std::unique_ptr<std::atomic<int64_t>[]> finished;
     int64_t departed = 0;
+    bool cancelled = false; // a member gave up waiting: every member fails
   };
 
   Mesh mesh;
@@ -73,56 +97,65 @@ public:
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
-    collective("all_reduce", axes, in, count * byteSize(type),
-               [&](const std::vector<const void *> &all, int64_t) {
-                 reduceInOrder(all, out, count, type, op);
-               });
+    const size_t elem = byteSize(type), bytes = count * elem;
+    collective("all_reduce", axes, in, bytes, out, bytes,
+               {[&](const Posted &p, int64_t me, int64_t n) {
+                 size_t lo = count * me / n, hi = count * (me + 1) / n;
+                 std::vector<const void *> from;
+                 std::vector<void *> to;
+                 for (int64_t k = 0; k < n; ++k) {
+                   from.push_back(static_cast<const char *>(p.inputs[k]) + lo * elem);
+                   to.push_back(static_cast<char *>(p.outputs[k]) + lo * elem);
+                 }
+                 reduceInOrder(from, to, hi - lo, type, op);
+               }});
   }
 
   void allGather(const void *in, void *out, size_t bytes,
                  const Axes &axes) override {
-    collective("all_gather", axes, in, bytes,
-               [&](const std::vector<const void *> &all, int64_t) {
-                 for (size_t i = 0; i < all.size(); ++i)
-                   std::memcpy(static_cast<char *>(out) + i * bytes, all[i],
+    collective("all_gather", axes, in, bytes, out, bytes * groupSize(axes),
+               {[&](const Posted &p, int64_t, int64_t n) {
+                 for (int64_t i = 0; i < n; ++i)
+                   std::memcpy(static_cast<char *>(out) + i * bytes, p.inputs[i],
                                bytes);
-               });
+               }});
   }
 
   void reduceScatter(const void *in, void *out, size_t count, DType type,
                      ReduceOp op, const Axes &axes) override {
     size_t bytes = count * byteSize(type);
-    collective("reduce_scatter", axes, in, bytes * groupSize(axes),
-               [&](const std::vector<const void *> &all, int64_t me) {
-                 std::vector<const void *> chunks;
-                 for (const void *member : all)
-                   chunks.push_back(static_cast<const char *>(member) +
-                                    me * bytes);
-                 reduceInOrder(chunks, out, count, type, op);
-               });
+    collective("reduce_scatter", axes, in, bytes * groupSize(axes), out, bytes,
+               {[&](const Posted &p, int64_t me, int64_t) {
+                 reduceBlocks(p.inputs, me * bytes, out, count, type, op);
+               }});
   }
 
   void allToAll(const void *in, void *out, size_t bytes,
                 const Axes &axes) override {
-    collective("all_to_all", axes, in, bytes * groupSize(axes),
-               [&](const std::vector<const void *> &all, int64_t me) {
-                 for (size_t i = 0; i < all.size(); ++i)
+    int64_t n = groupSize(axes);
+    collective("all_to_all", axes, in, bytes * n, out, bytes * n,
+               {[&](const Posted &p, int64_t me, int64_t) {
+                 for (int64_t i = 0; i < n; ++i)
                    std::memcpy(static_cast<char *>(out) + i * bytes,
-                               static_cast<const char *>(all[i]) + me * bytes,
+                               static_cast<const char *>(p.inputs[i]) + me * bytes,
                                bytes);
-               });
+               }});
   }
 
   void broadcast(void *data, size_t bytes, int64_t rootIndex,
                  const Axes &axes) override {
-    collective("broadcast", axes, data, bytes,
-               [&](const std::vector<const void *> &all, int64_t me) {
-                 if (rootIndex < 0 ||
-                     rootIndex >= static_cast<int64_t>(all.size()))
-                   throw CommunicationError("broadcast root out of range");
+    if (rootIndex < 0 || rootIndex >= groupSize(axes))
+      throw CommunicationError("rank " + std::to_string(rank_) +
+                               ": broadcast root out of range");
+    // Only the root's data is read and only the others' written.
+    int64_t me = state_->mesh.indexInGroup(rank_, axes);
+    bool root = me == rootIndex;
+    collective("broadcast", axes, root ? data : nullptr, root ? bytes : 0,
+               root ? nullptr : data, root ? 0 : bytes,
+               {[&](const Posted &p, int64_t me, int64_t) {
                  if (me != rootIndex)
-                   std::memcpy(data, all[rootIndex], bytes);
-               });
+                   std::memcpy(data, p.inputs[rootIndex], bytes);
+               }});
   }
 
   /// A rendezvous like the collectives (its own sequence, keyed "permute"):
@@ -135,16 +168,15 @@ public:
         std::memmove(out, in, bytes);
       return;
     }
-    collective("permute", axes, in, bytes,
-               [&](const std::vector<const void *> &all, int64_t me) {
-                 std::memcpy(out, all[shiftedIndex(me, -(shift % n), n)],
+    collective("permute", axes, in, bytes, out, bytes,
+               {[&](const Posted &p, int64_t me, int64_t) {
+                 std::memcpy(out, p.inputs[shiftedIndex(me, -(shift % n), n)],
                              bytes);
-               });
+               }});
   }
 
   void barrier(const Axes &axes) override {
-    collective("barrier", axes, nullptr, 0,
-               [](const std::vector<const void *> &, int64_t) {});
+    collective("barrier", axes, nullptr, 0, nullptr, 0, {});
   }
 
   void send(const void *data, size_t bytes, int64_t peer,
@@ -203,75 +235,178 @@ private:
                                ": aborted: " + state_->abortReason);
   }
 
-  /// The rendezvous: post a copy of `in` (`inBytes` long), wait for the
-  /// group, `compute` this rank's output from every member's input. The last
-  /// member to finish reading removes the rendezvous.
-  template <typename Fn>
-  void collective(const char *kind, const Axes &axes, const void *in,
-                  size_t inBytes, Fn compute) {
-    std::vector<int64_t> group = state_->mesh.group(rank_, axes);
-    int64_t me = state_->mesh.indexInGroup(rank_, axes);
-    int64_t n = group.size();
-    std::ostringstream key;
-    key << kind;
-    for (int64_t r : group)
-      key << ',' << r;
-    std::string groupKey = key.str();
-    uint64_t sequence;
-    {
-      std::lock_guard<std::mutex> lock(sequenceMutex_);
-      sequence = sequences_[groupKey]++;
-    }
-    std::string id = groupKey + '#' + std::to_string(sequence);
-    std::string what = "rank " + std::to_string(rank_) + ": " + kind +
-                       " over " + describeAxes(axes);
+  /// What a phase reads: every member's input and output, in group order.
+  struct Posted {
+    const std::vector<const void *> &inputs;
+    const std::vector<void *> &outputs;
+  };
+  using Phase = std::function<void(const Posted &, int64_t me, int64_t n)>;
 
-    // Copied before taking the world's lock, which every rank's collective
-    // needs: the lock only hands the copy over.
-    const char *bytes = static_cast<const char *>(in);
-    std::vector<char> posted(bytes, bytes + inBytes);
+  /// `out` = the ordered reduction of `count` elements at byte `offset` of
+  /// every input.
+  static void reduceBlocks(const std::vector<const void *> &inputs, size_t offset,
+                           void *out, size_t count, DType type, ReduceOp op) {
+    std::vector<const void *> at(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      at[i] = static_cast<const char *>(inputs[i]) + offset;
+    reduceInOrder(at, out, count, type, op);
+  }
+
+  /// The rendezvous: post `in` (`inBytes`) and `out` (`outBytes`), wait for
+  /// the group, run `phases` with a barrier after each, and leave when
+  /// every member is done with every member's buffers. The last member to
+  /// leave removes the rendezvous.
+  void collective(const char *kind, const Axes &axes, const void *in,
+                  size_t inBytes, void *out, size_t outBytes,
+                  const std::vector<Phase> &phases) {
+    int64_t n, me;
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(groupsMutex_);
+      Group &g = groupOf(axes);
+      n = g.members;
+      me = g.index;
+      id = g.key + kind + '#' + std::to_string(g.sequences[kind]++);
+    }
+
+    // An input the member's own output overlaps (but is not: an in-place
+    // all-reduce only writes slices no one else reads at the time) would
+    // change under the others' reads: it is posted as a copy.
+    const char *inBegin = static_cast<const char *>(in);
+    const char *outBegin = static_cast<const char *>(out);
+    bool overlaps = inBytes && outBytes && inBegin < outBegin + outBytes &&
+                    outBegin < inBegin + inBytes &&
+                    !(inBegin == outBegin && inBytes == outBytes &&
+                      std::strcmp(kind, "all_reduce") == 0);
+    std::vector<char> copy;
+    if (overlaps)
+      copy.assign(inBegin, inBegin + inBytes);
+
     std::unique_lock<std::mutex> lock(state_->mutex);
     failIfAborted(std::string(kind) + " over " + describeAxes(axes));
     // std::map nodes do not move, so `slot` stays valid until erased, and
-    // only the last reader erases it.
+    // only the last member to leave erases it.
     auto &slot = state_->rendezvous[id];
-    if (slot.inputs.empty())
+    if (slot.inputs.empty()) {
       slot.inputs.resize(n);
-    slot.inputs[me] = std::move(posted);
+      slot.outputs.resize(n);
+      slot.copies.resize(n);
+      slot.finished.reset(new std::atomic<int64_t>[phases.size()]());
+    }
+    if (overlaps) {
+      slot.copies[me] = std::move(copy);
+      in = slot.copies[me].data();
+    }
+    slot.inputs[me] = in;
+    slot.outputs[me] = out;
     ++slot.arrived;
     state_->changed.notify_all();
-    try {
-      state_->waitFor(lock, [&] { return slot.arrived == n; }, what);
-    } catch (...) {
-      leave(id, slot, n);
-      throw;
-    }
-    lock.unlock();
-    std::vector<const void *> inputs;
-    for (const std::vector<char> &input : slot.inputs)
-      inputs.push_back(input.data());
-    try {
-      compute(inputs, me);
-    } catch (...) {
+    const bool spin = n <= cores();
+    if (spin) {
+      lock.unlock();
+      spinUntil([&] { return slot.arrived.load() == n; });
       lock.lock();
-      leave(id, slot, n);
+    }
+    try {
+      state_->waitFor(
+          lock, [&] { return slot.arrived == n || slot.cancelled; },
+          "rank " + std::to_string(rank_) + ": " + kind + " over " +
+              describeAxes(axes));
+      if (slot.cancelled && state_->aborted)
+        failIfAborted(std::string(kind) + " over " + describeAxes(axes));
+      if (slot.cancelled)
+        throw CommunicationError("rank " + std::to_string(rank_) + ": " + kind +
+                                 " over " + describeAxes(axes) +
+                                 ": another member gave up waiting");
+    } catch (...) {
+      // Nobody has read anything yet: everyone still waiting fails too.
+      slot.cancelled = true;
+      state_->changed.notify_all();
+      leave(id, slot);
       throw;
     }
-    lock.lock();
-    leave(id, slot, n);
+    // Every member is here and runs every phase: no wait below can outlast
+    // a phase's own work, so none needs a deadline.
+    std::exception_ptr error;
+    Posted posted{slot.inputs, slot.outputs};
+    for (size_t k = 0; k < phases.size(); ++k) {
+      lock.unlock();
+      if (!error) {
+        try {
+          phases[k](posted, me, n);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      lock.lock();
+      ++slot.finished[k];
+      state_->changed.notify_all();
+      if (spin && slot.finished[k].load() != n) {
+        lock.unlock();
+        spinUntil([&] { return slot.finished[k].load() == n; });
+        lock.lock();
+      }
+      state_->changed.wait(lock, [&] { return slot.finished[k].load() == n; });
+    }
+    leave(id, slot);
+    if (error)
+      std::rethrow_exception(error);
   }
 
-  /// Under the lock: this member is done with the rendezvous.
-  void leave(const std::string &id, ThreadWorld::State::Rendezvous &slot,
-             int64_t n) {
-    if (++slot.departed == n)
+  static int64_t cores() {
+    static const int64_t n = std::max(1u, std::thread::hardware_concurrency());
+    return n;
+  }
+
+  /// Spins up to ~50 us for `ready`; the caller then waits on the
+  /// condition variable if it is still false.
+  template <typename Pred> static void spinUntil(Pred ready) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    for (uint32_t i = 1; !ready(); ++i) {
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until)
+        return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#else
+      std::this_thread::yield();
+#endif
+    }
+  }
+
+  /// Under the lock: this member is done with the rendezvous. Every member
+  /// that arrived leaves once; the last one erases it.
+  void leave(const std::string &id, ThreadWorld::State::Rendezvous &slot) {
+    if (++slot.departed == slot.arrived)
       state_->rendezvous.erase(id);
+  }
+
+  /// A group's members, this rank's index and the collectives' key prefix,
+  /// computed once per axes.
+  struct Group {
+    int64_t members = 0, index = 0;
+    std::string key;
+    std::map<std::string, uint64_t> sequences;
+  };
+  Group &groupOf(const Axes &axes) { // under groupsMutex_
+    auto [it, inserted] = groups_.try_emplace(axes);
+    if (inserted) {
+      std::vector<int64_t> group = state_->mesh.group(rank_, axes);
+      it->second.members = group.size();
+      it->second.index = state_->mesh.indexInGroup(rank_, axes);
+      std::ostringstream key;
+      for (int64_t r : group)
+        key << r << ',';
+      it->second.key = key.str();
+    }
+    return it->second;
   }
 
   std::shared_ptr<ThreadWorld::State> state_;
   int64_t rank_;
-  std::mutex sequenceMutex_;
-  std::map<std::string, uint64_t> sequences_;
+  // The executor's thread and its communication thread both start
+  // collectives.
+  std::mutex groupsMutex_;
+  std::map<Axes, Group> groups_;
 };
 
 } // namespace

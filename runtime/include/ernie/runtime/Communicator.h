@@ -119,6 +119,11 @@ void reduceInto(void *dst, const void *src, size_t count, DType type,
 /// agree bit for bit.
 void reduceInOrder(const std::vector<const void *> &inputs, void *out,
                    size_t count, DType type, ReduceOp op);
+/// The same, writing the result to every one of `outputs` (each may be one
+/// of the inputs: a block is read from every input before it is written).
+void reduceInOrder(const std::vector<const void *> &inputs,
+                   const std::vector<void *> &outputs, size_t count, DType type,
+                   ReduceOp op);
 /// "[dp, mp]", for messages.
 std::string describeAxes(const Axes &axes);
 /// `index + shift` modulo `n` (in [0, n), for any sign of shift): the member
