@@ -345,15 +345,17 @@ class Program:
             out.append(np.ascontiguousarray(x))
         return out
 
-    def _call(self, fn, batch, *args):
+    def _call(self, fn, batch, *args, updates=True):
         """Runs `fn`; results of narrow float types (bf16, fp8), which the
-        runtime hands over as raw bits, come back as float32 values."""
-        results = self._require_session().call(fn, batch, *args)
+        runtime hands over as raw bits, come back as float32 values. With
+        `updates=False` the results that update state are None (the state
+        stays on the ranks, not copied out)."""
+        results = self._require_session().call(fn, batch, *args, updates=updates)
         if fn not in self._signatures:  # a pipelined step: the f32 loss
             return list(results)
         kinds = [r["dtype"] for r in self._signatures[fn]["results"]]
         return [_ernie.convert_float(np.ascontiguousarray(r), kind, "f32").reshape(np.shape(r))
-                if kind in ("bf16", "f8E4M3FN", "f8E5M2") else r
+                if r is not None and kind in ("bf16", "f8E4M3FN", "f8E5M2") else r
                 for r, kind in zip(results, kinds)]
 
     def step(self, *batch) -> float:
@@ -363,7 +365,8 @@ class Program:
         batch = self._check_batch(batch)
         self.step_count += 1
         lr = self.optimizer.get_lr(self.step_count)
-        (loss, *_rest) = self._call("train_step", batch, lr, self.step_count)
+        (loss, *_rest) = self._call("train_step", batch, lr, self.step_count,
+                                    updates=False)
         return float(loss)
 
     def eval(self, *batch) -> float:

@@ -635,16 +635,24 @@ public:
     return toNumpy(translateErrors([&] { return session_->state(fn, name); }));
   }
 
-  py::list call(const std::string &fn, py::list inputs, double lr, int64_t step) {
+  /// `updates=False`: results that update state come back as None (the
+  /// state moves instead of being copied out).
+  py::list call(const std::string &fn, py::list inputs, double lr, int64_t step,
+                bool updates) {
     std::vector<rt::HostTensor> ins;
     for (py::handle h : inputs)
       ins.push_back(fromNumpy(h));
+    rt::Results wanted = updates ? rt::Results::All : rt::Results::ExceptUpdates;
     std::vector<rt::HostTensor> outs = translateErrors([&] {
-      return withoutGil([&] { return session_->call(fn, ins, lr, step); });
+      return withoutGil([&] { return session_->call(fn, ins, lr, step, wanted); });
     });
     py::list result;
-    for (rt::HostTensor &t : outs)
-      result.append(toNumpy(std::move(t)));
+    for (rt::HostTensor &t : outs) {
+      if (t.bytes.empty() && t.shape.empty())
+        result.append(py::none()); // left out: it updates state
+      else
+        result.append(toNumpy(std::move(t)));
+    }
     return result;
   }
 
@@ -1052,7 +1060,7 @@ PYBIND11_MODULE(_ernie, m) {
            py::arg("progress") = false)
       .def("state", &PySession::state)
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
-           py::arg("lr") = 0.0, py::arg("step") = 1);
+           py::arg("lr") = 0.0, py::arg("step") = 1, py::arg("updates") = true);
 
   m.def("describe", &describeProgram, py::arg("program"),
         "(ranks, {function: signature}, pipeline or None) of a program file");

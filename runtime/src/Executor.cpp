@@ -15,8 +15,16 @@
 namespace ernie::runtime {
 
 /// One function's memory: a single aligned block, every buffer at its offset.
+namespace {
+bool isBlockingCollective(const std::string &op);
+} // namespace
+
+/// A function's memory and its instructions' operand lists, made once:
+/// every buffer sits at a fixed offset, so the views each kernel gets never
+/// change, and running an instruction allocates nothing.
 struct Executor::Arena {
-  explicit Arena(uint64_t bytes) {
+  explicit Arena(const Function &fn) {
+    uint64_t bytes = fn.arenaBytes;
     // Program::load bounds `bytes` far below where this rounding could wrap.
     if (bytes > UINT64_MAX - program::kBufferAlignment)
       throw std::bad_alloc();
@@ -26,11 +34,31 @@ struct Executor::Arena {
         std::aligned_alloc(program::kBufferAlignment, size ? size : 64));
     if (!data)
       throw std::bad_alloc();
+    buffers.reserve(fn.buffers.size());
+    for (const BufferSpec &b : fn.buffers)
+      buffers.push_back({data + b.offset, b.type, b.shape});
+    inputs.resize(fn.instructions.size());
+    outputs.resize(fn.instructions.size());
+    blocking.resize(fn.instructions.size());
+    for (size_t i = 0; i < fn.instructions.size(); ++i) {
+      const Instruction &inst = fn.instructions[i];
+      blocking[i] = isBlockingCollective(inst.op);
+      if (!inst.kernel)
+        continue;
+      for (uint32_t b : inst.operands)
+        inputs[i].push_back(buffers[b]);
+      for (uint32_t b : inst.results)
+        outputs[i].push_back(buffers[b]);
+    }
   }
   ~Arena() { std::free(data); }
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
   uint8_t *data = nullptr;
+  std::vector<TensorView> buffers;
+  /// Per instruction: a kernel's operand and result views.
+  std::vector<std::vector<TensorView>> inputs, outputs;
+  std::vector<bool> blocking; // per instruction: isBlockingCollective
 };
 
 Executor::Executor(const Program &program, Communicator &comm,
@@ -351,18 +379,13 @@ void Executor::waitForStarted(const Function &fn, const std::string &why,
             nowMicros() - begin});
 }
 
-void Executor::execute(const Function &fn, size_t index,
-                       std::vector<TensorView> &buffers) {
+void Executor::execute(const Function &fn, size_t index, Arena &arena) {
   const Instruction &inst = fn.instructions[index];
   if (inst.kernel) {
-    std::vector<TensorView> inputs, outputs;
-    for (uint32_t b : inst.operands)
-      inputs.push_back(buffers[b]);
-    for (uint32_t b : inst.results)
-      outputs.push_back(buffers[b]);
-    (*inst.kernel)(inputs, outputs, inst.attrs);
+    (*inst.kernel)(arena.inputs[index], arena.outputs[index], inst.attrs);
     return;
   }
+  std::vector<TensorView> &buffers = arena.buffers;
   if (program_.isPipelined() &&
       (inst.op == "ernie.send" || inst.op == "ernie.recv" ||
        inst.op == "ernie.stage_all_reduce" ||
@@ -424,6 +447,15 @@ void Executor::abandonStarted() {
 std::vector<HostTensor> Executor::run(const std::string &name,
                                       const std::vector<HostTensor> &inputs,
                                       int64_t microBatch) {
+  std::vector<const HostTensor *> views;
+  for (const HostTensor &t : inputs)
+    views.push_back(&t);
+  return run(name, views, microBatch);
+}
+
+std::vector<HostTensor> Executor::run(const std::string &name,
+                                      const std::vector<const HostTensor *> &inputs,
+                                      int64_t microBatch) {
   const Function &fn = function(name);
   const PipelineSpec *pipeline = program_.pipeline();
   if (microBatch < 0 ||
@@ -440,15 +472,13 @@ std::vector<HostTensor> Executor::run(const std::string &name,
                                 std::to_string(inputs.size()));
   std::unique_ptr<Arena> &arena = arenas_[name];
   if (!arena)
-    arena = std::make_unique<Arena>(fn.arenaBytes);
-  std::vector<TensorView> buffers;
-  buffers.reserve(fn.buffers.size());
-  for (const BufferSpec &b : fn.buffers)
-    buffers.push_back({arena->data + b.offset, b.type, b.shape});
+    arena = std::make_unique<Arena>(fn);
+  const std::vector<TensorView> &buffers = arena->buffers;
 
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec &arg = fn.arguments[i];
-    if (inputs[i].type != arg.type || inputs[i].shape != arg.localShape) {
+    const HostTensor &input = *inputs[i];
+    if (input.type != arg.type || input.shape != arg.localShape) {
       std::ostringstream os;
       os << "@" << name << " argument " << i
          << (arg.name.empty() ? "" : " ('" + arg.name + "')")
@@ -456,18 +486,18 @@ std::vector<HostTensor> Executor::run(const std::string &name,
          << arg.localShape.size() << " dimensions matching the program";
       throw std::invalid_argument(os.str());
     }
-    std::memcpy(buffers[arg.buffer].data, inputs[i].bytes.data(),
-                inputs[i].bytes.size());
+    std::memcpy(buffers[arg.buffer].data, input.bytes.data(),
+                input.bytes.size());
   }
 
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
     const Instruction &inst = fn.instructions[i];
-    bool blocking = isBlockingCollective(inst.op);
+    bool blocking = arena->blocking[i];
     if (blocking)
       waitForStarted(fn, "before " + inst.op, /*forget=*/false);
     try {
       int64_t begin = options_.trace ? nowMicros() : 0;
-      execute(fn, i, buffers);
+      execute(fn, i, *arena);
       // A start's transfer is recorded where it runs (start()); here it is
       // the moment compute handed it over.
       if (options_.trace)

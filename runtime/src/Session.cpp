@@ -233,20 +233,21 @@ std::vector<std::string> RankRunner::stateNames() const {
 
 std::vector<HostTensor> RankRunner::call(const std::string &fnName,
                                          const std::vector<HostTensor> &inputs,
-                                         double lr, int64_t step) {
+                                         double lr, int64_t step,
+                                         Results results) {
   // Every rank refuses alike, before anything talks.
   if (std::string problem = callProblem(program_, fnName, inputs, lr, step);
       !problem.empty())
     throw std::invalid_argument(problem);
   if (program_.isPipelined())
     return callPipelined(fnName, inputs, lr, step);
-  return callFunction(fnName, inputs, lr, step);
+  return callFunction(fnName, inputs, lr, step, results);
 }
 
 std::vector<HostTensor>
 RankRunner::callFunction(const std::string &fnName,
                          const std::vector<HostTensor> &inputs, double lr,
-                         int64_t step) {
+                         int64_t step, Results wanted) {
   const Function &fn = function(fnName);
   size_t next = 0;
   CallSources from;
@@ -258,35 +259,42 @@ RankRunner::callFunction(const std::string &fnName,
   };
   from.lr = lr;
   from.step = step;
-  std::vector<HostTensor> args = arguments(fn, from);
+  Arguments args = arguments(fn, from);
   if (next != inputs.size())
     throw std::invalid_argument("@" + fnName + " takes " + std::to_string(next) +
                                 " inputs, not " + std::to_string(inputs.size()));
-  std::vector<HostTensor> results = executor_.run(fnName, args, 0);
-  keepUpdates(fn, results);
+  std::vector<HostTensor> results = executor_.run(fnName, args.views, 0);
+  // The arguments point into the state the updates replace.
+  args.views.clear();
+  keepUpdates(fn, results, /*move=*/wanted == Results::ExceptUpdates);
   return results;
 }
 
-std::vector<HostTensor> RankRunner::arguments(const Function &fn,
-                                              const CallSources &from) {
-  std::vector<HostTensor> args;
-  args.reserve(fn.arguments.size());
+RankRunner::Arguments RankRunner::arguments(const Function &fn,
+                                            const CallSources &from) {
+  Arguments args;
+  // `views` points into `owned`: it must not reallocate.
+  args.owned.reserve(fn.arguments.size());
+  auto own = [&](HostTensor t) {
+    args.owned.push_back(std::move(t));
+    args.views.push_back(&args.owned.back());
+  };
   for (const TensorSpec &arg : fn.arguments) {
     switch (arg.role) {
     case Role::Parameter:
     case Role::OptimizerState:
-      args.push_back(stateFor(arg));
+      args.views.push_back(&stateFor(arg));
       break;
     case Role::LearningRate:
-      args.push_back(scalar(arg.type, from.lr));
+      own(scalar(arg.type, from.lr));
       break;
     case Role::Step:
-      args.push_back(scalar(arg.type, static_cast<double>(from.step)));
+      own(scalar(arg.type, static_cast<double>(from.step)));
       break;
     case Role::Input:
     case Role::Loss:
-      args.push_back(pieceOf(convert(from.input(arg), arg.type), arg,
-                             program_.mesh(), comm_.rank()));
+      own(pieceOf(convert(from.input(arg), arg.type), arg, program_.mesh(),
+                  comm_.rank()));
       break;
     case Role::Residual:
     case Role::Gradient:
@@ -302,7 +310,7 @@ std::vector<HostTensor> RankRunner::arguments(const Function &fn,
         throw std::runtime_error("@" + fn.name + ": nothing on stage " +
                                  std::to_string(executor_.stage()) +
                                  " made its " + kind + " '" + arg.name + "'");
-      args.push_back(it->second);
+      args.views.push_back(&it->second);
       break;
     }
     }
@@ -425,7 +433,7 @@ void RankRunner::initPipelinedState(const StateSource &source, uint64_t seed) {
   initialised_ = true;
   const std::string init = pipelineFunction("init", s);
   if (program_.function(s, init))
-    callFunction(init, {}, 0.0, 1);
+    callFunction(init, {}, 0.0, 1, Results::All);
 }
 
 RankRunner::CallSources RankRunner::microBatch(
@@ -474,7 +482,7 @@ std::vector<double> RankRunner::trainPipelined(
     }
     CallSources from = microBatch(micro, k);
     from.handOffs = &residuals;
-    std::vector<HostTensor> results = executor_.run(name, arguments(fn, from), k);
+    std::vector<HostTensor> results = executor_.run(name, arguments(fn, from).views, k);
     if (forward)
       kept[{c, k}]; // A forward may keep nothing for its backward.
     for (size_t i = 0; i < results.size(); ++i) {
@@ -501,7 +509,7 @@ std::vector<double> RankRunner::trainPipelined(
   from.lr = lr;
   from.step = step;
   from.handOffs = &handed;
-  std::vector<HostTensor> results = executor_.run(name, arguments(fn, from), 0);
+  std::vector<HostTensor> results = executor_.run(name, arguments(fn, from).views, 0);
   keepUpdates(fn, results, /*move=*/true);
   if (tracing)
     executor_.recordSpan("update", name, begin, traceClockMicros());
@@ -522,7 +530,7 @@ std::vector<double> RankRunner::evalPipelined(
       const Function &fn = executor_.function(name);
       int64_t begin = tracing ? traceClockMicros() : 0;
       std::vector<HostTensor> results =
-          executor_.run(name, arguments(fn, microBatch(micro, k)), k);
+          executor_.run(name, arguments(fn, microBatch(micro, k)).views, k);
       if (c == lastChunk)
         for (size_t i = 0; i < results.size(); ++i)
           if (fn.results[i].role == Role::Loss)
@@ -775,17 +783,23 @@ std::vector<std::string> Session::loadWeights(const WeightMap &weights,
 
 std::vector<HostTensor> Session::call(const std::string &fn,
                                       const std::vector<HostTensor> &inputs,
-                                      double lr, int64_t step) {
+                                      double lr, int64_t step, Results wanted) {
   if (std::string problem = callProblem(program_, fn, inputs, lr, step);
       !problem.empty())
     throw std::invalid_argument(problem); // before a thread starts
   std::vector<std::vector<HostTensor>> perRank(numRanks());
-  onEveryRank([&](int64_t r) { perRank[r] = ranks_[r]->call(fn, inputs, lr, step); });
+  onEveryRank([&](int64_t r) {
+    perRank[r] = ranks_[r]->call(fn, inputs, lr, step, wanted);
+  });
   if (program_.isPipelined())
     return perRank[0]; // The loss, the same on every rank.
   const Function &f = ranks_[0]->function(fn);
   std::vector<HostTensor> results;
   for (size_t i = 0; i < f.results.size(); ++i) {
+    if (wanted == Results::ExceptUpdates && !f.results[i].updates.empty()) {
+      results.emplace_back();
+      continue;
+    }
     std::vector<HostTensor> pieces;
     for (int64_t r = 0; r < numRanks(); ++r)
       pieces.push_back(std::move(perRank[r][i]));

@@ -89,6 +89,53 @@ TEST(ThreadCommunicator, FloatSumsAreBitwiseIdenticalOnEveryRank) {
                              64 * sizeof(float)));
 }
 
+// Each member reduces its own slice into every member's output, in blocks:
+// a count that no slice or block divides, in place and not, sums, averages
+// and maxima, f32 and bf16 — every rank's result equals reduceInOrder over
+// all inputs, bit for bit.
+TEST(ThreadCommunicator, AllReduceEqualsTheOrderedReductionOnUnevenSlices) {
+  const size_t count = 3 * 1024 + 517;
+  for (int64_t ranks : {2, 3}) {
+    Mesh mesh({"dp"}, {ranks});
+    for (DType type : {DType::F32, DType::BF16})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max})
+        for (bool inPlace : {false, true}) {
+          if (type == DType::BF16 && op == ReduceOp::Avg)
+            continue;
+          SCOPED_TRACE(::testing::Message() << ranks << " ranks, " << name(type)
+                                            << (inPlace ? ", in place" : ""));
+          const size_t bytes = count * byteSize(type);
+          std::vector<std::vector<char>> inputs(ranks, std::vector<char>(bytes));
+          for (int64_t r = 0; r < ranks; ++r)
+            for (size_t i = 0; i < count; ++i) {
+              float v = std::sin(0.37f * i + 1.3f * r) * 100.0f;
+              if (type == DType::F32)
+                std::memcpy(inputs[r].data() + 4 * i, &v, 4);
+              else {
+                uint16_t b = floatToBf16(v);
+                std::memcpy(inputs[r].data() + 2 * i, &b, 2);
+              }
+            }
+          std::vector<const void *> views;
+          for (auto &in : inputs)
+            views.push_back(in.data());
+          std::vector<char> want(bytes);
+          reduceInOrder(views, want.data(), count, type, op);
+          std::vector<std::vector<char>> results(ranks);
+          ThreadWorld world(mesh);
+          onAllRanks(world, [&](Communicator &comm) {
+            std::vector<char> in = inputs[comm.rank()], out(bytes);
+            char *dst = inPlace ? in.data() : out.data();
+            comm.allReduce(in.data(), dst, count, type, op, {"dp"});
+            results[comm.rank()].assign(dst, dst + bytes);
+          });
+          for (int64_t r = 0; r < ranks; ++r)
+            EXPECT_EQ(0, std::memcmp(results[r].data(), want.data(), bytes))
+                << "rank " << r;
+        }
+  }
+}
+
 TEST(ThreadCommunicator, NarrowFloatsReduceInF32AndRoundOnce) {
   // 1 + 3 * 2^-9 in bf16 (ulp 2^-7 at 1): rounding after every addition
   // would leave 1.0 (each 2^-9 is below half an ulp); once gives 1 + 2^-7.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 
 #include <cmath>
@@ -272,6 +273,138 @@ TEST(CpuKernels, DataMovement) {
   EXPECT_EQ(c.data, (std::vector<int32_t>{0, 1, 2, 1, 3, 4, 5, 4}));
 }
 
+/// Row-major coordinates of flat index i in `shape`.
+std::vector<int64_t> coordsOf(int64_t i, const std::vector<int64_t> &shape) {
+  std::vector<int64_t> c(shape.size());
+  for (int64_t d = int64_t(shape.size()) - 1; d >= 0; --d) {
+    c[d] = i % shape[d];
+    i /= shape[d];
+  }
+  return c;
+}
+
+int64_t flatOf(const std::vector<int64_t> &c, const std::vector<int64_t> &shape) {
+  int64_t i = 0;
+  for (size_t d = 0; d < shape.size(); ++d)
+    i = i * shape[d] + c[d];
+  return i;
+}
+
+// The kernels walk rows of merged dimensions; the references walk every
+// element by its coordinates. Every permutation of a rank-4 tensor with
+// extent-1 dimensions (which the walk drops), in 2- and 8-byte elements.
+TEST(CpuKernels, TransposeBroadcastSliceAndPadMatchCoordinateWalks) {
+  const std::vector<int64_t> shape = {3, 1, 4, 5};
+  Owned<int64_t> x{std::vector<int64_t>(60), shape, DType::I64};
+  Owned<uint16_t> x16{std::vector<uint16_t>(60), shape, DType::BF16};
+  for (int64_t i = 0; i < 60; ++i) {
+    x.data[i] = i * 7919;
+    x16.data[i] = uint16_t(i * 31 + 1);
+  }
+  std::vector<int64_t> perm = {0, 1, 2, 3};
+  do {
+    std::vector<int64_t> outShape;
+    for (int64_t p : perm)
+      outShape.push_back(shape[p]);
+    Owned<int64_t> t{std::vector<int64_t>(60), outShape, DType::I64};
+    Owned<uint16_t> t16{std::vector<uint16_t>(60), outShape, DType::BF16};
+    Attrs attrs{{"perm", perm}};
+    run("ernie.transpose", {x.view()}, {t.view()}, attrs);
+    run("ernie.transpose", {x16.view()}, {t16.view()}, attrs);
+    for (int64_t i = 0; i < 60; ++i) {
+      std::vector<int64_t> c = coordsOf(i, outShape), from(4);
+      for (int d = 0; d < 4; ++d)
+        from[perm[d]] = c[d];
+      ASSERT_EQ(t.data[i], x.data[flatOf(from, shape)]) << i;
+      ASSERT_EQ(t16.data[i], x16.data[flatOf(from, shape)]) << i;
+    }
+  } while (std::next_permutation(perm.begin(), perm.end()));
+
+  // [3, 1, 5] -> [2, 3, 4, 5]: dims {1, 2, 3}, the 1 stretched over 4.
+  Owned<int64_t> small{std::vector<int64_t>(15), {3, 1, 5}, DType::I64};
+  for (int64_t i = 0; i < 15; ++i)
+    small.data[i] = 100 + i;
+  const std::vector<int64_t> big = {2, 3, 4, 5};
+  Owned<int64_t> b{std::vector<int64_t>(120), big, DType::I64};
+  run("ernie.broadcast", {small.view()}, {b.view()},
+      {{"dims", std::vector<int64_t>{1, 2, 3}}});
+  for (int64_t i = 0; i < 120; ++i) {
+    std::vector<int64_t> c = coordsOf(i, big);
+    ASSERT_EQ(b.data[i], small.data[c[1] * 5 + c[3]]) << i;
+  }
+
+  // A strided slice [1:3:1, 0:1, 0:4:3, 1:5:2] and a pad with interior gaps.
+  Owned<int64_t> sl{std::vector<int64_t>(8), {2, 1, 2, 2}, DType::I64};
+  run("ernie.slice", {x.view()}, {sl.view()},
+      {{"start", std::vector<int64_t>{1, 0, 0, 1}},
+       {"limit", std::vector<int64_t>{3, 1, 4, 5}},
+       {"step", std::vector<int64_t>{1, 1, 3, 2}}});
+  for (int64_t i = 0; i < 8; ++i) {
+    std::vector<int64_t> c = coordsOf(i, sl.shape);
+    std::vector<int64_t> from = {1 + c[0], c[1], 3 * c[2], 1 + 2 * c[3]};
+    ASSERT_EQ(sl.data[i], x.data[flatOf(from, shape)]) << i;
+  }
+  const std::vector<int64_t> low = {1, 0, 2, 0}, interior = {0, 1, 1, 2};
+  std::vector<int64_t> padded(4);
+  for (int d = 0; d < 4; ++d)
+    padded[d] = low[d] + shape[d] + (shape[d] - 1) * interior[d] + 1;
+  int64_t n = 1;
+  for (int64_t e : padded)
+    n *= e;
+  Owned<int64_t> p{std::vector<int64_t>(n, -1), padded, DType::I64};
+  run("ernie.pad", {x.view()}, {p.view()},
+      {{"low", low}, {"high", std::vector<int64_t>{1, 1, 1, 1}}, {"interior", interior}});
+  std::vector<int64_t> want(n, 0);
+  for (int64_t i = 0; i < 60; ++i) {
+    std::vector<int64_t> c = coordsOf(i, shape), to(4);
+    for (int d = 0; d < 4; ++d)
+      to[d] = low[d] + c[d] * (interior[d] + 1);
+    want[flatOf(to, padded)] = x.data[i];
+  }
+  EXPECT_EQ(p.data, want);
+}
+
+// Every subset of axes of a [3, 4, 1, 5, 2] f32 tensor: each output element
+// is its terms summed (or maxed) in increasing input index — bit for bit.
+TEST(CpuKernels, ReductionsOverEveryAxisSubsetSumInIndexOrder) {
+  const std::vector<int64_t> shape = {3, 4, 1, 5, 2};
+  auto x = make<float>(shape, DType::F32, 11);
+  for (int mask = 1; mask < 32; ++mask) {
+    std::vector<int64_t> axes, kept;
+    for (int d = 0; d < 5; ++d) {
+      if (mask & (1 << d))
+        axes.push_back(d);
+      else
+        kept.push_back(shape[d]);
+    }
+    int64_t n = 1;
+    for (int64_t e : kept)
+      n *= e;
+    for (const char *op : {"ernie.reduce_sum", "ernie.reduce_max", "ernie.reduce_mean"}) {
+      SCOPED_TRACE(::testing::Message() << op << " mask " << mask);
+      bool max = std::string(op) == "ernie.reduce_max";
+      std::vector<float> want(n, max ? -INFINITY : 0.0f);
+      std::vector<int64_t> counts(n, 0);
+      for (int64_t i = 0; i < 120; ++i) {
+        std::vector<int64_t> c = coordsOf(i, shape), k;
+        for (int d = 0; d < 5; ++d)
+          if (!(mask & (1 << d)))
+            k.push_back(c[d]);
+        int64_t o = flatOf(k, kept);
+        want[o] = max ? std::max(want[o], x.data[i]) : want[o] + x.data[i];
+        ++counts[o];
+      }
+      if (std::string(op) == "ernie.reduce_mean")
+        for (int64_t o = 0; o < n; ++o)
+          want[o] /= float(counts[o]);
+      Owned<float> y{std::vector<float>(n), kept, DType::F32};
+      run(op, {x.view()}, {y.view()}, {{"axes", axes}});
+      for (int64_t o = 0; o < n; ++o)
+        ASSERT_EQ(y.data[o], want[o]) << o;
+    }
+  }
+}
+
 TEST(CpuKernels, TableAndMissingAttributes) {
   EXPECT_EQ(findCpuKernel("ernie.no_such_op"), nullptr);
   EXPECT_GE(cpuKernelNames().size(), 30u);
@@ -390,6 +523,29 @@ TEST(CpuKernels, RopeRotatesPairsAndInvertsWithNegatedPositions) {
     double c = std::cos(5.0), s = std::sin(5.0);
     EXPECT_NEAR(y.data[base], x.data[base] * c - x.data[base + second] * s, 1e-12);
   }
+}
+
+// Rotary angles come from a per-thread table: positions past it and far
+// negative ones are computed directly, cached ones equal the formula, and a
+// second call (from the table) gives the same bits.
+TEST(CpuKernels, RopeTableMatchesTheFormulaBeyondItsRange) {
+  const double theta = 5000.0;
+  Owned<int64_t> pos{{3, 70000, -70001, -2, 65535}, {5}, DType::I64};
+  auto x = make<double>({1, 5, 2, 8}, DType::F64, 41);
+  auto first = make<double>(x.shape, DType::F64), again = make<double>(x.shape, DType::F64);
+  Attrs attrs{{"theta", theta}};
+  run("ernie.rope", {x.view(), pos.view()}, {first.view()}, attrs);
+  run("ernie.rope", {x.view(), pos.view()}, {again.view()}, attrs);
+  EXPECT_EQ(first.data, again.data);
+  for (int64_t s = 0; s < 5; ++s)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 4; ++i) {
+        double angle = double(pos.data[s]) * std::pow(theta, -2.0 * i / 8);
+        size_t at = (s * 2 + h) * 8;
+        double a = x.data[at + i], b = x.data[at + i + 4];
+        EXPECT_EQ(first.data[at + i], a * std::cos(angle) - b * std::sin(angle));
+        EXPECT_EQ(first.data[at + i + 4], b * std::cos(angle) + a * std::sin(angle));
+      }
 }
 
 TEST(CpuKernels, IndexingTopkPadSplit) {

@@ -457,7 +457,9 @@ int runThreads(const Program &program, const Options &o) {
   std::vector<double> losses;
   for (int64_t step = first; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    outputs = session.call(name, inputs, o.lr, step);
+    // Only the last step's results are written (--outputs), and those that
+    // update state are read from the state: the others move, not copy.
+    outputs = session.call(name, inputs, o.lr, step, Results::ExceptUpdates);
     double ms = millisecondsSince(start);
     std::optional<double> lossValue;
     if (loss)
@@ -517,7 +519,7 @@ int runGlooRank(const Program &program, const Options &o) {
   std::vector<double> losses;
   for (int64_t step = first; step <= o.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    local = runner.call(name, inputs, o.lr, step);
+    local = runner.call(name, inputs, o.lr, step, Results::ExceptUpdates);
     std::optional<double> lossValue;
     if (loss)
       lossValue = scalarValue(pipelined || fn->results[*loss].sharding.isReplicated()

@@ -138,6 +138,42 @@ void storeFromDouble(const TensorView &v, int64_t i, double x) {
   throw KernelError("unknown element type");
 }
 
+void loadBlockAsDouble(const TensorView &v, int64_t start, int64_t n,
+                       double *out) {
+  auto widen = [&](auto *p, auto fn) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = fn(p[start + i]);
+  };
+  auto same = [](auto x) { return static_cast<double>(x); };
+  switch (v.type) {
+  case DType::F64: return widen(v.as<double>(), same);
+  case DType::F32: return widen(v.as<float>(), same);
+  case DType::F16: return widen(v.as<uint16_t>(), f16ToFloat);
+  case DType::BF16: return widen(v.as<uint16_t>(), bf16ToFloat);
+  default:
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = loadAsDouble(v, start + i);
+  }
+}
+
+void storeBlockFromDouble(const TensorView &v, int64_t start, int64_t n,
+                          const double *x) {
+  auto narrow = [&](auto *p, auto fn) {
+    for (int64_t i = 0; i < n; ++i)
+      p[start + i] = fn(x[i]);
+  };
+  switch (v.type) {
+  case DType::F64: return narrow(v.as<double>(), [](double d) { return d; });
+  case DType::F32:
+    return narrow(v.as<float>(), [](double d) { return static_cast<float>(d); });
+  case DType::BF16: return narrow(v.as<uint16_t>(), doubleToBf16);
+  case DType::F16: return narrow(v.as<uint16_t>(), doubleToF16);
+  default:
+    for (int64_t i = 0; i < n; ++i)
+      storeFromDouble(v, start + i, x[i]);
+  }
+}
+
 void registerElementwiseKernels(Registry &r) {
   unaryNumeric(r, "ernie.neg", [](auto x) { return -x; });
   unaryNumeric(r, "ernie.abs", [](auto x) { return x < 0 ? -x : x; });
@@ -226,6 +262,15 @@ void registerElementwiseKernels(Registry &r) {
                                      const Attrs &) {
     expectCount(in, 1, "ernie.cast");
     const TensorView &x = in[0];
+    if (isFloat(x.type) && isFloat(out[0].type)) {
+      double block[kDoubleBlock];
+      for (int64_t start = 0, n = x.numElements(); start < n; start += kDoubleBlock) {
+        int64_t m = std::min(kDoubleBlock, n - start);
+        loadBlockAsDouble(x, start, m, block);
+        storeBlockFromDouble(out[0], start, m, block);
+      }
+      return;
+    }
     for (int64_t i = 0, n = x.numElements(); i < n; ++i) {
       if (isFloat(x.type))
         storeFromDouble(out[0], i, loadAsDouble(x, i));

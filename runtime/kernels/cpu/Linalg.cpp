@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Registry.h"
+#include "Strided.h"
 
 #include <cblas.h>
 
@@ -101,12 +102,18 @@ void reduce(const std::vector<TensorView> &in,
     reduced[a] = true;
     count *= x.shape[a];
   }
-  // The output index of every input element: reduced coordinates dropped.
+  // The input walked in index order, the output standing still along the
+  // reduced dimensions: every output element accumulates its terms in
+  // increasing input index, as a flat loop over the input would.
   std::vector<int64_t> keptShape;
   for (int64_t d = 0; d < x.rank(); ++d)
     keptShape.push_back(reduced[d] ? 1 : x.shape[d]);
-  std::vector<int64_t> inStrides = stridesOf(x.shape),
-                       outStrides = stridesOf(keptShape);
+  std::vector<int64_t> toOut = stridesOf(keptShape);
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (reduced[d])
+      toOut[d] = 0;
+  StridedSpace<2> space{x.shape, {std::move(toOut), stridesOf(x.shape)}};
+  space.simplify();
   dispatchNumeric(x.type, [&](auto zero) {
     using T = decltype(zero);
     const T *src = x.as<T>();
@@ -117,19 +124,29 @@ void reduce(const std::vector<TensorView> &in,
       if (kind == Reduction::Max)
         init = -std::numeric_limits<T>::infinity();
     std::fill(dst, dst + n, init);
-    for (int64_t i = 0, e = x.numElements(); i < e; ++i) {
-      int64_t o = 0, rest = i;
-      for (int64_t d = 0; d < x.rank(); ++d) {
-        int64_t c = rest / inStrides[d];
-        rest %= inStrides[d];
-        if (!reduced[d])
-          o += c * outStrides[d];
+    const bool max = kind == Reduction::Max;
+    space.forEachRow([&](const std::array<int64_t, 2> &at, int64_t len,
+                         const std::array<int64_t, 2> &step) {
+      T *o = dst + at[0];
+      const T *in = src + at[1]; // step[1] == 1: the input is contiguous
+      if (step[0] == 0) {
+        T acc = *o;
+        for (int64_t j = 0; j < len; ++j)
+          acc = max ? maximumOf(acc, in[j]) : acc + in[j];
+        *o = acc;
+      } else if (step[0] == 1 && max) {
+        for (int64_t j = 0; j < len; ++j)
+          o[j] = maximumOf(o[j], in[j]);
+      } else if (step[0] == 1) {
+        for (int64_t j = 0; j < len; ++j)
+          o[j] += in[j];
+      } else {
+        for (int64_t j = 0; j < len; ++j) {
+          T &y = o[j * step[0]];
+          y = max ? maximumOf(y, in[j]) : y + in[j];
+        }
       }
-      if (kind == Reduction::Max)
-        dst[o] = maximumOf(dst[o], src[i]);
-      else
-        dst[o] += src[i];
-    }
+    });
     if (kind == Reduction::Mean)
       for (int64_t i = 0; i < n; ++i)
         dst[i] /= static_cast<T>(count);

@@ -79,6 +79,15 @@ double loadAsDouble(const TensorView &v, int64_t i);
 /// Stores `x` as element `i` of `v`: floats round once to nearest even
 /// (fp8 saturates), integers truncate and saturate (NaN gives 0).
 void storeFromDouble(const TensorView &v, int64_t i, double x);
+/// Elements [start, start + n) of `v` as doubles / stored from doubles,
+/// exactly as loadAsDouble / storeFromDouble do one at a time (the type is
+/// switched on once per block).
+void loadBlockAsDouble(const TensorView &v, int64_t start, int64_t n,
+                       double *out);
+void storeBlockFromDouble(const TensorView &v, int64_t start, int64_t n,
+                          const double *x);
+/// Elements per block of the optimizers' and casts' f64 passes.
+constexpr int64_t kDoubleBlock = 512;
 
 inline void expectCount(const std::vector<TensorView> &views, size_t n,
                         const char *what) {

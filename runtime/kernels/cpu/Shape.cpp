@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Registry.h"
+#include "Strided.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,25 +17,12 @@ namespace ernie::runtime::cpu {
 
 namespace {
 
-
-/// Copies out[i] = in[source(coords of i in out)] element by element.
-template <typename Fn>
-void gatherElements(const TensorView &in, const TensorView &out, Fn source) {
-  size_t bytes = byteSize(in.type);
-  std::vector<int64_t> outStrides = stridesOf(out.shape),
-                       inStrides = stridesOf(in.shape);
-  std::vector<int64_t> coords(out.rank());
-  const char *src = in.as<char>();
-  char *dst = out.as<char>();
-  for (int64_t i = 0, n = out.numElements(); i < n; ++i) {
-    int64_t rest = i;
-    for (int64_t d = 0; d < out.rank(); ++d) {
-      coords[d] = rest / outStrides[d];
-      rest %= outStrides[d];
-    }
-    int64_t from = source(coords, inStrides);
-    std::memcpy(dst + i * bytes, src + from * bytes, bytes);
-  }
+/// out[c] = in[base + sum_d c_d * from[d]] over out's coordinates c.
+void gatherStrided(const TensorView &in, const TensorView &out, int64_t base,
+                   std::vector<int64_t> from) {
+  StridedSpace<2> space{out.shape, {stridesOf(out.shape), std::move(from)}};
+  copyStrided(std::move(space), out.as<char>(),
+              in.as<char>() + base * byteSize(in.type), byteSize(in.type));
 }
 
 } // namespace
@@ -51,42 +39,39 @@ void registerShapeKernels(Registry &r) {
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
     expectCount(in, 1, "ernie.transpose");
-    std::vector<int64_t> perm = attrs.getInts("perm");
-    gatherElements(in[0], out[0], [&](const std::vector<int64_t> &c,
-                                      const std::vector<int64_t> &strides) {
-      int64_t from = 0;
-      for (size_t d = 0; d < perm.size(); ++d)
-        from += c[d] * strides[perm[d]];
-      return from;
-    });
+    std::vector<int64_t> perm = attrs.getInts("perm"),
+                         strides = stridesOf(in[0].shape), from;
+    for (int64_t p : perm)
+      from.push_back(strides[p]);
+    gatherStrided(in[0], out[0], 0, std::move(from));
   };
   r["ernie.broadcast"] = [](const std::vector<TensorView> &in,
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
     expectCount(in, 1, "ernie.broadcast");
-    std::vector<int64_t> dims = attrs.getInts("dims");
-    gatherElements(in[0], out[0], [&](const std::vector<int64_t> &c,
-                                      const std::vector<int64_t> &strides) {
-      int64_t from = 0;
-      for (size_t i = 0; i < dims.size(); ++i)
-        if (in[0].shape[i] != 1)
-          from += c[dims[i]] * strides[i];
-      return from;
-    });
+    std::vector<int64_t> dims = attrs.getInts("dims"),
+                         strides = stridesOf(in[0].shape),
+                         from(out[0].rank(), 0);
+    // Input dimension i runs along output dimension dims[i], or stays put
+    // where it has extent 1.
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (in[0].shape[i] != 1)
+        from[dims[i]] = strides[i];
+    gatherStrided(in[0], out[0], 0, std::move(from));
   };
   r["ernie.slice"] = [](const std::vector<TensorView> &in,
                         const std::vector<TensorView> &out,
                         const Attrs &attrs) {
     expectCount(in, 1, "ernie.slice");
     std::vector<int64_t> start = attrs.getInts("start"),
-                         step = attrs.getInts("step");
-    gatherElements(in[0], out[0], [&](const std::vector<int64_t> &c,
-                                      const std::vector<int64_t> &strides) {
-      int64_t from = 0;
-      for (size_t d = 0; d < c.size(); ++d)
-        from += (start[d] + c[d] * step[d]) * strides[d];
-      return from;
-    });
+                         step = attrs.getInts("step"),
+                         strides = stridesOf(in[0].shape), from;
+    int64_t base = 0;
+    for (size_t d = 0; d < strides.size(); ++d) {
+      base += start[d] * strides[d];
+      from.push_back(step[d] * strides[d]);
+    }
+    gatherStrided(in[0], out[0], base, std::move(from));
   };
   r["ernie.pad"] = [](const std::vector<TensorView> &in,
                       const std::vector<TensorView> &out, const Attrs &attrs) {
@@ -95,18 +80,16 @@ void registerShapeKernels(Registry &r) {
                          interior = attrs.getInts("interior");
     size_t bytes = byteSize(out[0].type);
     std::memset(out[0].data, 0, out[0].numElements() * bytes);
-    std::vector<int64_t> inStrides = stridesOf(in[0].shape),
-                         outStrides = stridesOf(out[0].shape);
-    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-      int64_t rest = i, to = 0;
-      for (int64_t d = 0; d < in[0].rank(); ++d) {
-        int64_t c = rest / inStrides[d];
-        rest %= inStrides[d];
-        to += (low[d] + c * (interior[d] + 1)) * outStrides[d];
-      }
-      std::memcpy(out[0].as<char>() + to * bytes,
-                  in[0].as<char>() + i * bytes, bytes);
+    // The input scattered into the zeros: out[low + c * (interior + 1)].
+    std::vector<int64_t> outStrides = stridesOf(out[0].shape), to;
+    int64_t base = 0;
+    for (size_t d = 0; d < outStrides.size(); ++d) {
+      base += low[d] * outStrides[d];
+      to.push_back((interior[d] + 1) * outStrides[d]);
     }
+    StridedSpace<2> space{in[0].shape, {std::move(to), stridesOf(in[0].shape)}};
+    copyStrided(std::move(space), out[0].as<char>() + base * bytes,
+                in[0].as<char>(), bytes);
   };
   r["ernie.split"] = [](const std::vector<TensorView> &in,
                         const std::vector<TensorView> &out,

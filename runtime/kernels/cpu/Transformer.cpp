@@ -9,6 +9,8 @@
 
 #include "Registry.h"
 
+#include <map>
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -29,6 +31,60 @@ struct Layout4 {
   }
 };
 
+/// cos and sin of a position's rotary angles p * theta^(-2i/d), i < d/2,
+/// computed once per (theta, d, position) and kept for later calls (per
+/// thread: a rank's executor): a program's positions are the same every
+/// step, and every head of a token shares them.
+class RopeTable {
+public:
+  RopeTable(double theta, int64_t dim) : half_(dim / 2) {
+    for (int64_t i = 0; i < half_; ++i)
+      inverse_.push_back(std::pow(theta, -2.0 * i / dim));
+  }
+
+  /// [cos x half, sin x half] of position p (negative ones too: the
+  /// gradient rotates back by -p; each sign has its own rows, filled from
+  /// the angle itself, so nothing relies on cos and sin's symmetry).
+  const double *row(int64_t p) {
+    const bool negative = p < 0;
+    const int64_t at = negative ? -(p + 1) : p; // -(p + 1): no overflow
+    if (at >= kMaxCachedPositions) {
+      scratch_.resize(2 * half_);
+      fill(p, scratch_.data());
+      return scratch_.data();
+    }
+    std::vector<double> &rows = rows_[negative];
+    int64_t &cached = cached_[negative];
+    if (at >= cached) {
+      int64_t upto = std::max(at + 1, std::min(2 * cached, kMaxCachedPositions));
+      rows.resize(upto * 2 * half_);
+      for (int64_t q = cached; q < upto; ++q)
+        fill(negative ? -(q + 1) : q, rows.data() + q * 2 * half_);
+      cached = upto;
+    }
+    return rows.data() + at * 2 * half_;
+  }
+
+  static RopeTable &of(double theta, int64_t dim) {
+    thread_local std::map<std::pair<double, int64_t>, RopeTable> tables;
+    return tables.try_emplace({theta, dim}, theta, dim).first->second;
+  }
+
+private:
+  static constexpr int64_t kMaxCachedPositions = 1 << 16;
+
+  void fill(int64_t p, double *out) const {
+    for (int64_t i = 0; i < half_; ++i) {
+      double angle = static_cast<double>(p) * inverse_[i];
+      out[i] = std::cos(angle);
+      out[half_ + i] = std::sin(angle);
+    }
+  }
+
+  int64_t half_, cached_[2] = {0, 0};
+  std::vector<double> inverse_, rows_[2], scratch_;
+};
+
 void rope(const std::vector<TensorView> &in, const std::vector<TensorView> &out,
           const Attrs &attrs) {
   expectCount(in, 2, "ernie.rope");
@@ -38,23 +94,30 @@ void rope(const std::vector<TensorView> &in, const std::vector<TensorView> &out,
   Layout4 L(x);
   int64_t half = L.d / 2;
   bool batched = pos.rank() == 2;
+  RopeTable &table = RopeTable::of(theta, L.d);
   dispatchFloat(x.type, [&](auto zero) {
     using T = decltype(zero);
     const T *src = x.as<T>();
     T *dst = out[0].as<T>();
+    std::vector<T> c(half), sn(half);
     for (int64_t b = 0; b < L.b; ++b)
       for (int64_t s = 0; s < L.s; ++s) {
-        double p = static_cast<double>(indexAt(pos, batched ? b * L.s + s : s));
-        for (int64_t h = 0; h < L.h; ++h)
+        const double *row = table.row(indexAt(pos, batched ? b * L.s + s : s));
+        for (int64_t i = 0; i < half; ++i) {
+          c[i] = static_cast<T>(row[i]);
+          sn[i] = static_cast<T>(row[half + i]);
+        }
+        for (int64_t h = 0; h < L.h; ++h) {
+          const T *a = src + L.at(b, s, h, 0);
+          T *y = dst + L.at(b, s, h, 0);
           for (int64_t i = 0; i < half; ++i) {
-            double angle = p * std::pow(theta, -2.0 * i / L.d);
-            T c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(std::sin(angle));
             int64_t i0 = interleaved ? 2 * i : i;
             int64_t i1 = interleaved ? 2 * i + 1 : i + half;
-            T a = src[L.at(b, s, h, i0)], bb = src[L.at(b, s, h, i1)];
-            dst[L.at(b, s, h, i0)] = a * c - bb * sn;
-            dst[L.at(b, s, h, i1)] = bb * c + a * sn;
+            T x0 = a[i0], x1 = a[i1];
+            y[i0] = x0 * c[i] - x1 * sn[i];
+            y[i1] = x1 * c[i] + x0 * sn[i];
           }
+        }
       }
   });
 }
@@ -226,12 +289,18 @@ void crossEntropy(const std::vector<TensorView> &in,
       const T *row = x + t * vocab;
       T peak = *std::max_element(row, row + vocab);
       T total = 0;
-      for (int64_t j = 0; j < vocab; ++j)
-        total += std::exp(row[j] - peak);
+      // The gradient keeps each exponential in its row for the second pass.
+      T *g = backward ? out[0].as<T>() + t * vocab : nullptr;
       if (label == ignore) {
         if (backward)
-          std::fill(out[0].as<T>() + t * vocab, out[0].as<T>() + (t + 1) * vocab, T(0));
+          std::fill(g, g + vocab, T(0));
         continue;
+      }
+      for (int64_t j = 0; j < vocab; ++j) {
+        T e = std::exp(row[j] - peak);
+        total += e;
+        if (g)
+          g[j] = e;
       }
       if (label < 0 || label >= vocab)
         throw KernelError("label " + std::to_string(label) +
@@ -244,9 +313,8 @@ void crossEntropy(const std::vector<TensorView> &in,
       T scale = reduction == "none" ? dl[t]
                 : reduction == "mean" ? dl[0] / static_cast<T>(kept)
                                       : dl[0];
-      T *g = out[0].as<T>() + t * vocab;
       for (int64_t j = 0; j < vocab; ++j)
-        g[j] = (std::exp(row[j] - peak) / total - (j == label ? T(1) : T(0))) * scale;
+        g[j] = (g[j] / total - (j == label ? T(1) : T(0))) * scale;
     }
     if (backward)
       return;
@@ -285,6 +353,14 @@ void registerTransformerKernels(Registry &r) {
 // arithmetic is f64; results round once, straight from f64, into their types
 // (narrow ones included, which is why these take every type themselves).
 namespace {
+/// fn(start, n) over [0, count) in blocks of kDoubleBlock: each element is
+/// loaded in its own type, updated in f64 and stored once. Outputs may
+/// alias inputs (updates in place): a block is read before it is written.
+template <typename Fn> void forEachDoubleBlock(int64_t count, Fn fn) {
+  for (int64_t start = 0; start < count; start += kDoubleBlock)
+    fn(start, std::min(kDoubleBlock, count - start));
+}
+
 void expectFloats(const std::vector<TensorView> &views, size_t count,
                   const char *op) {
   for (size_t i = 0; i < count; ++i)
@@ -307,14 +383,20 @@ void registerOptimizerKernels(Registry &r) {
            decay = attrs.getFloat("weight_decay", 0.0),
            lr = scalarAt(in[3]);
     bool nesterov = attrs.getBool("nesterov");
-    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-      double p = loadAsDouble(in[0], i);
-      double grad = loadAsDouble(in[1], i) + decay * p;
-      double b = momentum * loadAsDouble(in[2], i) + grad;
-      double step = nesterov ? grad + momentum * b : b;
-      storeFromDouble(out[1], i, b);
-      storeFromDouble(out[0], i, p - lr * step);
-    }
+    forEachDoubleBlock(in[0].numElements(), [&](int64_t start, int64_t n) {
+      double p[kDoubleBlock], g[kDoubleBlock], b[kDoubleBlock];
+      loadBlockAsDouble(in[0], start, n, p);
+      loadBlockAsDouble(in[1], start, n, g);
+      loadBlockAsDouble(in[2], start, n, b);
+      for (int64_t i = 0; i < n; ++i) {
+        double grad = g[i] + decay * p[i];
+        b[i] = momentum * b[i] + grad;
+        double step = nesterov ? grad + momentum * b[i] : b[i];
+        p[i] = p[i] - lr * step;
+      }
+      storeBlockFromDouble(out[1], start, n, b);
+      storeBlockFromDouble(out[0], start, n, p);
+    });
   });
   r.addForEveryType("ernie.adamw_update", [](const std::vector<TensorView> &in,
                                              const std::vector<TensorView> &out,
@@ -328,15 +410,22 @@ void registerOptimizerKernels(Registry &r) {
            decay = attrs.getFloat("weight_decay", 0.01), lr = scalarAt(in[4]);
     double t = static_cast<double>(indexAt(in[5], 0));
     double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
-    for (int64_t i = 0, n = in[0].numElements(); i < n; ++i) {
-      double p = loadAsDouble(in[0], i), g = loadAsDouble(in[1], i);
-      double m2 = b1 * loadAsDouble(in[2], i) + (1 - b1) * g;
-      double v2 = b2 * loadAsDouble(in[3], i) + (1 - b2) * g * g;
-      double update = (m2 / c1) / (std::sqrt(v2 / c2) + eps) + decay * p;
-      storeFromDouble(out[1], i, m2);
-      storeFromDouble(out[2], i, v2);
-      storeFromDouble(out[0], i, p - lr * update);
-    }
+    forEachDoubleBlock(in[0].numElements(), [&](int64_t start, int64_t n) {
+      double p[kDoubleBlock], g[kDoubleBlock], m[kDoubleBlock], v[kDoubleBlock];
+      loadBlockAsDouble(in[0], start, n, p);
+      loadBlockAsDouble(in[1], start, n, g);
+      loadBlockAsDouble(in[2], start, n, m);
+      loadBlockAsDouble(in[3], start, n, v);
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + decay * p[i];
+        p[i] = p[i] - lr * update;
+      }
+      storeBlockFromDouble(out[1], start, n, m);
+      storeBlockFromDouble(out[2], start, n, v);
+      storeBlockFromDouble(out[0], start, n, p);
+    });
   });
 }
 

@@ -102,6 +102,11 @@ public:
   std::vector<HostTensor> run(const std::string &name,
                               const std::vector<HostTensor> &inputs,
                               int64_t microBatch = 0);
+  /// The same, the inputs by reference (a rank's state is not copied to
+  /// be passed).
+  std::vector<HostTensor> run(const std::string &name,
+                              const std::vector<const HostTensor *> &inputs,
+                              int64_t microBatch = 0);
 
   /// The intervals recorded so far (ExecutorOptions::trace), in the order
   /// they ended.
@@ -120,8 +125,7 @@ private:
     size_t instruction; // the start's index, for messages
   };
 
-  void execute(const Function &fn, size_t index,
-               std::vector<TensorView> &buffers);
+  void execute(const Function &fn, size_t index, Arena &arena);
   void runCollective(const Instruction &inst, const TensorView &in,
                      const TensorView &out);
   void insertShard(const Instruction &inst, const TensorView &dest,

@@ -56,6 +56,9 @@ using StateSource = std::function<std::optional<HostTensor>(const TensorSpec &)>
 /// for a given (name, shape, seed) on every rank and every mesh.
 HostTensor defaultParameter(const TensorSpec &spec, uint64_t seed);
 
+/// Which results a call hands back (see RankRunner::call).
+enum class Results { All, ExceptUpdates };
+
 class RankRunner {
 public:
   RankRunner(const Program &program, Communicator &comm,
@@ -86,10 +89,14 @@ public:
   /// Runs `fn`: state arguments from the state, learning rate and step from
   /// `lr` and `step`, every other argument from `inputs` (global values, in
   /// argument order). Results that update state replace it. Returns this
-  /// rank's pieces of every result.
+  /// rank's pieces of every result (`results`: Results::All), or of those
+  /// that update nothing, the others left empty (Results::ExceptUpdates:
+  /// a training loop that wants only the loss, and the state moves in
+  /// place of being copied).
   std::vector<HostTensor> call(const std::string &fn,
                                const std::vector<HostTensor> &inputs,
-                               double lr = 0.0, int64_t step = 1);
+                               double lr = 0.0, int64_t step = 1,
+                               Results results = Results::All);
 
   /// The global value of a piece described by `spec`: an all-gather over
   /// every mesh axis, then assembly. Every rank must call it.
@@ -105,7 +112,7 @@ private:
   /// pipelined.
   std::vector<HostTensor> callFunction(const std::string &fn,
                                        const std::vector<HostTensor> &inputs,
-                                       double lr, int64_t step);
+                                       double lr, int64_t step, Results results);
   /// Where one call's arguments come from, beside this rank's state.
   struct CallSources {
     /// The global value of batch input `arg` (of the call's micro-batch).
@@ -116,8 +123,13 @@ private:
     /// (for an update) by name; null outside a pipeline's schedule.
     const std::map<std::string, HostTensor> *handOffs = nullptr;
   };
-  /// `fn`'s arguments, each this rank's piece, in `fn`'s order.
-  std::vector<HostTensor> arguments(const Function &fn, const CallSources &from);
+  /// `fn`'s arguments, each this rank's piece, in `fn`'s order: the state
+  /// by reference, the rest (scalars, batch pieces) held in `owned`.
+  struct Arguments {
+    std::vector<HostTensor> owned;
+    std::vector<const HostTensor *> views;
+  };
+  Arguments arguments(const Function &fn, const CallSources &from);
   /// Batch inputs from micro-batch `k` of `micro` (per input, per
   /// micro-batch), which must outlive the sources.
   CallSources microBatch(const std::vector<std::vector<HostTensor>> &micro,
@@ -210,7 +222,8 @@ public:
   /// The first rank to fail stops the others; its error is rethrown.
   std::vector<HostTensor> call(const std::string &fn,
                                const std::vector<HostTensor> &inputs,
-                               double lr = 0.0, int64_t step = 1);
+                               double lr = 0.0, int64_t step = 1,
+                               Results results = Results::All);
 
 private:
   /// Runs `work(rank)` on one thread per rank; rethrows the root failure.
