@@ -24,6 +24,11 @@ It runs in a subprocess of an interpreter that has torch (this one, or
 /usr/bin/python3 for Debian's python3-torch); without one the torch column
 is skipped with a note.
 
+Both get the same batch: token ids and labels drawn uniformly from the
+vocabulary (seeded; written as .npy for `ernie-run --inputs`), so the
+attention scores and their gradients differ per token and the printed losses
+exercise the whole step.
+
 Every time is the best of --repeat runs of K steps. Prints a table with the
 ratio torch / ernie (above 1: ernie is faster).
 """
@@ -169,11 +174,22 @@ def compile_program(c, mode, tmp, tools):
     return prog, collectives
 
 
-def ernie_step_ms(prog, ranks, steps, repeat, tools):
+def write_batch(c, directory):
+    """Token ids and labels, uniform over the vocabulary: input0.npy and
+    input1.npy (ernie-run's names for the first and second batch input)."""
+    import numpy as np
+    rng = np.random.default_rng(1234)
+    for k in range(2):
+        np.save(Path(directory, f"input{k}.npy"),
+                rng.integers(0, c.vocab, size=(c.batch, c.seq), dtype=np.int64))
+    return directory
+
+
+def ernie_step_ms(prog, ranks, steps, repeat, tools, batch_dir):
     best, losses = float("inf"), None
     for _ in range(repeat):
         out = run([tools["run"], str(prog), "--ranks", str(ranks), "--backend", "threads",
-                   "--steps", str(steps), "--lr", "0.01"])
+                   "--steps", str(steps), "--lr", "0.01", "--inputs", str(batch_dir)])
         m = re.search(r"mean step time ([0-9.]+) ms", out)
         if not m:
             raise RuntimeError(f"no mean step time in ernie-run's output:\n{out}")
@@ -213,8 +229,9 @@ def torch_worker(spec):
     params = [embed, lnf, whead] + [p for l in layers for p in l.values()]
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.0)
 
-    ids = torch.zeros(B, S, dtype=torch.long)  # ernie-run feeds integer inputs as zeros
-    labels = torch.zeros(B, S, dtype=torch.long)
+    import numpy as np
+    ids = torch.from_numpy(np.load(Path(spec["batch"], "input0.npy")))
+    labels = torch.from_numpy(np.load(Path(spec["batch"], "input1.npy")))
     inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     ang = torch.outer(torch.arange(S, dtype=torch.float32), inv)
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
@@ -277,11 +294,12 @@ def find_torch_python(explicit):
     return None
 
 
-def torch_step_ms(py, c, threads, steps, repeat, omp, blas):
+def torch_step_ms(py, c, threads, steps, repeat, omp, blas, batch_dir):
     """Torch with `omp` OpenMP threads (torch.set_num_threads) and `blas`
     OpenBLAS threads. torch.set_num_threads does not reach the OpenBLAS
     Debian's torch calls for GEMM, which by default takes every core."""
-    spec = {"config": c.as_dict(), "threads": omp, "steps": steps, "repeat": repeat}
+    spec = {"config": c.as_dict(), "threads": omp, "steps": steps, "repeat": repeat,
+            "batch": str(batch_dir)}
     env = dict(os.environ, OMP_NUM_THREADS=str(omp), OPENBLAS_NUM_THREADS=str(blas))
     out = run([py, __file__, "--torch-worker", json.dumps(spec)], env=env)
     result = json.loads(out.strip().splitlines()[-1])
@@ -289,14 +307,15 @@ def torch_step_ms(py, c, threads, steps, repeat, omp, blas):
     return result
 
 
-def torch_peer(py, c, threads, steps, repeat):
+def torch_peer(py, c, threads, steps, repeat, batch_dir):
     """The fastest way for torch to use `threads` cores, and every setting tried:
     with 1 thread, one OpenMP and one OpenBLAS thread; with n, n OpenMP
     threads and 1 OpenBLAS thread, or 1 and n, and (torch's default when
     set_num_threads(n) is all one does) n and n, whose threads compete for
     the n cores."""
     settings = [(1, 1)] if threads == 1 else [(threads, 1), (1, threads), (threads, threads)]
-    tried = [torch_step_ms(py, c, threads, steps, repeat, omp, blas) for omp, blas in settings]
+    tried = [torch_step_ms(py, c, threads, steps, repeat, omp, blas, batch_dir)
+             for omp, blas in settings]
     best = min(tried, key=lambda t: t["ms"])
     return dict(best, tried=tried)
 
@@ -342,11 +361,13 @@ def main():
     rows, failures = [], []
     torch_cache = {}
     with tempfile.TemporaryDirectory() as tmp:
+        batch_dir = write_batch(c, tmp)
         for mode in args.modes.split(","):
             ranks = 1 if mode == "single" else 2
             try:
                 prog, collectives = compile_program(c, mode, tmp, tools)
-                ms, losses = ernie_step_ms(prog, ranks, args.steps + 1, args.repeat, tools)
+                ms, losses = ernie_step_ms(prog, ranks, args.steps + 1, args.repeat, tools,
+                                           batch_dir)
             except RuntimeError as e:
                 lines = [l for l in str(e).splitlines() if l.strip()]
                 failures.append((mode, lines[-1] if lines else str(e)))
@@ -354,7 +375,8 @@ def main():
             t = None
             if torch_py is not None:
                 if ranks not in torch_cache:
-                    torch_cache[ranks] = torch_peer(torch_py, c, ranks, args.steps, args.repeat)
+                    torch_cache[ranks] = torch_peer(torch_py, c, ranks, args.steps, args.repeat,
+                                                    batch_dir)
                 t = torch_cache[ranks]
             rows.append((mode, ranks, collectives, ms, losses, t))
 

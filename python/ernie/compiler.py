@@ -566,7 +566,8 @@ class Program:
         (`activation_bytes`), the padding uneven splits add to the step's
         arguments (`padding_bytes`, per function too), and the collectives
         of one step."""
-        out = {"ranks": self.num_ranks, "functions": {}}
+        out = {"ranks": self.num_ranks, "functions": {},
+               "gemm": _ernie.gemm_library()}  # which CPU GEMM kernels run
         axis_sizes = dict(zip(self.mesh.dim_names, self.mesh.shape)) if self.mesh else {}
         size = lambda t: int(np.prod(t["local_shape"])) * _BYTES[t["dtype"]]
         for fn, sig in self._signatures.items():

@@ -1076,6 +1076,14 @@ PYBIND11_MODULE(_ernie, m) {
         "The schedule's timeline with zero-cost transfers: bubble_fraction, "
         "makespan, busy, and per rank (action, chunk, micro_batch, start, end)");
 
+  m.def("gemm_library", [] {
+    rt::GemmLibrary g = rt::cpuGemmLibrary();
+    py::dict d;
+    d["library"] = g.library;
+    d["kernels"] = g.kernels;
+    d["warning"] = g.warning;
+    return d;
+  }, "The GEMM library the CPU runtime calls and the kernels it chose.");
   m.def("convert_float", &convertFloat, py::arg("array"), py::arg("from"),
         py::arg("to"),
         "f32 to a narrow float type's raw bits (uint8/uint16), or back; "

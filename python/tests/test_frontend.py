@@ -161,6 +161,17 @@ def test_training_under_plans_matches_single_rank(single_rank_losses, shape, nam
             assert "reduce_scatter[mp]" in kinds, kinds
 
 
+def test_report_names_the_gemm_kernels():
+    """The report says which GEMM library and kernel family run, so that a
+    step time can be read; the kernels are the CPU's own family, not a
+    generic fallback (the warning is empty)."""
+    prog, _ = train(None, None, steps=5)
+    gemm = prog.report()["gemm"]
+    assert gemm["library"].startswith("OpenBLAS"), gemm
+    assert gemm["kernels"] and gemm["kernels"] != "unknown", gemm
+    assert gemm["warning"] == "", gemm
+
+
 def test_state_dict_is_global_and_round_trips():
     cfg = LlamaConfig(**TINY, seed=2)
     model = LlamaForCausalLM(cfg)

@@ -435,8 +435,20 @@ void saveIfDue(const Options &o, int64_t step, bool report,
   meter.finish();
 }
 
+/// Which GEMM kernels run (a known-slow fallback is warned about on
+/// stderr): step times mean little without it.
+void printGemmBanner(bool print) {
+  if (!print)
+    return;
+  GemmLibrary gemm = cpuGemmLibrary();
+  std::printf("GEMM: %s\n", gemm.describe().c_str());
+  if (!gemm.warning.empty())
+    std::fprintf(stderr, "ernie-run: warning: %s\n", gemm.warning.c_str());
+}
+
 /// Every rank in this process, on threads.
 int runThreads(const Program &program, const Options &o) {
+  printGemmBanner(!o.quiet);
   SessionOptions options;
   options.executor.checkFinite = o.checkFinite;
   options.executor.trace = !o.trace.empty();
@@ -514,6 +526,7 @@ int runGlooRank(const Program &program, const Options &o) {
   int64_t first = resumeFrom(o, leader && !o.quiet, [&](IoMeter &meter) {
     return loadCheckpointOnRank(program, runner, *comm, o.resume, &meter);
   });
+  printGemmBanner(leader && !o.quiet);
   Reporter reporter(o.steps, o.quiet || !leader);
   std::vector<HostTensor> local;
   std::vector<double> losses;

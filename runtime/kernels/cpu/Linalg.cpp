@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -259,4 +260,36 @@ void registerLinalgKernels(Registry &r) {
 
 namespace ernie::runtime {
 void setCpuBlasThreads(int threads) { openblas_set_num_threads(threads); }
+
+std::string GemmLibrary::describe() const {
+  return library + ", " + kernels + " kernels";
+}
+
+GemmLibrary cpuGemmLibrary() {
+  GemmLibrary g;
+  const char *config = openblas_get_config(), *core = openblas_get_corename();
+  g.library = config ? config : "OpenBLAS";
+  while (!g.library.empty() && g.library.back() == ' ')
+    g.library.pop_back();
+  g.kernels = core ? core : "unknown";
+  // The families OpenBLAS falls back to when it does not recognise a CPU,
+  // beside what the CPU can run.
+  std::string lower;
+  for (char c : g.kernels)
+    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  bool generic = lower == "prescott" || lower == "core2" || lower == "katmai" ||
+                 lower == "northwood" || lower == "banias" || lower == "atom" ||
+                 lower == "nehalem" || lower == "penryn" || lower == "dunnington";
+#if defined(__x86_64__) || defined(__i386__)
+  const char *best = __builtin_cpu_supports("avx512f") ? "AVX-512"
+                     : __builtin_cpu_supports("avx2") ? "AVX2"
+                                                      : nullptr;
+  if (generic && best)
+    g.warning = "OpenBLAS runs its " + g.kernels + " kernels on a CPU with " +
+                best + ": GEMMs are several times slower than they could be "
+                "(OpenBLAS did not recognise this CPU; OPENBLAS_CORETYPE="
+                "SkylakeX or Haswell selects faster kernels)";
+#endif
+  return g;
+}
 } // namespace ernie::runtime

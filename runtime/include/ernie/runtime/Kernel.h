@@ -88,6 +88,19 @@ std::vector<std::string> cpuKernelNames();
 /// concurrent calls on its internal lock.
 void setCpuBlasThreads(int threads);
 
+/// The GEMM library the CPU kernels call and the kernel family it picked
+/// for this CPU, for banners and reports ("OpenBLAS 0.3.21 ... kernels
+/// COOPERLAKE"). `warning` is non-empty when that family is a known-slow
+/// fallback for what the CPU supports (OpenBLAS has misdetected virtual
+/// CPUs as Prescott: SSE3 kernels, ~8x slower than its AVX-512 ones).
+struct GemmLibrary {
+  std::string library; // "OpenBLAS 0.3.21 NO_AFFINITY ..." (its config)
+  std::string kernels; // the core the kernels were chosen for
+  std::string warning;
+  std::string describe() const; // "<library>, <kernels> kernels"
+};
+GemmLibrary cpuGemmLibrary();
+
 } // namespace ernie::runtime
 
 #endif // ERNIE_RUNTIME_KERNEL_H
