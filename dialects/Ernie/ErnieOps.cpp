@@ -783,6 +783,157 @@ LogicalResult TopkOp::inferReturnTypes(MLIRContext *context,
 }
 
 //===----------------------------------------------------------------------===//
+// MoeRouteOp, MoeDispatchOp, MoeCombineOp, MoeWeightsGradOp
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The `[groups, tokens, k]` operands of the MoE ops: each is rank 3, the
+/// first sets the shape the others repeat (their element kinds are the
+/// ODS constraints' business).
+struct ChoiceShape {
+  std::optional<Location> loc;
+  SmallVector<int64_t, 3> shape;
+
+  LogicalResult add(Value value, StringRef name) {
+    auto type = rankedOperand(loc, value, name);
+    if (failed(type))
+      return failure();
+    if (type->getRank() != 3)
+      return emitOptionalError(loc, "'", name,
+                               "' must be [groups, tokens, k], got ", *type);
+    if (shape.empty())
+      shape.assign(type->getShape().begin(), type->getShape().end());
+    else if (type->getShape() != ArrayRef<int64_t>(shape))
+      return emitOptionalError(loc, "'", name, "' must be ", shapeStr(shape),
+                               " like the expert choices, got ",
+                               shapeStr(type->getShape()));
+    return success();
+  }
+  int64_t groups() const { return shape[0]; }
+  int64_t tokens() const { return shape[1]; }
+  int64_t k() const { return shape[2]; }
+};
+
+/// An expert buffer `[experts, groups, capacity, hidden]` for `choices`.
+FailureOr<RankedTensorType> expertBuffers(std::optional<Location> loc,
+                                          Value value, StringRef name,
+                                          const ChoiceShape &choices) {
+  auto type = rankedOperand(loc, value, name);
+  if (failed(type))
+    return failure();
+  if (type->getRank() != 4)
+    return emitOptionalError(loc, "'", name,
+                             "' must be [experts, groups, capacity, hidden], "
+                             "got ",
+                             *type);
+  if (type->getDimSize(1) != choices.groups())
+    return emitOptionalError(loc, "'", name, "' has ", type->getDimSize(1),
+                             " groups, the choices ", choices.groups());
+  if (type->getDimSize(0) < choices.k())
+    return emitOptionalError(loc, "top-", choices.k(), " routing needs at "
+                             "least ", choices.k(), " experts, '", name,
+                             "' has ", type->getDimSize(0));
+  return type;
+}
+
+LogicalResult checkTopK(std::optional<Location> loc, int64_t k,
+                        int64_t numExperts) {
+  if (k > numExperts)
+    return emitOptionalError(loc, "top-", k, " routing needs at least ", k,
+                             " experts, num_experts is ", numExperts);
+  return success();
+}
+} // namespace
+
+LogicalResult MoeRouteOp::inferReturnTypes(MLIRContext *context,
+                                           std::optional<Location> loc,
+                                           Adaptor adaptor,
+                                           SmallVectorImpl<Type> &inferred) {
+  ChoiceShape choices{loc, {}};
+  if (failed(choices.add(adaptor.getExperts(), "experts")) ||
+      failed(checkTopK(loc, choices.k(), adaptor.getNumExperts())))
+    return failure();
+  inferred.push_back(
+      RankedTensorType::get(choices.shape, IntegerType::get(context, 64)));
+  return success();
+}
+
+LogicalResult MoeDispatchOp::inferReturnTypes(MLIRContext *,
+                                              std::optional<Location> loc,
+                                              Adaptor adaptor,
+                                              SmallVectorImpl<Type> &inferred) {
+  ChoiceShape choices{loc, {}};
+  auto input = rankedOperand(loc, adaptor.getInput(), "input");
+  if (failed(input) || failed(choices.add(adaptor.getExperts(), "experts")) ||
+      failed(choices.add(adaptor.getSlots(), "slots")) ||
+      failed(choices.add(adaptor.getWeights(), "weights")) ||
+      failed(checkTopK(loc, choices.k(), adaptor.getNumExperts())))
+    return failure();
+  if (input->getRank() != 3 ||
+      input->getShape().take_front(2) != ArrayRef(choices.shape).take_front(2))
+    return emitOptionalError(loc, "input must be [groups, tokens, hidden] = ",
+                             shapeStr(ArrayRef(choices.shape).take_front(2)),
+                             " x hidden like the choices, got ", *input);
+  Type element = input->getElementType();
+  if (getElementTypeOrSelf(adaptor.getWeights().getType()) != element)
+    return emitOptionalError(loc, "weights must have the input's element "
+                                  "type ",
+                             element);
+  inferred.push_back(RankedTensorType::get(
+      {static_cast<int64_t>(adaptor.getNumExperts()), choices.groups(),
+       static_cast<int64_t>(adaptor.getCapacity()), input->getDimSize(2)},
+      element));
+  return success();
+}
+
+LogicalResult MoeCombineOp::inferReturnTypes(MLIRContext *,
+                                             std::optional<Location> loc,
+                                             Adaptor adaptor,
+                                             SmallVectorImpl<Type> &inferred) {
+  ChoiceShape choices{loc, {}};
+  if (failed(choices.add(adaptor.getExperts(), "experts")) ||
+      failed(choices.add(adaptor.getSlots(), "slots")) ||
+      failed(choices.add(adaptor.getWeights(), "weights")))
+    return failure();
+  auto input = expertBuffers(loc, adaptor.getInput(), "input", choices);
+  if (failed(input))
+    return failure();
+  Type element = input->getElementType();
+  if (getElementTypeOrSelf(adaptor.getWeights().getType()) != element)
+    return emitOptionalError(loc, "weights must have the input's element "
+                                  "type ",
+                             element);
+  inferred.push_back(RankedTensorType::get(
+      {choices.groups(), choices.tokens(), input->getDimSize(3)}, element));
+  return success();
+}
+
+LogicalResult MoeWeightsGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  ChoiceShape choices{loc, {}};
+  if (failed(choices.add(adaptor.getExperts(), "experts")) ||
+      failed(choices.add(adaptor.getSlots(), "slots")))
+    return failure();
+  auto tokens = rankedOperand(loc, adaptor.getTokens(), "tokens");
+  auto buffers = expertBuffers(loc, adaptor.getBuffers(), "buffers", choices);
+  if (failed(tokens) || failed(buffers))
+    return failure();
+  if (tokens->getRank() != 3 ||
+      tokens->getShape().take_front(2) !=
+          ArrayRef(choices.shape).take_front(2) ||
+      tokens->getDimSize(2) != buffers->getDimSize(3) ||
+      tokens->getElementType() != buffers->getElementType())
+    return emitOptionalError(loc, "tokens must be [groups, tokens, hidden] = ",
+                             shapeStr(ArrayRef(choices.shape).take_front(2)),
+                             " x ", buffers->getDimSize(3), " of ",
+                             buffers->getElementType(), ", got ", *tokens);
+  inferred.push_back(
+      RankedTensorType::get(choices.shape, tokens->getElementType()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // RopeOp, AttentionOp, CrossEntropyOp
 //===----------------------------------------------------------------------===//
 

@@ -641,6 +641,36 @@ LogicalResult EmbeddingOp::buildGradient(OpBuilder &builder, ValueRange grads,
   });
 }
 
+// Dispatch and combine are each other's transpose in the data and bilinear
+// in (data, weights): the data's gradient is the other op with the same
+// weights, the weights' gradient the dot product of each choice's token
+// with its slot.
+
+LogicalResult MoeDispatchOp::buildGradient(OpBuilder &builder,
+                                           ValueRange grads,
+                                           SmallVectorImpl<Value> &out) {
+  return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
+    out.push_back(MoeCombineOp::create(h.b, h.loc, g, getExperts(),
+                                       getSlots(), getWeights()));
+    out.append(2, Value());
+    out.push_back(MoeWeightsGradOp::create(h.b, h.loc, getInput(), g,
+                                           getExperts(), getSlots()));
+  });
+}
+
+LogicalResult MoeCombineOp::buildGradient(OpBuilder &builder, ValueRange grads,
+                                          SmallVectorImpl<Value> &out) {
+  return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
+    auto buffers = typeOf(getInput());
+    out.push_back(MoeDispatchOp::create(
+        h.b, h.loc, g, getExperts(), getSlots(), getWeights(),
+        buffers.getDimSize(0), buffers.getDimSize(2)));
+    out.append(2, Value());
+    out.push_back(MoeWeightsGradOp::create(h.b, h.loc, g, getInput(),
+                                           getExperts(), getSlots()));
+  });
+}
+
 /// The value gradients go back to where they were taken from: compare each
 /// index with every position along the axis and sum over k.
 LogicalResult TopkOp::buildGradient(OpBuilder &builder, ValueRange grads,

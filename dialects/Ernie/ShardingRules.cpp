@@ -370,6 +370,75 @@ OpShardingRule TopkOp::getShardingRule() {
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts.
+//===----------------------------------------------------------------------===//
+
+// Groups split freely: each has its own slots. Within a group the tokens,
+// the k choices, the experts and the capacity stay whole (a slot counts
+// every earlier choice of the group, and a token may go to any expert);
+// hidden splits (every element moves alone). Sharding the buffers by
+// experts is a reshard away from these rules: the all-to-all.
+
+namespace {
+/// The factors every MoE op shares: groups on `groups` and dimension 0 of
+/// the [groups, tokens, k] `choices` operands; tokens (dimension 1 of the
+/// choices and `tokens`) and k (dimension 2 and `ks`) replicated.
+void choiceFactors(RuleBuilder &b, ArrayRef<unsigned> choices,
+                   SmallVector<DimRef> groups, SmallVector<DimRef> tokens,
+                   SmallVector<DimRef> ks = {}) {
+  for (unsigned i : choices) {
+    groups.push_back(operand(i, 0));
+    tokens.push_back(operand(i, 1));
+    ks.push_back(operand(i, 2));
+  }
+  b.parallel(groups.front(), ArrayRef(groups).drop_front());
+  b.replicated(tokens);
+  b.replicated(ks);
+}
+} // namespace
+
+OpShardingRule MoeRouteOp::getShardingRule() {
+  RuleBuilder b(*this);
+  b.parallel(operand(0, 0), {result(0, 0)});
+  b.replicated({operand(0, 1), result(0, 1)});
+  b.replicated({operand(0, 2), result(0, 2)});
+  return b.take();
+}
+
+/// input [G, T, H]; experts, slots, weights [G, T, k] -> [E, G, C, H].
+OpShardingRule MoeDispatchOp::getShardingRule() {
+  RuleBuilder b(*this);
+  choiceFactors(b, {1, 2, 3}, {operand(0, 0), result(0, 1)}, {operand(0, 1)});
+  b.parallel(operand(0, 2), {result(0, 3)});
+  b.replicated(result(0, 0));
+  b.replicated(result(0, 2));
+  return b.take();
+}
+
+/// input [E, G, C, H]; experts, slots, weights [G, T, k] -> [G, T, H].
+OpShardingRule MoeCombineOp::getShardingRule() {
+  RuleBuilder b(*this);
+  choiceFactors(b, {1, 2, 3}, {operand(0, 1), result(0, 0)}, {result(0, 1)});
+  b.parallel(operand(0, 3), {result(0, 2)});
+  b.replicated(operand(0, 0));
+  b.replicated(operand(0, 2));
+  return b.take();
+}
+
+/// tokens [G, T, H], buffers [E, G, C, H], experts, slots [G, T, k] ->
+/// [G, T, k]: a split hidden leaves partial sums.
+OpShardingRule MoeWeightsGradOp::getShardingRule() {
+  RuleBuilder b(*this);
+  choiceFactors(b, {2, 3}, {operand(0, 0), operand(1, 1), result(0, 0)},
+                {operand(0, 1), result(0, 1)}, {result(0, 2)});
+  b.add(b.dimSize(operand(0, 2)), FactorKind::Reduction,
+        {operand(0, 2), operand(1, 3)}, ReduceKind::sum);
+  b.replicated(operand(1, 0));
+  b.replicated(operand(1, 2));
+  return b.take();
+}
+
+//===----------------------------------------------------------------------===//
 // Transformer ops.
 //===----------------------------------------------------------------------===//
 

@@ -201,6 +201,14 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, epsilon=1e-5) -> Tensor:
 # Transformer pieces
 # ---------------------------------------------------------------------------
 
+def topk(x: Tensor, k: int, axis=-1, largest=True):
+    """(values, i64 indices) of the k largest (smallest) entries along
+    `axis`, sorted; ties keep the lower index first."""
+    values, indices = record("ernie.topk", [x], {"k": int(k), "axis": axis % x.ndim,
+                                                 "largest": bool(largest)})
+    return values, indices
+
+
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     return _one("ernie.embedding", [ids, weight])
 
@@ -222,6 +230,30 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal=False, scale=None) -> Tens
 def cross_entropy(logits: Tensor, labels: Tensor, reduction="mean", ignore_index=-100) -> Tensor:
     return _one("ernie.cross_entropy", [logits, labels],
                 {"reduction": reduction, "ignore_index": ignore_index})
+
+
+# ---------------------------------------------------------------------------
+# Mixture of experts (tokens in groups: [groups, tokens, ...])
+# ---------------------------------------------------------------------------
+
+def moe_route(experts: Tensor, num_experts: int, capacity: int) -> Tensor:
+    """Each choice's slot in its expert's buffer of its group, -1 when the
+    expert is full (choice rank first, then tokens in order)."""
+    return _one("ernie.moe_route", [experts],
+                {"num_experts": int(num_experts), "capacity": int(capacity)})
+
+
+def moe_dispatch(x: Tensor, experts: Tensor, slots: Tensor, weights: Tensor,
+                 num_experts: int, capacity: int) -> Tensor:
+    """x [groups, tokens, hidden] into buffers [num_experts, groups,
+    capacity, hidden], each copy scaled by its weight."""
+    return _one("ernie.moe_dispatch", [x, experts, slots, weights],
+                {"num_experts": int(num_experts), "capacity": int(capacity)})
+
+
+def moe_combine(y: Tensor, experts: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
+    """The weighted sum of each token's kept expert outputs."""
+    return _one("ernie.moe_combine", [y, experts, slots, weights])
 
 
 # ---------------------------------------------------------------------------

@@ -110,6 +110,7 @@ static const cpu::Registry &cpuRegistry() {
     cpu::registerElementwiseKernels(r);
     cpu::registerLinalgKernels(r);
     cpu::registerShapeKernels(r);
+    cpu::registerMoeKernels(r);
     cpu::registerIndexingKernels(r);
     cpu::registerTransformerKernels(r);
     cpu::registerOptimizerKernels(r);

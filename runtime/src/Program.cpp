@@ -489,6 +489,79 @@ void checkTopk(OpCheck &c) {
   c.is(c.out(1), "the indices", shape, DType::I64);
 }
 
+/// The [groups, tokens, k] choices of an MoE op: `choices` are index
+/// buffers of one shape, `weights` (when given) float of the same shape.
+void checkChoices(OpCheck &c, std::initializer_list<size_t> choices,
+                  const BufferSpec *weights) {
+  const BufferSpec &first = c.in(*choices.begin());
+  c.indices(first, "the experts");
+  c.require(c.rankOf(first) == 3, "the experts must be [groups, tokens, k], "
+                                  "not " + typeString(first));
+  for (size_t i : choices) {
+    c.indices(c.in(i), "the slots");
+    c.sameShape(c.in(i), "the slots", first, "the experts");
+  }
+  if (weights) {
+    c.floats(*weights, "the weights");
+    c.sameShape(*weights, "the weights", first, "the experts");
+  }
+}
+
+/// Buffers [experts, groups, capacity, hidden] of `choices`' groups.
+void checkExpertBuffers(OpCheck &c, const BufferSpec &b, const char *what,
+                        const BufferSpec &choices) {
+  c.floats(b, what);
+  c.require(c.rankOf(b) == 4 && b.shape[1] == choices.shape[0] &&
+                b.shape[0] >= choices.shape[2],
+            std::string(what) + " must be [experts >= k, groups = " +
+                std::to_string(choices.shape[0]) +
+                ", capacity, hidden], not " + typeString(b));
+}
+
+void checkMoeRoute(OpCheck &c) {
+  checkChoices(c, {0}, nullptr);
+  const BufferSpec &e = c.in(0);
+  int64_t experts = c.integer("num_experts"), capacity = c.integer("capacity");
+  c.require(experts >= e.shape[2] && capacity >= 1,
+            "num_experts = " + std::to_string(experts) + " and capacity = " +
+                std::to_string(capacity) + " must be >= k = " +
+                std::to_string(e.shape[2]) + " and >= 1");
+  c.is(c.out(0), "the slots", e.shape, DType::I64);
+}
+
+void checkMoeDispatch(OpCheck &c) {
+  checkChoices(c, {1, 2}, &c.in(3));
+  const BufferSpec &x = c.in(0), &e = c.in(1);
+  c.floats(x, "the input");
+  c.require(c.rankOf(x) == 3 && x.shape[0] == e.shape[0] &&
+                x.shape[1] == e.shape[1],
+            "the input must be [groups, tokens, hidden] like the experts " +
+                typeString(e) + ", not " + typeString(x));
+  c.require(c.in(3).type == x.type, "the weights " + typeString(c.in(3)) +
+                                        " must have the input's type");
+  checkExpertBuffers(c, c.out(0), "the result", e);
+  c.require(c.out(0).type == x.type && c.out(0).shape[3] == x.shape[2],
+            "the result " + typeString(c.out(0)) +
+                " must hold the input's hidden size and type");
+}
+
+void checkMoeCombine(OpCheck &c) {
+  checkChoices(c, {1, 2}, &c.in(3));
+  const BufferSpec &y = c.in(0), &e = c.in(1);
+  checkExpertBuffers(c, y, "the input", e);
+  c.require(c.in(3).type == y.type, "the weights " + typeString(c.in(3)) +
+                                        " must have the input's type");
+  c.is(c.out(0), "the result", {e.shape[0], e.shape[1], y.shape[3]}, y.type);
+}
+
+void checkMoeWeightsGrad(OpCheck &c) {
+  checkChoices(c, {2, 3}, nullptr);
+  const BufferSpec &a = c.in(0), &b = c.in(1), &e = c.in(2);
+  checkExpertBuffers(c, b, "the buffers", e);
+  c.is(a, "the tokens", {e.shape[0], e.shape[1], b.shape[3]}, b.type);
+  c.is(c.out(0), "the result", e.shape, b.type);
+}
+
 void checkRope(OpCheck &c) {
   const BufferSpec &x = c.in(0), &pos = c.in(1);
   c.floats(x, "the input");
@@ -682,6 +755,10 @@ const KernelSignature kKernelSignatures[] = {
     {"ernie.embedding", 2, 1, checkEmbedding},
     {"ernie.index_add", 3, 1, checkIndexAdd},
     {"ernie.topk", 1, 2, checkTopk},
+    {"ernie.moe_route", 1, 1, checkMoeRoute},
+    {"ernie.moe_dispatch", 4, 1, checkMoeDispatch},
+    {"ernie.moe_combine", 4, 1, checkMoeCombine},
+    {"ernie.moe_weights_grad", 4, 1, checkMoeWeightsGrad},
     {"ernie.rope", 2, 1, checkRope},
     {"ernie.attention", 3, 1, checkAttention},
     {"ernie.attention_grad", 4, 3, checkAttentionGrad},

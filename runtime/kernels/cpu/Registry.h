@@ -33,6 +33,7 @@ void registerShapeKernels(Registry &registry);
 void registerIndexingKernels(Registry &registry);
 void registerTransformerKernels(Registry &registry);
 void registerOptimizerKernels(Registry &registry);
+void registerMoeKernels(Registry &registry);
 
 /// Calls `fn(T{})` with T the C++ type of a float dtype (f32 or f64).
 /// Narrow floats never get here through findCpuKernel.

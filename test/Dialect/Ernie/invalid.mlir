@@ -823,3 +823,59 @@ func.func @pipeline_stages_without_param(%b: tensor<8xf32> {ernie.pipeline_stage
 func.func @shared_stages_without_param(%b: tensor<8xf32> {ernie.shared_stages = array<i64: 0, 1>}) {
   return
 }
+
+// -----
+
+func.func @moe_topk_above_experts(%e: tensor<2x16x4xi64>) {
+  // expected-error @+1 {{top-4 routing needs at least 4 experts, num_experts is 2}}
+  %0 = ernie.moe_route %e {num_experts = 2, capacity = 4} : tensor<2x16x4xi64> -> tensor<2x16x4xi64>
+  return
+}
+
+// -----
+
+func.func @moe_route_rank(%e: tensor<16x2xi64>) {
+  // expected-error @+1 {{'experts' must be [groups, tokens, k], got 'tensor<16x2xi64>'}}
+  %0 = ernie.moe_route %e {num_experts = 8, capacity = 4} : tensor<16x2xi64> -> tensor<16x2xi64>
+  return
+}
+
+// -----
+
+func.func @moe_route_capacity(%e: tensor<2x16x2xi64>) {
+  // expected-error @+1 {{attribute 'capacity' failed to satisfy constraint}}
+  %0 = ernie.moe_route %e {num_experts = 8, capacity = 0} : tensor<2x16x2xi64> -> tensor<2x16x2xi64>
+  return
+}
+
+// -----
+
+func.func @moe_dispatch_slots(%x: tensor<2x16x32xf32>, %e: tensor<2x16x2xi64>, %s: tensor<2x8x2xi64>, %w: tensor<2x16x2xf32>) {
+  // expected-error @+1 {{'slots' must be [2, 16, 2] like the expert choices, got [2, 8, 2]}}
+  %0 = ernie.moe_dispatch %x, %e, %s, %w {num_experts = 8, capacity = 4} : tensor<2x16x32xf32>, tensor<2x16x2xi64>, tensor<2x8x2xi64>, tensor<2x16x2xf32> -> tensor<8x2x4x32xf32>
+  return
+}
+
+// -----
+
+func.func @moe_dispatch_tokens(%x: tensor<2x8x32xf32>, %e: tensor<2x16x2xi64>, %w: tensor<2x16x2xf32>) {
+  // expected-error @+1 {{input must be [groups, tokens, hidden] = [2, 16] x hidden like the choices, got 'tensor<2x8x32xf32>'}}
+  %0 = ernie.moe_dispatch %x, %e, %e, %w {num_experts = 8, capacity = 4} : tensor<2x8x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf32> -> tensor<8x2x4x32xf32>
+  return
+}
+
+// -----
+
+func.func @moe_combine_groups(%y: tensor<8x4x4x32xf32>, %e: tensor<2x16x2xi64>, %w: tensor<2x16x2xf32>) {
+  // expected-error @+1 {{'input' has 4 groups, the choices 2}}
+  %0 = ernie.moe_combine %y, %e, %e, %w : tensor<8x4x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf32> -> tensor<2x16x32xf32>
+  return
+}
+
+// -----
+
+func.func @moe_combine_weights(%y: tensor<8x2x4x32xf32>, %e: tensor<2x16x2xi64>, %w: tensor<2x16x2xf64>) {
+  // expected-error @+1 {{weights must have the input's element type 'f32'}}
+  %0 = ernie.moe_combine %y, %e, %e, %w : tensor<8x2x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf64> -> tensor<2x16x32xf32>
+  return
+}

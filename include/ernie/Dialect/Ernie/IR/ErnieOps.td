@@ -634,6 +634,111 @@ def Ernie_TopkOp : Ernie_InferredOp<"topk", [DeclareOpInterfaceMethods<Ernie_Sha
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts: routing with a capacity, dispatch and combine.
+//
+// Tokens come in groups, `[groups, tokens, ...]`; each group has its own
+// capacity of `capacity` slots per expert, and the expert buffers are
+// `[experts, groups, capacity, hidden]`. Groups are independent, so
+// sharding the group dimension (one group per data-parallel rank, Paddle's
+// per-rank capacity) splits the work without changing what is dropped, and
+// moving the buffers' sharding from groups to experts is the all-to-all of
+// expert parallelism.
+//===----------------------------------------------------------------------===//
+
+def Ernie_MoeRouteOp : Ernie_InferredOp<"moe_route", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "capacity slots of top-k expert choices";
+  let description = [{
+    `experts` `[groups, tokens, k]` holds each token's chosen experts in
+    `[0, num_experts)`. The result gives each choice its slot in its
+    expert's buffer of the same group: choices are taken choice rank first
+    (every token's first choice, then every second choice, as GShard does),
+    tokens in order, and a choice gets the number of earlier choices of its
+    expert in its group. A slot of `capacity` or more is dropped: -1.
+
+    ```mlir
+    %slots = ernie.moe_route %experts {num_experts = 8, capacity = 4} : tensor<2x16x2xi64> -> tensor<2x16x2xi64>
+    ```
+  }];
+  let arguments = (ins Ernie_IndexTensor:$experts,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$num_experts,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$capacity);
+  let results = (outs Ernie_I64Tensor:$slots);
+  let assemblyFormat = [{
+    $experts attr-dict `:` type($experts) `->` type($slots)
+  }];
+}
+
+def Ernie_MoeDispatchOp : Ernie_InferredOp<"moe_dispatch", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "scatter tokens into their experts' capacity buffers";
+  let description = [{
+    Starting from zeros, `result[experts[g, t, j], g, slots[g, t, j], :] +=
+    weights[g, t, j] * input[g, t, :]` for every kept choice (slot >= 0;
+    `moe_route`'s slots are distinct, so each slot holds one token or
+    zeros). `input` is `[groups, tokens, hidden]`, `experts`, `slots` and
+    `weights` `[groups, tokens, k]`, the result `[num_experts, groups,
+    capacity, hidden]`. Plain dispatch passes weights of one; the weighted
+    form is `moe_combine`'s gradient.
+
+    ```mlir
+    %buf = ernie.moe_dispatch %x, %experts, %slots, %ones {num_experts = 8, capacity = 4} : tensor<2x16x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf32> -> tensor<8x2x4x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_IndexTensor:$experts,
+                       Ernie_IndexTensor:$slots, Ernie_FloatTensor:$weights,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$num_experts,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$capacity);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $experts `,` $slots `,` $weights attr-dict `:` type($input) `,`
+    type($experts) `,` type($slots) `,` type($weights) `->` type($result)
+  }];
+}
+
+def Ernie_MoeCombineOp : Ernie_InferredOp<"moe_combine", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "the weighted sum of each token's expert outputs";
+  let description = [{
+    `result[g, t, :] = sum_j weights[g, t, j] * input[experts[g, t, j], g,
+    slots[g, t, j], :]` over the kept choices (a dropped choice adds
+    nothing). `input` is `[experts, groups, capacity, hidden]`; `experts`,
+    `slots` and `weights` `[groups, tokens, k]`; the result `[groups,
+    tokens, hidden]`. The transpose of `moe_dispatch`.
+
+    ```mlir
+    %y = ernie.moe_combine %out, %experts, %slots, %w : tensor<8x2x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf32> -> tensor<2x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_IndexTensor:$experts,
+                       Ernie_IndexTensor:$slots, Ernie_FloatTensor:$weights);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $experts `,` $slots `,` $weights attr-dict `:` type($input) `,`
+    type($experts) `,` type($slots) `,` type($weights) `->` type($result)
+  }];
+}
+
+def Ernie_MoeWeightsGradOp : Ernie_InferredOp<"moe_weights_grad", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "the gradient of dispatch's or combine's weights";
+  let description = [{
+    `result[g, t, j] = sum_h tokens[g, t, h] * buffers[experts[g, t, j], g,
+    slots[g, t, j], h]` for kept choices, zero for dropped ones: the
+    gradient of `moe_combine`'s weights (tokens = the result's gradient,
+    buffers = its input) and of `moe_dispatch`'s (tokens = its input,
+    buffers = the result's gradient).
+
+    ```mlir
+    %dw = ernie.moe_weights_grad %dy, %out, %experts, %slots : tensor<2x16x32xf32>, tensor<8x2x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64> -> tensor<2x16x2xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$tokens, Ernie_FloatTensor:$buffers,
+                       Ernie_IndexTensor:$experts, Ernie_IndexTensor:$slots);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $tokens `,` $buffers `,` $experts `,` $slots attr-dict `:` type($tokens)
+    `,` type($buffers) `,` type($experts) `,` type($slots) `->` type($result)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
 // Transformer ops.
 //===----------------------------------------------------------------------===//
 

@@ -1,0 +1,215 @@
+"""Mixture of experts: ERNIE 4.5's top-k routed layer.
+
+A token's router logits are an f32 `Linear(hidden, E, bias=False)`; the
+softmax over experts plus a selection-only bias (`e_score_correction_bias`,
+Paddle's aux-free balancing) chooses k experts; the chosen probabilities,
+renormalised (the sum clamped below at `norm_min`), weight the experts'
+SwiGLU outputs. Shared experts (one SwiGLU of width `intermediate *
+num_shared_experts`) see every token.
+
+Tokens are routed in groups (`ernie.moe_route`): `[groups, tokens, ...]`,
+each group with `capacity = int(capacity_factor * tokens_per_group * k /
+E)` slots per expert (dropless when `capacity_factor` is None: a slot for
+every token). A group is by default one data-parallel rank's tokens, the
+capacity Paddle computes per rank; `set_token_groups` fixes the count so
+that one program and another (a single rank and a plan) drop the same
+tokens. Expert weights are stacked, `[E, in, out]`, so that an `ep`
+placement splits dimension 0 and the buffers' move from groups to experts
+is the all-to-all of expert parallelism.
+
+Losses, each with its coefficient in `MoEConfig` (0 leaves it out): the
+load-balancing loss `E * sum_e mean_t(p_te) * count_e / T` (counts of the
+choices made, not differentiated), the orthogonal loss on the router's
+normalised expert vectors `||Wn^T Wn - I||_F^2 / E^2`, and the router
+z-loss `mean_t logsumexp(logits_t)^2`. `MoELayer.forward` returns the
+output and the weighted sum of its losses; the model adds them to its loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import functional as F
+from .nn import Module, parameter
+
+_NUMPY = {"f32": np.float32, "f64": np.float64}
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int
+    k: int
+    intermediate_size: int
+    num_shared_experts: int = 0
+    capacity_factor: float | None = None  # None: dropless
+    norm_min: float = 1e-12
+    aux_loss_coef: float = 0.0
+    orthogonal_loss_coef: float = 0.0
+    z_loss_coef: float = 0.0
+
+    def __post_init__(self):
+        if self.k < 1 or self.k > self.num_experts:
+            raise ValueError(f"moe_k = {self.k} must be in [1, moe_num_experts = "
+                             f"{self.num_experts}]")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+
+
+def capacity(cfg: MoEConfig, tokens_per_group: int, where: str = "MoE layer") -> int:
+    """Slots per expert and group."""
+    if cfg.capacity_factor is None:
+        return tokens_per_group
+    c = int(cfg.capacity_factor * tokens_per_group * cfg.k / cfg.num_experts)
+    if c < 1:
+        raise ValueError(f"{where}: capacity_factor {cfg.capacity_factor} x {tokens_per_group} "
+                         f"tokens x k = {cfg.k} / {cfg.num_experts} experts gives a capacity of "
+                         f"0: every token would be dropped")
+    return min(c, tokens_per_group)
+
+
+def _normal(rng, shape, std, dtype):
+    from .tensor import ERNIE_TO_NUMPY
+    return lambda: rng.normal(0, std, size=shape).astype(ERNIE_TO_NUMPY.get(dtype, "float32"))
+
+
+class _Stack(Module):
+    """`gate_proj`, `up_proj`, `down_proj` of E experts, stacked: weights
+    [E, in, out]."""
+
+    def __init__(self, experts, hidden, inter, dtype, rng, std):
+        super().__init__()
+        self.gate_proj = _Weight((experts, hidden, inter), dtype, rng, std)
+        self.up_proj = _Weight((experts, hidden, inter), dtype, rng, std)
+        self.down_proj = _Weight((experts, inter, hidden), dtype, rng, std)
+
+
+class _Weight(Module):
+    def __init__(self, shape, dtype, rng, std):
+        super().__init__()
+        self.weight = parameter(shape, dtype, _normal(rng, shape, std, dtype))
+
+
+class SwiGLU(Module):
+    """down(silu(x @ gate) * (x @ up)), weights [in, out]."""
+
+    def __init__(self, hidden, inter, dtype, rng, std):
+        super().__init__()
+        self.gate_proj = _Weight((hidden, inter), dtype, rng, std)
+        self.up_proj = _Weight((hidden, inter), dtype, rng, std)
+        self.down_proj = _Weight((inter, hidden), dtype, rng, std)
+
+    def forward(self, x):
+        gate = F.matmul(x, self.gate_proj.p("weight"))
+        up = F.matmul(x, self.up_proj.p("weight"))
+        return F.matmul(F.silu(gate) * up, self.down_proj.p("weight"))
+
+
+class MoELayer(Module):
+    """ERNIE 4.5's MoE MLP. Parameters (Hugging Face's names where they
+    exist): `gate.weight` [hidden, E] (f32, the router),
+    `experts.{gate,up,down}_proj.weight` [E, in, out] (Hugging Face keeps
+    one tensor per expert, `experts.<e>.gate_proj.weight` [out, in]),
+    `shared_experts.{gate,up,down}_proj.weight`. The selection bias
+    `moe_statics.e_score_correction_bias` is not trained: it is
+    `self.e_score_correction_bias` (numpy [E]) and enters the program as a
+    constant."""
+
+    def __init__(self, hidden, cfg: MoEConfig, dtype="f32", rng=None, std=0.02, name="MoE layer"):
+        super().__init__()
+        rng = rng or np.random.default_rng(0)
+        self.cfg, self.dtype, self.where = cfg, dtype, name
+        e, inter = cfg.num_experts, cfg.intermediate_size
+        # The router computes in f32 (f64 in an f64 model) whatever the
+        # model's dtype, as ERNIE's and Hugging Face's do.
+        self.router_dtype = "f64" if dtype == "f64" else "f32"
+        self.gate = _Weight((hidden, e), self.router_dtype, rng, std)
+        self.experts = _Stack(e, hidden, inter, dtype, rng, std)
+        if cfg.num_shared_experts:
+            self.shared_experts = SwiGLU(hidden, inter * cfg.num_shared_experts, dtype, rng, std)
+        self.e_score_correction_bias = np.zeros(e, np.float32)
+        self.token_groups = 1
+        # What the last trace routed (for tests and reports): dropped count.
+        self.last_dropped = None
+
+    def forward(self, x):
+        """x [..., hidden] -> (output like x, weighted losses: an f32 scalar
+        or None)."""
+        cfg, shape = self.cfg, x.shape
+        hidden, tokens = shape[-1], int(np.prod(shape[:-1]))
+        g = self.token_groups
+        if tokens % g:
+            raise ValueError(f"{self.where}: {tokens} tokens do not split into {g} groups")
+        tg, e, k = tokens // g, cfg.num_experts, cfg.k
+        c = capacity(cfg, tg, self.where)
+        h = x.reshape(g, tg, hidden)
+
+        rd = self.router_dtype
+        logits = F.matmul(h.astype(rd) if h.dtype != rd else h, self.gate.p("weight"))
+        probs = F.softmax(logits, -1)
+        bias = F.constant(np.asarray(self.e_score_correction_bias, _NUMPY[rd]).reshape(e))
+        scores = F.stop_gradient(probs) + F.broadcast_to(bias, probs.shape)
+        _, experts = F.topk(scores, k)  # [g, tg, k]
+        chosen = F.compare(F.broadcast_to(experts.reshape(g, tg, k, 1), [g, tg, k, e]),
+                           F.iota([g, tg, k, e], 3), "eq")  # one-hot of each choice
+        zeros = F.full([g, tg, k, e], 0.0, rd)
+        weights = F.sum(F.where(chosen, F.broadcast_to(probs.reshape(g, tg, 1, e),
+                                                       [g, tg, k, e]), zeros), axis=3)
+        norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
+        weights = weights / norm
+
+        slots = F.moe_route(experts, e, c)
+        self.last_dropped = F.sum(F.where(F.compare(slots, -1, "eq"),
+                                          F.full(slots.shape, 1, "i64"),
+                                          F.full(slots.shape, 0, "i64")))
+        ones = F.full([g, tg, k], 1.0, h.dtype)
+        buf = F.moe_dispatch(h, experts, slots, ones, e, c).reshape(e, g * c, hidden)
+        gate = F.matmul(buf, self.experts.gate_proj.p("weight"))
+        up = F.matmul(buf, self.experts.up_proj.p("weight"))
+        y = F.matmul(F.silu(gate) * up, self.experts.down_proj.p("weight"))
+        out = F.moe_combine(y.reshape(e, g, c, hidden), experts, slots,
+                            weights.astype(h.dtype) if h.dtype != rd else weights)
+        if cfg.num_shared_experts:
+            out = out + self.shared_experts(h)
+        return out.reshape(*shape), self._losses(logits, probs, chosen, tokens * 1.0)
+
+    def _losses(self, logits, probs, chosen, tokens):
+        cfg, e, rd = self.cfg, self.cfg.num_experts, self.router_dtype
+        terms = []
+        if cfg.aux_loss_coef:
+            counts = F.sum(F.where(chosen, F.full(chosen.shape, 1.0, rd),
+                                   F.full(chosen.shape, 0.0, rd)), axis=(0, 1, 2))
+            mean_p = F.mean(probs, axis=(0, 1))
+            terms.append(F.sum(mean_p * counts) * (cfg.aux_loss_coef * e / tokens))
+        if cfg.orthogonal_loss_coef:
+            w = self.gate.p("weight")  # [hidden, E]: one column per expert
+            norms = F.maximum(F.sqrt(F.sum(w * w, axis=0, keepdim=True)), 1e-12)
+            wn = w / norms
+            d = F.matmul(wn, wn, transpose_a=True) - F.constant(np.eye(e, dtype=_NUMPY[rd]))
+            terms.append(F.sum(d * d) * (cfg.orthogonal_loss_coef / (e * e)))
+        if cfg.z_loss_coef:
+            top = F.stop_gradient(F.max(logits, axis=-1, keepdim=True))
+            lse = F.log(F.sum(F.exp(logits - top), axis=-1)) + top.reshape(*top.shape[:-1])
+            terms.append(F.mean(lse * lse) * cfg.z_loss_coef)
+        if not terms:
+            return None
+        total = terms[0]
+        for t in terms[1:]:
+            total = total + t
+        return total
+
+
+def moe_layers(model: Module):
+    """Every MoELayer of `model`, with its qualified name."""
+    return [(name, m) for name, m in model.named_sublayers() if isinstance(m, MoELayer)]
+
+
+def set_token_groups(model: Module, groups: int):
+    """Routes every MoE layer's tokens in `groups` groups (each with its own
+    capacity): a plan whose data-parallel ranks hold `groups` shards of the
+    batch drops what a single rank with the same groups drops."""
+    if int(groups) < 1:
+        raise ValueError(f"token groups must be positive, got {groups}")
+    for _, layer in moe_layers(model):
+        layer.token_groups = int(groups)
