@@ -141,12 +141,16 @@ def _global_array(value) -> np.ndarray:
 
 
 def _input_sharding(mesh, value, shape, dp_axis):
+    """Inputs split along dimension 0 over the data-parallel axis, or over
+    each of a list of axes (dp and expert-parallel ones: they all hold
+    different tokens)."""
     if isinstance(value, DistTensor):
         return placements_to_sharding(value.process_mesh, value.placements, shape)
-    if mesh is None or dp_axis is None or not shape:
+    if mesh is None or not dp_axis or not shape:
         return None
     placements = [Replicate()] * mesh.ndim
-    placements[mesh.dim_names.index(dp_axis)] = Shard(0)
+    for axis in [dp_axis] if isinstance(dp_axis, str) else dp_axis:
+        placements[mesh.dim_names.index(axis)] = Shard(0)
     return placements_to_sharding(mesh, placements, shape)
 
 
@@ -764,7 +768,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                              "an optimizer and differentiate=True")
         pipeline = configure_pipeline(model, mesh, plan.get("pp_config") if plan else None)
         _check_micro_batches(example_inputs, pipeline["accumulate_steps"], mesh, dp_axis)
-    traced, trace_state = _trace(model, example_inputs, mesh, dp_axis,
+    batch_axes = (plan.get("batch_axes") if plan else None) or dp_axis
+    traced, trace_state = _trace(model, example_inputs, mesh, batch_axes,
                                  pipeline["accumulate_steps"] if pipeline else 1,
                                  split_points=pipeline is not None,
                                  even_splits=bool(plan and plan.get("even_splits")))

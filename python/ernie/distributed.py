@@ -404,7 +404,9 @@ class RowWiseParallel(PlanBase):
     def apply(self, layer, mesh, mp_axis, name):
         from .nn import Embedding, Linear
         if isinstance(layer, Parameter):
-            _shard_param(layer, mesh, mp_axis, 0)
+            # The input dimension: 0 of a Linear's [in, out], 1 of stacked
+            # experts' [E, in, out].
+            _shard_param(layer, mesh, mp_axis, max(len(layer.shape) - 2, 0))
             return
         if isinstance(layer, Linear):
             _shard_param(layer.weight, mesh, mp_axis, 0)
@@ -552,7 +554,51 @@ def shard_optimizer(optimizer, shard_fn=None):
     return optimizer
 
 
-_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "fp8_config", "even_splits"}
+_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "fp8_config", "even_splits"}
+
+
+def _configure_experts(model, mesh, ep, plan_state):
+    """ep_config: the MoE layers' experts split over `axis` (a mesh
+    dimension or a list of them; default "ep"). Tokens are split over the
+    data-parallel axis and the expert axes alike (an expert axis that is
+    the dp / ZeRO axis is Paddle's ep_degree == sharding_degree), and each
+    MoE layer routes one group per token shard (`token_groups` overrides
+    the count)."""
+    from .moe import moe_layers, set_token_groups
+    if not isinstance(ep, dict):
+        raise TypeError("ep_config is a dict (axis, token_groups)")
+    unknown = set(ep) - {"axis", "token_groups"}
+    if unknown:
+        raise ValueError(f"unknown ep_config keys {sorted(unknown)} (known: axis, token_groups)")
+    axes = ep.get("axis", "ep")
+    axes = [axes] if isinstance(axes, str) else list(axes)
+    for a in axes:
+        if a not in mesh.dim_names:
+            raise ValueError(f"ep_config: the expert axis {a!r} is not a mesh dimension (the "
+                             f"mesh has {mesh.dim_names})")
+    layers = moe_layers(model)
+    if not layers:
+        raise ValueError("ep_config: the model has no MoE layer (ernie.moe.MoELayer)")
+    degree = int(np.prod([mesh.get_dim_size(a) for a in axes]))
+    batch_axes = [plan_state["dp_axis"]] if plan_state["dp_axis"] else []
+    batch_axes += [a for a in axes if a not in batch_axes]
+    shards = int(np.prod([mesh.get_dim_size(a) for a in batch_axes]))
+    groups = ep.get("token_groups", shards)
+    if not isinstance(groups, int) or groups < 1 or groups % shards:
+        raise ValueError(f"ep_config.token_groups = {groups!r} must be a positive multiple of "
+                         f"the {shards} token shards ({' x '.join(batch_axes)})")
+    set_token_groups(model, groups)
+    for name, layer in layers:
+        experts = layer.cfg.num_experts
+        if experts % degree:
+            raise ValueError(f"{name}: {experts} experts do not split over ep = {degree} "
+                             f"({' x '.join(axes)})")
+        for _, p in layer.experts.named_parameters():
+            for a in axes:
+                _shard_param(p, mesh, a, 0)
+        layer.expert_axes = list(axes)
+        layer.group_axes = [a for a in batch_axes if a not in axes]
+    plan_state["batch_axes"] = batch_axes
 
 
 def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None):
@@ -631,6 +677,10 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
                     if not isinstance(plan, PlanBase):
                         raise TypeError(f"parallelize_plan[{key!r}] holds {plan!r}, not a plan")
                     plan.apply(target, mesh, "mp", name)
+
+    ep = config.get("ep_config")
+    if ep is not None:
+        _configure_experts(model, mesh, ep, plan_state)
 
     if config.get("fp8_config") is not None:
         if not isinstance(config["fp8_config"], dict):

@@ -35,6 +35,9 @@ from . import functional as F
 from .nn import Module, parameter
 
 _NUMPY = {"f32": np.float32, "f64": np.float64}
+# Above parameter placements (0), as sequence parallelism's constraints: the
+# buffers move to the experts, not the experts to the tokens.
+_EP_PRIORITY = 0
 
 
 @dataclass
@@ -130,6 +133,9 @@ class MoELayer(Module):
             self.shared_experts = SwiGLU(hidden, inter * cfg.num_shared_experts, dtype, rng, std)
         self.e_score_correction_bias = np.zeros(e, np.float32)
         self.token_groups = 1
+        # Set by ep_config: the mesh axes the experts split over, and the
+        # other axes that split the tokens (the buffers' groups).
+        self.expert_axes, self.group_axes = [], []
         # What the last trace routed (for tests and reports): dropped count.
         self.last_dropped = None
 
@@ -164,15 +170,37 @@ class MoELayer(Module):
                                           F.full(slots.shape, 1, "i64"),
                                           F.full(slots.shape, 0, "i64")))
         ones = F.full([g, tg, k], 1.0, h.dtype)
-        buf = F.moe_dispatch(h, experts, slots, ones, e, c).reshape(e, g * c, hidden)
+        buf = self._by_experts(self._by_tokens(F.moe_dispatch(h, experts, slots, ones, e, c)))
+        buf = buf.reshape(e, g * c, hidden)
         gate = F.matmul(buf, self.experts.gate_proj.p("weight"))
         up = F.matmul(buf, self.experts.up_proj.p("weight"))
         y = F.matmul(F.silu(gate) * up, self.experts.down_proj.p("weight"))
-        out = F.moe_combine(y.reshape(e, g, c, hidden), experts, slots,
+        y = self._by_tokens(self._by_experts(y.reshape(e, g, c, hidden)))
+        out = F.moe_combine(y, experts, slots,
                             weights.astype(h.dtype) if h.dtype != rd else weights)
         if cfg.num_shared_experts:
             out = out + self.shared_experts(h)
         return out.reshape(*shape), self._losses(logits, probs, chosen, tokens * 1.0)
+
+    # Expert parallelism: the buffers [E, groups, capacity, hidden] leave
+    # dispatch split by groups over every token axis, as the tokens are, and
+    # the experts compute on them split by experts (and by groups over the
+    # token axes that are not expert axes). Pinning both sides makes the
+    # reshard between them the all-to-all, and keeps propagation from
+    # gathering the tokens instead.
+
+    def _by_tokens(self, buffers):
+        if not self.expert_axes:
+            return buffers
+        dims = [[], list(self.group_axes) + [a for a in self.expert_axes
+                                             if a not in self.group_axes], [], []]
+        return F.sharding_constraint(buffers, ("mesh", dims, []), _EP_PRIORITY)
+
+    def _by_experts(self, buffers):
+        if not self.expert_axes:
+            return buffers
+        dims = [list(self.expert_axes), list(self.group_axes), [], []]
+        return F.sharding_constraint(buffers, ("mesh", dims, []), _EP_PRIORITY)
 
     def _losses(self, logits, probs, chosen, tokens):
         cfg, e, rd = self.cfg, self.cfg.num_experts, self.router_dtype

@@ -1,0 +1,229 @@
+"""ERNIE 4.5 (Hugging Face's Ernie4_5 and Ernie4_5_Moe architectures).
+
+A Llama-shaped decoder — RMSNorm, grouped-query causal attention, SwiGLU,
+no biases — with ERNIE's interleaved rotary pairs (2i, 2i + 1) and, in
+`Ernie4_5_MoeForCausalLM`, mixture-of-experts MLPs (`ernie.moe.MoELayer`)
+on the layers Hugging Face makes MoE: layer i (from 0) when `(i + 1) %
+moe_layer_interval == 0` and `moe_layer_start_index <= i <=
+moe_layer_end_index` (-1: the last layer); a dense SwiGLU of
+`intermediate_size` elsewhere.
+
+Parameter names are Hugging Face's (`model.embed_tokens.weight`,
+`model.layers.N.self_attn.{q,k,v,o}_proj.weight`,
+`model.layers.N.mlp.gate.weight`, `model.layers.N.mlp.shared_experts.*`,
+`model.norm.weight`, `lm_head.weight`), with ernie's [in, out] Linears
+and the experts stacked: `model.layers.N.mlp.experts.gate_proj.weight` is
+[E, hidden, moe_intermediate_size], Hugging Face's
+`mlp.experts.<e>.gate_proj.weight` [moe_intermediate_size, hidden]
+transposed, for each e.
+
+The logits are cast to f32 before the loss (as Hugging Face and Megatron
+compute a bf16 model's cross-entropy); the router and its softmax run in
+f32. The model returns the mean cross-entropy of `labels` (already
+shifted, Paddle's pretraining criterion) plus the MoE layers' weighted
+auxiliary losses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .. import functional as F
+from ..moe import MoEConfig, MoELayer, SwiGLU
+from ..nn import Embedding, LayerList, Module, RMSNorm
+from .llama import _linear
+
+
+@dataclass
+class Ernie4_5Config:
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    tie_word_embeddings: bool = True
+    # Mixture of experts (moe_num_experts = 0: the dense Ernie4_5).
+    moe_num_experts: int = 0
+    moe_k: int = 2
+    moe_num_shared_experts: int = 0
+    moe_intermediate_size: int = 64
+    moe_layer_start_index: int = 1
+    moe_layer_end_index: int = -1
+    moe_layer_interval: int = 1
+    moe_norm_min: float = 1e-12
+    moe_capacity_factor: float | None = None  # None: dropless (Hugging Face's)
+    router_aux_loss_coef: float = 0.0
+    router_orthogonal_loss_coef: float = 0.0
+    router_z_loss_coef: float = 0.0
+    initializer_range: float = 0.02
+    dtype: str = "f32"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError("hidden_size must be a multiple of num_attention_heads "
+                                 "(or give head_dim)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.moe_num_experts:
+            self.moe_config()  # checks k against the experts
+
+    def moe_config(self) -> MoEConfig:
+        return MoEConfig(num_experts=self.moe_num_experts, k=self.moe_k,
+                         intermediate_size=self.moe_intermediate_size,
+                         num_shared_experts=self.moe_num_shared_experts,
+                         capacity_factor=self.moe_capacity_factor, norm_min=self.moe_norm_min,
+                         aux_loss_coef=self.router_aux_loss_coef,
+                         orthogonal_loss_coef=self.router_orthogonal_loss_coef,
+                         z_loss_coef=self.router_z_loss_coef)
+
+    def is_moe_layer(self, i: int) -> bool:
+        end = self.moe_layer_end_index
+        end = self.num_hidden_layers - 1 if end == -1 else end
+        return (self.moe_num_experts > 0 and (i + 1) % self.moe_layer_interval == 0
+                and self.moe_layer_start_index <= i <= end)
+
+    @classmethod
+    def from_json(cls, path_or_dict, **overrides):
+        """The fields of a Hugging Face config.json (a path or a dict) this
+        model computes; `torch_dtype` becomes `dtype`. A field that would
+        make another model (biases, another activation) is a ValueError."""
+        hf = path_or_dict
+        if not isinstance(hf, dict):
+            with open(path_or_dict) as f:
+                hf = json.load(f)
+        for key, want in (("hidden_act", "silu"), ("use_bias", False)):
+            if hf.get(key, want) != want:
+                raise ValueError(f"config.json: {key} = {hf[key]!r} is not supported (ernie's "
+                                 f"Ernie4_5 has {want!r})")
+        names = {f.name for f in fields(cls)}
+        out = {k: v for k, v in hf.items() if k in names}
+        if "torch_dtype" in hf and "dtype" not in overrides:
+            out["dtype"] = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}.get(
+                hf["torch_dtype"], "f32")
+        out.update(overrides)
+        return cls(**out)
+
+
+class Ernie4_5Attention(Module):
+    def __init__(self, cfg: Ernie4_5Config, rng):
+        super().__init__()
+        self.cfg = cfg
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = _linear(cfg, rng, cfg.hidden_size, hq * d)
+        self.k_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
+        self.v_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
+        self.o_proj = _linear(cfg, rng, hq * d, cfg.hidden_size)
+
+    def forward(self, x, positions):
+        cfg = self.cfg
+        b, s, _ = x.shape
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = F.rope(self.q_proj(x).reshape(b, s, hq, d), positions, cfg.rope_theta,
+                   interleaved=True)
+        k = F.rope(self.k_proj(x).reshape(b, s, hkv, d), positions, cfg.rope_theta,
+                   interleaved=True)
+        out = F.attention(q, k, self.v_proj(x).reshape(b, s, hkv, d), causal=True)
+        return self.o_proj(out.reshape(b, s, hq * d))
+
+
+class Ernie4_5DecoderLayer(Module):
+    def __init__(self, cfg: Ernie4_5Config, index: int, rng):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = Ernie4_5Attention(cfg, rng)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.is_moe = cfg.is_moe_layer(index)
+        if self.is_moe:
+            self.mlp = MoELayer(cfg.hidden_size, cfg.moe_config(), cfg.dtype, rng,
+                                cfg.initializer_range, name=f"model.layers.{index}.mlp")
+        else:
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, rng,
+                              cfg.initializer_range)
+
+    def forward(self, x, positions):
+        """(x, the MoE layer's weighted losses or None)."""
+        x = x + self.self_attn(self.input_layernorm(x), positions)
+        h = self.post_attention_layernorm(x)
+        if not self.is_moe:
+            return x + self.mlp(h), None
+        out, losses = self.mlp(h)
+        return x + out, losses
+
+
+class Ernie4_5Model(Module):
+    def __init__(self, cfg: Ernie4_5Config, rng):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype, rng,
+                                      std=cfg.initializer_range)
+        self.layers = LayerList(Ernie4_5DecoderLayer(cfg, i, rng)
+                                for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+
+    def forward(self, input_ids):
+        """(hidden states, the sum of the MoE layers' losses or None)."""
+        x = self.embed_tokens(input_ids)
+        positions = F.iota([input_ids.shape[1]], 0, "i64")
+        aux = None
+        for layer in self.layers:
+            x, losses = layer(x, positions)
+            if losses is not None:
+                aux = losses if aux is None else aux + losses
+        return self.norm(x), aux
+
+
+class Ernie4_5ForCausalLM(Module):
+    """The dense model, and (with moe_num_experts > 0) the MoE one."""
+
+    def __init__(self, cfg: Ernie4_5Config):
+        super().__init__()
+        rng = np.random.default_rng(cfg.seed)
+        self.config = cfg
+        self.model = Ernie4_5Model(cfg, rng)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, rng, cfg.hidden_size, cfg.vocab_size)
+
+    def forward(self, input_ids, labels=None):
+        h, aux = self.model(input_ids)
+        if self.config.tie_word_embeddings:
+            logits = F.matmul(h, self.model.embed_tokens.p("weight"), transpose_b=True)
+        else:
+            logits = self.lm_head(h)
+        if labels is None:
+            return logits
+        if logits.dtype != "f32" and logits.dtype != "f64":
+            logits = logits.astype("f32")
+        loss = F.cross_entropy(logits, labels)
+        if aux is not None:
+            loss = loss + (aux.astype(loss.dtype) if aux.dtype != loss.dtype else aux)
+        return loss
+
+
+class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
+    """Hugging Face's name for the MoE model (moe_num_experts > 0)."""
+
+    def __init__(self, cfg: Ernie4_5Config):
+        if not cfg.moe_num_experts:
+            raise ValueError("Ernie4_5_MoeForCausalLM needs moe_num_experts > 0")
+        super().__init__(cfg)
+
+
+def parallelize_plan(expert_axis="ep"):
+    """Paddle's plan for ERNIE 4.5: attention and dense MLPs split over mp
+    as Llama's (column-parallel q/k/v and gate/up, row-parallel o/down),
+    the experts split over `expert_axis` (ep_config)."""
+    from ..distributed import ColWiseParallel, RowWiseParallel
+    plan = {}
+    for n in ("q_proj", "k_proj", "v_proj"):
+        plan[rf"model\.layers\.\d+\.self_attn\.{n}"] = ColWiseParallel()
+    plan[r"model\.layers\.\d+\.self_attn\.o_proj"] = RowWiseParallel()
+    return plan

@@ -1,0 +1,116 @@
+"""A toy ERNIE-4.5 MoE (4 layers, 8 experts, top-2, one shared expert,
+capacity factor 1: tokens are dropped) trained 20 AdamW steps under expert
+parallelism equals the single-rank run with the same token groups.
+
+Tolerance 1e-5 relative on every step's loss: f32, the plans only sum in
+another order (gradients reduced across ranks, partial sums under mp), and
+the routing is the same: each group is routed whole on one rank, so the
+plans drop what the single rank drops (test_moe.py counts drops exactly).
+Communication: each MoE layer moves its capacity buffers with four
+all-to-alls a step (dispatch and combine, forward and backward); a rank
+sends (ep - 1) / ep of each, which gives the formula
+2 * tokens * k * hidden * bytes * (ep - 1) / ep each way, forward and
+backward, at capacity factor 1.
+"""
+
+import numpy as np
+import pytest
+
+import ernie
+import ernie.distributed as dist
+from ernie.models.ernie4_5 import Ernie4_5Config, Ernie4_5_MoeForCausalLM
+from ernie.moe import set_token_groups
+
+TOY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2, moe_num_experts=8, moe_k=2,
+           moe_num_shared_experts=1, moe_intermediate_size=16, moe_layer_start_index=1,
+           moe_capacity_factor=1.0, router_aux_loss_coef=0.01,
+           router_orthogonal_loss_coef=0.01, router_z_loss_coef=0.001, seed=4)
+B, S, GROUPS, STEPS = 8, 16, 4, 20
+RNG = np.random.default_rng(0)
+IDS = RNG.integers(0, TOY["vocab_size"], (B, S)).astype(np.int64)
+LABELS = np.roll(IDS, -1, 1)
+
+EXPERT_MP = {
+    r"model\.layers\.\d+\.mlp\.experts\.(gate|up)_proj\.weight": dist.ColWiseParallel(),
+    r"model\.layers\.\d+\.mlp\.experts\.down_proj\.weight": dist.RowWiseParallel(),
+    r"model\.layers\.\d+\.self_attn\.(q|k|v)_proj": dist.ColWiseParallel(),
+    r"model\.layers\.\d+\.self_attn\.o_proj": dist.RowWiseParallel(),
+}
+
+PLANS = {
+    "ep4": ([4], ["ep"], {"ep_config": {"axis": "ep"}}),
+    "dp2xep2": ([2, 2], ["dp", "ep"], {"dp_config": {}, "ep_config": {"axis": "ep"}}),
+    "ep-on-dp-zero1": ([2, 2], ["dp", "mp"], {"dp_config": {"sharding_level": 1},
+                                              "ep_config": {"axis": "dp", "token_groups": 4}}),
+    "ep-on-dp-zero2": ([4], ["dp"], {"dp_config": {"sharding_level": 2}, "ep_config": {"axis": "dp"}}),
+    "ep-on-dp-zero3": ([4], ["dp"], {"dp_config": {"sharding_level": 3}, "ep_config": {"axis": "dp"}}),
+    "ep2xmp2": ([2, 2], ["ep", "mp"], {"ep_config": {"axis": "ep", "token_groups": 4},
+                                       "mp_config": {"parallelize_plan": EXPERT_MP}}),
+    "pp2xep2": ([2, 2], ["pp", "ep"], {"ep_config": {"axis": "ep", "token_groups": 4},
+                                       "pp_config": {"split_spec": "model.layers"}}),
+}
+
+
+def train(shape=None, names=None, config=None, fp8=None, steps=STEPS):
+    model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY))
+    set_token_groups(model, GROUPS)
+    mesh = None
+    if shape:
+        mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
+                         config=config, fp8_config=fp8)
+    return prog, [prog.step(IDS, LABELS) for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def single_rank():
+    return train()[1]
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS))
+def test_expert_parallel_training_matches_single_rank(single_rank, plan):
+    shape, names, config = PLANS[plan]
+    prog, losses = train(shape, names, config)
+    np.testing.assert_allclose(losses, single_rank, rtol=1e-5)
+    assert losses[-1] < losses[0]
+    kinds = prog.report()["collectives"]
+    assert any(k.startswith("all_to_all[") for k in kinds), kinds
+
+
+def test_expert_parallel_fp8_matches_single_rank_fp8():
+    """FP8 GEMMs on both sides, 10 steps: the plans' f32 sums differ in the
+    last bit, and once such a bit flips an e4m3 rounding (a 2^-3 relative
+    step) the runs part; here that happens after step 14."""
+    fp8 = {"recipe": "current"}
+    want = train(fp8=fp8, steps=10)[1]
+    prog, got = train([2], ["ep"], {"ep_config": {"axis": "ep", "token_groups": 4}}, fp8=fp8,
+                      steps=10)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert "scaled_matmul" in prog.mlir
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_all_to_all_volume_is_the_formula(ep):
+    prog, _ = train([ep], ["ep"], {"ep_config": {"axis": "ep", "token_groups": 4}})
+    cfg = Ernie4_5Config(**TOY)
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    tokens = B * S // ep  # per rank
+    k, hidden, nbytes = cfg.moe_k, cfg.hidden_size, 4
+    a2a = prog.report()["collectives"][f"all_to_all[ep]"]
+    assert a2a["count"] == 4 * moe_layers
+    # The report gives each all-to-all's buffer; a rank sends (ep-1)/ep of it.
+    sent = a2a["bytes"] * (ep - 1) / ep
+    formula = 2 * tokens * k * hidden * nbytes * (ep - 1) / ep  # each way, fwd + bwd
+    assert sent == pytest.approx(moe_layers * 2 * formula)
+
+
+def test_bad_expert_plans_name_the_layer():
+    model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY))
+    mesh = dist.ProcessMesh([[0, 1, 2]], ["dp", "ep"])
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp: 8 experts do not split over ep = 3"):
+        dist.parallelize(model, None, mesh, {"ep_config": {"axis": "ep"}})
+    with pytest.raises(ValueError, match=r"the expert axis 'moe' is not a mesh dimension"):
+        dist.parallelize(model, None, mesh, {"ep_config": {"axis": "moe"}})
+    with pytest.raises(ValueError, match=r"moe_k = 9 must be in \[1, moe_num_experts = 8\]"):
+        Ernie4_5Config(**{**TOY, "moe_k": 9})
