@@ -57,6 +57,90 @@ def main():
         lambda level: {"dp_config": {"sharding_level": level},
                        "mp_config": {"parallelize_plan": parallelize_plan()}}, [ids, ids])
     pipeline_row(cfg)
+    moe_rows()
+
+
+def moe_rows():
+    """ERNIE-4.5-21B-A3B and -300B-A47B (bench/configs: the published
+    configs, uncertain fields in docs/ernie4_5_notes.md) in bf16 with a
+    capacity factor of 1.25 (the published models are dropless; a static
+    dropless buffer holds every token for every expert), one 4096-token
+    sequence per data-parallel rank: model state per rank and all-to-all
+    bytes per step beside the hand count."""
+    from ernie.models.ernie4_5 import Ernie4_5Config, Ernie4_5_MoeForCausalLM
+    from ernie.moe import capacity
+    configs = Path(__file__).resolve().parent / "configs"
+    print(f"\n{'MoE model, mesh':44s} {'params':>8s} {'compile':>8s} {'state/rank':>11s} "
+          f"{'hand':>8s} {'a2a/step':>10s} {'hand':>10s}")
+    seq = 4096
+    cases = [
+        ("ERNIE-4.5-21B-A3B, ep = dp = 8, ZeRO-1", "ernie4_5_21b_a3b.json", (8,), ["dp"], None),
+        ("ERNIE-4.5-300B-A47B, pp 8 x ep=dp 8 x mp 8, ZeRO-1", "ernie4_5_300b_a47b.json",
+         (8, 8, 8), ["pp", "dp", "mp"], 8),
+    ]
+    for name, file, shape, names, micro in cases:
+        cfg = Ernie4_5Config.from_json(configs / file, dtype="bf16", moe_capacity_factor=1.25)
+        with ernie.nn.abstract():
+            model = Ernie4_5_MoeForCausalLM(cfg)
+        mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
+        mp = mesh.get_dim_size("mp") if "mp" in names else 1
+        pp = mesh.get_dim_size("pp") if "pp" in names else 1
+        ep = mesh.get_dim_size("dp")
+        config = {"dp_config": {"sharding_level": 1}, "ep_config": {"axis": "dp"}}
+        if mp > 1:
+            from ernie.models.ernie4_5 import parallelize_plan
+            config["mp_config"] = {"parallelize_plan": parallelize_plan()}
+        if pp > 1:
+            config["pp_config"] = {"split_spec": "model.layers", "accumulate_steps": micro}
+        ids = np.zeros((ep * (micro or 1), seq), np.int64)
+        t = time.time()
+        prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True), [ids, ids],
+                             mesh=mesh, config=config, abstract=True)
+        seconds = time.time() - t
+        r = prog.report()
+        params = sum(int(np.prod(p.shape)) for p in model.parameters())
+        state = max(st["model_state_bytes"] for st in r["stages"]) if pp > 1 else r["model_state_bytes"]
+        hand_state = _hand_state(cfg, ep, mp, pp)
+        a2a = sum(v["bytes"] for k, v in r["collectives"].items() if k.startswith("all_to_all"))
+        # Per MoE layer and micro-batch: four buffers [E, 1 group, C, hidden]
+        # in bf16 (dispatch, combine; forward and backward), hidden split
+        # over mp where the experts are.
+        moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        c = capacity(cfg.moe_config(), seq)
+        hand_a2a = moe_layers * (micro or 1) * 4 * cfg.moe_num_experts * c * cfg.hidden_size * 2
+        print(f"{name:44s} {params / 1e9:7.1f}B {seconds:7.1f}s {state / 1e9:9.2f}GB "
+              f"{hand_state / 1e9:6.2f}GB {a2a / 2**30:8.2f}GiB {hand_a2a / 2**30:8.2f}GiB")
+
+
+def _hand_state(cfg, ep, mp, pp):
+    """Model state of the fullest rank, counted by hand: bf16 parameters and
+    gradients, f32 master weights and two AdamW moments split over the
+    ZeRO-1 axis (ep = dp). Experts split over ep (and their width over mp);
+    attention and the LM head over mp; norms, router replicated. With pp
+    the fullest stage is counted (layers split evenly, the embedding with
+    the first, the head with the last)."""
+    h, e, i = cfg.hidden_size, cfg.moe_num_experts, cfg.moe_intermediate_size
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    attn = (h * hq * d * 2 + h * hkv * d * 2) / mp
+    dense, experts = [], []  # per layer: state ZeRO splits, and experts' own
+    for layer in range(cfg.num_hidden_layers):
+        n, x = attn + 2 * h, 0.0
+        if cfg.is_moe_layer(layer):
+            x = e * 3 * h * i / (ep * mp)
+            n += h * e + 3 * h * i * cfg.moe_num_shared_experts / mp
+        else:
+            n += 3 * h * cfg.intermediate_size / mp
+        dense.append(n)
+        experts.append(x)
+    stages = [[float(sum(a)), float(sum(b))] for a, b in
+              zip(np.array_split(np.array(dense), pp), np.array_split(np.array(experts), pp))]
+    stages[0][0] += cfg.vocab_size * h
+    if not cfg.tie_word_embeddings:
+        stages[-1][0] += cfg.vocab_size * h / mp
+    stages[-1][0] += h
+    # bf16 parameter and gradient (4 bytes), f32 master and moments (12)
+    # split over dp by ZeRO-1 — but not the experts, already split over it.
+    return max(n * 4 + n * 12 / ep + x * 16 for n, x in stages)
 
 
 def pipeline_row(cfg):

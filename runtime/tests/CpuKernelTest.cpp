@@ -2,6 +2,7 @@
 
 #include "ernie/runtime/Kernel.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <random>
 
 using namespace ernie::runtime;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -635,3 +637,57 @@ TEST(CpuKernels, OptimizerStateInItsOwnPrecision) {
 }
 
 } // namespace
+
+TEST(CpuKernels, MoeRouteDispatchCombine) {
+  // One group of 3 tokens, top-2 over 2 experts, capacity 2. Choice rank
+  // first: token 0, 1, 2's first choices (experts 0, 0, 1) take slots 0, 1
+  // of expert 0 and slot 0 of expert 1; then their second choices (1, 1, 0)
+  // take expert 1's slot 1, drop (expert 1 full), drop (expert 0 full).
+  Owned<int64_t> experts{{0, 1, 0, 1, 1, 0}, {1, 3, 2}, DType::I64};
+  Owned<int64_t> slots{std::vector<int64_t>(6), {1, 3, 2}, DType::I64};
+  run("ernie.moe_route", {experts.view()}, {slots.view()},
+      {{"num_experts", int64_t{2}}, {"capacity", int64_t{2}}});
+  EXPECT_EQ(slots.data, (std::vector<int64_t>{0, 1, 1, -1, 0, -1}));
+
+  Owned<double> x{{1, 2, 3, 4, 5, 6}, {1, 3, 2}, DType::F64};
+  Owned<double> w{{0.5, 0.25, 1, 2, 3, 4}, {1, 3, 2}, DType::F64};
+  Owned<double> buf{std::vector<double>(8), {2, 1, 2, 2}, DType::F64};
+  run("ernie.moe_dispatch", {x.view(), experts.view(), slots.view(), w.view()},
+      {buf.view()}, {{"num_experts", int64_t{2}}, {"capacity", int64_t{2}}});
+  // expert 0: slot 0 = 0.5 * token 0, slot 1 = 1 * token 1;
+  // expert 1: slot 0 = 3 * token 2, slot 1 = 0.25 * token 0.
+  EXPECT_EQ(buf.data, (std::vector<double>{0.5, 1, 3, 4, 15, 18, 0.25, 0.5}));
+
+  // Combine is dispatch's transpose: <dispatch(x), y> == <x, combine(y)>.
+  Owned<double> y{{1, -2, 3, 0.5, -1, 4, 2, 7}, {2, 1, 2, 2}, DType::F64};
+  Owned<double> back{std::vector<double>(6), {1, 3, 2}, DType::F64};
+  run("ernie.moe_combine", {y.view(), experts.view(), slots.view(), w.view()},
+      {back.view()});
+  double lhs = 0, rhs = 0;
+  for (size_t i = 0; i < buf.data.size(); ++i)
+    lhs += buf.data[i] * y.data[i];
+  for (size_t i = 0; i < x.data.size(); ++i)
+    rhs += x.data[i] * back.data[i];
+  EXPECT_DOUBLE_EQ(lhs, rhs);
+
+  // The weights' gradient: each kept choice's token . its slot; 0 if dropped.
+  Owned<double> dw{std::vector<double>(6), {1, 3, 2}, DType::F64};
+  run("ernie.moe_weights_grad", {x.view(), y.view(), experts.view(), slots.view()},
+      {dw.view()});
+  EXPECT_EQ(dw.data, (std::vector<double>{1 * 1 + 2 * -2, 1 * 2 + 2 * 7,
+                                          3 * 3 + 4 * 0.5, 0, 5 * -1 + 6 * 4, 0}));
+
+  // A bad expert or slot is an error naming it, never a stray write.
+  Owned<int64_t> bad{{0, 2, 0, 1, 1, 0}, {1, 3, 2}, DType::I64};
+  try {
+    run("ernie.moe_route", {bad.view()}, {slots.view()},
+        {{"num_experts", int64_t{2}}, {"capacity", int64_t{2}}});
+    ADD_FAILURE() << "no error";
+  } catch (const KernelError &e) {
+    EXPECT_THAT(e.what(), HasSubstr("token 0 of group 0 chose expert 2, outside [0, 2)"));
+  }
+  Owned<int64_t> badSlots{{0, 5, 1, -1, 0, -1}, {1, 3, 2}, DType::I64};
+  EXPECT_THROW(run("ernie.moe_combine", {y.view(), experts.view(), badSlots.view(), w.view()},
+                   {back.view()}),
+               KernelError);
+}

@@ -217,13 +217,17 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         super().__init__(cfg)
 
 
-def parallelize_plan(expert_axis="ep"):
-    """Paddle's plan for ERNIE 4.5: attention and dense MLPs split over mp
-    as Llama's (column-parallel q/k/v and gate/up, row-parallel o/down),
-    the experts split over `expert_axis` (ep_config)."""
+def parallelize_plan():
+    """Paddle's tensor-parallel plan for ERNIE 4.5 (mp_config): q/k/v and
+    gate/up column-parallel, o and down row-parallel — in attention, the
+    dense MLPs, the shared experts and, within each expert, the stacked
+    experts (their expert dimension is ep_config's)."""
     from ..distributed import ColWiseParallel, RowWiseParallel
-    plan = {}
-    for n in ("q_proj", "k_proj", "v_proj"):
-        plan[rf"model\.layers\.\d+\.self_attn\.{n}"] = ColWiseParallel()
-    plan[r"model\.layers\.\d+\.self_attn\.o_proj"] = RowWiseParallel()
-    return plan
+    layer = r"model\.layers\.\d+\."
+    mlp = layer + r"mlp\.(?:shared_experts\.|experts\.)?"
+    return {
+        layer + r"self_attn\.(q|k|v)_proj": ColWiseParallel(),
+        layer + r"self_attn\.o_proj": RowWiseParallel(),
+        mlp + r"(gate|up)_proj\.weight": ColWiseParallel(),
+        mlp + r"down_proj\.weight": RowWiseParallel(),
+    }
