@@ -72,6 +72,7 @@ def moe_rows():
     configs = Path(__file__).resolve().parent / "configs"
     print(f"\n{'MoE model, mesh':44s} {'params':>8s} {'compile':>8s} {'state/rank':>11s} "
           f"{'hand':>8s} {'a2a/step':>10s} {'hand':>10s}")
+    # a2a/step: every stage's all-to-all buffers of one step, summed.
     seq = 4096
     cases = [
         ("ERNIE-4.5-21B-A3B, ep = dp = 8, ZeRO-1", "ernie4_5_21b_a3b.json", (8,), ["dp"], None),
@@ -89,9 +90,12 @@ def moe_rows():
         config = {"dp_config": {"sharding_level": 1}, "ep_config": {"axis": "dp"}}
         if mp > 1:
             from ernie.models.ernie4_5 import parallelize_plan
-            config["mp_config"] = {"parallelize_plan": parallelize_plan()}
-        if pp > 1:
-            config["pp_config"] = {"split_spec": "model.layers", "accumulate_steps": micro}
+            config["mp_config"] = {"parallelize_plan": parallelize_plan(cfg.tie_word_embeddings)}
+        if pp > 1:  # 54 layers: uneven stages, a split after each stage's last layer
+            ends = np.cumsum([len(c) for c in np.array_split(range(cfg.num_hidden_layers), pp)])
+            config["pp_config"] = {"split_spec": {f"model.layers.{e - 1}": dist.SplitPoint.END
+                                                  for e in ends[:-1]},
+                                   "accumulate_steps": micro}
         ids = np.zeros((ep * (micro or 1), seq), np.int64)
         t = time.time()
         prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True), [ids, ids],
@@ -99,7 +103,8 @@ def moe_rows():
         seconds = time.time() - t
         r = prog.report()
         params = sum(int(np.prod(p.shape)) for p in model.parameters())
-        state = max(st["model_state_bytes"] for st in r["stages"]) if pp > 1 else r["model_state_bytes"]
+        state = (max(st["parameter_bytes"] + st["gradient_bytes"] + st["optimizer_state_bytes"]
+                 for st in r["stages"]) if pp > 1 else r["model_state_bytes"])
         hand_state = _hand_state(cfg, ep, mp, pp)
         a2a = sum(v["bytes"] for k, v in r["collectives"].items() if k.startswith("all_to_all"))
         # Per MoE layer and micro-batch: four buffers [E, 1 group, C, hidden]
@@ -113,10 +118,10 @@ def moe_rows():
 
 
 def _hand_state(cfg, ep, mp, pp):
-    """Model state of the fullest rank, counted by hand: bf16 parameters and
+    """Model state of the fullest rank, counted by hand: bf16 parameters,
     gradients, f32 master weights and two AdamW moments split over the
     ZeRO-1 axis (ep = dp). Experts split over ep (and their width over mp);
-    attention and the LM head over mp; norms, router replicated. With pp
+    attention, embedding and LM head over mp; norms, router replicated. With pp
     the fullest stage is counted (layers split evenly, the embedding with
     the first, the head with the last)."""
     h, e, i = cfg.hidden_size, cfg.moe_num_experts, cfg.moe_intermediate_size
@@ -134,13 +139,16 @@ def _hand_state(cfg, ep, mp, pp):
         experts.append(x)
     stages = [[float(sum(a)), float(sum(b))] for a, b in
               zip(np.array_split(np.array(dense), pp), np.array_split(np.array(experts), pp))]
-    stages[0][0] += cfg.vocab_size * h
+    stages[0][0] += cfg.vocab_size * h / mp
     if not cfg.tie_word_embeddings:
         stages[-1][0] += cfg.vocab_size * h / mp
     stages[-1][0] += h
-    # bf16 parameter and gradient (4 bytes), f32 master and moments (12)
-    # split over dp by ZeRO-1 — but not the experts, already split over it.
-    return max(n * 4 + n * 12 / ep + x * 16 for n, x in stages)
+    # bf16 parameters (2 bytes); gradients bf16 (2), or f32 (4) where a
+    # pipeline sums them over micro-batches (Megatron's main_grad); f32
+    # master and moments (12) split over dp by ZeRO-1 — but not the
+    # experts', already split over it.
+    grad = 4 if pp > 1 else 2
+    return max((n + x) * (2 + grad) + n * 12 / ep + x * 12 for n, x in stages)
 
 
 def pipeline_row(cfg):

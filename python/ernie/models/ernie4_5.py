@@ -217,15 +217,19 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         super().__init__(cfg)
 
 
-def parallelize_plan():
-    """Paddle's tensor-parallel plan for ERNIE 4.5 (mp_config): q/k/v and
-    gate/up column-parallel, o and down row-parallel — in attention, the
-    dense MLPs, the shared experts and, within each expert, the stacked
-    experts (their expert dimension is ep_config's)."""
+def parallelize_plan(tie_word_embeddings: bool = True):
+    """Paddle's tensor-parallel plan for ERNIE 4.5 (mp_config): the
+    embedding split on hidden, q/k/v and gate/up column-parallel, o and
+    down row-parallel — in attention, the dense MLPs, the shared experts
+    and, within each expert, the stacked experts (their expert dimension is
+    ep_config's) — and an untied LM head column-parallel (vocab-parallel
+    logits)."""
     from ..distributed import ColWiseParallel, RowWiseParallel
     layer = r"model\.layers\.\d+\."
     mlp = layer + r"mlp\.(?:shared_experts\.|experts\.)?"
-    return {
+    head = {} if tie_word_embeddings else {"lm_head": ColWiseParallel()}
+    return {**head,
+        r"model\.embed_tokens": ColWiseParallel(),
         layer + r"self_attn\.(q|k|v)_proj": ColWiseParallel(),
         layer + r"self_attn\.o_proj": RowWiseParallel(),
         mlp + r"(gate|up)_proj\.weight": ColWiseParallel(),
