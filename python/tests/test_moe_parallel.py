@@ -114,3 +114,40 @@ def test_bad_expert_plans_name_the_layer():
         dist.parallelize(model, None, mesh, {"ep_config": {"axis": "moe"}})
     with pytest.raises(ValueError, match=r"moe_k = 9 must be in \[1, moe_num_experts = 8\]"):
         Ernie4_5Config(**{**TOY, "moe_k": 9})
+
+
+def test_hugging_face_folder_round_trips_with_experts_unstacked(tmp_path):
+    """save_pretrained writes Hugging Face's names and [out, in] layout, one
+    tensor per expert and the [1, E] selection bias; from_pretrained reads
+    them back into the stacked parameters exactly (f32)."""
+    from ernie import weights
+    from ernie.models.ernie4_5 import Ernie4_5_MoeForCausalLM as Moe
+    cfg = Ernie4_5Config(**TOY)
+    model = Moe(cfg)
+    bias = np.linspace(-0.1, 0.1, cfg.moe_num_experts).astype(np.float32)
+    model.model.layers[1].mlp.e_score_correction_bias = bias
+    model.save_pretrained(tmp_path)
+    _, tensors, _ = weights.read_hf_folder(tmp_path)
+    moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    per_moe = 1 + 3 * cfg.moe_num_experts + 3 * (cfg.moe_num_shared_experts > 0) + 1
+    dense = cfg.num_hidden_layers - moe
+    assert len(tensors) == 2 + cfg.num_hidden_layers * 6 + dense * 3 + moe * per_moe
+    stacked = dict(model.named_parameters())["model.layers.1.mlp.experts.gate_proj.weight"].value
+    np.testing.assert_array_equal(tensors["model.layers.1.mlp.experts.3.gate_proj.weight"],
+                                  stacked[3].T)
+    assert tensors["model.layers.1.mlp.gate.weight"].shape == (cfg.moe_num_experts,
+                                                               cfg.hidden_size)
+    np.testing.assert_array_equal(
+        tensors["model.layers.1.mlp.moe_statics.e_score_correction_bias"], bias[None])
+    assert "model.layers.0.mlp.gate_proj.weight" in tensors  # layer 0 is dense
+    again = Moe.from_pretrained(tmp_path)
+    for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
+        np.testing.assert_array_equal(p.value, q.value, err_msg=name)
+    np.testing.assert_array_equal(again.model.layers[1].mlp.e_score_correction_bias, bias)
+
+    tensors["model.layers.1.mlp.experts.8.gate_proj.weight"] = tensors[
+        "model.layers.1.mlp.experts.3.gate_proj.weight"]
+    hf, _ = weights.hf_folder_index(tmp_path)
+    weights.write_hf_folder(tmp_path / "extra", hf, tensors, "f32")
+    with pytest.raises(ValueError, match=r"no place for: \['model\.layers\.1\.mlp\.experts\.8"):
+        Moe.from_pretrained(tmp_path / "extra")

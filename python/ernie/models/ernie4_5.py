@@ -208,6 +208,130 @@ class Ernie4_5ForCausalLM(Module):
         return loss
 
 
+    # -- Hugging Face folders (eager: every tensor read on the host) --------
+
+    @classmethod
+    def from_pretrained(cls, folder, dtype=None, **overrides):
+        """The model of a Hugging Face folder (config.json and
+        model.safetensors or its shards): Hugging Face's [out, in] Linears
+        transposed to ernie's [in, out], each expert's projections stacked
+        into [E, in, out], `moe_statics.e_score_correction_bias` [1, E] into
+        the layers' selection bias. `dtype` defaults to the file's
+        torch_dtype; `overrides` set other config fields (the capacity
+        factor, loss coefficients). A tensor the model has no place for, or
+        one it lacks, is a ValueError naming it."""
+        from .llama import _rounded
+        from ..weights import read_hf_folder
+        hf, weights, _ = read_hf_folder(folder)
+        if dtype is not None:
+            overrides["dtype"] = dtype
+        cfg = Ernie4_5Config.from_json(hf, **overrides)
+        model = cls(cfg)
+        state, biases = ernie_state_from_hf(weights, cfg, where=str(folder))
+        for name, p in model.named_parameters():
+            p.value = _rounded(state[name], p.dtype).astype(p.value.dtype)
+        for i, layer in enumerate(model.model.layers):
+            if layer.is_moe:
+                layer.mlp.e_score_correction_bias = biases[i]
+        return model
+
+    def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
+        """Writes the model as a Hugging Face folder in Hugging Face's names
+        and layout (experts unstacked), `dtype` defaulting to the model's;
+        `state` (a program's state_dict()) writes trained values."""
+        from ..weights import TORCH_DTYPES, write_hf_folder
+        cfg = self.config
+        dtype = dtype or cfg.dtype
+        values = {n: p.value for n, p in self.named_parameters()}
+        if state is not None:
+            values.update({n: state[n] for n in values if n in state})
+        biases = {i: l.mlp.e_score_correction_bias for i, l in enumerate(self.model.layers)
+                  if l.is_moe}
+        torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+        config = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+                  if f.name not in ("dtype", "seed", "initializer_range")}
+        config.update(architectures=[_HF_ARCH[bool(cfg.moe_num_experts)]],
+                      model_type="ernie4_5_moe" if cfg.moe_num_experts else "ernie4_5",
+                      hidden_act="silu", use_bias=False, torch_dtype=torch_dtype)
+        write_hf_folder(folder, config, hf_state_from_ernie(values, biases, cfg), dtype,
+                        max_shard_bytes)
+
+
+_HF_ARCH = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
+_PROJ = ("gate_proj", "up_proj", "down_proj")
+
+
+def _hf_names(cfg: Ernie4_5Config):
+    """(ernie parameter, Hugging Face tensor, expert index or None) for every
+    Hugging Face weight tensor: Linears are transposed, experts are slices
+    [e] of the stacked parameter."""
+    out = [("model.embed_tokens.weight", "model.embed_tokens.weight", None)]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out += [(p + n, p + n, None) for n in ("input_layernorm.weight",
+                                               "post_attention_layernorm.weight")]
+        out += [(p + f"self_attn.{n}.weight",) * 2 + (None,)
+                for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        if not cfg.is_moe_layer(i):
+            out += [(p + f"mlp.{n}.weight",) * 2 + (None,) for n in _PROJ]
+            continue
+        out.append((p + "mlp.gate.weight", p + "mlp.gate.weight", None))
+        out += [(p + f"mlp.experts.{n}.weight", p + f"mlp.experts.{e}.{n}.weight", e)
+                for e in range(cfg.moe_num_experts) for n in _PROJ]
+        if cfg.moe_num_shared_experts:
+            out += [(p + f"mlp.shared_experts.{n}.weight",) * 2 + (None,) for n in _PROJ]
+    out.append(("model.norm.weight", "model.norm.weight", None))
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", "lm_head.weight", None))
+    return out
+
+
+def _is_linear(name):
+    return not name.endswith(("layernorm.weight", "norm.weight", "embed_tokens.weight"))
+
+
+def ernie_state_from_hf(weights: dict, cfg: Ernie4_5Config, where="weights"):
+    """(ernie parameters, {MoE layer index: selection bias [E]}) from
+    Hugging Face's tensors."""
+    names = _hf_names(cfg)
+    bias_names = {f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias": i
+                  for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
+    known = {hf for _, hf, _ in names} | set(bias_names)
+    leftover = sorted(n for n in weights if n not in known and not n.endswith("inv_freq")
+                      and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
+    if leftover:
+        raise ValueError(f"{where}: weights ernie's Ernie4_5 has no place for: {leftover[:5]}")
+    state, stacks = {}, {}
+    for name, hf, expert in names:
+        if hf not in weights:
+            raise ValueError(f"{where}: no tensor '{hf}' (for ernie's '{name}')")
+        value = np.asarray(weights[hf])
+        value = value.T if _is_linear(name) else value
+        if expert is None:
+            state[name] = value
+        else:
+            stacks.setdefault(name, {})[expert] = value
+    for name, by_expert in stacks.items():
+        state[name] = np.stack([by_expert[e] for e in range(cfg.moe_num_experts)])
+    biases = {i: np.asarray(weights.get(n, np.zeros(cfg.moe_num_experts)),
+                            np.float32).reshape(-1)
+              for n, i in bias_names.items()}
+    return state, biases
+
+
+def hf_state_from_ernie(values: dict, biases: dict, cfg: Ernie4_5Config) -> dict:
+    """The inverse of ernie_state_from_hf, in Hugging Face's order."""
+    out = {}
+    for name, hf, expert in _hf_names(cfg):
+        value = np.asarray(values[name])
+        value = value[expert] if expert is not None else value
+        out[hf] = np.ascontiguousarray(value.T if _is_linear(name) else value)
+    for i, bias in biases.items():
+        out[f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias"] = np.asarray(
+            bias, np.float32).reshape(1, -1)
+    return out
+
+
 class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
     """Hugging Face's name for the MoE model (moe_num_experts > 0)."""
 
