@@ -23,6 +23,7 @@ from . import _ernie
 from .nn import Module, Parameter
 from .pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  # noqa: F401
                        pipeline_schedule, simulate_pipeline)
+from .moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
 from .pipeline import configure as _configure_pipeline
 from .pipeline import clear_split_marks as _clear_split_marks
 from .tensor import Tensor, dtype_name
@@ -554,7 +555,36 @@ def shard_optimizer(optimizer, shard_fn=None):
     return optimizer
 
 
-_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "fp8_config", "even_splits"}
+_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "moe_config", "fp8_config",
+                "even_splits"}
+
+# moe_config keys -> MoEConfig fields.
+_MOE_KEYS = {"capacity_factor": "capacity_factor", "aux_loss_coef": "aux_loss_coef",
+             "orthogonal_loss_coef": "orthogonal_loss_coef", "z_loss_coef": "z_loss_coef",
+             "norm_min": "norm_min"}
+
+
+def _configure_moe(model, moe):
+    """moe_config: routing settings of every MoE layer (capacity_factor —
+    None for dropless —, the three loss coefficients, norm_min)."""
+    from dataclasses import replace
+
+    from .moe import moe_layers
+    if not isinstance(moe, dict):
+        raise TypeError("moe_config is a dict (" + ", ".join(sorted(_MOE_KEYS)) + ")")
+    if "aux_free_rate" in moe:
+        raise NotImplementedError(
+            "moe_config.aux_free_rate: aux-loss-free balancing (updating "
+            "e_score_correction_bias after each step) is not built yet; the bias is a "
+            "constant of the program (set MoELayer.e_score_correction_bias)")
+    unknown = set(moe) - set(_MOE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown moe_config keys {sorted(unknown)} (known: {sorted(_MOE_KEYS)})")
+    layers = moe_layers(model)
+    if not layers:
+        raise ValueError("moe_config: the model has no MoE layer (ernie.moe.MoELayer)")
+    for _, layer in layers:
+        layer.cfg = replace(layer.cfg, **{_MOE_KEYS[k]: v for k, v in moe.items()})
 
 
 def _configure_experts(model, mesh, ep, plan_state):
@@ -567,9 +597,10 @@ def _configure_experts(model, mesh, ep, plan_state):
     from .moe import moe_layers, set_token_groups
     if not isinstance(ep, dict):
         raise TypeError("ep_config is a dict (axis, token_groups)")
-    unknown = set(ep) - {"axis", "token_groups"}
+    unknown = set(ep) - {"axis", "degree", "token_groups"}
     if unknown:
-        raise ValueError(f"unknown ep_config keys {sorted(unknown)} (known: axis, token_groups)")
+        raise ValueError(f"unknown ep_config keys {sorted(unknown)} (known: axis, degree, "
+                         f"token_groups)")
     axes = ep.get("axis", "ep")
     axes = [axes] if isinstance(axes, str) else list(axes)
     for a in axes:
@@ -580,6 +611,9 @@ def _configure_experts(model, mesh, ep, plan_state):
     if not layers:
         raise ValueError("ep_config: the model has no MoE layer (ernie.moe.MoELayer)")
     degree = int(np.prod([mesh.get_dim_size(a) for a in axes]))
+    if "degree" in ep and ep["degree"] != degree:
+        raise ValueError(f"ep_config.degree = {ep['degree']!r}, but the expert axes "
+                         f"{' x '.join(axes)} have {degree} ranks")
     batch_axes = [plan_state["dp_axis"]] if plan_state["dp_axis"] else []
     batch_axes += [a for a in axes if a not in batch_axes]
     shards = int(np.prod([mesh.get_dim_size(a) for a in batch_axes]))
@@ -678,6 +712,8 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
                         raise TypeError(f"parallelize_plan[{key!r}] holds {plan!r}, not a plan")
                     plan.apply(target, mesh, "mp", name)
 
+    if config.get("moe_config") is not None:
+        _configure_moe(model, config["moe_config"])
     ep = config.get("ep_config")
     if ep is not None:
         _configure_experts(model, mesh, ep, plan_state)

@@ -151,3 +151,20 @@ def test_hugging_face_folder_round_trips_with_experts_unstacked(tmp_path):
     weights.write_hf_folder(tmp_path / "extra", hf, tensors, "f32")
     with pytest.raises(ValueError, match=r"no place for: \['model\.layers\.1\.mlp\.experts\.8"):
         Moe.from_pretrained(tmp_path / "extra")
+
+
+def test_moe_config_sets_every_layer_and_refuses_what_is_not_built():
+    model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY))
+    mesh = dist.ProcessMesh([0, 1], ["ep"])
+    dist.parallelize(model, None, mesh, {"moe_config": {"capacity_factor": 2.0,
+                                                        "z_loss_coef": 0.5},
+                                         "ep_config": {"axis": "ep", "degree": 2}})
+    from ernie.moe import moe_layers
+    cfgs = [m.cfg for _, m in moe_layers(model)]
+    assert [(c.capacity_factor, c.z_loss_coef) for c in cfgs] == [(2.0, 0.5)] * 3
+    with pytest.raises(NotImplementedError, match="aux-loss-free balancing"):
+        dist.parallelize(model, None, mesh, {"moe_config": {"aux_free_rate": 1e-3}})
+    with pytest.raises(ValueError, match=r"unknown moe_config keys \['capacity'\]"):
+        dist.parallelize(model, None, mesh, {"moe_config": {"capacity": 2}})
+    with pytest.raises(ValueError, match=r"ep_config.degree = 4, but the expert axes ep have 2"):
+        dist.parallelize(model, None, mesh, {"ep_config": {"axis": "ep", "degree": 4}})
