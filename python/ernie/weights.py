@@ -44,6 +44,30 @@ def load_file(path, raw=False):
     return out, metadata
 
 
+def read_tensors(path, names):
+    """{name: array} of the named tensors of a safetensors file, reading
+    their bytes only (the format's JSON header gives each one's offsets):
+    for small tensors in a large file. Narrow floats come as float32."""
+    import struct
+    out = {}
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+        for name in names:
+            entry = header.get(name)
+            if entry is None:
+                raise ValueError(f"{path}: no tensor '{name}'")
+            kind = _ERNIE_OF[entry["dtype"]]
+            start, end = entry["data_offsets"]
+            f.seek(8 + size + start)
+            bits = np.uint16 if kind == "bf16" else np.uint8
+            raw = np.frombuffer(f.read(end - start), _NUMPY.get(entry["dtype"], bits)).copy()
+            if kind in _NARROW:
+                raw = _ernie.convert_float(raw, kind, "f32")
+            out[name] = raw.reshape(entry["shape"])
+    return out
+
+
 def file_dtypes(path):
     """{name: ernie element type} of a safetensors file."""
     tensors, _ = _ernie.safetensors_header(str(path))

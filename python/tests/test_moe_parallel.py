@@ -168,3 +168,35 @@ def test_moe_config_sets_every_layer_and_refuses_what_is_not_built():
         dist.parallelize(model, None, mesh, {"moe_config": {"capacity": 2}})
     with pytest.raises(ValueError, match=r"ep_config.degree = 4, but the expert axes ep have 2"):
         dist.parallelize(model, None, mesh, {"ep_config": {"axis": "ep", "degree": 4}})
+
+
+def test_hugging_face_folder_loads_rank_by_rank_under_expert_parallelism(tmp_path):
+    """An abstract model from a Hugging Face folder, compiled on ep 2 x mp 2:
+    each rank reads its experts' (and its mp columns') pieces of the
+    per-expert [out, in] tensors, and the state equals the eager load."""
+    from ernie import weights
+    from ernie.models.ernie4_5 import Ernie4_5_MoeForCausalLM as Moe, parallelize_plan
+    source = Moe(Ernie4_5Config(**TOY))
+    source.model.layers[2].mlp.e_score_correction_bias = np.arange(8, dtype=np.float32) / 100
+    source.save_pretrained(tmp_path, max_shard_bytes=60_000)  # several shards
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    with ernie.nn.abstract():
+        model = Moe.from_pretrained(tmp_path)
+    np.testing.assert_array_equal(model.model.layers[2].mlp.e_score_correction_bias,
+                                  source.model.layers[2].mlp.e_score_correction_bias)
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["ep", "mp"])
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
+                         config={"ep_config": {"axis": "ep", "token_groups": 4},
+                                 "mp_config": {"parallelize_plan": parallelize_plan()}})
+    got = prog.state_dict()
+    for name, p in source.named_parameters():
+        np.testing.assert_array_equal(got[name], p.value, err_msg=name)
+    # A tensor of the wrong shape is named before anything is read.
+    _, tensors, _ = weights.read_hf_folder(tmp_path)
+    tensors["model.layers.1.mlp.experts.5.up_proj.weight"] = np.zeros((3, 3), np.float32)
+    hf, _ = weights.hf_folder_index(tmp_path)
+    weights.write_hf_folder(tmp_path / "bad", hf, tensors, "f32")
+    with ernie.nn.abstract(), pytest.raises(
+            ValueError, match=r"'model\.layers\.1\.mlp\.experts\.5\.up_proj\.weight' has shape "
+                              r"\[3, 3\], the config makes it \[16, 32\]"):
+        Moe.from_pretrained(tmp_path / "bad")

@@ -562,11 +562,47 @@ void copyBox(SafetensorsFile &file, const Piece &src, const std::vector<int64_t>
                [&](int64_t from, int64_t to, int64_t n) { run(from, to, n, 1); });
     return;
   }
-  // The file holds [shape1, shape0]: column j of the state is a row there.
-  const int64_t rows = src.shape[0], width = spec.localShape[1];
-  for (int64_t j = a[1]; j < b[1]; ++j)
-    run((j - src.offsets[1]) * rows + (a[0] - src.offsets[0]),
-        (a[0] - lo[0]) * width + (j - lo[1]), b[0] - a[0], width);
+  // The file holds the block with its last two dimensions swapped: for
+  // each coordinate of the leading ones (a stacked expert's index, say),
+  // column j of the state's matrix is a row there.
+  const size_t rank = spec.localShape.size(), r = rank - 2, c = rank - 1;
+  const int64_t rows = src.shape[r], width = spec.localShape[c],
+                fileMatrix = src.shape[r] * src.shape[c],
+                pieceMatrix = spec.localShape[r] * width;
+  std::vector<int64_t> lead(a.begin(), a.begin() + r);
+  while (true) {
+    int64_t fileBase = 0, pieceBase = 0;
+    for (size_t d = 0; d < r; ++d) {
+      fileBase = fileBase * src.shape[d] + (lead[d] - src.offsets[d]);
+      pieceBase = pieceBase * spec.localShape[d] + (lead[d] - lo[d]);
+    }
+    fileBase *= fileMatrix;
+    pieceBase *= pieceMatrix;
+    for (int64_t j = a[c]; j < b[c]; ++j)
+      run(fileBase + (j - src.offsets[c]) * rows + (a[r] - src.offsets[r]),
+          pieceBase + (a[r] - lo[r]) * width + (j - lo[c]), b[r] - a[r], width);
+    size_t d = r;
+    while (d-- > 0) {
+      if (++lead[d] < b[d])
+        break;
+      lead[d] = a[d];
+    }
+    if (d == static_cast<size_t>(-1))
+      break;
+  }
+}
+
+/// The shape a weight-map piece has in its file: the block's, its last two
+/// dimensions swapped when transposed, without the leading unit dimensions
+/// the file's tensor lacks (one expert's [out, in] matrix is the block
+/// [1, in, out] of the stacked experts).
+std::vector<int64_t> fileShapeOf(const Piece &src, size_t fileRank) {
+  std::vector<int64_t> shape = src.shape;
+  if (src.transposed && shape.size() >= 2)
+    std::swap(shape[shape.size() - 2], shape[shape.size() - 1]);
+  while (shape.size() > fileRank && shape.front() == 1)
+    shape.erase(shape.begin());
+  return shape;
 }
 
 /// Rank `rank`'s piece of `spec` (padding zero) from `saved`, found by an
@@ -614,10 +650,8 @@ HostTensor readPiece(const Program &program, const TensorSpec &spec, int64_t ran
     if (overlaps) {
       SafetensorsFile &file = files.open(src.file);
       const SafetensorsEntry *entry = file.find(src.tensor);
-      std::vector<int64_t> stored = src.shape;
-      if (src.transposed)
-        std::reverse(stored.begin(), stored.end());
-      if (!entry || entry->type != src.type || entry->shape != stored)
+      if (!entry || entry->type != src.type ||
+          entry->shape != fileShapeOf(src, entry->shape.size()))
         fail(file.path() + ": tensor '" + src.tensor +
              "' is missing or not the piece the manifest lists");
       copyBox(file, src, a, b, lo, spec, piece);
@@ -685,11 +719,15 @@ readWeightShards(const Program &program, const RankRunner &runner,
              std::string(runtime::name(spec.type)));
       std::vector<int64_t> shape = entry->shape;
       if (w.transposed) {
-        if (shape.size() != 2)
+        if (shape.size() < 2)
           fail(file.path() + ": tensor '" + w.tensor + "' is not a matrix; "
                "it cannot be read transposed");
-        std::reverse(shape.begin(), shape.end());
+        std::swap(shape[shape.size() - 2], shape[shape.size() - 1]);
       }
+      // A tensor of lower rank is a block with leading unit dimensions
+      // (one expert of a stacked parameter).
+      if (w.offsets.size() > shape.size())
+        shape.insert(shape.begin(), w.offsets.size() - shape.size(), 1);
       saved.pieces.push_back({w.file, w.tensor, entry->type, w.offsets, shape,
                               w.transposed, 0});
     }

@@ -221,12 +221,17 @@ class Ernie4_5ForCausalLM(Module):
         factor, loss coefficients). A tensor the model has no place for, or
         one it lacks, is a ValueError naming it."""
         from .llama import _rounded
-        from ..weights import read_hf_folder
-        hf, weights, _ = read_hf_folder(folder)
+        from ..weights import hf_folder_index, read_hf_folder
+        hf, _ = hf_folder_index(folder)
         if dtype is not None:
             overrides["dtype"] = dtype
         cfg = Ernie4_5Config.from_json(hf, **overrides)
         model = cls(cfg)
+        if all(p.value is None for p in model.parameters()):  # built abstract
+            object.__setattr__(model, "pretrained_weights", model.hf_weight_map(folder))
+            model.load_selection_biases(folder)
+            return model
+        _, weights, _ = read_hf_folder(folder)
         state, biases = ernie_state_from_hf(weights, cfg, where=str(folder))
         for name, p in model.named_parameters():
             p.value = _rounded(state[name], p.dtype).astype(p.value.dtype)
@@ -234,6 +239,48 @@ class Ernie4_5ForCausalLM(Module):
             if layer.is_moe:
                 layer.mlp.e_score_correction_bias = biases[i]
         return model
+
+    def hf_weight_map(self, folder):
+        """{parameter: [(file, tensor, offsets, transposed)]} of a Hugging
+        Face folder, from its index and headers alone: Program.load_weights
+        (and ernie.compile of a model built under ernie.nn.abstract()) reads
+        each rank's pieces — a rank holding experts 8-15 reads only theirs.
+        The selection biases are not parameters: set them with
+        `load_selection_biases(folder)`."""
+        from ..weights import hf_folder_index
+        cfg = self.config
+        _, index = hf_folder_index(folder)
+        _check_leftovers(index, cfg, folder)
+        out = {}
+        for name, hf, expert in _hf_names(cfg):
+            if hf not in index:
+                raise ValueError(f"{folder}: no tensor '{hf}' (for ernie's '{name}')")
+            path, _, shape = index[hf]
+            want = self._hf_shape(name, expert)
+            if tuple(shape) != want:
+                raise ValueError(f"{path}: tensor '{hf}' has shape {list(shape)}, the config "
+                                 f"makes it {list(want)}")
+            rank = len(dict(self.named_parameters())[name].shape)
+            offsets = [expert if expert is not None else 0] + [0] * (rank - 1)
+            out.setdefault(name, []).append((path, hf, offsets, _is_linear(name)))
+        return out
+
+    def load_selection_biases(self, folder):
+        """Each MoE layer's `e_score_correction_bias` from a Hugging Face
+        folder (only those tensors' bytes are read); zeros where the folder
+        has none."""
+        from ..weights import hf_folder_index, read_tensors
+        _, index = hf_folder_index(folder)
+        for name, i in _bias_names(self.config).items():
+            if name in index:
+                value = read_tensors(index[name][0], [name])[name]
+                self.model.layers[i].mlp.e_score_correction_bias = np.asarray(
+                    value, np.float32).reshape(-1)
+
+    def _hf_shape(self, name, expert):
+        shape = dict(self.named_parameters())[name].shape
+        shape = shape[1:] if expert is not None else shape
+        return tuple(reversed(shape)) if _is_linear(name) else tuple(shape)
 
     def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
         """Writes the model as a Hugging Face folder in Hugging Face's names
@@ -286,6 +333,21 @@ def _hf_names(cfg: Ernie4_5Config):
     return out
 
 
+def _bias_names(cfg):
+    return {f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias": i
+            for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
+
+
+def _check_leftovers(names, cfg, where):
+    """Raises for Hugging Face tensors the model has no place for (besides
+    rotary caches and a tied head's copy)."""
+    known = {hf for _, hf, _ in _hf_names(cfg)} | set(_bias_names(cfg))
+    leftover = sorted(n for n in names if n not in known and not n.endswith("inv_freq")
+                      and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
+    if leftover:
+        raise ValueError(f"{where}: weights ernie's Ernie4_5 has no place for: {leftover[:5]}")
+
+
 def _is_linear(name):
     return not name.endswith(("layernorm.weight", "norm.weight", "embed_tokens.weight"))
 
@@ -294,13 +356,8 @@ def ernie_state_from_hf(weights: dict, cfg: Ernie4_5Config, where="weights"):
     """(ernie parameters, {MoE layer index: selection bias [E]}) from
     Hugging Face's tensors."""
     names = _hf_names(cfg)
-    bias_names = {f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias": i
-                  for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
-    known = {hf for _, hf, _ in names} | set(bias_names)
-    leftover = sorted(n for n in weights if n not in known and not n.endswith("inv_freq")
-                      and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
-    if leftover:
-        raise ValueError(f"{where}: weights ernie's Ernie4_5 has no place for: {leftover[:5]}")
+    bias_names = _bias_names(cfg)
+    _check_leftovers(weights, cfg, where)
     state, stacks = {}, {}
     for name, hf, expert in names:
         if hf not in weights:
