@@ -533,8 +533,10 @@ class Program:
         with their parameters). `weights`: {parameter: [(file, tensor,
         offsets, transposed)]}, the blocks covering each parameter exactly
         once (`offsets` where the block starts in the parameter;
-        `transposed`: the file holds the block's transpose, as Hugging
-        Face's [out, in] Linears). Floats convert to the parameter's dtype
+        `transposed`: the file holds the block with its last two dimensions
+        swapped, as Hugging Face's [out, in] Linears; a file tensor of lower
+        rank is a block with leading unit dimensions, as one expert of
+        stacked experts). Floats convert to the parameter's dtype
         (round to nearest even). All or nothing; errors name the file and
         the tensor. Returns the names set; `last_io` as in save_checkpoint."""
         spec = {}
