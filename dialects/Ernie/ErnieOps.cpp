@@ -809,6 +809,12 @@ struct ChoiceShape {
                                shapeStr(type->getShape()));
     return success();
   }
+  /// experts, slots and (when given) weights, in that order.
+  LogicalResult addChoices(Value experts, Value slots, Value weights = {}) {
+    return failure(failed(add(experts, "experts")) ||
+                   failed(add(slots, "slots")) ||
+                   (weights && failed(add(weights, "weights"))));
+  }
   int64_t groups() const { return shape[0]; }
   int64_t tokens() const { return shape[1]; }
   int64_t k() const { return shape[2]; }
@@ -834,6 +840,16 @@ FailureOr<RankedTensorType> expertBuffers(std::optional<Location> loc,
                              "least ", choices.k(), " experts, '", name,
                              "' has ", type->getDimSize(0));
   return type;
+}
+
+/// Dispatch's and combine's weights scale the data: one element type.
+LogicalResult checkWeightsType(std::optional<Location> loc, Value weights,
+                               Type element) {
+  if (getElementTypeOrSelf(weights.getType()) != element)
+    return emitOptionalError(loc, "weights must have the input's element "
+                                  "type ",
+                             element);
+  return success();
 }
 
 LogicalResult checkTopK(std::optional<Location> loc, int64_t k,
@@ -864,9 +880,9 @@ LogicalResult MoeDispatchOp::inferReturnTypes(MLIRContext *,
                                               SmallVectorImpl<Type> &inferred) {
   ChoiceShape choices{loc, {}};
   auto input = rankedOperand(loc, adaptor.getInput(), "input");
-  if (failed(input) || failed(choices.add(adaptor.getExperts(), "experts")) ||
-      failed(choices.add(adaptor.getSlots(), "slots")) ||
-      failed(choices.add(adaptor.getWeights(), "weights")) ||
+  if (failed(input) ||
+      failed(choices.addChoices(adaptor.getExperts(), adaptor.getSlots(),
+                                adaptor.getWeights())) ||
       failed(checkTopK(loc, choices.k(), adaptor.getNumExperts())))
     return failure();
   if (input->getRank() != 3 ||
@@ -875,10 +891,8 @@ LogicalResult MoeDispatchOp::inferReturnTypes(MLIRContext *,
                              shapeStr(ArrayRef(choices.shape).take_front(2)),
                              " x hidden like the choices, got ", *input);
   Type element = input->getElementType();
-  if (getElementTypeOrSelf(adaptor.getWeights().getType()) != element)
-    return emitOptionalError(loc, "weights must have the input's element "
-                                  "type ",
-                             element);
+  if (failed(checkWeightsType(loc, adaptor.getWeights(), element)))
+    return failure();
   inferred.push_back(RankedTensorType::get(
       {static_cast<int64_t>(adaptor.getNumExperts()), choices.groups(),
        static_cast<int64_t>(adaptor.getCapacity()), input->getDimSize(2)},
@@ -891,18 +905,15 @@ LogicalResult MoeCombineOp::inferReturnTypes(MLIRContext *,
                                              Adaptor adaptor,
                                              SmallVectorImpl<Type> &inferred) {
   ChoiceShape choices{loc, {}};
-  if (failed(choices.add(adaptor.getExperts(), "experts")) ||
-      failed(choices.add(adaptor.getSlots(), "slots")) ||
-      failed(choices.add(adaptor.getWeights(), "weights")))
+  if (failed(choices.addChoices(adaptor.getExperts(), adaptor.getSlots(),
+                                adaptor.getWeights())))
     return failure();
   auto input = expertBuffers(loc, adaptor.getInput(), "input", choices);
   if (failed(input))
     return failure();
   Type element = input->getElementType();
-  if (getElementTypeOrSelf(adaptor.getWeights().getType()) != element)
-    return emitOptionalError(loc, "weights must have the input's element "
-                                  "type ",
-                             element);
+  if (failed(checkWeightsType(loc, adaptor.getWeights(), element)))
+    return failure();
   inferred.push_back(RankedTensorType::get(
       {choices.groups(), choices.tokens(), input->getDimSize(3)}, element));
   return success();
@@ -912,8 +923,7 @@ LogicalResult MoeWeightsGradOp::inferReturnTypes(
     MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
   ChoiceShape choices{loc, {}};
-  if (failed(choices.add(adaptor.getExperts(), "experts")) ||
-      failed(choices.add(adaptor.getSlots(), "slots")))
+  if (failed(choices.addChoices(adaptor.getExperts(), adaptor.getSlots())))
     return failure();
   auto tokens = rankedOperand(loc, adaptor.getTokens(), "tokens");
   auto buffers = expertBuffers(loc, adaptor.getBuffers(), "buffers", choices);
