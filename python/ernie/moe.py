@@ -35,8 +35,10 @@ from . import functional as F
 from .nn import Module, parameter
 
 _NUMPY = {"f32": np.float32, "f64": np.float64}
-# Above parameter placements (0), as sequence parallelism's constraints: the
-# buffers move to the experts, not the experts to the tokens.
+# As strong as the plan's placements (0, the strongest level): at
+# sequence parallelism's weaker 1, propagation reached the buffers first
+# from the expert-split weights and gathered the tokens of the whole step
+# (docs/architecture.md, departure r).
 _EP_PRIORITY = 0
 
 
