@@ -457,6 +457,68 @@ TEST(CpuKernels, AttentionGradientMatchesFiniteDifferences) {
   }
 }
 
+TEST(CpuKernels, AttentionInQueryStripsMatchesTheWholeMatrix) {
+  // 150 queries: strips of 64, 64 and 22, the causal ones stopping at their
+  // last row's key. The forward equals softmax over the whole score matrix
+  // (written out here), and the gradients finite differences, at a sample
+  // of entries of every strip.
+  const int64_t s = 150, hq = 2, hkv = 1, d = 4;
+  for (bool causal : {false, true}) {
+    auto q = make<double>({1, s, hq, d}, DType::F64, 21);
+    auto k = make<double>({1, s, hkv, d}, DType::F64, 22);
+    auto v = make<double>({1, s, hkv, d}, DType::F64, 23);
+    auto w = make<double>({1, s, hq, d}, DType::F64, 24);
+    Attrs attrs;
+    attrs.set("causal", causal);
+    auto o = make<double>({1, s, hq, d}, DType::F64);
+    run("ernie.attention", {q.view(), k.view(), v.view()}, {o.view()}, attrs);
+    double scale = 1.0 / std::sqrt(double(d)), worst = 0;
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < s; ++i) {
+        std::vector<double> score(s, -INFINITY);
+        double peak = -INFINITY, total = 0;
+        for (int64_t t = 0; t < s && (!causal || t <= i); ++t) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += q.data[(i * hq + h) * d + c] * k.data[t * d + c];
+          score[t] = dot * scale;
+          peak = std::max(peak, score[t]);
+        }
+        for (double &x : score)
+          total += x = std::exp(x - peak);
+        for (int64_t c = 0; c < d; ++c) {
+          double want = 0;
+          for (int64_t t = 0; t < s; ++t)
+            want += score[t] / total * v.data[t * d + c];
+          worst = std::max(worst, std::abs(o.data[(i * hq + h) * d + c] - want));
+        }
+      }
+    EXPECT_LT(worst, 1e-12) << "causal=" << causal;
+
+    auto forward = [&] {
+      auto out = make<double>({1, s, hq, d}, DType::F64);
+      run("ernie.attention", {q.view(), k.view(), v.view()}, {out.view()}, attrs);
+      return weightedSum(out.data, w.data);
+    };
+    auto dq = make<double>({1, s, hq, d}, DType::F64),
+         dk = make<double>({1, s, hkv, d}, DType::F64),
+         dv = make<double>({1, s, hkv, d}, DType::F64);
+    run("ernie.attention_grad", {q.view(), k.view(), v.view(), w.view()},
+        {dq.view(), dk.view(), dv.view()}, attrs);
+    for (auto [x, g] : {std::pair{&q, &dq}, std::pair{&k, &dk}, std::pair{&v, &dv}})
+      for (size_t i = 0; i < x->data.size(); i += 37) {
+        double saved = x->data[i], step = 1e-6;
+        x->data[i] = saved + step;
+        double up = forward();
+        x->data[i] = saved - step;
+        double down = forward();
+        x->data[i] = saved;
+        EXPECT_NEAR(g->data[i], (up - down) / (2 * step), 1e-7)
+            << "causal=" << causal << " entry " << i;
+      }
+  }
+}
+
 TEST(CpuKernels, CrossEntropyAndItsGradient) {
   for (const char *reduction : {"mean", "sum", "none"}) {
     auto logits = make<double>({2, 3, 5}, DType::F64, 21);

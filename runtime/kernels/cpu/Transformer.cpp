@@ -158,18 +158,25 @@ void stridedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
        std::max<int64_t>(ldb, 1), beta, c, std::max<int64_t>(ldc, 1));
 }
 
-/// Softmax probabilities P [sq, sk] (row stride sk) of one query head
-/// against its key head: S = scale * Q K^T by GEMM, then per row the
-/// max-subtracted softmax over the visible keys (t <= row when causal);
-/// masked entries are 0.
+/// Queries are taken in strips of this many rows: a strip's scores are
+/// [rows, keys it sees], so no [sq, sk] matrix is ever held, and under a
+/// causal mask a strip's GEMMs stop at its last row's key — the masked
+/// tiles above the diagonal are never computed (about half the work).
+constexpr int64_t kQueryStrip = 64;
+
+/// Softmax probabilities P [rows, end] (row stride `end`) of query rows
+/// [s0, s0 + rows) of one head against keys [0, end): S = scale * Q K^T by
+/// GEMM, then per row the max-subtracted softmax over the visible keys
+/// (t <= row when causal); masked entries are 0.
 template <typename T>
 void probabilities(const T *qh, int64_t ldq, const T *kh, int64_t ldk,
-                   int64_t sq, int64_t sk, int64_t d, bool causal, T scale,
-                   T *p) {
-  stridedGemm(false, true, sq, sk, d, scale, qh, ldq, kh, ldk, T(0), p, sk);
-  for (int64_t s = 0; s < sq; ++s) {
-    T *row = p + s * sk;
-    int64_t last = causal ? s : sk - 1;
+                   int64_t s0, int64_t rows, int64_t end, int64_t d,
+                   bool causal, T scale, T *p) {
+  stridedGemm(false, true, rows, end, d, scale, qh + s0 * ldq, ldq, kh, ldk,
+              T(0), p, end);
+  for (int64_t r = 0; r < rows; ++r) {
+    T *row = p + r * end;
+    int64_t last = causal ? s0 + r : end - 1;
     T peak = -std::numeric_limits<T>::infinity();
     for (int64_t t = 0; t <= last; ++t)
       peak = std::max(peak, row[t]);
@@ -180,15 +187,15 @@ void probabilities(const T *qh, int64_t ldq, const T *kh, int64_t ldk,
     }
     for (int64_t t = 0; t <= last; ++t)
       row[t] /= total;
-    for (int64_t t = last + 1; t < sk; ++t)
+    for (int64_t t = last + 1; t < end; ++t)
       row[t] = T(0);
   }
 }
 
-/// Per (batch, query head) GEMMs on strided head views. Query head h reads
-/// key/value head h / (hq / hkv); shared key/value heads accumulate their
-/// gradients over query heads in increasing order, so results are
-/// reproducible bit for bit.
+/// Per (batch, query head, strip of kQueryStrip queries) GEMMs on strided
+/// head views. Query head h reads key/value head h / (hq / hkv); shared
+/// key/value heads accumulate their gradients over query heads and strips
+/// in increasing order, so results are reproducible bit for bit.
 void attention(const std::vector<TensorView> &in,
                const std::vector<TensorView> &out, const Attrs &attrs,
                bool backward) {
@@ -210,25 +217,34 @@ void attention(const std::vector<TensorView> &in,
     T scale = static_cast<T>(scaleAttr);
     // Row strides of one head's [seq, dim] slice.
     int64_t ldq = Q.h * Q.d, ldk = K.h * K.d, ldv = V.h * V.d, ldo = Q.h * V.d;
-    int64_t sq = Q.s, sk = K.s;
-    std::vector<T> scratch((backward ? 2 : 1) * sq * sk);
-    T *p = scratch.data(), *dp = p + sq * sk;
+    int64_t sq = Q.s, sk = K.s, strip = std::min(sq, kQueryStrip);
+    std::vector<T> scratch((backward ? 2 : 1) * strip * sk);
+    T *p = scratch.data(), *dp = p + strip * sk;
     auto qHead = [&](auto *base, int64_t b, int64_t h, int64_t dim) {
       return base + (b * sq * Q.h + h) * dim;
     };
     auto kvHead = [&](auto *base, int64_t b, int64_t h, int64_t dim) {
       return base + (b * sk * K.h + h) * dim;
     };
+    // Strip [s0, s0 + rows) sees keys [0, end).
+    auto forEachStrip = [&](auto fn) {
+      for (int64_t s0 = 0; s0 < sq; s0 += strip) {
+        int64_t rows = std::min(strip, sq - s0);
+        fn(s0, rows, causal ? s0 + rows : sk);
+      }
+    };
     if (!backward) {
       T *o = out[0].as<T>();
       for (int64_t b = 0; b < Q.b; ++b)
         for (int64_t h = 0; h < Q.h; ++h) {
           int64_t kv = h / group;
-          probabilities(qHead(q, b, h, Q.d), ldq, kvHead(k, b, kv, K.d), ldk,
-                        sq, sk, Q.d, causal, scale, p);
-          stridedGemm(false, false, sq, V.d, sk, T(1), p, sk,
-                      kvHead(v, b, kv, V.d), ldv, T(0), qHead(o, b, h, V.d),
-                      ldo);
+          const T *kh = kvHead(k, b, kv, K.d), *vh = kvHead(v, b, kv, V.d);
+          forEachStrip([&](int64_t s0, int64_t rows, int64_t end) {
+            probabilities(qHead(q, b, h, Q.d), ldq, kh, ldk, s0, rows, end,
+                          Q.d, causal, scale, p);
+            stridedGemm(false, false, rows, V.d, end, T(1), p, end, vh, ldv,
+                        T(0), qHead(o, b, h, V.d) + s0 * ldo, ldo);
+          });
         }
       return;
     }
@@ -242,27 +258,31 @@ void attention(const std::vector<TensorView> &in,
         int64_t kv = h / group;
         const T *qh = qHead(q, b, h, Q.d), *doh = qHead(dout, b, h, V.d);
         const T *kh = kvHead(k, b, kv, K.d), *vh = kvHead(v, b, kv, V.d);
-        probabilities(qh, ldq, kh, ldk, sq, sk, Q.d, causal, scale, p);
-        // dV += P^T dO; dP = dO V^T.
-        stridedGemm(true, false, sk, V.d, sq, T(1), p, sk, doh, ldo, T(1),
-                    kvHead(dv, b, kv, V.d), ldv);
-        stridedGemm(false, true, sq, sk, V.d, T(1), doh, ldo, vh, ldv, T(0),
-                    dp, sk);
-        // dS = P * (dP - rowsum(dP * P)), in place of dP.
-        for (int64_t s = 0; s < sq; ++s) {
-          const T *prow = p + s * sk;
-          T *row = dp + s * sk;
-          T dot = 0;
-          for (int64_t t = 0; t < sk; ++t)
-            dot += row[t] * prow[t];
-          for (int64_t t = 0; t < sk; ++t)
-            row[t] = prow[t] * (row[t] - dot);
-        }
-        // dQ = scale * dS K; dK += scale * dS^T Q.
-        stridedGemm(false, false, sq, Q.d, sk, scale, dp, sk, kh, ldk, T(0),
-                    qHead(dq, b, h, Q.d), ldq);
-        stridedGemm(true, false, sk, K.d, sq, scale, dp, sk, qh, ldq, T(1),
-                    kvHead(dk, b, kv, K.d), ldk);
+        forEachStrip([&](int64_t s0, int64_t rows, int64_t end) {
+          probabilities(qh, ldq, kh, ldk, s0, rows, end, Q.d, causal, scale,
+                        p);
+          const T *dos = doh + s0 * ldo, *qs = qh + s0 * ldq;
+          // dV += P^T dO; dP = dO V^T.
+          stridedGemm(true, false, end, V.d, rows, T(1), p, end, dos, ldo,
+                      T(1), kvHead(dv, b, kv, V.d), ldv);
+          stridedGemm(false, true, rows, end, V.d, T(1), dos, ldo, vh, ldv,
+                      T(0), dp, end);
+          // dS = P * (dP - rowsum(dP * P)), in place of dP.
+          for (int64_t r = 0; r < rows; ++r) {
+            const T *prow = p + r * end;
+            T *row = dp + r * end;
+            T dot = 0;
+            for (int64_t t = 0; t < end; ++t)
+              dot += row[t] * prow[t];
+            for (int64_t t = 0; t < end; ++t)
+              row[t] = prow[t] * (row[t] - dot);
+          }
+          // dQ = scale * dS K; dK += scale * dS^T Q.
+          stridedGemm(false, false, rows, Q.d, end, scale, dp, end, kh, ldk,
+                      T(0), qHead(dq, b, h, Q.d) + s0 * ldq, ldq);
+          stridedGemm(true, false, end, K.d, rows, scale, dp, end, qs, ldq,
+                      T(1), kvHead(dk, b, kv, K.d), ldk);
+        });
       }
   });
 }
