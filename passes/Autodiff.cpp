@@ -42,6 +42,38 @@ bool isFloatTensor(Type type) {
   return t && isa<FloatType>(t.getElementType());
 }
 
+/// The forward's results after the loss: each the new value of a state
+/// argument (`ernie.opt_state` = name) it names by `ernie.updates`, of that
+/// argument's type — a rule, not a gradient, updates it (MoE's aux-free
+/// balancing bias). Not differentiated; the step carries them.
+LogicalResult checkStateUpdates(func::FuncOp forward) {
+  for (unsigned r = 1; r < forward.getNumResults(); ++r) {
+    auto name = forward.getResultAttrOfType<StringAttr>(
+        r, ErnieDialect::kUpdatesAttrName);
+    if (!name)
+      return forward.emitError("result #")
+             << r << " of the loss function is not the loss: extra results "
+             << "must update a state argument (ernie.updates)";
+    bool found = false;
+    for (unsigned i = 0; i < forward.getNumArguments() && !found; ++i)
+      if (auto arg = forward.getArgAttrOfType<StringAttr>(
+              i, ErnieDialect::kOptStateAttrName);
+          arg && arg == name) {
+        if (forward.getArgumentTypes()[i] != forward.getResultTypes()[r])
+          return forward.emitError("result #")
+                 << r << " updates '" << name.getValue() << "' of type "
+                 << forward.getArgumentTypes()[i] << " with "
+                 << forward.getResultTypes()[r];
+        found = true;
+      }
+    if (!found)
+      return forward.emitError("result #")
+             << r << " updates '" << name.getValue()
+             << "', which no argument holds (ernie.opt_state)";
+  }
+  return success();
+}
+
 /// Builds `@<name>_grad` next to `forward`.
 FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
                                                double lossScale) {
@@ -49,12 +81,14 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
     return forward.emitError("cannot differentiate a declaration");
   if (!forward.getBody().hasOneBlock())
     return forward.emitError("autodiff handles single-block functions");
-  if (forward.getNumResults() != 1 ||
+  if (forward.getNumResults() < 1 ||
       !isFloatTensor(forward.getResultTypes()[0]) ||
       cast<RankedTensorType>(forward.getResultTypes()[0]).getRank() != 0)
     return forward.emitError("the loss function must return one scalar "
                              "float tensor (tensor<f32>), got ")
            << forward.getFunctionType();
+  if (failed(checkStateUpdates(forward)))
+    return failure();
 
   std::string gradName = (forward.getSymName() + "_grad").str();
   if (SymbolTable::lookupNearestSymbolFrom(forward, StringAttr::get(
@@ -206,6 +240,8 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
     }
     results.push_back(constrain(g));
   }
+  // State updates follow the gradients.
+  llvm::append_range(results, ret.getOperands().drop_front());
   func::ReturnOp::create(builder, ret.getLoc(), results);
   ret.erase();
   SmallVector<Type> resultTypes;
@@ -311,10 +347,13 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   Location loc = forward.getLoc();
   OpBuilder b(ctx);
   bool sgd = opts.optimizer == "sgd";
-  SmallVector<unsigned> paramIdx, batchIdx;
+  SmallVector<unsigned> paramIdx, stateIdx, batchIdx;
   for (unsigned i = 0; i < forward.getNumArguments(); ++i)
-    (forward.getArgAttr(i, ErnieDialect::kParamAttrName) ? paramIdx : batchIdx)
+    (forward.getArgAttr(i, ErnieDialect::kParamAttrName)     ? paramIdx
+     : forward.getArgAttr(i, ErnieDialect::kOptStateAttrName) ? stateIdx
+                                                              : batchIdx)
         .push_back(i);
+  unsigned nUpdates = forward.getNumResults() - 1;
   // Parameters are float tensors (checked); batch arguments may be anything.
   auto argType = [&](unsigned i) {
     return cast<RankedTensorType>(forward.getArgumentTypes()[i]);
@@ -377,6 +416,12 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
       attrs.push_back(b.getNamedAttr(ErnieDialect::kPipelineRankAttrName, rank));
     inputAttrs.push_back(b.getDictionaryAttr(attrs));
   }
+  // The forward's own state (updated by its rules, not by the optimizer)
+  // after the optimizer's.
+  for (unsigned i : stateIdx) {
+    inputs.push_back(anyType(i));
+    inputAttrs.push_back(attrsOf(i));
+  }
   for (unsigned i : batchIdx) {
     inputs.push_back(anyType(i));
     inputAttrs.push_back(attrsOf(i));
@@ -397,21 +442,26 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   train.setAllArgAttrs(inputAttrs);
   Block *entry = train.addEntryBlock();
   b.setInsertionPointToEnd(entry);
-  unsigned nParams = paramIdx.size(), nSlots = slots.size();
+  unsigned nParams = paramIdx.size(), nSlots = slots.size(),
+           nStates = stateIdx.size();
   auto paramArg = [&](unsigned k) { return entry->getArgument(k); };
   auto slotArg = [&](unsigned s) { return entry->getArgument(nParams + s); };
-  Value lr = entry->getArgument(nParams + nSlots + batchIdx.size());
-  Value step = entry->getArgument(nParams + nSlots + batchIdx.size() + 1);
+  unsigned firstBatch = nParams + nSlots + nStates;
+  Value lr = entry->getArgument(firstBatch + batchIdx.size());
+  Value step = entry->getArgument(firstBatch + batchIdx.size() + 1);
 
   // The gradient, called with the forward's argument order.
   SmallVector<Value> callArgs(forward.getNumArguments());
   for (auto [k, i] : llvm::enumerate(paramIdx))
     callArgs[i] = paramArg(k);
-  for (auto [k, i] : llvm::enumerate(batchIdx))
+  for (auto [k, i] : llvm::enumerate(stateIdx))
     callArgs[i] = entry->getArgument(nParams + nSlots + k);
+  for (auto [k, i] : llvm::enumerate(batchIdx))
+    callArgs[i] = entry->getArgument(firstBatch + k);
   auto call = func::CallOp::create(b, loc, gradFn, callArgs);
   Value loss = call.getResult(0);
-  SmallVector<Value> grads(call.getResults().drop_front());
+  SmallVector<Value> grads(call.getResults().slice(1, nParams));
+  SmallVector<Value> stateUpdates(call.getResults().take_back(nUpdates));
 
   UpdatePlacement where;
   where.block = entry;
@@ -487,6 +537,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   SmallVector<Value> results{loss};
   llvm::append_range(results, newParams);
   llvm::append_range(results, newSlots);
+  llvm::append_range(results, stateUpdates);
   func::ReturnOp::create(b, loc, results);
   SmallVector<Type> resultTypes;
   for (Value v : results)
@@ -505,6 +556,13 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     if (ShardingAttr layout = layoutOf(slot.param))
       train.setResultAttr(1 + nParams + k, kShardingAttrName, layout);
   }
+  for (unsigned r = 0; r < nUpdates; ++r) {
+    train.setResultAttr(1 + nParams + nSlots + r, ErnieDialect::kUpdatesAttrName,
+                        forward.getResultAttr(1 + r, ErnieDialect::kUpdatesAttrName));
+    // Only the step updates state: called alone, the forward computes the
+    // new values and leaves the state as it is.
+    forward.removeResultAttr(1 + r, StringAttr::get(ctx, ErnieDialect::kUpdatesAttrName));
+  }
 
   // Evaluation: the forward alone.
   SmallVector<Type> evalInputs;
@@ -513,24 +571,25 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
     evalInputs.push_back(argType(i));
     evalAttrs.push_back(attrsOf(i));
   }
-  for (unsigned i : batchIdx) {
+  for (unsigned i : llvm::concat<unsigned>(stateIdx, batchIdx)) {
     evalInputs.push_back(anyType(i));
     evalAttrs.push_back(attrsOf(i));
   }
   b.setInsertionPointAfter(train);
+  // The loss alone: evaluating updates no state.
   auto eval = func::FuncOp::create(
       b, loc, "eval_step",
-      b.getFunctionType(evalInputs, forward.getResultTypes()));
+      b.getFunctionType(evalInputs, forward.getResultTypes().take_front()));
   eval.setAllArgAttrs(evalAttrs);
   Block *evalEntry = eval.addEntryBlock();
   b.setInsertionPointToEnd(evalEntry);
   SmallVector<Value> evalArgs(forward.getNumArguments());
   for (auto [k, i] : llvm::enumerate(paramIdx))
     evalArgs[i] = evalEntry->getArgument(k);
-  for (auto [k, i] : llvm::enumerate(batchIdx))
+  for (auto [k, i] : llvm::enumerate(llvm::concat<unsigned>(stateIdx, batchIdx)))
     evalArgs[i] = evalEntry->getArgument(nParams + k);
   auto evalCall = func::CallOp::create(b, loc, forward, evalArgs);
-  func::ReturnOp::create(b, loc, evalCall.getResults());
+  func::ReturnOp::create(b, loc, evalCall.getResults().take_front());
   eval.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
   return success();
 }

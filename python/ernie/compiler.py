@@ -187,12 +187,13 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
 
 
 def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None,
-           even_splits=False):
-    """(traced text, the Trace)."""
+           even_splits=False, trains=False):
+    """(traced text, the Trace). `trains`: the program has a training step,
+    so state the model updates by its own rules is recorded."""
     model._name_parameters()
     if split_points is None:
         split_points = _is_pipelined(mesh)
-    trace = Trace("forward", split_points=split_points)
+    trace = Trace("forward", split_points=split_points, updates_state=trains)
     if mesh is not None:
         trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape, even_splits)
     inputs = []
@@ -217,7 +218,12 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
         loss = out[0] if isinstance(out, (tuple, list)) else out
         if not isinstance(loss, Tensor):
             raise TypeError(f"the model must return a traced Tensor, not {type(loss).__name__}")
-        trace.tracer.finish([loss.handle])
+        if trace.state_updates and split_points:
+            raise NotImplementedError(
+                "state updated by the model's own rule (MoE aux-free balancing: "
+                f"{trace.state_updates[0][0]}) is not supported in a pipelined program yet")
+        trace.tracer.finish([loss.handle] + [t.handle for _, t in trace.state_updates],
+                            [name for name, _ in trace.state_updates])
     finally:
         for _, p in params:
             p.traced = None
@@ -228,7 +234,8 @@ class Program:
     """A compiled model on every rank of its mesh."""
 
     def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                 seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False):
+                 seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False,
+                 state_values=None):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
         # `pipeline`: None, or the pipelined program's stages, virtual_stages,
@@ -249,6 +256,7 @@ class Program:
         # the state exists (drawn from the seed first, then replaced).
         pretrained = getattr(model, "pretrained_weights", None) or {}
         values = {name: p.value for name, p in model.named_parameters() if p.value is not None}
+        values.update(state_values or {})  # state the model updates by its own rules
         valueless = [name for name, p in model.named_parameters()
                      if p.value is None and name not in pretrained]
         if valueless:
@@ -774,7 +782,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     traced, trace_state = _trace(model, example_inputs, mesh, batch_axes,
                                  pipeline["accumulate_steps"] if pipeline else 1,
                                  split_points=pipeline is not None,
-                                 even_splits=bool(plan and plan.get("even_splits")))
+                                 even_splits=bool(plan and plan.get("even_splits")),
+                                 trains=differentiate and optimizer is not None)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
     compiled, program_file = _ernie.compile(
@@ -785,4 +794,4 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           pipeline=pipeline))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
-                   trace=trace)
+                   trace=trace, state_values=trace_state.state_values)

@@ -561,22 +561,18 @@ _CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "moe_config"
 # moe_config keys -> MoEConfig fields.
 _MOE_KEYS = {"capacity_factor": "capacity_factor", "aux_loss_coef": "aux_loss_coef",
              "orthogonal_loss_coef": "orthogonal_loss_coef", "z_loss_coef": "z_loss_coef",
-             "norm_min": "norm_min"}
+             "norm_min": "norm_min", "aux_free_rate": "aux_free_rate"}
 
 
 def _configure_moe(model, moe):
     """moe_config: routing settings of every MoE layer (capacity_factor —
-    None for dropless —, the three loss coefficients, norm_min)."""
+    None for dropless —, the three loss coefficients, norm_min, and
+    aux_free_rate: the selection bias's step after each training step)."""
     from dataclasses import replace
 
     from .moe import moe_layers
     if not isinstance(moe, dict):
         raise TypeError("moe_config is a dict (" + ", ".join(sorted(_MOE_KEYS)) + ")")
-    if "aux_free_rate" in moe:
-        raise NotImplementedError(
-            "moe_config.aux_free_rate: aux-loss-free balancing (updating "
-            "e_score_correction_bias after each step) is not built yet; the bias is a "
-            "constant of the program (set MoELayer.e_score_correction_bias)")
     unknown = set(moe) - set(_MOE_KEYS)
     if unknown:
         raise ValueError(f"unknown moe_config keys {sorted(unknown)} (known: {sorted(_MOE_KEYS)})")

@@ -53,6 +53,9 @@ class MoEConfig:
     aux_loss_coef: float = 0.0
     orthogonal_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
+    # Aux-loss-free balancing: after each step the selection bias moves by
+    # rate * sign(mean usage - usage) (0: the bias is a constant).
+    aux_free_rate: float = 0.0
 
     def __post_init__(self):
         if self.k < 1 or self.k > self.num_experts:
@@ -156,7 +159,9 @@ class MoELayer(Module):
         rd = self.router_dtype
         logits = F.matmul(h.astype(rd) if h.dtype != rd else h, self.gate.p("weight"))
         probs = F.softmax(logits, -1)
-        bias = F.constant(np.asarray(self.e_score_correction_bias, _NUMPY[rd]).reshape(e))
+        initial = np.asarray(self.e_score_correction_bias, _NUMPY[rd]).reshape(e)
+        balancing = cfg.aux_free_rate and h.trace.updates_state
+        bias = h.trace.state(self.bias_name(), initial) if balancing else F.constant(initial)
         scores = F.stop_gradient(probs) + F.broadcast_to(bias, probs.shape)
         _, experts = F.topk(scores, k)  # [g, tg, k]
         chosen = F.compare(F.broadcast_to(experts.reshape(g, tg, k, 1), [g, tg, k, e]),
@@ -167,6 +172,8 @@ class MoELayer(Module):
         norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
         weights = weights / norm
 
+        if balancing:
+            self._update_bias(h.trace, bias, chosen)
         slots = F.moe_route(experts, e, c)
         self.last_dropped = F.sum(F.where(F.compare(slots, -1, "eq"),
                                           F.full(slots.shape, 1, "i64"),
@@ -183,6 +190,25 @@ class MoELayer(Module):
         if cfg.num_shared_experts:
             out = out + self.shared_experts(h)
         return out.reshape(*shape), self._losses(logits, probs, chosen, tokens * 1.0)
+
+    def bias_name(self) -> str:
+        """The selection bias's state name, a slot of the router's weight:
+        `<layer>.mlp.gate.weight:e_score_correction_bias` (Hugging Face's
+        `<layer>.mlp.moe_statics.e_score_correction_bias`)."""
+        return (self.gate._parameters["weight"].name or "gate.weight") + \
+            ":e_score_correction_bias"
+
+    def _update_bias(self, trace, bias, chosen):
+        """bias += rate * sign(mean(usage) - usage), usage the step's count
+        of choices per expert — over the whole global batch, so over every
+        rank that routes to the same experts."""
+        ones, zeros = (F.full(chosen.shape, v, bias.dtype) for v in (1.0, 0.0))
+        usage = F.sum(F.where(chosen, ones, zeros), axis=(0, 1, 2))
+        below = F.mean(usage) - usage  # positive for an under-used expert
+        step = F.where(F.compare(below, 0.0, "gt"), F.full(below.shape, 1.0, bias.dtype),
+                       F.where(F.compare(below, 0.0, "lt"), F.full(below.shape, -1.0, bias.dtype),
+                               F.full(below.shape, 0.0, bias.dtype)))
+        trace.update_state(self.bias_name(), bias + step * self.cfg.aux_free_rate)
 
     # Expert parallelism: the buffers [E, groups, capacity, hidden] leave
     # dispatch split by groups over every token axis, as the tokens are, and

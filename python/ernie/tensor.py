@@ -44,15 +44,40 @@ class Trace:
     elsewhere a boundary is the identity and leaves no op. `split_point_count`
     counts the markers recorded."""
 
-    def __init__(self, name: str = "forward", split_points: bool = True):
+    def __init__(self, name: str = "forward", split_points: bool = True,
+                 updates_state: bool = False):
         self.tracer = _ernie.Tracer(name)
         self.split_points = split_points
         self.split_point_count = 0
         self.split_layers_reached = set()  # ids of layers whose marks ran
+        # State the model updates by a rule of its own each training step
+        # (MoE's aux-free balancing bias): recorded only when the program
+        # trains (`updates_state`). name -> initial value, and the updates
+        # (name, new value) the trace returns after the loss.
+        self.updates_state = updates_state
+        self.state_values = {}
+        self.state_updates = []
+
+    def state(self, name, value) -> "Tensor":
+        """A state argument `name` starting at numpy `value`; give its new
+        value with `update_state`."""
+        import numpy as np
+        if name in self.state_values:
+            raise ValueError(f"state '{name}' is declared twice")
+        value = np.asarray(value)
+        self.state_values[name] = value
+        return Tensor(self, self.tracer.argument(list(value.shape), dtype_name(value.dtype),
+                                                 None, None, None, name))
+
+    def update_state(self, name, value: "Tensor"):
+        if name not in self.state_values:
+            raise ValueError(f"no state '{name}' to update")
+        self.state_updates.append((name, value))
 
     def argument(self, shape, dtype, param=None, sharding=None, pipeline_stages=None) -> "Tensor":
         stages = None if pipeline_stages is None else [int(s) for s in pipeline_stages]
-        handle = self.tracer.argument(list(shape), dtype_name(dtype), param, sharding, stages)
+        handle = self.tracer.argument(list(shape), dtype_name(dtype), param, sharding, stages,
+                                      None)
         return Tensor(self, handle)
 
 

@@ -245,13 +245,20 @@ public:
 
   int argument(const std::vector<int64_t> &shape, const std::string &dtype,
                std::optional<std::string> param, py::object sharding,
-               std::optional<std::vector<int64_t>> pipelineStages) {
+               std::optional<std::vector<int64_t>> pipelineStages,
+               std::optional<std::string> state) {
+    if (param && state)
+      throw py::value_error("an argument is a parameter or a state, not both");
     RankedTensorType type = tensorType(&context(), shape, dtype);
     Value v = entry_->addArgument(type, b_.getUnknownLoc());
     SmallVector<NamedAttribute> attrs;
     if (param)
       attrs.push_back(b_.getNamedAttr(ec::ErnieDialect::kParamAttrName,
                                       b_.getStringAttr(*param)));
+    // State the forward updates by a rule of its own (finish's `updates`).
+    if (state)
+      attrs.push_back(b_.getNamedAttr(ec::ErnieDialect::kOptStateAttrName,
+                                      b_.getStringAttr(*state)));
     if (!sharding.is_none()) {
       auto [mesh, dims, partials] = sharding.cast<std::tuple<
           std::string, std::vector<std::vector<std::string>>,
@@ -322,7 +329,12 @@ public:
     return {t.getShape().vec(), dtypeName(t.getElementType())};
   }
 
-  void finish(const std::vector<int> &results) {
+  /// Returns `results`; result i + 1 is the new value of state
+  /// `updates[i]` (the loss comes first).
+  void finish(const std::vector<int> &results,
+              const std::vector<std::string> &updates) {
+    if (updates.size() + 1 != results.size() && !(results.empty() && updates.empty()))
+      throw py::value_error("finish: one state name per result after the first");
     SmallVector<Value> values;
     for (int id : results)
       values.push_back(value(id));
@@ -330,6 +342,9 @@ public:
     fn_.setType(b_.getFunctionType(entry_->getArgumentTypes(),
                                    ValueRange(values).getTypes()));
     fn_.setAllArgAttrs(argAttrs_);
+    for (auto [i, name] : llvm::enumerate(updates))
+      fn_.setResultAttr(i + 1, ec::ErnieDialect::kUpdatesAttrName,
+                        b_.getStringAttr(name));
     DiagnosticCollector diagnostics(&context());
     if (failed(verify(*module_)))
       throw py::value_error(diagnostics.take("the traced module does not verify"));
@@ -1029,12 +1044,13 @@ PYBIND11_MODULE(_ernie, m) {
            py::arg("sizes"), py::arg("even_splits") = false)
       .def("argument", &Tracer::argument, py::arg("shape"), py::arg("dtype"),
            py::arg("param") = py::none(), py::arg("sharding") = py::none(),
-           py::arg("pipeline_stages") = py::none())
+           py::arg("pipeline_stages") = py::none(), py::arg("state") = py::none())
       .def("op", &Tracer::op, py::arg("name"), py::arg("operands"),
            py::arg("attrs") = py::dict(), py::arg("result_types") = py::none(),
            py::arg("location") = "")
       .def("type_of", &Tracer::typeOf)
-      .def("finish", &Tracer::finish)
+      .def("finish", &Tracer::finish, py::arg("results"),
+           py::arg("updates") = std::vector<std::string>())
       .def("text", &Tracer::text);
 
   m.def("compile", &compileModule, py::arg("module"), py::arg("pipeline"),

@@ -109,3 +109,35 @@ def test_capacity_that_drops_everything_names_the_layer():
 def test_topk_above_the_expert_count_is_refused():
     with pytest.raises(ValueError, match=r"moe_k = 5 must be in \[1, moe_num_experts = 4\]"):
         MoEConfig(num_experts=4, k=5, intermediate_size=8)
+
+
+def test_aux_free_balancing_moves_the_bias_as_the_reference():
+    """With aux_free_rate the selection bias is training state: after each
+    step bias += rate * sign(mean(usage) - usage), usage the step's choices
+    per expert. A zero learning rate keeps the weights, so only the bias
+    changes the routing from step to step; the reference replays it."""
+    rate = 0.01
+    cfg = MoEConfig(num_experts=E, k=K, intermediate_size=I, capacity_factor=1.0,
+                    aux_free_rate=rate)
+    model = Probe(cfg)
+    set_token_groups(model, 2)
+    r = np.random.default_rng(5).standard_normal((B, S, H))
+    prog = ernie.compile(model, ernie.optimizer.SGD(0.0), [r])
+    name = "mlp.gate.weight:e_score_correction_bias"
+    state = {n: p.value for n, p in model.named_parameters()}
+    params = {"router": state["mlp.gate.weight"], "gate": state["mlp.experts.gate_proj.weight"],
+              "up": state["mlp.experts.up_proj.weight"],
+              "down": state["mlp.experts.down_proj.weight"]}
+    bias, usages = np.zeros(E), set()
+    for _ in range(4):
+        prog.step(r)
+        o = ref.moe_layer(state["x"].reshape(-1, H), params, k=K, groups=2,
+                          capacity_factor=1.0, norm_min=cfg.norm_min, bias=bias)
+        usage = np.bincount(o["experts"].reshape(-1), minlength=E)
+        usages.add(tuple(usage))
+        bias = ref.aux_free_bias_update(bias, usage, rate)
+        np.testing.assert_array_equal(prog.state_dict()[name], bias)
+    assert len(usages) > 1, "the bias is meant to change the routing"
+    # Evaluating and the forward alone leave the bias as it is.
+    prog.eval(r)
+    np.testing.assert_array_equal(prog.state_dict()[name], bias)

@@ -62,6 +62,7 @@ class Ernie4_5Config:
     router_aux_loss_coef: float = 0.0
     router_orthogonal_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
+    moe_aux_free_rate: float = 0.0  # aux-loss-free balancing's bias step (0: off)
     initializer_range: float = 0.02
     dtype: str = "f32"
     seed: int = 0
@@ -84,7 +85,8 @@ class Ernie4_5Config:
                          capacity_factor=self.moe_capacity_factor, norm_min=self.moe_norm_min,
                          aux_loss_coef=self.router_aux_loss_coef,
                          orthogonal_loss_coef=self.router_orthogonal_loss_coef,
-                         z_loss_coef=self.router_z_loss_coef)
+                         z_loss_coef=self.router_z_loss_coef,
+                         aux_free_rate=self.moe_aux_free_rate)
 
     def is_moe_layer(self, i: int) -> bool:
         end = self.moe_layer_end_index
@@ -292,8 +294,10 @@ class Ernie4_5ForCausalLM(Module):
         values = {n: p.value for n, p in self.named_parameters()}
         if state is not None:
             values.update({n: state[n] for n in values if n in state})
-        biases = {i: l.mlp.e_score_correction_bias for i, l in enumerate(self.model.layers)
-                  if l.is_moe}
+        # A trained program's state holds the balanced biases (aux-free).
+        self._name_parameters()
+        biases = {i: (state or {}).get(l.mlp.bias_name(), l.mlp.e_score_correction_bias)
+                  for i, l in enumerate(self.model.layers) if l.is_moe}
         torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
         config = {f.name: getattr(cfg, f.name) for f in fields(cfg)
                   if f.name not in ("dtype", "seed", "initializer_range")}
