@@ -220,8 +220,8 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
             raise TypeError(f"the model must return a traced Tensor, not {type(loss).__name__}")
         if trace.state_updates and split_points:
             raise NotImplementedError(
-                "state updated by the model's own rule (MoE aux-free balancing: "
-                f"{trace.state_updates[0][0]}) is not supported in a pipelined program yet")
+                "state updated by the model's own rule (such as MoE aux-free balancing: "
+                f"'{trace.state_updates[0][0]}') is not supported in a pipelined program yet")
         trace.tracer.finish([loss.handle] + [t.handle for _, t in trace.state_updates],
                             [name for name, _ in trace.state_updates])
     finally:

@@ -141,7 +141,8 @@ class MoELayer(Module):
         # Set by ep_config: the mesh axes the experts split over, and the
         # other axes that split the tokens (the buffers' groups).
         self.expert_axes, self.group_axes = [], []
-        # What the last trace routed (for tests and reports): dropped count.
+        # The last trace's count of dropped choices (a traced i64 scalar);
+        # a training program also keeps each step's in its state.
         self.last_dropped = None
 
     def forward(self, x):
@@ -178,6 +179,14 @@ class MoELayer(Module):
         self.last_dropped = F.sum(F.where(F.compare(slots, -1, "eq"),
                                           F.full(slots.shape, 1, "i64"),
                                           F.full(slots.shape, 0, "i64")))
+        if (cfg.capacity_factor is not None and h.trace.updates_state
+                and not h.trace.split_points):
+            # The step's dropped choices, observable as state
+            # (`<layer>.mlp.gate.weight:dropped`, in state_dict(); not yet
+            # in a pipelined program, whose stages carry no such state).
+            name = self.bias_name().rsplit(":", 1)[0] + ":dropped"
+            h.trace.state(name, np.zeros((), np.float32))
+            h.trace.update_state(name, F.cast(self.last_dropped, "f32"))
         ones = F.full([g, tg, k], 1.0, h.dtype)
         buf = self._by_experts(self._by_tokens(F.moe_dispatch(h, experts, slots, ones, e, c)))
         buf = buf.reshape(e, g * c, hidden)
