@@ -40,6 +40,16 @@ EXPERT_MP = {
     r"model\.layers\.\d+\.self_attn\.o_proj": dist.RowWiseParallel(),
 }
 
+# Sequence parallelism around the tensor-parallel attention and MoE MLP.
+EXPERT_MP_SP = {
+    **EXPERT_MP,
+    r"model\.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
+    r"model\.layers\.\d+\.(input|post_attention)_layernorm": dist.SequenceParallelEnable(),
+    r"model\.layers\.\d+\.self_attn": dist.SequenceParallelDisable(),
+    r"model\.layers\.\d+\.mlp": dist.SequenceParallelDisable(),
+    r"model\.norm": dist.SequenceParallelEnd(),
+}
+
 PLANS = {
     "ep4": ([4], ["ep"], {"ep_config": {"axis": "ep"}}),
     "dp2xep2": ([2, 2], ["dp", "ep"], {"dp_config": {}, "ep_config": {"axis": "ep"}}),
@@ -49,6 +59,8 @@ PLANS = {
     "ep-on-dp-zero3": ([4], ["dp"], {"dp_config": {"sharding_level": 3}, "ep_config": {"axis": "dp"}}),
     "ep2xmp2": ([2, 2], ["ep", "mp"], {"ep_config": {"axis": "ep", "token_groups": 4},
                                        "mp_config": {"parallelize_plan": EXPERT_MP}}),
+    "ep2xmp2-sp": ([2, 2], ["ep", "mp"], {"ep_config": {"axis": "ep", "token_groups": 4},
+                                          "mp_config": {"parallelize_plan": EXPERT_MP_SP}}),
     "pp2xep2": ([2, 2], ["pp", "ep"], {"ep_config": {"axis": "ep", "token_groups": 4},
                                        "pp_config": {"split_spec": "model.layers"}}),
 }
