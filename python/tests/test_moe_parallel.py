@@ -275,3 +275,21 @@ def test_checkpoint_from_ep2_resumes_on_ep4(tmp_path):
     for k in mine:
         np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
     assert other.step(IDS, LABELS) == pytest.approx(prog.step(IDS, LABELS), rel=1e-5)
+
+
+def test_hugging_face_bf16_folder_reads_back_the_rounded_values(tmp_path):
+    """save_pretrained in bf16 writes BF16 tensors (Hugging Face's
+    torch_dtype "bfloat16"); from_pretrained reads them as a bf16 model
+    whose values are the f32 originals rounded to nearest even."""
+    from ernie import _ernie, weights
+    from ernie.models.ernie4_5 import Ernie4_5_MoeForCausalLM as Moe
+    source = Moe(Ernie4_5Config(**TOY))
+    source.save_pretrained(tmp_path, dtype="bf16")
+    assert set(weights.file_dtypes(tmp_path / "model.safetensors").values()) == {"bf16"}
+    again = Moe.from_pretrained(tmp_path)
+    assert again.config.dtype == "bf16"
+    for (name, p), (_, q) in zip(source.named_parameters(), again.named_parameters()):
+        x = np.ascontiguousarray(p.value, np.float32)
+        rounded = _ernie.convert_float(_ernie.convert_float(x, "f32", "bf16"), "bf16", "f32")
+        np.testing.assert_array_equal(q.value.astype(np.float32), rounded.reshape(x.shape),
+                                      err_msg=name)
