@@ -599,13 +599,14 @@ def _configure_experts(model, mesh, ep, plan_state):
                          f"token_groups)")
     axes = ep.get("axis", "ep")
     axes = [axes] if isinstance(axes, str) else list(axes)
-    for a in axes:
-        if a not in mesh.dim_names:
-            raise ValueError(f"ep_config: the expert axis {a!r} is not a mesh dimension (the "
-                             f"mesh has {mesh.dim_names})")
     layers = moe_layers(model)
     if not layers:
         raise ValueError("ep_config: the model has no MoE layer (ernie.moe.MoELayer)")
+    for a in axes:
+        if a not in mesh.dim_names:
+            named = ", ".join(n for n, _ in layers[:3]) + (", ..." if len(layers) > 3 else "")
+            raise ValueError(f"ep_config: the expert axis {a!r} of the MoE layers ({named}) is "
+                             f"not a mesh dimension (the mesh has {mesh.dim_names})")
     degree = int(np.prod([mesh.get_dim_size(a) for a in axes]))
     if "degree" in ep and ep["degree"] != degree:
         raise ValueError(f"ep_config.degree = {ep['degree']!r}, but the expert axes "

@@ -137,7 +137,8 @@ def test_bad_expert_plans_name_the_layer():
     mesh = dist.ProcessMesh([[0, 1, 2]], ["dp", "ep"])
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp: 8 experts do not split over ep = 3"):
         dist.parallelize(model, None, mesh, {"ep_config": {"axis": "ep"}})
-    with pytest.raises(ValueError, match=r"the expert axis 'moe' is not a mesh dimension"):
+    with pytest.raises(ValueError, match=r"the expert axis 'moe' of the MoE layers "
+                                         r"\(model\.layers\.1\.mlp, .*\) is not a mesh dimension"):
         dist.parallelize(model, None, mesh, {"ep_config": {"axis": "moe"}})
     with pytest.raises(ValueError, match=r"moe_k = 9 must be in \[1, moe_num_experts = 8\]"):
         Ernie4_5Config(**{**TOY, "moe_k": 9})
