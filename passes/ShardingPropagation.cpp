@@ -328,7 +328,12 @@ bool Propagator::visit(Operation *op, int64_t level) {
       for (auto [result, value] :
            llvm::zip(call.getResults(), ret.getOperands())) {
         changed |= offerDerived(result, dropPartial(lookup(value, level)), level);
-        if (ShardingAttr s = lookup(result, level))
+        // What the caller wants of a result reaches the value the callee
+        // returns only once the callee's own ops have had their say: a
+        // gradient its producer leaves pending a sum is then all-reduced
+        // (or reduce-scattered) at the return, rather than its operands
+        // gathered to make it whole.
+        if (ShardingAttr s = lookup(result, level); s && guessing)
           changed |= offerDerived(value, s, level);
       }
     });
