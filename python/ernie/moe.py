@@ -173,12 +173,11 @@ class MoELayer(Module):
         norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
         weights = weights / norm
 
+        usage = _count(chosen, axis=(0, 1, 2), dtype=rd)  # choices per expert
         if balancing:
-            self._update_bias(h.trace, bias, chosen)
+            self._update_bias(h.trace, bias, usage)
         slots = F.moe_route(experts, e, c)
-        self.last_dropped = F.sum(F.where(F.compare(slots, -1, "eq"),
-                                          F.full(slots.shape, 1, "i64"),
-                                          F.full(slots.shape, 0, "i64")))
+        self.last_dropped = _count(F.compare(slots, -1, "eq"), dtype="i64")
         if (cfg.capacity_factor is not None and h.trace.updates_state
                 and not h.trace.split_points):
             # The step's dropped choices, observable as state
@@ -198,7 +197,7 @@ class MoELayer(Module):
                             weights.astype(h.dtype) if h.dtype != rd else weights)
         if cfg.num_shared_experts:
             out = out + self.shared_experts(h)
-        return out.reshape(*shape), self._losses(logits, probs, chosen, tokens * 1.0)
+        return out.reshape(*shape), self._losses(logits, probs, usage, tokens * 1.0)
 
     def bias_name(self) -> str:
         """The selection bias's state name, a slot of the router's weight:
@@ -207,12 +206,10 @@ class MoELayer(Module):
         return (self.gate._parameters["weight"].name or "gate.weight") + \
             ":e_score_correction_bias"
 
-    def _update_bias(self, trace, bias, chosen):
+    def _update_bias(self, trace, bias, usage):
         """bias += rate * sign(mean(usage) - usage), usage the step's count
         of choices per expert — over the whole global batch, so over every
         rank that routes to the same experts."""
-        ones, zeros = (F.full(chosen.shape, v, bias.dtype) for v in (1.0, 0.0))
-        usage = F.sum(F.where(chosen, ones, zeros), axis=(0, 1, 2))
         below = F.mean(usage) - usage  # positive for an under-used expert
         step = F.where(F.compare(below, 0.0, "gt"), F.full(below.shape, 1.0, bias.dtype),
                        F.where(F.compare(below, 0.0, "lt"), F.full(below.shape, -1.0, bias.dtype),
@@ -227,26 +224,24 @@ class MoELayer(Module):
     # gathering the tokens instead.
 
     def _by_tokens(self, buffers):
-        if not self.expert_axes:
-            return buffers
-        dims = [[], list(self.group_axes) + [a for a in self.expert_axes
-                                             if a not in self.group_axes], [], []]
-        return F.sharding_constraint(buffers, ("mesh", dims, []), _EP_PRIORITY)
+        token_axes = self.group_axes + [a for a in self.expert_axes if a not in self.group_axes]
+        return self._pin(buffers, [], token_axes)
 
     def _by_experts(self, buffers):
+        return self._pin(buffers, self.expert_axes, self.group_axes)
+
+    def _pin(self, buffers, expert_axes, group_axes):
         if not self.expert_axes:
             return buffers
-        dims = [list(self.expert_axes), list(self.group_axes), [], []]
+        dims = [list(expert_axes), list(group_axes), [], []]
         return F.sharding_constraint(buffers, ("mesh", dims, []), _EP_PRIORITY)
 
-    def _losses(self, logits, probs, chosen, tokens):
+    def _losses(self, logits, probs, usage, tokens):
         cfg, e, rd = self.cfg, self.cfg.num_experts, self.router_dtype
         terms = []
         if cfg.aux_loss_coef:
-            counts = F.sum(F.where(chosen, F.full(chosen.shape, 1.0, rd),
-                                   F.full(chosen.shape, 0.0, rd)), axis=(0, 1, 2))
             mean_p = F.mean(probs, axis=(0, 1))
-            terms.append(F.sum(mean_p * counts) * (cfg.aux_loss_coef * e / tokens))
+            terms.append(F.sum(mean_p * usage) * (cfg.aux_loss_coef * e / tokens))
         if cfg.orthogonal_loss_coef:
             w = self.gate.p("weight")  # [hidden, E]: one column per expert
             norms = F.maximum(F.sqrt(F.sum(w * w, axis=0, keepdim=True)), 1e-12)
@@ -263,6 +258,12 @@ class MoELayer(Module):
         for t in terms[1:]:
             total = total + t
         return total
+
+
+def _count(mask, axis=None, dtype="f32"):
+    """How many entries of the i1 `mask` are set (along `axis`), as `dtype`."""
+    ones, zeros = (F.full(mask.shape, v, dtype) for v in (1, 0))
+    return F.sum(F.where(mask, ones, zeros), axis=axis)
 
 
 def moe_layers(model: Module):

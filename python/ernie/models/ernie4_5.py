@@ -34,7 +34,7 @@ import numpy as np
 from .. import functional as F
 from ..moe import MoEConfig, MoELayer, SwiGLU
 from ..nn import Embedding, LayerList, Module, RMSNorm
-from .llama import _linear
+from .llama import _linear, _tied_head
 
 
 @dataclass
@@ -197,7 +197,7 @@ class Ernie4_5ForCausalLM(Module):
     def forward(self, input_ids, labels=None):
         h, aux = self.model(input_ids)
         if self.config.tie_word_embeddings:
-            logits = F.matmul(h, self.model.embed_tokens.p("weight"), transpose_b=True)
+            logits = _tied_head(self.model.embed_tokens, h)
         else:
             logits = self.lm_head(h)
         if labels is None:

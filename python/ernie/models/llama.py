@@ -232,7 +232,7 @@ class LlamaForCausalLM(Module):
     def forward(self, input_ids, labels=None):
         h = self.llama(input_ids)
         if self.config.tie_word_embeddings:
-            logits = F.matmul(h, self.llama.embed_tokens.p("weight"), transpose_b=True)
+            logits = _tied_head(self.llama.embed_tokens, h)
         else:
             logits = self.lm_head(h)
         if labels is None:
