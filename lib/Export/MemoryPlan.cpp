@@ -124,7 +124,9 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
     if (op.hasTrait<OpTrait::IsTerminator>())
       continue;
     int64_t at = position[&op];
-    if (op.getNumRegions())
+    // A fused loop's body values live in the runtime's chunk registers,
+    // never in the arena: only its inputs and results are planned.
+    if (op.getNumRegions() && !isa<FusedOp>(op))
       return op.emitError("a memory plan needs ops without regions");
     if (auto wait = dyn_cast<WaitOp>(op)) {
       // The collective received into the future's buffer: that is the

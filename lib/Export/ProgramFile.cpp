@@ -124,7 +124,8 @@ private:
   writeTensor(Value value, DictionaryAttr attrs, bool isResult,
               const MemoryPlan &plan);
   FailureOr<flatbuffers::Offset<fb::Instruction>>
-  writeInstruction(Operation &op, const MemoryPlan &plan);
+  writeInstruction(Operation &op, llvm::function_ref<uint32_t(Value)> indexOf);
+  FailureOr<flatbuffers::Offset<fb::FusedBody>> writeFusedBody(FusedOp fused);
   FailureOr<flatbuffers::Offset<fb::Attr>> writeAttr(NamedAttribute attr,
                                                      Operation &op);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>>
@@ -274,14 +275,58 @@ FailureOr<flatbuffers::Offset<fb::Attr>> Writer::writeAttr(NamedAttribute attr,
   return fb::CreateAttr(b_, b_.CreateString(attr.getName().str()), kind, value);
 }
 
+FailureOr<flatbuffers::Offset<fb::FusedBody>>
+Writer::writeFusedBody(FusedOp fused) {
+  // Values numbered as the schema says: block arguments, then results.
+  llvm::DenseMap<Value, uint32_t> index;
+  std::vector<flatbuffers::Offset<fb::Buffer>> values;
+  auto number = [&](Value v) -> LogicalResult {
+    auto type = cast<RankedTensorType>(v.getType());
+    FailureOr<fb::DType> dtype = encodeType(type.getElementType(), v.getLoc());
+    if (failed(dtype))
+      return failure();
+    index[v] = values.size();
+    values.push_back(
+        fb::CreateBuffer(b_, *dtype, b_.CreateVector(type.getShape().vec())));
+    return success();
+  };
+  Block &body = fused.getBody().front();
+  for (BlockArgument arg : body.getArguments())
+    if (failed(number(arg)))
+      return failure();
+  std::vector<flatbuffers::Offset<fb::Instruction>> steps;
+  for (Operation &op : body.without_terminator()) {
+    for (Value v : op.getResults())
+      if (failed(number(v)))
+        return failure();
+    auto step = writeInstruction(op, [&](Value v) { return index.lookup(v); });
+    if (failed(step))
+      return failure();
+    steps.push_back(*step);
+  }
+  std::vector<uint32_t> yields;
+  for (Value v : body.getTerminator()->getOperands())
+    yields.push_back(index.lookup(v));
+  return fb::CreateFusedBody(b_, b_.CreateVector(values),
+                             b_.CreateVector(steps), b_.CreateVector(yields));
+}
+
 FailureOr<flatbuffers::Offset<fb::Instruction>>
-Writer::writeInstruction(Operation &op, const MemoryPlan &plan) {
+Writer::writeInstruction(Operation &op,
+                         llvm::function_ref<uint32_t(Value)> indexOf) {
   std::string name = op.getName().getStringRef().str();
   std::vector<uint32_t> operands, results;
   for (Value v : op.getOperands())
-    operands.push_back(plan.bufferOf.lookup(v));
+    operands.push_back(indexOf(v));
   for (Value v : op.getResults())
-    results.push_back(plan.bufferOf.lookup(v));
+    results.push_back(indexOf(v));
+  flatbuffers::Offset<fb::FusedBody> body = 0;
+  if (auto fused = dyn_cast<FusedOp>(op)) {
+    auto written = writeFusedBody(fused);
+    if (failed(written))
+      return failure();
+    body = *written;
+  }
 
   std::vector<flatbuffers::Offset<fb::Attr>> attrs;
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> axes = 0;
@@ -315,7 +360,7 @@ Writer::writeInstruction(Operation &op, const MemoryPlan &plan) {
   return fb::CreateInstruction(
       b_, b_.CreateString(name), b_.CreateVector(operands),
       b_.CreateVector(results), b_.CreateVector(attrs), axes, data,
-      b_.CreateString(locationString(op.getLoc())));
+      b_.CreateString(locationString(op.getLoc())), body);
 }
 
 FailureOr<flatbuffers::Offset<fb::Function>>
@@ -369,7 +414,8 @@ Writer::writeFunction(func::FuncOp fn) {
       return op.emitError("a pipeline split point is left in the program: "
                           "run --ernie-pipeline-split, autodiff and "
                           "--ernie-pipeline-schedule before export");
-    auto inst = writeInstruction(op, *plan);
+    auto inst = writeInstruction(
+        op, [&](Value v) { return plan->bufferOf.lookup(v); });
     if (failed(inst))
       return failure();
     instructions.push_back(*inst);

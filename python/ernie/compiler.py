@@ -589,7 +589,10 @@ class Program:
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
                                     "parameter_bytes": local("parameter"),
                                     "optimizer_state_bytes": local("optimizer_state"),
-                                    "padding_bytes": sum(_padding(a, axis_sizes) for a in sig["arguments"])}
+                                    "padding_bytes": sum(_padding(a, axis_sizes) for a in sig["arguments"]),
+                                    # dispatched per call, and before --ernie-fuse
+                                    "instructions": sig["instructions"],
+                                    "unfused_instructions": sig["unfused_instructions"]}
         main = "train_step" if "train_step" in out["functions"] else next(iter(out["functions"]), None)
         # What uneven splits cost: the padding each rank's arguments hold.
         out["padding_bytes"] = out["functions"][main]["padding_bytes"] if main else 0

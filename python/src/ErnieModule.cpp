@@ -557,6 +557,13 @@ py::dict describeFunction(const rt::Function &f) {
   d["arguments"] = args;
   d["results"] = results;
   d["arena_bytes"] = f.arenaBytes;
+  // What fusion did: instructions the runtime dispatches, and the ops they
+  // stand for (a fused loop counts its body's steps).
+  size_t ops = 0;
+  for (const auto &inst : f.instructions)
+    ops += inst.body ? inst.body->steps.size() : 1;
+  d["instructions"] = f.instructions.size();
+  d["unfused_instructions"] = ops;
   return d;
 }
 

@@ -1278,6 +1278,67 @@ void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                       " is not an argument's and no instruction writes it");
 }
 
+/// An "ernie.fused" instruction's body, compiled into its kernel; its
+/// operand and result buffers must hold the body's inputs and yields.
+void decodeFused(const fb::Instruction *i, Instruction &inst,
+                 const Function &fn, const Checker &check,
+                 const std::string &where) {
+  const fb::FusedBody *b = i->body();
+  check.require(b && b->values() && b->steps() && b->yields(),
+                where + ": a fused instruction without its body");
+  auto body = std::make_shared<FusedBody>();
+  body->inputs = inst.operands.size();
+  for (const fb::Buffer *v : *b->values()) {
+    FusedValue value{decode(v->dtype(), check), ints(v->shape())};
+    std::string problem = shapeProblem(value.shape, value.type);
+    check.require(problem.empty(), where + ", fused value " +
+                                       std::to_string(body->values.size()) +
+                                       ": " + problem);
+    body->values.push_back(std::move(value));
+  }
+  for (const fb::Instruction *s : *b->steps()) {
+    FusedStep step;
+    step.op = s->op()->str();
+    const std::string at = where + ", fused step #" +
+                           std::to_string(body->steps.size()) + " (" +
+                           step.op + ")";
+    if (s->operands())
+      step.operands.assign(s->operands()->begin(), s->operands()->end());
+    if (s->results())
+      step.results.assign(s->results()->begin(), s->results()->end());
+    check.require(!s->body() && !s->data() && !s->axes(),
+                  at + ": a fused step is one elementwise op");
+    step.attrs = decodeAttrs(s->attrs(), check, at);
+    body->steps.push_back(std::move(step));
+  }
+  body->yields.assign(b->yields()->begin(), b->yields()->end());
+  check.require(body->values.size() >= body->inputs &&
+                    body->yields.size() == inst.results.size(),
+                where + ": the fused body does not match the instruction's " +
+                    "operands and results");
+  auto matches = [&](uint32_t buffer, uint32_t value) {
+    const BufferSpec &spec = fn.buffers[buffer];
+    return value < body->values.size() &&
+           spec.type == body->values[value].type &&
+           spec.shape == body->values[value].shape;
+  };
+  for (size_t k = 0; k < inst.operands.size(); ++k)
+    check.require(matches(inst.operands[k], k),
+                  where + ": operand " + std::to_string(k) +
+                      " is not the fused body's input " + std::to_string(k));
+  for (size_t k = 0; k < inst.results.size(); ++k)
+    check.require(matches(inst.results[k], body->yields[k]),
+                  where + ": result " + std::to_string(k) +
+                      " is not the value the fused body yields there");
+  try {
+    inst.fusedKernel = std::make_shared<const Kernel>(makeCpuFusedKernel(*body));
+  } catch (const KernelError &e) {
+    check.fail(where + ": " + e.what());
+  }
+  inst.kernel = inst.fusedKernel.get();
+  inst.body = std::move(body);
+}
+
 Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                         const Checker &check) {
   Function fn;
@@ -1359,7 +1420,9 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                           sorted.end(),
                       where + ": names a mesh axis twice");
       }
-      if (!isExecutorOp(inst.op)) {
+      if (inst.op == "ernie.fused") {
+        decodeFused(i, inst, fn, check, where);
+      } else if (!isExecutorOp(inst.op)) {
         inst.kernel = findCpuKernel(inst.op);
         check.require(inst.kernel != nullptr,
                       where + ": the CPU backend has no kernel for '" +

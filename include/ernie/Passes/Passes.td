@@ -367,6 +367,33 @@ def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   ];
 }
 
+def FusePass : Pass<"ernie-fuse", "ModuleOp"> {
+  let summary = "Group elementwise chains into loops the runtime runs once";
+  let description = [{
+    Groups each function's chains of elementwise ops, the broadcasts of their
+    inputs, fills, and the reductions that end them into `ernie.fused`
+    regions (see the op): the runtime runs a region as one loop over its
+    iteration shape, reading each input and writing each result once, so the
+    intermediates need no buffers and the memory plan shrinks. Runs last,
+    after partition and the pipeline schedule, on per-rank programs: a region
+    never spans a collective, a wait or a send/receive (each closes every
+    open region), and never mixes f64 with narrower floats. A region of one
+    op is left as it was.
+
+    Ops join greedily in program order: an op joins the open regions its
+    operands come from when they share its iteration shape, merging them;
+    a region closes once an op outside it reads one of its values (later
+    members would have to move past that reader) or a reduction's result.
+    The region is placed where its last member was.
+
+    Results are bit for bit those of the unfused program where every value
+    is f32 or f64. Narrower floats (bf16, f16, fp8) inside a region stay in
+    f32 and round once where the region writes them, as a fused kernel on a
+    GPU does: a chain of bf16 ops differs from its unfused form (which
+    rounds after every op) by those roundings.
+  }];
+}
+
 def PrintShardingRulesPass : Pass<"ernie-print-sharding-rules"> {
   let summary = "Report every op's sharding rule as a remark";
   let description = [{

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ElementwiseMath.h"
 #include "Registry.h"
 
 #include "ernie/runtime/FloatConvert.h"
@@ -176,32 +177,21 @@ void storeBlockFromDouble(const TensorView &v, int64_t start, int64_t n,
 
 void registerElementwiseKernels(Registry &r) {
   unaryNumeric(r, "ernie.neg", [](auto x) { return -x; });
-  unaryNumeric(r, "ernie.abs", [](auto x) { return x < 0 ? -x : x; });
-  unaryNumeric(r, "ernie.relu", [](auto x) { return x > 0 ? x : decltype(x){0}; });
+  unaryNumeric(r, "ernie.abs", [](auto x) { return math::abs(x); });
+  unaryNumeric(r, "ernie.relu", [](auto x) { return math::relu(x); });
   unaryFloat(r, "ernie.exp", [](auto x, const Attrs &) { return std::exp(x); });
   unaryFloat(r, "ernie.log", [](auto x, const Attrs &) { return std::log(x); });
   unaryFloat(r, "ernie.sqrt", [](auto x, const Attrs &) { return std::sqrt(x); });
-  unaryFloat(r, "ernie.rsqrt", [](auto x, const Attrs &) {
-    return decltype(x){1} / std::sqrt(x);
-  });
+  unaryFloat(r, "ernie.rsqrt", [](auto x, const Attrs &) { return math::rsqrt(x); });
   unaryFloat(r, "ernie.tanh", [](auto x, const Attrs &) { return std::tanh(x); });
   unaryFloat(r, "ernie.erf", [](auto x, const Attrs &) { return std::erf(x); });
-  unaryFloat(r, "ernie.reciprocal", [](auto x, const Attrs &) {
-    return decltype(x){1} / x;
-  });
-  unaryFloat(r, "ernie.sigmoid", [](auto x, const Attrs &) {
-    return decltype(x){1} / (decltype(x){1} + std::exp(-x));
-  });
-  unaryFloat(r, "ernie.silu", [](auto x, const Attrs &) {
-    return x / (decltype(x){1} + std::exp(-x));
-  });
+  unaryFloat(r, "ernie.reciprocal",
+             [](auto x, const Attrs &) { return math::reciprocal(x); });
+  unaryFloat(r, "ernie.sigmoid",
+             [](auto x, const Attrs &) { return math::sigmoid(x); });
+  unaryFloat(r, "ernie.silu", [](auto x, const Attrs &) { return math::silu(x); });
   unaryFloat(r, "ernie.gelu", [](auto x, const Attrs &attrs) {
-    using T = decltype(x);
-    if (attrs.getBool("approximate")) {
-      const T k = static_cast<T>(0.7978845608028654); // sqrt(2 / pi)
-      return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
-    }
-    return T(0.5) * x * (T(1) + std::erf(x * static_cast<T>(M_SQRT1_2)));
+    return math::gelu(x, attrs.getBool("approximate"));
   });
 
   binaryNumeric(r, "ernie.add", [](auto a, auto b) { return a + b; }, false);
@@ -228,15 +218,8 @@ void registerElementwiseKernels(Registry &r) {
     if (direction < 0 || direction > 5)
       throw KernelError("unknown compare direction");
     uint8_t *y = out[0].as<uint8_t>();
-    auto compare = [&](auto a, auto b) -> bool {
-      switch (direction) {
-      case 0: return a == b;
-      case 1: return a != b;
-      case 2: return a < b;
-      case 3: return a <= b;
-      case 4: return a > b;
-      default: return a >= b;
-      }
+    auto compare = [&](auto a, auto b) {
+      return math::compare(direction, a, b);
     };
     // Integers compare exactly: doubles cannot tell 2^53 from 2^53 + 1.
     bool integers = !isFloat(in[0].type) && in[0].type != DType::I1;

@@ -21,31 +21,47 @@
 
 namespace ernie::runtime::cpu {
 
+/// Per-operand containers: a fixed count (std::array<int64_t, N> offsets)
+/// or one known only at run time (std::vector<int64_t>, a fused loop's).
+template <typename Offsets> struct PerOperand;
+template <size_t N> struct PerOperand<std::array<int64_t, N>> {
+  template <typename T> using Of = std::array<T, N>;
+  static Of<int64_t> zeros(size_t) { return {}; }
+};
+template <> struct PerOperand<std::vector<int64_t>> {
+  template <typename T> using Of = std::vector<T>;
+  static Of<int64_t> zeros(size_t n) { return Of<int64_t>(n, 0); }
+};
+
 /// One shape and, per operand, its element stride along each dimension
 /// (0: the operand does not move along it, as a broadcast's input).
-template <size_t N> struct StridedSpace {
+template <typename Offsets> struct BasicStridedSpace {
+  using Operands = PerOperand<Offsets>;
   std::vector<int64_t> shape;
-  std::array<std::vector<int64_t>, N> strides;
+  typename Operands::template Of<std::vector<int64_t>> strides;
 
   /// Drops extent-1 dimensions and merges dimension d into d + 1 where
   /// every operand steps over d + 1 exactly once per step of d.
   void simplify() {
+    const size_t n = strides.size();
     std::vector<int64_t> s;
-    std::array<std::vector<int64_t>, N> t;
+    auto t = strides;
+    for (auto &each : t)
+      each.clear();
     for (size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 1)
         continue;
       bool merge = !s.empty();
-      for (size_t k = 0; k < N && merge; ++k)
+      for (size_t k = 0; k < n && merge; ++k)
         merge = t[k].back() == strides[k][d] * shape[d];
       if (merge) {
         s.back() *= shape[d];
-        for (size_t k = 0; k < N; ++k)
+        for (size_t k = 0; k < n; ++k)
           t[k].back() = strides[k][d];
         continue;
       }
       s.push_back(shape[d]);
-      for (size_t k = 0; k < N; ++k)
+      for (size_t k = 0; k < n; ++k)
         t[k].push_back(strides[k][d]);
     }
     shape = std::move(s);
@@ -55,8 +71,9 @@ template <size_t N> struct StridedSpace {
   /// fn(offsets, length, innerStrides): every innermost row, in row-major
   /// order of the shape, with each operand's element offset at its start.
   template <typename Fn> void forEachRow(Fn fn) const {
+    const size_t n = strides.size();
     const int64_t rank = static_cast<int64_t>(shape.size());
-    std::array<int64_t, N> offsets{}, inner{};
+    Offsets offsets = Operands::zeros(n), inner = Operands::zeros(n);
     if (rank == 0) {
       fn(offsets, int64_t(1), inner);
       return;
@@ -64,7 +81,7 @@ template <size_t N> struct StridedSpace {
     for (int64_t e : shape)
       if (e == 0)
         return;
-    for (size_t k = 0; k < N; ++k)
+    for (size_t k = 0; k < n; ++k)
       inner[k] = strides[k][rank - 1];
     const int64_t length = shape[rank - 1];
     std::vector<int64_t> coords(rank - 1, 0);
@@ -72,11 +89,11 @@ template <size_t N> struct StridedSpace {
       fn(offsets, length, inner);
       int64_t d = rank - 2;
       for (; d >= 0; --d) {
-        for (size_t k = 0; k < N; ++k)
+        for (size_t k = 0; k < n; ++k)
           offsets[k] += strides[k][d];
         if (++coords[d] < shape[d])
           break;
-        for (size_t k = 0; k < N; ++k)
+        for (size_t k = 0; k < n; ++k)
           offsets[k] -= strides[k][d] * shape[d];
         coords[d] = 0;
       }
@@ -85,6 +102,10 @@ template <size_t N> struct StridedSpace {
     }
   }
 };
+
+template <size_t N> using StridedSpace = BasicStridedSpace<std::array<int64_t, N>>;
+/// As many operands as a fused loop has loads and stores.
+using DynamicStridedSpace = BasicStridedSpace<std::vector<int64_t>>;
 
 /// dst[space] = src[space] for elements of `bytes` bytes (operand 0: the
 /// destination, 1: the source), a row at a time.

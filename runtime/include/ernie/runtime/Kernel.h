@@ -82,6 +82,34 @@ const Kernel *findCpuKernel(std::string_view op);
 /// Every op the CPU backend implements, sorted.
 std::vector<std::string> cpuKernelNames();
 
+/// The body of an "ernie.fused" instruction (the program file's FusedBody):
+/// `values` are the body's tensors — the first `inputs` of them the
+/// instruction's operands, then each step's results in turn — and `yields`
+/// the values written to the instruction's results, in order.
+struct FusedValue {
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+};
+struct FusedStep {
+  std::string op;
+  std::vector<uint32_t> operands, results; // indices into values
+  Attrs attrs;
+};
+struct FusedBody {
+  size_t inputs = 0;
+  std::vector<FusedValue> values;
+  std::vector<FusedStep> steps;
+  std::vector<uint32_t> yields;
+};
+
+/// The CPU kernel of a fused body: one walk over its iteration shape, a
+/// chunk of elements at a time, each input read and each result written
+/// once (Fused.cpp). Throws KernelError when the body is not one a fused
+/// region may be (an op it cannot hold, a value off the iteration shape,
+/// f64 mixed with narrower floats): the loader reports that as a malformed
+/// program.
+Kernel makeCpuFusedKernel(const FusedBody &body);
+
 /// Threads each GEMM may use (OpenBLAS). Ranks that share a process each
 /// run their own GEMMs, so the default for them is one thread per rank:
 /// OpenBLAS's own threads would oversubscribe the cores and serialize

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,10 @@ struct Instruction {
   std::vector<uint8_t> data; // constants
   std::string location;
   const Kernel *kernel = nullptr; // null for the executor's own ops
+  // "ernie.fused": its body and the kernel compiled from it (`kernel`
+  // points at it); shared, so copies of a program keep it alive.
+  std::shared_ptr<const FusedBody> body;
+  std::shared_ptr<const Kernel> fusedKernel;
 };
 
 struct Function {

@@ -58,6 +58,17 @@ public:
   }
 };
 
+/// What an op is to a fused region (FusedOp): a member computed per
+/// element, a broadcast of one of its inputs, a fill, a reduction that ends
+/// it, or nothing it may hold.
+enum class FusedRole { None, Elementwise, Broadcast, Fill, Reduction };
+FusedRole getFusedRole(Operation *op);
+/// The arithmetic an op computes in inside a fused region: f64, f32 (every
+/// narrower float widens to it), Any (only i1 masks, as a fill of i1), or
+/// None (integers: not fused). A region computes in one of f32 and f64.
+enum class FusedCompute { None, Any, F32, F64 };
+FusedCompute getFusedCompute(Operation *op);
+
 namespace detail {
 /// Runs an op's inferReturnTypes as its verifier: the shape rules of ops with
 /// inferred results are written once, there.

@@ -1353,4 +1353,53 @@ def Ernie_StageBroadcastOp : Ernie_StageCollectiveOp<"stage_broadcast"> {
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Fusion
+//===----------------------------------------------------------------------===//
+
+def Ernie_FusedOp : Ernie_Op<"fused", [Pure, IsolatedFromAbove,
+    DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>]> {
+  let summary = "elementwise ops the runtime runs as one loop";
+  let description = [{
+    A group of elementwise ops, the broadcasts of its inputs and the
+    reductions that end it (`--ernie-fuse`). The body is ordinary ernie ops
+    on whole tensors; every value it computes has the region's iteration
+    shape (the shape of its widest value), except the results of
+    `reduce_sum`, `reduce_mean` and `reduce_max`, which only `ernie.yield`
+    reads. A broadcast reads a block argument. The runtime walks the
+    iteration shape once, a chunk at a time: each input is read once, each
+    result written once, and no intermediate reaches memory. Values inside
+    compute in f32 (f64 for f64 regions) whatever their element type and
+    round only where they are yielded; reductions accumulate in that type.
+
+    ```mlir
+    %y = ernie.fused (%x, %w) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+    ^bb0(%a: tensor<4x8xf32>, %b: tensor<8xf32>):
+      %wb = ernie.broadcast %b, dims = [1] : tensor<8xf32> -> tensor<4x8xf32>
+      %s = ernie.silu %a : tensor<4x8xf32>
+      %m = ernie.mul %s, %wb : tensor<4x8xf32>
+      ernie.yield %m : tensor<4x8xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<Ernie_Tensor>:$inputs);
+  let results = (outs Variadic<Ernie_Tensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The shape every non-reduced value of the body has.
+    ::llvm::ArrayRef<int64_t> getIterationShape();
+  }];
+}
+
+def Ernie_YieldOp : Ernie_Op<"yield", [Pure, Terminator,
+                                       HasParent<"FusedOp">]> {
+  let summary = "the values a fused region writes to memory";
+  let arguments = (ins Variadic<Ernie_Tensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
+}
+
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_TD

@@ -1,0 +1,200 @@
+//===- Fuse.cpp - elementwise chains into ernie.fused regions ---------------===//
+//
+// One forward walk per function body. Each op either joins (merging) the
+// open groups its operands come from, starts a group, or — not fusible —
+// closes the groups it reads. A group is open while no op outside it has
+// read its values, so all of it can move down to where its last member is;
+// that is where its ernie.fused op goes. Communication closes every group,
+// so a region never straddles a collective or a pipeline transfer.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SetVector.h"
+
+#include <memory>
+
+namespace mlir::ernie {
+#define GEN_PASS_DEF_FUSEPASS
+#include "ernie/Passes/Passes.h.inc"
+} // namespace mlir::ernie
+
+using namespace mlir;
+using namespace mlir::ernie;
+
+namespace {
+
+struct Group {
+  SmallVector<Operation *> ops; // program order
+  SmallVector<int64_t> shape;   // the iteration shape
+  FusedCompute compute = FusedCompute::Any;
+  bool open = true;
+  Group *mergedInto = nullptr;
+};
+
+/// Ops that talk to other ranks: no region spans one.
+bool communicates(Operation *op) {
+  return isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
+             CollectivePermuteStartOp, WaitOp, SendOp, RecvOp,
+             StageAllReduceOp, StageBroadcastOp>(op);
+}
+
+/// The shape an op iterates over inside a region: a reduction's input's,
+/// any other member's result's.
+ArrayRef<int64_t> iterationShapeOf(Operation *op, FusedRole role) {
+  Value v = role == FusedRole::Reduction ? op->getOperand(0) : op->getResult(0);
+  return cast<RankedTensorType>(v.getType()).getShape();
+}
+
+bool computesCompatibly(FusedCompute a, FusedCompute b) {
+  return a == FusedCompute::Any || b == FusedCompute::Any || a == b;
+}
+
+class Fuser {
+public:
+  void run(Block &block) {
+    for (Operation &op : llvm::make_early_inc_range(block.without_terminator()))
+      visit(&op);
+    for (const std::unique_ptr<Group> &g : groups_)
+      if (!g->mergedInto && g->ops.size() > 1)
+        materialize(*g);
+  }
+
+private:
+  Group *find(Group *g) {
+    while (g && g->mergedInto)
+      g = g->mergedInto;
+    return g;
+  }
+
+  Group *groupOfValue(Value v) {
+    Operation *def = v.getDefiningOp();
+    return def ? find(groupOf_.lookup(def)) : nullptr;
+  }
+
+  void visit(Operation *op) {
+    if (communicates(op)) {
+      for (const std::unique_ptr<Group> &g : groups_)
+        g->open = false;
+      return;
+    }
+    FusedRole role = getFusedRole(op);
+    FusedCompute compute =
+        role == FusedRole::None ? FusedCompute::None : getFusedCompute(op);
+    SmallVector<Group *> joined;
+    if (compute != FusedCompute::None) {
+      ArrayRef<int64_t> shape = iterationShapeOf(op, role);
+      // A broadcast reads its operand from memory: never from a group.
+      if (role != FusedRole::Broadcast)
+        for (Value operand : op->getOperands()) {
+          Group *g = groupOfValue(operand);
+          if (!g || !g->open || llvm::is_contained(joined, g) ||
+              ArrayRef<int64_t>(g->shape) != shape ||
+              getFusedRole(operand.getDefiningOp()) == FusedRole::Reduction)
+            continue;
+          if (!computesCompatibly(g->compute, compute))
+            continue;
+          // Every joined group must agree with the others too.
+          if (llvm::any_of(joined, [&](Group *j) {
+                return !computesCompatibly(j->compute, g->compute);
+              }))
+            continue;
+          joined.push_back(g);
+        }
+    }
+    // Whatever the op reads from a group it does not join, it reads from
+    // memory: that group cannot move past it any more.
+    for (Value operand : op->getOperands())
+      if (Group *g = groupOfValue(operand); g && !llvm::is_contained(joined, g))
+        g->open = false;
+    if (compute == FusedCompute::None)
+      return;
+    Group *target;
+    if (joined.empty()) {
+      groups_.push_back(std::make_unique<Group>());
+      target = groups_.back().get();
+      target->shape.assign(iterationShapeOf(op, role).begin(),
+                           iterationShapeOf(op, role).end());
+    } else {
+      target = joined.front();
+      for (Group *other : llvm::drop_begin(joined)) {
+        target->ops.append(other->ops);
+        if (other->compute != FusedCompute::Any)
+          target->compute = other->compute;
+        other->mergedInto = target;
+      }
+      // Members in program order: a merged group's ops interleave.
+      llvm::sort(target->ops, [](Operation *a, Operation *b) {
+        return a->isBeforeInBlock(b);
+      });
+    }
+    if (compute != FusedCompute::Any)
+      target->compute = compute;
+    target->ops.push_back(op);
+    groupOf_[op] = target;
+  }
+
+  void materialize(Group &g) {
+    llvm::SmallPtrSet<Operation *, 16> members(g.ops.begin(), g.ops.end());
+    llvm::SetVector<Value> inputs;
+    SmallVector<Value> outputs;
+    for (Operation *op : g.ops) {
+      for (Value operand : op->getOperands())
+        if (!members.contains(operand.getDefiningOp()))
+          inputs.insert(operand);
+      for (Value result : op->getResults())
+        if (llvm::any_of(result.getUsers(), [&](Operation *user) {
+              return !members.contains(user);
+            }))
+          outputs.push_back(result);
+    }
+    if (outputs.empty())
+      return; // dead: leave it to DCE
+    Operation *last = g.ops.back();
+    OpBuilder b(last);
+    SmallVector<Location> locs;
+    for (Operation *op : g.ops)
+      locs.push_back(op->getLoc());
+    Location loc = b.getFusedLoc(locs);
+    SmallVector<Type> resultTypes;
+    for (Value v : outputs)
+      resultTypes.push_back(v.getType());
+    auto fused =
+        FusedOp::create(b, loc, resultTypes, inputs.getArrayRef());
+    Block *body = b.createBlock(&fused.getBody());
+    IRMapping map;
+    for (Value in : inputs)
+      map.map(in, body->addArgument(in.getType(), in.getLoc()));
+    for (Operation *op : g.ops)
+      b.clone(*op, map);
+    SmallVector<Value> yielded;
+    for (Value v : outputs)
+      yielded.push_back(map.lookup(v));
+    YieldOp::create(b, loc, yielded);
+    for (auto [old, now] : llvm::zip(outputs, fused.getResults()))
+      old.replaceUsesWithIf(now, [&](OpOperand &use) {
+        return !members.contains(use.getOwner());
+      });
+    for (Operation *op : llvm::reverse(g.ops))
+      op->erase();
+  }
+
+  SmallVector<std::unique_ptr<Group>> groups_;
+  DenseMap<Operation *, Group *> groupOf_;
+};
+
+struct FusePass : ernie::impl::FusePassBase<FusePass> {
+  void runOnOperation() override {
+    for (auto fn : getOperation().getOps<func::FuncOp>())
+      if (!fn.isExternal())
+        Fuser().run(fn.getBody().front());
+  }
+};
+
+} // namespace
