@@ -159,13 +159,14 @@ def run(cmd, env=None):
     return result.stdout
 
 
-def compile_program(c, mode, tmp, tools):
+def compile_program(c, mode, tmp, tools, fuse=True):
     src = Path(tmp, f"{mode}.mlir")
     src.write_text(ernie_module(c, mode))
     part = Path(tmp, f"{mode}.part.mlir")
     prog = Path(tmp, f"{mode}.ernie")
     run([tools["opt"], str(src), "--ernie-autodiff=optimizer=sgd",
-         "--ernie-auto-parallel-pipeline", "-o", str(part)])
+         "--ernie-auto-parallel-pipeline", *(["--ernie-fuse"] if fuse else []),
+         "-o", str(part)])
     run([tools["translate"], "--ernie-to-program", str(part), "-o", str(prog)])
     text = part.read_text()
     grad = text.split("func.func @forward_grad", 1)[-1].split("func.func @", 1)[0]
@@ -339,6 +340,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modes", default="single,dp,mp",
                         help="comma-separated: single, dp, mp, mpv (see ernie_module)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="compile without --ernie-fuse (each elementwise op its own loop)")
     parser.add_argument("--torch-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_worker:
@@ -365,7 +368,7 @@ def main():
         for mode in args.modes.split(","):
             ranks = 1 if mode == "single" else 2
             try:
-                prog, collectives = compile_program(c, mode, tmp, tools)
+                prog, collectives = compile_program(c, mode, tmp, tools, not args.no_fuse)
                 ms, losses = ernie_step_ms(prog, ranks, args.steps + 1, args.repeat, tools,
                                            batch_dir)
             except RuntimeError as e:

@@ -106,10 +106,12 @@ def _check_state_value(name, value, spec):
 
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
-              fp8_config: dict | None = None, pipeline: dict | None = None) -> str:
+              fp8_config: dict | None = None, pipeline: dict | None = None,
+              fuse: bool = True) -> str:
     """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
     virtual_stages, accumulate_steps and schedule (FThenB, 1F1B,
-    interleaved)."""
+    interleaved). `fuse`: group elementwise chains into fused loops
+    (--ernie-fuse), last."""
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = []
@@ -132,6 +134,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
                           f"schedule={pipeline['schedule']}}}")
     elif passes:
         passes.append("ernie-simplify-pipeline")  # canonicalize, CSE (as partition's pipeline does)
+    if passes and fuse:
+        passes.append("ernie-fuse")  # last: it groups the per-rank programs' elementwise chains
     return f"builtin.module({','.join(passes)})" if passes else ""
 
 
@@ -739,7 +743,7 @@ def _check_split_points(model, mesh, pipeline, trace):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False, fp8_config=None) -> Program:
+            abstract=False, trace=False, fp8_config=None, fuse=True) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
@@ -750,7 +754,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     gives its per-rank memory. `fp8_config` ({"recipe": "current",
     "fwd_format": "e4m3", "grad_format": "e5m2", "exclude": regex, "include":
     regex}, or `config["fp8_config"]`) runs the linear layers' GEMMs in FP8
-    (--ernie-fp8-lowering).
+    (--ernie-fp8-lowering). `fuse=False` keeps every elementwise op its own
+    loop (no --ernie-fuse; report()'s `instructions` shows the difference).
 
     A mesh with a "pp" axis of size > 1 pipelines the model (it needs an
     optimizer): split points come from `pp_config.split_spec`, a
@@ -794,7 +799,7 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           overlap=bool(plan and plan.get("sequence_parallel_overlap")),
                           fp8_config=fp8_config if fp8_config is not None
                           else (plan.get("fp8_config") if plan else None),
-                          pipeline=pipeline))
+                          pipeline=pipeline, fuse=fuse))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace, state_values=trace_state.state_values)
