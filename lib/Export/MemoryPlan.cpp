@@ -41,15 +41,20 @@ static int64_t alignUp(int64_t bytes) {
   return (bytes + a - 1) / a * a;
 }
 
-/// The operands an op's kernel may write its result over when they die
+/// Per result, the operands an op's kernel may write it over when they die
 /// there: any operand of an elementwise op, the tensor a shard_insert
-/// writes into.
-static SmallVector<Value> overwritableOperands(Operation *op) {
+/// writes into, and for a fused loop any input of the result's type (the
+/// loop reads a chunk of every input before it writes that chunk, and
+/// reductions are written after the last read).
+static SmallVector<SmallVector<Value>> overwritableOperands(Operation *op) {
   if (auto insert = dyn_cast<ShardInsertOp>(op))
-    return {insert.getDest()};
+    return {{insert.getDest()}};
   if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
       isa<ErnieDialect>(op->getDialect()))
-    return llvm::to_vector(op->getOperands());
+    return {llvm::to_vector(op->getOperands())};
+  if (isa<FusedOp>(op))
+    return SmallVector<SmallVector<Value>>(op->getNumResults(),
+                                           llvm::to_vector(op->getOperands()));
   return {};
 }
 
@@ -137,10 +142,9 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
       plan.bufferOf[wait.getResult()] = id;
       continue;
     }
-    if (SmallVector<Value> candidates = overwritableOperands(&op);
-        !candidates.empty()) {
-      Value result = op.getResult(0);
-      for (Value operand : candidates) {
+    SmallVector<SmallVector<Value>> candidates = overwritableOperands(&op);
+    for (auto [result, operands] : llvm::zip(op.getResults(), candidates))
+      for (Value operand : operands) {
         auto it = plan.bufferOf.find(operand);
         if (it == plan.bufferOf.end() || operand.getType() != result.getType())
           continue;
@@ -152,11 +156,8 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         ++plan.inPlaceReuses;
         break;
       }
-      if (plan.bufferOf.count(result))
-        continue;
-    }
     for (Value result : op.getResults())
-      if (failed(newBuffer(result, at)))
+      if (!plan.bufferOf.count(result) && failed(newBuffer(result, at)))
         return failure();
   }
 

@@ -80,15 +80,23 @@ def megatron_single_rank():
                                               ([2, 2], ["dp", "mp"], 0), ([2, 2], ["dp", "mp"], 2),
                                               ([2, 2], ["dp", "mp"], 3)])
 def test_overlap_is_bitwise_the_plain_program(megatron_single_rank, shape, names, zero):
-    """Every GEMM row is the same dot product in a piece as in the whole, and
-    the scattered partials are summed in rank order, as reduce_scatter sums:
-    losses and trained weights are identical bit for bit. Both equal the
-    single-rank run to f32 rounding (1e-5 relative: sums in another order)."""
+    """Every forward GEMM row is the same dot product in a piece as in the
+    whole, and the scattered partials are summed in rank order, as
+    reduce_scatter sums: the first step's loss is identical bit for bit. The
+    weight gradients are not always: a ring step's GEMM reduces over its
+    piece of the sequence and the pieces are then added, which reassociates
+    the sum over tokens against one GEMM over all of them, and whether that
+    lands on the same bits depends on how the BLAS kernel blocks K
+    (OpenBLAS's SkylakeX kernels did, its Haswell ones do not). Later steps
+    and the trained state agree to f32 rounding (1e-6 relative per step;
+    AdamW turns a gradient near 0 into a full step, so weights to 1e-6),
+    and both runs equal the single-rank run within 1e-5."""
     _, plain, plain_state = _megatron_run(shape, names, overlap=False, zero=zero)
     prog, overlapped, state = _megatron_run(shape, names, overlap=True, zero=zero)
-    assert plain == overlapped
+    assert plain[0] == overlapped[0]
+    np.testing.assert_allclose(overlapped, plain, rtol=1e-6)
     for name, value in plain_state.items():
-        np.testing.assert_array_equal(state[name], value, err_msg=name)
+        np.testing.assert_allclose(state[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(overlapped, megatron_single_rank[1], rtol=1e-5)
     # No blocking sequence-parallel collective is left around a matmul:
     # every reduce-scatter became sends, every all-gather a ring.
