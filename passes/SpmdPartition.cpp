@@ -441,6 +441,17 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
   OpBuilder b(op);
   Location loc = op->getLoc();
   MLIRContext *ctx = op->getContext();
+  // Narrow logits (bf16, f16) compute in f32, as Megatron's vocab-parallel
+  // loss does: the max, the sum of exponentials and their all-reduces are
+  // f32, and only the result is rounded to its type.
+  auto narrow = [](Type t) { return isa<FloatType>(t) && !t.isF32() && !t.isF64(); };
+  auto widen = [&](Value v) -> Value {
+    auto t = cast<RankedTensorType>(v.getType());
+    if (!narrow(t.getElementType()))
+      return v;
+    return CastOp::create(b, loc, RankedTensorType::get(t.getShape(), b.getF32Type()), v);
+  };
+  logits = widen(logits);
   auto lt = cast<RankedTensorType>(logits.getType());
   auto yt = cast<RankedTensorType>(labels.getType());
   Type f = lt.getElementType(), id = yt.getElementType();
@@ -538,7 +549,7 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
         result = DivOp::create(b, loc, result, count);
     }
   } else {
-    Value dloss = op->getOperand(2);
+    Value dloss = widen(op->getOperand(2));
     Value probs = DivOp::create(b, loc, shifted, spread(sumExp));
     Value onehot = CastOp::create(b, loc, lt, hit);
     Value keepWide = CastOp::create(
@@ -555,6 +566,8 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
         BroadcastOp::create(b, loc, lt, scale, b.getDenseI64ArrayAttr(dims)));
   }
   Value old = op->getResult(0);
+  if (result.getType() != old.getType())
+    result = CastOp::create(b, loc, old.getType(), result);
   shardings[result] = shardings.lookup(old);
   globalTypes[result] = globalTypes.lookup(old);
   old.replaceAllUsesWith(result);

@@ -415,19 +415,30 @@ static Value meanLast(G &h, Value x) {
   return h.scale(s, 1.0 / t.getDimSize(last));
 }
 
+/// The element type a norm's backward computes in: f32 for narrow floats
+/// (bf16, f16, fp8), as Hugging Face's RMSNorm upcasts and Megatron and
+/// Transformer Engine keep norm statistics, so the sums (and under
+/// partition their all-reduced partials) are f32; f32 and f64 as they are.
+static Type normComputeType(Value x) {
+  Type e = typeOf(x).getElementType();
+  return e.isF32() || e.isF64() ? e : Float32Type::get(x.getContext());
+}
+
 /// y = xhat w, xhat = x r, r = rsqrt(mean(x^2) + eps):
 /// dw = sum(g xhat); dx = r (g w - xhat mean(g w xhat)).
 LogicalResult RmsNormOp::buildGradient(OpBuilder &builder, ValueRange grads,
                                        SmallVectorImpl<Value> &out) {
   return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
-    Value x = getInput();
+    Type wide = normComputeType(getInput());
+    Value x = h.cast(getInput(), wide);
+    g = h.cast(g, wide);
     double eps = getEpsilon().convertToDouble();
     Value r = RsqrtOp::create(
         h.b, h.loc, h.add(meanLast(h, h.mul(x, x)), h.like(x, eps)));
     Value xhat = h.mul(x, r);
     Value gw = h.mul(g, spread(h, getWeight(), x));
     Value dx = h.mul(r, h.sub(gw, h.mul(xhat, meanLast(h, h.mul(gw, xhat)))));
-    out.push_back(dx);
+    out.push_back(h.cast(dx, typeOf(getInput()).getElementType()));
     out.push_back(sumLeading(h, h.mul(g, xhat),
                              typeOf(getWeight()).getElementType()));
   });
@@ -437,7 +448,9 @@ LogicalResult RmsNormOp::buildGradient(OpBuilder &builder, ValueRange grads,
 LogicalResult LayerNormOp::buildGradient(OpBuilder &builder, ValueRange grads,
                                          SmallVectorImpl<Value> &out) {
   return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
-    Value x = getInput();
+    Type wide = normComputeType(getInput());
+    Value x = h.cast(getInput(), wide);
+    g = h.cast(g, wide);
     double eps = getEpsilon().convertToDouble();
     Value centered = h.sub(x, meanLast(h, x));
     Value r = RsqrtOp::create(
@@ -448,7 +461,7 @@ LogicalResult LayerNormOp::buildGradient(OpBuilder &builder, ValueRange grads,
     Value dx = h.mul(
         r, h.sub(h.sub(gw, meanLast(h, gw)), h.mul(xhat, meanLast(h, h.mul(gw, xhat)))));
     Type paramType = typeOf(getWeight()).getElementType();
-    out.push_back(dx);
+    out.push_back(h.cast(dx, typeOf(getInput()).getElementType()));
     out.push_back(sumLeading(h, h.mul(g, xhat), paramType));
     out.push_back(sumLeading(h, g, paramType));
   });
