@@ -11,9 +11,36 @@ From a build tree: `export PYTHONPATH=$PWD/build/python`. Installed:
 `pip install .` from the repository.
 """
 
-from . import distributed, fp8, functional, nn, optimizer, pipeline
-from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004
-from .tensor import Tensor
+import os as _os
+
+
+def _preferred_gemm_kernels() -> str:
+    """The OpenBLAS kernel family for this CPU by its features, the rule of
+    the runtime's preferredGemmKernels() (Kernel.h; a test keeps the two
+    equal): Cooperlake with AVX-512 BF16, SkylakeX with AVX-512, Haswell
+    with AVX2 and FMA, "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    flags = set(flags)
+    if {"avx512f", "avx512vl", "avx512bw", "avx512dq"} <= flags:
+        return "Cooperlake" if "avx512_bf16" in flags else "SkylakeX"
+    return "Haswell" if {"avx2", "fma"} <= flags else ""
+
+
+# OpenBLAS picks its kernels from the CPU model once, as it loads (with the
+# runtime's extension, below), and falls back to Haswell's or SSE3 kernels on
+# models it does not know: 1.5-8x slower GEMMs. Unless the user chose, ernie
+# chooses by the CPU's features, as ernie-run does.
+if "OPENBLAS_CORETYPE" not in _os.environ and _preferred_gemm_kernels():
+    _os.environ["OPENBLAS_CORETYPE"] = _preferred_gemm_kernels()
+
+from . import distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
+from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402
+from .tensor import Tensor  # noqa: E402
 
 __all__ = ["Program", "Tensor", "collectives_of", "compile", "distributed", "fp8", "functional",
            "nn", "optimizer", "pipeline", "trace_model"]

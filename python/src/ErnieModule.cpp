@@ -1107,6 +1107,9 @@ PYBIND11_MODULE(_ernie, m) {
     d["warning"] = g.warning;
     return d;
   }, "The GEMM library the CPU runtime calls and the kernels it chose.");
+  m.def("preferred_gemm_kernels", &rt::preferredGemmKernels,
+        "The OpenBLAS kernel family ernie picks for this CPU from its features "
+        "(empty: OpenBLAS's own choice).");
   m.def("convert_float", &convertFloat, py::arg("array"), py::arg("from"),
         py::arg("to"),
         "f32 to a narrow float type's raw bits (uint8/uint16), or back; "

@@ -667,6 +667,7 @@ int launchGloo(const Program &program, const Options &o, char **argv) {
 } // namespace
 
 int main(int argc, char **argv) {
+  chooseCpuGemmKernels(argv);
   Options o = parseOptions(argc, argv);
   setCpuBlasThreads(o.blasThreads);
   std::string who = o.rank ? "ernie-run: rank " + std::to_string(*o.rank) + ": "

@@ -10,6 +10,8 @@
 #include "Strided.h"
 
 #include <cblas.h>
+#include <unistd.h>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cctype>
@@ -265,6 +267,51 @@ std::string GemmLibrary::describe() const {
   return library + ", " + kernels + " kernels";
 }
 
+namespace {
+std::string lowercase(std::string s) {
+  for (char &c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+/// OpenBLAS's x86 kernel families, weakest first; -1 for a family this
+/// ranking does not know (ARM, Zen's own, ...), which ernie leaves alone.
+int familyRank(const std::string &core) {
+  static const char *generic[] = {"prescott", "core2",  "katmai",
+                                  "northwood", "banias", "atom",
+                                  "nehalem",  "penryn", "dunnington",
+                                  "sandybridge"};
+  std::string c = lowercase(core);
+  for (const char *g : generic)
+    if (c == g)
+      return 0;
+  if (c == "haswell")
+    return 1;
+  if (c == "skylakex")
+    return 2;
+  if (c == "cooperlake" || c == "sapphirerapids")
+    return 3;
+  return -1;
+}
+} // namespace
+
+std::string preferredGemmKernels() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  bool avx512 = __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512bf16"))
+    return "Cooperlake";
+  if (avx512)
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return "Haswell";
+#endif
+  return "";
+}
+
 GemmLibrary cpuGemmLibrary() {
   GemmLibrary g;
   const char *config = openblas_get_config(), *core = openblas_get_corename();
@@ -272,24 +319,27 @@ GemmLibrary cpuGemmLibrary() {
   while (!g.library.empty() && g.library.back() == ' ')
     g.library.pop_back();
   g.kernels = core ? core : "unknown";
-  // The families OpenBLAS falls back to when it does not recognise a CPU,
-  // beside what the CPU can run.
-  std::string lower;
-  for (char c : g.kernels)
-    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  bool generic = lower == "prescott" || lower == "core2" || lower == "katmai" ||
-                 lower == "northwood" || lower == "banias" || lower == "atom" ||
-                 lower == "nehalem" || lower == "penryn" || lower == "dunnington";
-#if defined(__x86_64__) || defined(__i386__)
-  const char *best = __builtin_cpu_supports("avx512f") ? "AVX-512"
-                     : __builtin_cpu_supports("avx2") ? "AVX2"
-                                                      : nullptr;
-  if (generic && best)
-    g.warning = "OpenBLAS runs its " + g.kernels + " kernels on a CPU with " +
-                best + ": GEMMs are several times slower than they could be "
-                "(OpenBLAS did not recognise this CPU; OPENBLAS_CORETYPE="
-                "SkylakeX or Haswell selects faster kernels)";
-#endif
+  std::string best = preferredGemmKernels();
+  int have = familyRank(g.kernels), could = familyRank(best);
+  if (have >= 0 && have < could)
+    g.warning = "OpenBLAS runs its " + g.kernels + " kernels on a CPU that "
+                "runs its " + best + " ones: GEMMs are up to several times "
+                "slower than they could be (OpenBLAS did not recognise this "
+                "CPU; OPENBLAS_CORETYPE=" + best + " selects them, which "
+                "ernie-run and `import ernie` do unless the variable is set)";
   return g;
+}
+
+void chooseCpuGemmKernels(char **argv) {
+  if (std::getenv("OPENBLAS_CORETYPE"))
+    return; // the user's choice, or ours on the second start
+  std::string best = preferredGemmKernels();
+  const char *core = openblas_get_corename();
+  if (best.empty() || !core || lowercase(core) == lowercase(best))
+    return;
+  // OpenBLAS reads the variable only when it loads: start again with it.
+  ::setenv("OPENBLAS_CORETYPE", best.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  // exec failed (no /proc): run on with what OpenBLAS chose.
 }
 } // namespace ernie::runtime

@@ -129,6 +129,19 @@ struct GemmLibrary {
 };
 GemmLibrary cpuGemmLibrary();
 
+/// The OpenBLAS kernel family ernie runs on this CPU, chosen from its
+/// features rather than its model number (which OpenBLAS 0.3.21 does not
+/// know for recent CPUs, falling back to Haswell's or SSE3 kernels):
+/// "Cooperlake" with AVX-512 BF16, "SkylakeX" with AVX-512, "Haswell" with
+/// AVX2 and FMA; empty elsewhere (OpenBLAS's own choice stands).
+std::string preferredGemmKernels();
+
+/// For a program's main(): when OpenBLAS chose other kernels than
+/// preferredGemmKernels() and OPENBLAS_CORETYPE is unset, re-executes the
+/// program (argv as main got it) with the variable set — OpenBLAS reads it
+/// only as it loads. Returns when nothing needs to change.
+void chooseCpuGemmKernels(char **argv);
+
 } // namespace ernie::runtime
 
 #endif // ERNIE_RUNTIME_KERNEL_H
