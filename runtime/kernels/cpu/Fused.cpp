@@ -31,6 +31,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 namespace ernie::runtime {
 
@@ -393,10 +394,12 @@ void store(DType type, const T *src, int64_t n, void *dst, int64_t step) {
   }
 }
 
-template <typename T> void run(const Step &s, T *regs, int64_t n) {
+/// One step over n elements: operands through `at` (a register, or the
+/// input itself where it is read in place), the result into its register.
+template <typename T>
+void run(const Step &s, const T *const *at, T *regs, int64_t n) {
   T *y = regs + s.out * kChunk;
-  const T *a = regs + s.a * kChunk, *b = regs + s.b * kChunk,
-          *c = regs + s.c * kChunk;
+  const T *a = at[s.a], *b = at[s.b], *c = at[s.c];
   auto unary = [&](auto fn) {
     for (int64_t j = 0; j < n; ++j)
       y[j] = fn(a[j]);
@@ -468,11 +471,19 @@ void accumulate(Reduction kind, const T *x, int64_t n, T *acc, int64_t step) {
 template <typename T>
 void execute(const Compiled &c, const std::vector<TensorView> &in,
              const std::vector<TensorView> &out) {
-  // Registers and accumulators, reused by every call on this thread.
+  // Registers and accumulators, reused by every call on this thread. A
+  // register is read through `at`: its own storage, or for an input read
+  // contiguously in the compute type the input's memory (no copy).
   thread_local std::vector<T> registers, accumulators;
+  thread_local std::vector<const T *> at;
   if (registers.size() < c.registers * kChunk)
     registers.resize(c.registers * kChunk);
   T *regs = registers.data();
+  if (at.size() < c.registers)
+    at.resize(c.registers);
+  for (size_t r = 0; r < c.registers; ++r)
+    at[r] = regs + r * kChunk;
+  constexpr DType compute = std::is_same_v<T, float> ? DType::F32 : DType::F64;
   // Reductions accumulate in the compute type, one run per reduction.
   if (accumulators.size() < c.accumulators)
     accumulators.resize(c.accumulators);
@@ -483,7 +494,7 @@ void execute(const Compiled &c, const std::vector<TensorView> &in,
       std::fill_n(accumulators.data() + s.accumulator, s.elements, init);
     }
   const size_t loads = c.loads.size();
-  c.space.forEachRow([&](const std::vector<int64_t> &at, int64_t length,
+  c.space.forEachRow([&](const std::vector<int64_t> &offsets, int64_t length,
                          const std::vector<int64_t> &step) {
     for (int64_t start = 0; start < length; start += kChunk) {
       const int64_t n = std::min(kChunk, length - start);
@@ -491,23 +502,27 @@ void execute(const Compiled &c, const std::vector<TensorView> &in,
         const Load &l = c.loads[k];
         const TensorView &v = in[l.input];
         const char *base = static_cast<const char *>(v.data) +
-                           (at[k] + start * step[k]) * byteSize(l.type);
+                           (offsets[k] + start * step[k]) * byteSize(l.type);
+        if (l.type == compute && step[k] == 1) {
+          at[l.reg] = reinterpret_cast<const T *>(base);
+          continue;
+        }
         load(l.type, base, step[k], n, regs + l.reg * kChunk);
       }
       for (const Step &s : c.steps)
-        run(s, regs, n);
+        run(s, at.data(), regs, n);
       for (size_t k = 0; k < c.stores.size(); ++k) {
         const Store &s = c.stores[k];
-        const int64_t offset = at[loads + k] + start * step[loads + k];
+        const int64_t offset = offsets[loads + k] + start * step[loads + k];
         if (s.reduces) {
-          accumulate(s.kind, regs + s.reg * kChunk, n,
+          accumulate(s.kind, at[s.reg], n,
                      accumulators.data() + s.accumulator + offset,
                      step[loads + k]);
           continue;
         }
         char *base = static_cast<char *>(out[s.output].data) +
                      offset * byteSize(s.type);
-        store(s.type, regs + s.reg * kChunk, n, base, step[loads + k]);
+        store(s.type, at[s.reg], n, base, step[loads + k]);
       }
     }
   });
