@@ -41,7 +41,7 @@ struct Group {
 /// Ops that talk to other ranks: no region spans one.
 bool communicates(Operation *op) {
   return isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
-             CollectivePermuteStartOp, WaitOp, SendOp, RecvOp,
+             CollectivePermuteStartOp, AllReduceStartOp, WaitOp, SendOp, RecvOp,
              StageAllReduceOp, StageBroadcastOp>(op);
 }
 

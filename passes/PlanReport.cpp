@@ -64,16 +64,22 @@ void collectCollectives(ModuleOp module, func::FuncOp fn,
       return;
     }
     if (!isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
-             CollectivePermuteStartOp>(op))
+             CollectivePermuteStartOp, AllReduceStartOp>(op))
       return;
-    std::string key = op->getName().stripDialect().str() + "[";
+    // A bucket is one all-reduce of all its inputs.
+    std::string key = (isa<AllReduceStartOp>(op)
+                           ? std::string("all_reduce")
+                           : op->getName().stripDialect().str()) +
+                      "[";
     auto axes = op->getAttrOfType<ArrayAttr>("axes");
     for (auto [i, a] : llvm::enumerate(axes))
       key += (i ? "," : "") + cast<StringAttr>(a).getValue().str();
     key += "]";
     auto &entry = out[key];
     entry.first += 1;
-    entry.second += bytesOf(op->getOperand(0).getType());
+    for (Value v : isa<AllReduceStartOp>(op) ? op->getOperands()
+                                             : op->getOperands().take_front())
+      entry.second += bytesOf(v.getType());
   });
 }
 

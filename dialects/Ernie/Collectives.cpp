@@ -99,6 +99,7 @@ ERNIE_COLLECTIVE_COMMON(AllToAllOp)
 ERNIE_COLLECTIVE_COMMON(ShardSliceOp)
 ERNIE_COLLECTIVE_COMMON(ShardInsertOp)
 ERNIE_COLLECTIVE_COMMON(CollectivePermuteStartOp)
+ERNIE_COLLECTIVE_COMMON(AllReduceStartOp)
 ERNIE_COLLECTIVE_COMMON(PartialInitOp)
 ERNIE_COLLECTIVE_COMMON(AxisIndexOp)
 #undef ERNIE_COLLECTIVE_COMMON
@@ -155,18 +156,51 @@ LogicalResult ShardInsertOp::verify() {
                       getGroupSize(mesh), 1);
 }
 
-LogicalResult CollectivePermuteStartOp::verify() {
-  // The future is read exactly once, by a wait later in this block: the
-  // memory plan keeps the input alive until there, and the runtime pairs
-  // each start with its wait.
-  Value future = getResult();
+/// A future must be read exactly once, by a wait later in its block: the
+/// memory plan keeps the start's inputs alive until there, and the runtime
+/// pairs each start with its waits.
+static LogicalResult verifyWaitedOnce(Operation *op, Value future) {
   if (!future.hasOneUse())
-    return emitOpError("result must be waited for exactly once, found ")
+    return op->emitOpError("result must be waited for exactly once, found ")
            << std::distance(future.use_begin(), future.use_end()) << " uses";
   Operation *user = *future.user_begin();
-  if (!isa<WaitOp>(user) || user->getBlock() != (*this)->getBlock())
-    return emitOpError("result must be used by an 'ernie.wait' in the same "
-                       "block");
+  if (!isa<WaitOp>(user) || user->getBlock() != op->getBlock())
+    return op->emitOpError("result must be used by an 'ernie.wait' in the "
+                           "same block");
+  return success();
+}
+
+LogicalResult CollectivePermuteStartOp::verify() {
+  return verifyWaitedOnce(*this, getResult());
+}
+
+LogicalResult AllReduceStartOp::inferReturnTypes(
+    MLIRContext *context, std::optional<Location>, ValueRange operands,
+    DictionaryAttr, OpaqueProperties, RegionRange,
+    SmallVectorImpl<Type> &results) {
+  for (Value v : operands)
+    if (auto t = dyn_cast<RankedTensorType>(v.getType()))
+      results.push_back(FutureType::get(context, t));
+  return success();
+}
+
+void AllReduceStartOp::build(OpBuilder &b, OperationState &state,
+                             ValueRange inputs, StringRef mesh, ArrayAttr axes,
+                             ReduceKind kind, Type accumulate) {
+  build(b, state, inputs, FlatSymbolRefAttr::get(b.getContext(), mesh), axes,
+        ReduceKindAttr::get(b.getContext(), kind),
+        accumulate ? TypeAttr::get(accumulate) : TypeAttr());
+}
+
+LogicalResult AllReduceStartOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("starts nothing: a bucket needs at least one input");
+  if (Type acc = getAccumulate().value_or(Type()); acc && !acc.isF32())
+    return emitOpError("accumulates in f32 or in the inputs' own types, not ")
+           << acc;
+  for (Value future : getResults())
+    if (failed(verifyWaitedOnce(*this, future)))
+      return failure();
   return success();
 }
 
@@ -222,6 +256,13 @@ int64_t CollectivePermuteStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
   return (n > 1 && getShift() % n != 0) ? bytesOf(getInput().getType()) : 0;
+}
+int64_t AllReduceStartOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
+  for (Value v : getInputs())
+    bytes += bytesOf(v.getType());
+  return 2 * bytes * (n - 1) / n;
 }
 int64_t ShardSliceOp::getBytesAccessed() { return 0; }
 int64_t ShardInsertOp::getBytesAccessed() { return 0; }

@@ -258,6 +258,13 @@ FailureOr<flatbuffers::Offset<fb::Attr>> Writer::writeAttr(NamedAttribute attr,
     value = fb::CreateStringValue(
                 b_, b_.CreateString(stringifyLossReduction(r.getValue()).str()))
                 .Union();
+  } else if (auto t = dyn_cast<TypeAttr>(a)) {
+    // An element type (a bucket's `accumulate`), as the runtime spells it.
+    std::string spelled;
+    llvm::raw_string_ostream os(spelled);
+    t.getValue().print(os);
+    kind = fb::AttrValue::StringValue;
+    value = fb::CreateStringValue(b_, b_.CreateString(spelled)).Union();
   } else if (auto ints = dyn_cast<DenseI64ArrayAttr>(a)) {
     kind = fb::AttrValue::IntsValue;
     value = fb::CreateIntsValue(b_, b_.CreateVector(ints.asArrayRef().vec())).Union();

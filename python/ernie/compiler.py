@@ -107,11 +107,14 @@ def _check_state_value(name, value, spec):
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
               fp8_config: dict | None = None, pipeline: dict | None = None,
-              fuse: bool = True) -> str:
+              fuse: bool = True, buckets: dict | None = None) -> str:
     """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
     virtual_stages, accumulate_steps and schedule (FThenB, 1F1B,
     interleaved). `fuse`: group elementwise chains into fused loops
-    (--ernie-fuse), last."""
+    (--ernie-fuse), last. `buckets` (dp_config's bucket_mb and
+    grad_reduce_dtype; default 25 MiB, f32): data-parallel gradients
+    all-reduced in buckets overlapping the backward
+    (--ernie-bucket-gradients)."""
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = []
@@ -132,6 +135,11 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         if pipeline is not None:
             passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
                           f"schedule={pipeline['schedule']}}}")
+        buckets = buckets or {}
+        if buckets.get("bucket_mb", 25) > 0:
+            accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
+            passes.append(f"ernie-bucket-gradients{{bucket-bytes="
+                          f"{int(buckets.get('bucket_mb', 25) * 2**20)} accumulate={accumulate}}}")
     elif passes:
         passes.append("ernie-simplify-pipeline")  # canonicalize, CSE (as partition's pipeline does)
     if passes and fuse:
@@ -670,6 +678,10 @@ _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_a
                          r" %\S+ over "
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
 
+# A bucket of data-parallel gradients: one all-reduce of all its inputs.
+_BUCKET = re.compile(r"ernie\.all_reduce_start [^\n]*? over @\w+\[([\w, ]+)\][^:\n]*: ([^\n]*)")
+_TENSOR = re.compile(r"tensor<([0-9x]*)x?(\w+)>")
+
 # Pipeline transfers: a send to another stage, a sum among a shared
 # parameter's stages (what each rank puts on the wire per call).
 _TRANSFER = re.compile(r"ernie\.(send|stage_all_reduce) %\S+ (?:to stage|over stages)"
@@ -714,6 +726,11 @@ def collectives_of(module_text: str, function: str | None = None):
         key = f"{kind}[{axes}]"
         counts[key] += 1
         volume[key] += int(np.prod(shape)) * _BYTES.get(dtype, 4)
+    for axes, types in _BUCKET.findall(text):
+        key = f"all_reduce[{axes}]"
+        counts[key] += 1
+        for dims, dtype in _TENSOR.findall(types):
+            volume[key] += int(np.prod([int(d) for d in dims.split("x") if d])) * _BYTES.get(dtype, 4)
     return {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)}
 
 
@@ -799,7 +816,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           overlap=bool(plan and plan.get("sequence_parallel_overlap")),
                           fp8_config=fp8_config if fp8_config is not None
                           else (plan.get("fp8_config") if plan else None),
-                          pipeline=pipeline, fuse=fuse))
+                          pipeline=pipeline, fuse=fuse,
+                          buckets=plan.get("gradient_buckets") if plan else None))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace, state_values=trace_state.state_values)

@@ -666,12 +666,24 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
 
     dp = config.get("dp_config")
     if dp is not None:
-        unknown = set(dp) - {"sharding_level"}
+        unknown = set(dp) - {"sharding_level", "bucket_mb", "grad_reduce_dtype"}
         if unknown:
             raise ValueError(f"unknown dp_config keys {sorted(unknown)}")
         level = dp.get("sharding_level", 0)
         if level not in (0, 1, 2, 3):
             raise ValueError(f"dp_config.sharding_level must be 0..3, not {level!r}")
+        # Gradient all-reduces in buckets (--ernie-bucket-gradients): MiB
+        # per bucket (DDP's 25; 0 reduces each gradient on its own, at the
+        # end of the backward), narrow-float gradients reduced in f32 (the
+        # default, Megatron's main grads) or in their own type ("native").
+        bucket = dp.get("bucket_mb", 25)
+        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0:
+            raise ValueError(f"dp_config.bucket_mb is a size in MiB >= 0, not {bucket!r}")
+        reduce_dtype = dp.get("grad_reduce_dtype", "float32")
+        if reduce_dtype not in ("float32", "native"):
+            raise ValueError(f"dp_config.grad_reduce_dtype is 'float32' or 'native', "
+                             f"not {reduce_dtype!r}")
+        plan_state["gradient_buckets"] = {"bucket_mb": bucket, "grad_reduce_dtype": reduce_dtype}
         if "dp" not in mesh.dim_names:
             raise ValueError(f"dp_config needs a mesh dimension named 'dp'; the mesh has {mesh.dim_names}")
         plan_state["dp_axis"] = "dp"

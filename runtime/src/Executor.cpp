@@ -1,6 +1,7 @@
 //===- Executor.cpp - running one rank's instructions ------------------------===//
 
 #include "ernie/runtime/Executor.h"
+#include "ernie/runtime/FloatConvert.h"
 
 #include "ernie/runtime/ProgramFormat.h"
 
@@ -336,6 +337,61 @@ void Executor::start(const Function &fn, size_t index, const TensorView &in,
   started_[inst.results[0]] = {std::move(handle), index};
 }
 
+void Executor::startBucket(const Function &fn, size_t index,
+                           const std::vector<TensorView> &buffers) {
+  const Instruction &inst = fn.instructions[index];
+  std::vector<TensorView> in, out;
+  for (uint32_t b : inst.operands)
+    in.push_back(buffers[b]);
+  for (uint32_t b : inst.results)
+    out.push_back(buffers[b]);
+  // One message: the inputs packed (narrow floats widened to f32 when the
+  // bucket accumulates in f32), reduced in one collective, unpacked.
+  const DType type = in[0].type;
+  const DType wire = isNarrowFloat(type) &&
+                             inst.attrs.getString("accumulate", "") == "f32"
+                         ? DType::F32
+                         : type;
+  ReduceOp kind = reduceKind(inst.attrs);
+  const Axes &axes = inst.axes;
+  const std::string &op = inst.op, &function = fn.name;
+  bool trace = options_.trace;
+  AsyncHandle handle = comm_.start([this, in, out, type, wire, kind, trace,
+                                    &axes, &op, &function] {
+    int64_t begin = trace ? nowMicros() : 0;
+    size_t count = 0;
+    for (const TensorView &v : in)
+      count += v.numElements();
+    const size_t unit = byteSize(wire);
+    std::vector<uint8_t> packed(count * unit), reduced(count * unit);
+    size_t at = 0;
+    for (const TensorView &v : in) {
+      size_t n = v.numElements();
+      if (wire != type)
+        narrowToFloat(type, v.data,
+                      reinterpret_cast<float *>(packed.data() + at * unit), n);
+      else
+        std::memcpy(packed.data() + at * unit, v.data, n * unit);
+      at += n;
+    }
+    comm_.allReduce(packed.data(), reduced.data(), count, wire, kind, axes);
+    at = 0;
+    for (const TensorView &v : out) {
+      size_t n = v.numElements();
+      const uint8_t *from = reduced.data() + at * unit;
+      if (wire != type)
+        floatToNarrow(type, reinterpret_cast<const float *>(from), v.data, n);
+      else
+        std::memcpy(v.data, from, n * unit);
+      at += n;
+    }
+    if (trace)
+      record({op, function, /*collective=*/true, begin, nowMicros() - begin});
+  });
+  for (uint32_t b : inst.results)
+    started_[b] = {handle, index};
+}
+
 void Executor::wait(const Instruction &inst, std::vector<TensorView> &buffers) {
   auto it = started_.find(inst.operands[0]);
   if (it == started_.end()) // Program::load rules this out.
@@ -405,6 +461,8 @@ void Executor::execute(const Function &fn, size_t index, Arena &arena) {
     *out.as<int64_t>() = index;
   } else if (inst.op == "ernie.collective_permute_start") {
     start(fn, index, buffers[inst.operands[0]], out);
+  } else if (inst.op == "ernie.all_reduce_start") {
+    startBucket(fn, index, buffers);
   } else if (inst.op == "ernie.wait") {
     wait(inst, buffers);
   } else if (inst.op == "ernie.shard_insert") {

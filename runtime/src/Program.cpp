@@ -32,9 +32,11 @@ namespace {
 /// and results each takes and whether it names a group by axes.
 struct ExecutorOpSignature {
   const char *op;
-  size_t operands, results;
+  size_t operands, results; // kVariadic: as many results as operands, >= 1
   bool needsAxes;
 };
+
+constexpr size_t kVariadic = ~size_t(0);
 
 constexpr ExecutorOpSignature kExecutorOps[] = {
     {"ernie.all_reduce", 1, 1, true},
@@ -42,6 +44,7 @@ constexpr ExecutorOpSignature kExecutorOps[] = {
     {"ernie.reduce_scatter", 1, 1, true},
     {"ernie.all_to_all", 1, 1, true},
     {"ernie.collective_permute_start", 1, 1, true},
+    {"ernie.all_reduce_start", kVariadic, kVariadic, true},
     {"ernie.wait", 1, 1, false},
     {"ernie.shard_slice", 1, 1, true},
     {"ernie.shard_insert", 2, 1, true},
@@ -1046,8 +1049,45 @@ TensorSpec decodeTensor(const fb::TensorSpec *t, const Function &fn,
 /// Why the executor could not run collective `inst` on its buffers (the
 /// dialect verifier's shape rules: the executor writes the result from
 /// them), or "" when it can.
+/// Why a reducing collective's `kind` is not one the executor knows.
+std::string reduceKindProblem(const Attrs &attrs) {
+  std::string kind;
+  try {
+    kind = attrs.getString("kind", "sum");
+  } catch (const KernelError &) {
+    return "'kind' is not a string";
+  }
+  if (kind != "sum" && kind != "avg" && kind != "max" && kind != "min")
+    return "unknown reduce kind '" + kind + "'";
+  return "";
+}
+
 std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
                                    const Mesh &mesh) {
+  if (inst.op == "ernie.all_reduce_start") {
+    // A bucket: each result the shape of its operand, one element type.
+    const DType type = fn.buffers[inst.operands[0]].type;
+    for (size_t k = 0; k < inst.operands.size(); ++k) {
+      const BufferSpec &in = fn.buffers[inst.operands[k]],
+                       &out = fn.buffers[inst.results[k]];
+      if (in.type != type || out.type != type || in.shape != out.shape)
+        return "result " + std::to_string(k) + " must have operand " +
+               std::to_string(k) + "'s shape, and every operand the first's "
+               "element type";
+    }
+    if (std::string problem = reduceKindProblem(inst.attrs); !problem.empty())
+      return problem;
+    std::string accumulate;
+    try {
+      accumulate = inst.attrs.getString("accumulate", "");
+    } catch (const KernelError &) {
+      return "'accumulate' is not a string";
+    }
+    if (!accumulate.empty() && accumulate != "f32")
+      return "accumulates in '" + accumulate + "': only f32 (or the "
+             "operands' own type) is known";
+    return "";
+  }
   const BufferSpec &out = fn.buffers[inst.results[0]];
   if (inst.op == "ernie.axis_index")
     return out.type == DType::I64 && elementsOf(out.shape) == 1
@@ -1082,16 +1122,9 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
   };
   // The reduce kind, where the op reduces (the executor's reduceKind()).
   if (inst.op == "ernie.all_reduce" || inst.op == "ernie.reduce_scatter" ||
-      inst.op == "ernie.partial_init") {
-    std::string kind;
-    try {
-      kind = inst.attrs.getString("kind", "sum");
-    } catch (const KernelError &) {
-      return "'kind' is not a string";
-    }
-    if (kind != "sum" && kind != "avg" && kind != "max" && kind != "min")
-      return "unknown reduce kind '" + kind + "'";
-  }
+      inst.op == "ernie.partial_init")
+    if (std::string problem = reduceKindProblem(inst.attrs); !problem.empty())
+      return problem;
   // `shift`: an integer, required by the permute, optional (0) elsewhere.
   bool shifted = inst.op == "ernie.collective_permute_start" ||
                  inst.op == "ernie.shard_slice" ||
@@ -1203,48 +1236,60 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
            fn.instructions[index].op + ")";
   };
   auto buffer = [](uint32_t b) { return "buffer " + std::to_string(b); };
-  std::map<uint32_t, size_t> inFlight; // a start's result -> its index
+  auto isStart = [](const std::string &op) {
+    return op == "ernie.collective_permute_start" ||
+           op == "ernie.all_reduce_start";
+  };
+  // A start's result -> the start's index, until the result's wait; a
+  // start's operands are read until the first of its waits (the transfer is
+  // over then), so they are in flight while the start is `reading`.
+  std::map<uint32_t, size_t> inFlight;
+  std::set<size_t> reading;
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
     const Instruction &inst = fn.instructions[i];
     if (inst.op == "ernie.wait") {
       auto it = inFlight.find(inst.operands[0]);
       check.require(it != inFlight.end(),
                     where(i) + ": its operand (" + buffer(inst.operands[0]) +
-                        ") is not the result of an earlier "
-                        "ernie.collective_permute_start awaiting its wait");
+                        ") is not the result of an earlier start awaiting its "
+                        "wait");
+      reading.erase(it->second);
       inFlight.erase(it); // Its result is written now: checked below.
     }
-    if (inst.op == "ernie.collective_permute_start") {
-      auto it = inFlight.find(inst.results[0]);
-      if (it != inFlight.end())
-        check.fail(where(i) + ": its result (" + buffer(inst.results[0]) +
-                   ") is still in flight from instruction #" +
-                   std::to_string(it->second));
-    }
-    for (const auto &[result, start] : inFlight) {
-      uint32_t operand = fn.instructions[start].operands[0];
-      auto conflict = [&](uint32_t b, const char *verb, uint32_t other,
-                          const char *role) {
-        std::string startAt = "the ernie.collective_permute_start at "
-                              "instruction #" +
-                              std::to_string(start);
-        check.fail(where(i) + ": " + verb + " " + buffer(b) +
-                   ", whose memory overlaps " + buffer(other) + ", the " +
-                   role + " of " + startAt +
-                   ", which is in flight until its ernie.wait");
-      };
-      for (uint32_t b : inst.results) {
-        if (overlap(fn.buffers[b], fn.buffers[operand]))
-          conflict(b, "writes", operand, "operand");
-        if (overlap(fn.buffers[b], fn.buffers[result]))
-          conflict(b, "writes", result, "result");
+    if (isStart(inst.op))
+      for (uint32_t result : inst.results) {
+        auto it = inFlight.find(result);
+        if (it != inFlight.end())
+          check.fail(where(i) + ": its result (" + buffer(result) +
+                     ") is still in flight from instruction #" +
+                     std::to_string(it->second));
       }
+    auto conflict = [&](uint32_t b, const char *verb, uint32_t other,
+                        const char *role, size_t start) {
+      check.fail(where(i) + ": " + verb + " " + buffer(b) +
+                 ", whose memory overlaps " + buffer(other) + ", the " + role +
+                 " of the " + fn.instructions[start].op + " at instruction #" +
+                 std::to_string(start) + ", which is in flight until its "
+                 "ernie.wait");
+    };
+    for (const auto &[result, start] : inFlight) {
+      for (uint32_t b : inst.results)
+        if (overlap(fn.buffers[b], fn.buffers[result]))
+          conflict(b, "writes", result, "result", start);
       for (uint32_t b : inst.operands)
         if (overlap(fn.buffers[b], fn.buffers[result]))
-          conflict(b, "reads", result, "result");
+          conflict(b, "reads", result, "result", start);
     }
-    if (inst.op == "ernie.collective_permute_start")
-      inFlight[inst.results[0]] = i;
+    for (size_t start : reading)
+      for (uint32_t operand : fn.instructions[start].operands)
+        for (uint32_t b : inst.results)
+          if (overlap(fn.buffers[b], fn.buffers[operand]))
+            conflict(b, "writes", operand, "operand", start);
+    if (isStart(inst.op)) {
+      for (uint32_t result : inst.results)
+        inFlight[result] = i;
+      reading.insert(i);
+    }
   }
   for (const auto &[result, start] : inFlight)
     check.fail(where(start) + ": no later ernie.wait takes its result (" +
@@ -1435,8 +1480,11 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                       where + ": the constant's data does not fill its buffer");
       } else {
         const ExecutorOpSignature &signature = *executorOpSignature(inst.op);
-        check.require(inst.results.size() == signature.results &&
-                          inst.operands.size() == signature.operands,
+        check.require(signature.operands == kVariadic
+                          ? !inst.operands.empty() &&
+                                inst.results.size() == inst.operands.size()
+                          : inst.results.size() == signature.results &&
+                                inst.operands.size() == signature.operands,
                       where + ": wrong number of operands or results");
         check.require(!inst.axes.empty() || !signature.needsAxes,
                       where + ": a collective needs mesh axes");

@@ -367,6 +367,35 @@ def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   ];
 }
 
+def BucketGradientsPass : Pass<"ernie-bucket-gradients", "ModuleOp"> {
+  let summary = "All-reduce data-parallel gradients in buckets, overlapped";
+  let description = [{
+    After partition: the all-reduces (sum or mean) whose results only a
+    function's return reads — the data-parallel gradient reductions
+    partition leaves at the end of the backward — are grouped by mesh,
+    axes, kind and element type, in the order their gradients are
+    computed, into buckets of at least `bucket-bytes` (the last one
+    smaller). Each bucket becomes one `ernie.all_reduce_start` right after
+    its last gradient is computed, so the communication thread reduces it
+    while the rest of the backward runs, and one `ernie.wait` per gradient
+    before the return. With `accumulate=f32` (the default) bf16 and f16
+    gradients are reduced in f32 and rounded once (Megatron's f32 main
+    gradients); `native` reduces them in their own type. f32 results are
+    bit for bit the unbucketed ones: every element is summed over the
+    group in the same order.
+
+    ```
+    ernie-opt step.mlir --ernie-auto-parallel-pipeline "--ernie-bucket-gradients=bucket-bytes=26214400"
+    ```
+  }];
+  let options = [
+    Option<"bucketBytes", "bucket-bytes", "int64_t", "26214400",
+           "Bytes of gradients per bucket (DDP's default: 25 MiB)">,
+    Option<"accumulate", "accumulate", "std::string", "\"f32\"",
+           "f32 (narrow float gradients reduced in f32) or native">,
+  ];
+}
+
 def FusePass : Pass<"ernie-fuse", "ModuleOp"> {
   let summary = "Group elementwise chains into loops the runtime runs once";
   let description = [{

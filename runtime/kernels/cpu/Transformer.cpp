@@ -316,8 +316,10 @@ inline float expNonPositive(float x) {
 
 /// e[j] = exp(row[j] - peak) for a row of f32 logits, and their sum (eight
 /// partial sums, added pairwise: both loops vectorise). Built for AVX-512,
-/// AVX2 and the baseline; the loader picks the CPU's.
-__attribute__((target_clones("avx512f", "avx2", "default"))) float
+/// AVX2 and the baseline; the loader picks the CPU's. No FMA contraction,
+/// so every clone computes the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"),
+               optimize("fp-contract=off"))) float
 expRow(const float *row, float peak, float *e, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
     e[j] = expNonPositive(row[j] - peak);

@@ -35,17 +35,18 @@ struct CommunicationError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A collective running on a communication thread.
+/// A collective running on a communication thread. Copies share it: a
+/// bucket's all-reduce is waited for by each of the futures it fills.
 class AsyncHandle {
 public:
   AsyncHandle() = default;
-  explicit AsyncHandle(std::future<void> future) : future_(std::move(future)) {}
+  explicit AsyncHandle(std::future<void> future) : future_(future.share()) {}
   /// Blocks until the collective is done; rethrows its error.
   void wait();
   bool valid() const { return future_.valid(); }
 
 private:
-  std::future<void> future_;
+  std::shared_future<void> future_;
 };
 
 class Communicator {

@@ -126,6 +126,10 @@ private:
   };
 
   void execute(const Function &fn, size_t index, Arena &arena);
+  /// ernie.all_reduce_start: the bucket's one all-reduce, on the
+  /// communication thread; each result is started_ with the same handle.
+  void startBucket(const Function &fn, size_t index,
+                   const std::vector<TensorView> &buffers);
   void runCollective(const Instruction &inst, const TensorView &in,
                      const TensorView &out);
   void insertShard(const Instruction &inst, const TensorView &dest,

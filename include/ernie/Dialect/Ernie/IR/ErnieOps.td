@@ -1196,6 +1196,40 @@ def Ernie_CollectivePermuteStartOp
   }];
 }
 
+def Ernie_AllReduceStartOp : Ernie_CollectiveOp<"all_reduce_start",
+    [DeclareOpInterfaceMethods<InferTypeOpInterface>]> {
+  let summary = "start one all-reduce of a bucket of tensors";
+  let description = [{
+    Reduces every input over the group as one message (a bucket: one
+    collective's latency for all of them) on the communication thread, so
+    the computation after it overlaps the transfer. Each result is a future
+    that exactly one `ernie.wait` later in the block turns into the reduced
+    tensor; the inputs stay untouched until the first wait. With
+    `accumulate = f32` narrow floats (bf16, f16) are reduced in f32 and
+    rounded once (Megatron's f32 main gradients); otherwise in their own
+    type. What `--ernie-bucket-gradients` makes of data-parallel gradient
+    all-reduces.
+
+    ```mlir
+    %f:2 = ernie.all_reduce_start %a, %b over @mesh[dp] sum : tensor<64xf32>, tensor<8x8xf32>
+    %ra = ernie.wait %f#0 : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Ernie_Tensor>:$inputs, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes, Ernie_ReduceKindAttr:$kind,
+                       OptionalAttr<TypeAttr>:$accumulate);
+  let results = (outs Variadic<Ernie_FutureType>:$results);
+  let assemblyFormat = [{
+    $inputs `over` custom<MeshAxes>($mesh, $axes) custom<ReduceKindKeyword>($kind)
+    attr-dict `:` type($inputs)
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::ValueRange":$inputs, "::mlir::StringRef":$mesh,
+                   "::mlir::ArrayAttr":$axes, "ReduceKind":$kind,
+                   "::mlir::Type":$accumulate)>
+  ];
+}
+
 def Ernie_WaitOp : Ernie_Op<"wait", [
     TypesMatchWith<"the future holds the result's type", "result", "future",
                    "::mlir::ernie::FutureType::get($_self.getContext(), "
