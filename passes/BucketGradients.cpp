@@ -38,13 +38,19 @@ int64_t bytesOf(Value v) {
 Operation *readyAfter(Value v) { return v.getDefiningOp(); }
 
 /// An all-reduce of a gradient: a sum or mean whose result only the
-/// function returns (partition puts them there).
-bool reducesAGradient(AllReduceOp op) {
+/// function's return reads, as a result marked a gradient (`ernie.grad_of`
+/// by autodiff, `ernie.gradient` by the pipeline schedule). Partition puts
+/// these at the return.
+bool reducesAGradient(AllReduceOp op, func::FuncOp fn) {
   if (op.getKind() != ReduceKind::sum && op.getKind() != ReduceKind::avg)
     return false;
   Value r = op.getResult();
-  return !r.use_empty() && llvm::all_of(r.getUsers(), [](Operation *user) {
-    return isa<func::ReturnOp>(user);
+  return !r.use_empty() && llvm::all_of(r.getUses(), [&](OpOperand &use) {
+    if (!isa<func::ReturnOp>(use.getOwner()))
+      return false;
+    unsigned i = use.getOperandNumber();
+    return fn.getResultAttr(i, "ernie.grad_of") ||
+           fn.getResultAttr(i, ErnieDialect::kGradientAttrName);
   });
 }
 
@@ -67,16 +73,17 @@ struct BucketGradientsPass
     }
     for (auto fn : getOperation().getOps<func::FuncOp>())
       if (!fn.isExternal())
-        bucket(fn.getBody().front());
+        bucket(fn);
   }
 
-  void bucket(Block &block) {
+  void bucket(func::FuncOp fn) {
+    Block &block = fn.getBody().front();
     // Candidates by what one collective may carry together: mesh, axes,
     // kind and element type.
     using Key = std::tuple<Attribute, Attribute, ReduceKind, Type>;
     llvm::MapVector<Key, SmallVector<AllReduceOp>> groups;
     for (auto op : block.getOps<AllReduceOp>())
-      if (reducesAGradient(op))
+      if (reducesAGradient(op, fn))
         groups[{op.getMeshAttr(), op.getAxesAttr(), op.getKind(),
                 getElementTypeOrSelf(op.getType())}]
             .push_back(op);

@@ -108,13 +108,15 @@ def test_expert_parallel_training_matches_single_rank(single_rank, plan):
 
 
 def test_expert_parallel_fp8_matches_single_rank_fp8():
-    """FP8 GEMMs on both sides, 10 steps: the plans' f32 sums differ in the
+    """FP8 GEMMs on both sides, 7 steps: the plans' f32 sums differ in the
     last bit, and once such a bit flips an e4m3 rounding (a 2^-3 relative
-    step) the runs part; here that happens after step 14."""
+    step) the runs part. When depends on the GEMM kernels' rounding: after
+    step 14 on OpenBLAS's Cooperlake kernels, after step 8 on its Haswell
+    ones."""
     fp8 = {"recipe": "current"}
-    want = train(fp8=fp8, steps=10)[1]
+    want = train(fp8=fp8, steps=7)[1]
     prog, got = train([2], ["ep"], {"ep_config": {"axis": "ep", "token_groups": 4}}, fp8=fp8,
-                      steps=10)
+                      steps=7)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     # The expert GEMMs (batched over the experts on this rank) run in fp8;
     # the router ([hidden, E] = [32, 8]) stays f32.

@@ -371,7 +371,8 @@ def BucketGradientsPass : Pass<"ernie-bucket-gradients", "ModuleOp"> {
   let summary = "All-reduce data-parallel gradients in buckets, overlapped";
   let description = [{
     After partition: the all-reduces (sum or mean) whose results only a
-    function's return reads — the data-parallel gradient reductions
+    function's return reads, as results marked gradients (`ernie.grad_of`,
+    `ernie.gradient`) — the data-parallel gradient reductions
     partition leaves at the end of the backward — are grouped by mesh,
     axes, kind and element type, in the order their gradients are
     computed, into buckets of at least `bucket-bytes` (the last one

@@ -319,9 +319,10 @@ GemmLibrary cpuGemmLibrary() {
   while (!g.library.empty() && g.library.back() == ' ')
     g.library.pop_back();
   g.kernels = core ? core : "unknown";
+  // A family the user asked for (OPENBLAS_CORETYPE) is not a fallback.
   std::string best = preferredGemmKernels();
   int have = familyRank(g.kernels), could = familyRank(best);
-  if (have >= 0 && have < could)
+  if (!std::getenv("OPENBLAS_CORETYPE") && have >= 0 && have < could)
     g.warning = "OpenBLAS runs its " + g.kernels + " kernels on a CPU that "
                 "runs its " + best + " ones: GEMMs are up to several times "
                 "slower than they could be (OpenBLAS did not recognise this "

@@ -151,3 +151,34 @@ func.func @send_negative_channel(%x: tensor<2xf32>) {
   ernie.send %x to stage 1 channel -3 : tensor<2xf32>
   return
 }
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @bucket_waited_twice(%a: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  // expected-error @+1 {{result must be waited for exactly once, found 2 uses}}
+  %f = ernie.all_reduce_start %a over @mesh[dp] sum : tensor<4xf32>
+  %x = ernie.wait %f : tensor<4xf32>
+  %y = ernie.wait %f : tensor<4xf32>
+  return %x, %y : tensor<4xf32>, tensor<4xf32>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @bucket_accumulates_in_f64(%a: tensor<4xbf16>) -> tensor<4xbf16> {
+  // expected-error @+1 {{accumulates in f32 or in the inputs' own types, not 'f64'}}
+  %f = ernie.all_reduce_start %a over @mesh[dp] sum {accumulate = f64} : tensor<4xbf16>
+  %x = ernie.wait %f : tensor<4xbf16>
+  return %x : tensor<4xbf16>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @bucket_bad_axis(%a: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{mesh @mesh has no axis 'mp'}}
+  %f = ernie.all_reduce_start %a over @mesh[mp] sum : tensor<4xf32>
+  %x = ernie.wait %f : tensor<4xf32>
+  return %x : tensor<4xf32>
+}

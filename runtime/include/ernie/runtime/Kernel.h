@@ -118,9 +118,10 @@ void setCpuBlasThreads(int threads);
 
 /// The GEMM library the CPU kernels call and the kernel family it picked
 /// for this CPU, for banners and reports ("OpenBLAS 0.3.21 ... kernels
-/// COOPERLAKE"). `warning` is non-empty when that family is a known-slow
-/// fallback for what the CPU supports (OpenBLAS has misdetected virtual
-/// CPUs as Prescott: SSE3 kernels, ~8x slower than its AVX-512 ones).
+/// COOPERLAKE"). `warning` is non-empty when OpenBLAS chose by itself (no
+/// OPENBLAS_CORETYPE) a family weaker than preferredGemmKernels() (it has
+/// misdetected virtual CPUs as Prescott: SSE3 kernels, ~8x slower than its
+/// AVX-512 ones; ernie-run and `import ernie` prevent that where they can).
 struct GemmLibrary {
   std::string library; // "OpenBLAS 0.3.21 NO_AFFINITY ..." (its config)
   std::string kernels; // the core the kernels were chosen for
