@@ -1251,8 +1251,9 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
       auto it = inFlight.find(inst.operands[0]);
       check.require(it != inFlight.end(),
                     where(i) + ": its operand (" + buffer(inst.operands[0]) +
-                        ") is not the result of an earlier start awaiting its "
-                        "wait");
+                        ") is not the result of an earlier "
+                        "ernie.collective_permute_start or "
+                        "ernie.all_reduce_start awaiting its wait");
       reading.erase(it->second);
       inFlight.erase(it); // Its result is written now: checked below.
     }

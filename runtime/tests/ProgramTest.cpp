@@ -606,8 +606,8 @@ TEST(ProgramRejects, AWaitOnABufferNoStartIsFilling) {
   EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #2 "
                                  "(ernie.wait): its operand (buffer 2) is not "
                                  "the result of an earlier "
-                                 "ernie.collective_permute_start awaiting its "
-                                 "wait"));
+                                 "ernie.collective_permute_start or "
+                                 "ernie.all_reduce_start awaiting its wait"));
   // Nor one whose start is already waited for.
   EXPECT_THAT(
       brokenOverlap([](FunctionBuilder &f) { f.op("ernie.wait", {1}, {1}); }),
@@ -618,6 +618,73 @@ TEST(ProgramRejects, AWaitOnABufferNoStartIsFilling) {
                 std::swap(f.instructions[0], f.instructions[2]);
               }),
               HasSubstr("instruction #0 (ernie.wait): its operand (buffer 1)"));
+}
+
+namespace {
+
+/// A bucket on mesh dp=2: buffers 0 = a f32[4], 1 = b f32[2, 2] (the
+/// gradients), 2 and 3 their futures. Instructions: #0 the start, then the
+/// waits (a test may put a writer between them).
+ProgramBuilder bucketProgram(bool writeAfterFirstWait = false) {
+  ProgramBuilder pb({"dp"}, {2});
+  FunctionBuilder &f = pb.function("main");
+  uint32_t a = f.buffer(DType::F32, {4}), b = f.buffer(DType::F32, {2, 2}),
+           ra = f.buffer(DType::F32, {4}), rb = f.buffer(DType::F32, {2, 2});
+  f.arg(a).arg(b).op("ernie.all_reduce_start", {a, b}, {ra, rb},
+                     {{"kind", std::string("sum")}}, {"dp"});
+  f.op("ernie.wait", {ra}, {ra});
+  if (writeAfterFirstWait) // the transfer is over: a's memory is free
+    f.op("ernie.neg", {ra}, {a});
+  f.op("ernie.wait", {rb}, {rb}).ret(ra).ret(rb);
+  return pb;
+}
+
+std::string brokenBucket(const std::function<void(FunctionBuilder &)> &change) {
+  ProgramBuilder pb = bucketProgram();
+  change(pb.get("main"));
+  return errorOf(pb);
+}
+
+} // namespace
+
+TEST(Program, LoadsABucketAndFreesItsInputsAtTheFirstWait) {
+  Program p = bucketProgram().parse();
+  EXPECT_TRUE(isExecutorOp(p.function(0, "main")->instructions[0].op));
+  EXPECT_NO_THROW(bucketProgram(/*writeAfterFirstWait=*/true).parse());
+}
+
+TEST(ProgramRejects, MalformedBuckets) {
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions[0].results = {2}; // one future for two inputs
+              }),
+              HasSubstr("(ernie.all_reduce_start): wrong number of operands "
+                        "or results"));
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions[0].results = {3, 2}; // futures swapped
+              }),
+              HasSubstr("result 0 must have operand 0's shape"));
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions[0].attrs = {{"accumulate", std::string("f16")},
+                                           {"kind", std::string("sum")}};
+              }),
+              HasSubstr("accumulates in 'f16'"));
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions[0].attrs = {{"kind", std::string("product")}};
+              }),
+              HasSubstr("unknown reduce kind 'product'"));
+  // Before the first wait the communication thread reads every input.
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions.insert(f.instructions.begin() + 1,
+                                      {"ernie.neg", {1}, {1}});
+              }),
+              HasSubstr("instruction #1 (ernie.neg): writes buffer 1, whose "
+                        "memory overlaps buffer 1, the operand of the "
+                        "ernie.all_reduce_start at instruction #0"));
+  EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
+                f.instructions.pop_back(); // the second wait
+              }),
+              HasSubstr("(ernie.all_reduce_start): no later ernie.wait takes "
+                        "its result (buffer 3)"));
 }
 
 TEST(ProgramRejects, AStartWithoutItsWait) {
