@@ -7,6 +7,7 @@ grouped-query causal attention, SwiGLU MLP) as ernie IR, compiles the SGD
 training step with
 
     ernie-opt --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline
+              --ernie-bucket-gradients --ernie-fuse      (--no-fuse: without)
     ernie-translate --ernie-to-program
 
 and times `ernie-run --steps K` (its printed mean step time, first step
@@ -29,8 +30,13 @@ vocabulary (seeded; written as .npy for `ernie-run --inputs`), so the
 attention scores and their gradients differ per token and the printed losses
 exercise the whole step.
 
+The second peer is JAX/XLA: the same model, loss, gradients and SGD update
+in one jitted function, on as many cores (pinned; XLA's intra-op threads
+set to match), from the bench's own environment (build-bench/jax, see
+bench/requirements-jax.txt); without jax the column is skipped with a note.
+
 Every time is the best of --repeat runs of K steps. Prints a table with the
-ratio torch / ernie (above 1: ernie is faster).
+ratios ernie / torch and ernie / jax (below 1: ernie is faster).
 """
 
 import argparse
@@ -165,13 +171,14 @@ def compile_program(c, mode, tmp, tools, fuse=True):
     part = Path(tmp, f"{mode}.part.mlir")
     prog = Path(tmp, f"{mode}.ernie")
     run([tools["opt"], str(src), "--ernie-autodiff=optimizer=sgd",
-         "--ernie-auto-parallel-pipeline", *(["--ernie-fuse"] if fuse else []),
+         "--ernie-auto-parallel-pipeline", "--ernie-bucket-gradients",
+         *(["--ernie-fuse"] if fuse else []),
          "-o", str(part)])
     run([tools["translate"], "--ernie-to-program", str(part), "-o", str(prog)])
     text = part.read_text()
     grad = text.split("func.func @forward_grad", 1)[-1].split("func.func @", 1)[0]
-    collectives = len(re.findall(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all)\b",
-                                 grad))
+    collectives = len(re.findall(
+        r"ernie\.(all_reduce|all_reduce_start|all_gather|reduce_scatter|all_to_all)\b", grad))
     return prog, collectives
 
 
@@ -286,6 +293,105 @@ def torch_worker(spec):
                       "threads": torch.get_num_threads(), "cpu_util": util}))
 
 
+def jax_worker(spec):
+    """The same model, step and shapes as JAX/XLA compiles them: loss,
+    gradients and the SGD update in one jitted function, on `threads` cores
+    (the process is pinned to them; XLA's intra-op threads match)."""
+    os.sched_setaffinity(0, set(range(spec["threads"])))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    c = spec["config"]
+    B, S, H, NH, NKV, F, V = (c["batch"], c["seq"], c["hidden"], c["heads"],
+                              c["kv_heads"], c["ffn"], c["vocab"])
+    D, KV = H // NH, (H // NH) * NKV
+    rng = np.random.default_rng(0)
+
+    def matrix(rows, cols):  # uniform in +-1/sqrt(fan-in), like ernie-run's default
+        return jnp.asarray((rng.random((rows, cols), dtype=np.float32) * 2 - 1) * rows ** -0.5)
+
+    params = {"embed": matrix(V, H), "lnf": jnp.ones(H), "whead": matrix(H, V), "layers": [
+        dict(ln1=jnp.ones(H), wq=matrix(H, H), wk=matrix(H, KV), wv=matrix(H, KV),
+             wo=matrix(H, H), ln2=jnp.ones(H), wg=matrix(H, F), wu=matrix(H, F),
+             wd=matrix(F, H)) for _ in range(c["layers"])]}
+    ids = jnp.asarray(np.load(Path(spec["batch"], "input0.npy")))
+    labels = jnp.asarray(np.load(Path(spec["batch"], "input1.npy")))
+    inv = 1.0 / (10000.0 ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
+    ang = jnp.outer(jnp.arange(S, dtype=jnp.float32), inv)
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[None, :, None, :]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[None, :, None, :]
+    mask = jnp.triu(jnp.full((S, S), -jnp.inf), 1)
+
+    def rms(x, w):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+
+    def rope(x):
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return x * cos + jnp.concatenate([-x2, x1], -1) * sin
+
+    def loss_fn(p):
+        h = p["embed"][ids]
+        for l in p["layers"]:
+            n1 = rms(h, l["ln1"])
+            q = rope((n1 @ l["wq"]).reshape(B, S, NH, D)).transpose(0, 2, 1, 3)
+            k = rope((n1 @ l["wk"]).reshape(B, S, NKV, D)).transpose(0, 2, 1, 3)
+            v = (n1 @ l["wv"]).reshape(B, S, NKV, D).transpose(0, 2, 1, 3)
+            k, v = jnp.repeat(k, NH // NKV, 1), jnp.repeat(v, NH // NKV, 1)
+            att = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) * D ** -0.5 + mask, -1)
+            h = h + (att @ v).transpose(0, 2, 1, 3).reshape(B, S, H) @ l["wo"]
+            n2 = rms(h, l["ln2"])
+            h = h + (jax.nn.silu(n2 @ l["wg"]) * (n2 @ l["wu"])) @ l["wd"]
+        logits = (rms(h, p["lnf"]) @ p["whead"]).reshape(-1, V)
+        picked = jnp.take_along_axis(logits, labels.reshape(-1, 1), 1)[:, 0]
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - picked)
+
+    @jax.jit
+    def step(p):
+        loss, grads = jax.value_and_grad(loss_fn)(p)
+        return jax.tree_util.tree_map(lambda w, g: w - 0.01 * g, p, grads), loss
+
+    compile_start = time.perf_counter()
+    params, loss = step(params)  # compiles; like ernie-run, not timed
+    jax.block_until_ready(params)
+    compile_s = time.perf_counter() - compile_start
+    best, losses = float("inf"), [float(loss)]
+    for _ in range(spec["repeat"]):
+        total = 0.0
+        for _ in range(spec["steps"]):
+            start = time.perf_counter()
+            params, loss = step(params)
+            jax.block_until_ready(params)
+            total += time.perf_counter() - start
+            if len(losses) <= spec["steps"]:
+                losses.append(float(loss))
+        best = min(best, 1000 * total / spec["steps"])
+    print(json.dumps({"ms": best, "losses": losses, "version": jax.__version__,
+                      "compile_s": compile_s}))
+
+
+def find_jax_python(explicit):
+    """An interpreter with jax: --jax-python, the bench's own environment
+    (build-bench/jax, see bench/requirements-jax.txt), or this one."""
+    candidates = [explicit] if explicit else [str(ROOT / "build-bench" / "jax" / "bin" / "python"),
+                                              sys.executable]
+    for py in candidates:
+        if py and Path(py).exists() and subprocess.run(
+                [py, "-c", "import jax"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def jax_peer(py, c, threads, steps, repeat, batch_dir):
+    spec = {"config": c.as_dict(), "threads": threads, "steps": steps, "repeat": repeat,
+            "batch": str(batch_dir)}
+    flags = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+             if threads == 1 else f"intra_op_parallelism_threads={threads}")
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    out = run([py, __file__, "--jax-worker", json.dumps(spec)], env=env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def find_torch_python(explicit):
     candidates = [explicit] if explicit else [sys.executable, "/usr/bin/python3"]
     for py in candidates:
@@ -342,10 +448,15 @@ def main():
                         help="comma-separated: single, dp, mp, mpv (see ernie_module)")
     parser.add_argument("--no-fuse", action="store_true",
                         help="compile without --ernie-fuse (each elementwise op its own loop)")
+    parser.add_argument("--jax-python", default=None,
+                        help="an interpreter with jax (default: build-bench/jax, then this one)")
     parser.add_argument("--torch-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--jax-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_worker:
         return torch_worker(json.loads(args.torch_worker))
+    if args.jax_worker:
+        return jax_worker(json.loads(args.jax_worker))
 
     c = Config(args)
     tools = {"opt": args.ernie_opt, "translate": args.ernie_translate, "run": args.ernie_run}
@@ -358,11 +469,16 @@ def main():
         tried = args.torch_python or f"{sys.executable} or /usr/bin/python3"
         print(f"note: torch is not importable by {tried}: the torch column is "
               "skipped (Debian: apt-get install python3-torch, for /usr/bin/python3)")
+    jax_py = find_jax_python(args.jax_python)
+    if jax_py is None:
+        print("note: jax is not importable (build-bench/jax or this interpreter): the jax "
+              "column is skipped (python3 -m venv build-bench/jax && build-bench/jax/bin/pip "
+              "install -r bench/requirements-jax.txt)")
 
     labels = {"single": "ernie 1 rank", "dp": "ernie 2 ranks dp", "mp": "ernie 2 ranks mp",
               "mpv": "ernie 2 ranks mp+v"}
     rows, failures = [], []
-    torch_cache = {}
+    torch_cache, jax_cache = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         batch_dir = write_batch(c, tmp)
         for mode in args.modes.split(","):
@@ -381,22 +497,25 @@ def main():
                     torch_cache[ranks] = torch_peer(torch_py, c, ranks, args.steps, args.repeat,
                                                     batch_dir)
                 t = torch_cache[ranks]
+            if jax_py is not None and ranks not in jax_cache:
+                jax_cache[ranks] = jax_peer(jax_py, c, ranks, args.steps, args.repeat, batch_dir)
             rows.append((mode, ranks, collectives, ms, losses, t))
 
     print()
     print(f"{'config':<18} {'threads':>7} {'colls':>5} | {'ernie ms':>9} {'GFLOP/s':>8} | "
-          f"{'torch ms':>9} {'GFLOP/s':>8} | {'torch/ernie':>11}")
-    print("-" * 92)
+          f"{'torch ms':>9} {'ernie/torch':>11} | {'jax ms':>9} {'ernie/jax':>9}")
+    print("-" * 98)
     gf = c.matmul_gflop()
     for mode, ranks, coll, ms, _, t in rows:
         line = f"{labels[mode]:<18} {ranks:>7} {coll:>5} | {ms:>9.1f} {gf / ms * 1e3:>8.1f} | "
-        if t is None:
-            line += f"{'-':>9} {'-':>8} | {'-':>11}"
-        else:
-            line += f"{t['ms']:>9.1f} {gf / t['ms'] * 1e3:>8.1f} | {t['ms'] / ms:>11.2f}"
+        line += (f"{'-':>9} {'-':>11}" if t is None
+                 else f"{t['ms']:>9.1f} {ms / t['ms']:>11.2f}")
+        j = jax_cache.get(ranks)
+        line += " | " + (f"{'-':>9} {'-':>9}" if j is None
+                         else f"{j['ms']:>9.1f} {ms / j['ms']:>9.2f}")
         print(line)
-    print("(colls: collectives per forward+backward in the partitioned program; "
-          "GFLOP/s: GEMM work only)")
+    print("(colls: collectives per forward+backward in the partitioned program, a gradient "
+          "bucket counted once; GFLOP/s: GEMM work only; ernie/peer below 1: ernie is faster)")
     for mode, error in failures:
         print(f"{labels[mode]:<18} FAILED: {error}")
     single = {m: ms for m, _, _, ms, _, _ in rows}
@@ -412,6 +531,9 @@ def main():
     for ranks, t in sorted(torch_cache.items()):
         print(f"torch {t['version']}, {ranks} core(s), {t['setting']} losses (first, last): "
               f"{t['losses'][0]:.4f}, {t['losses'][-1]:.4f}")
+    for ranks, j in sorted(jax_cache.items()):
+        print(f"jax {j['version']}, {ranks} core(s) losses (first, last): "
+              f"{j['losses'][0]:.4f}, {j['losses'][-1]:.4f}; jit compile {j['compile_s']:.1f} s")
     if torch_cache:
         print("\ntorch settings tried (the fastest per core count is the peer above):")
         for ranks, t in sorted(torch_cache.items()):
