@@ -31,8 +31,7 @@ attention scores and their gradients differ per token and the printed losses
 exercise the whole step.
 
 The second peer is JAX/XLA: the same model, loss, gradients and SGD update
-in one jitted function, on as many cores (pinned; XLA's intra-op threads
-set to match), from the bench's own environment (build-bench/jax, see
+in one jitted function, on as many cores (pinned), from the bench's own environment (build-bench/jax, see
 bench/requirements-jax.txt); without jax the column is skipped with a note.
 
 Every time is the best of --repeat runs of K steps. Prints a table with the
@@ -296,7 +295,7 @@ def torch_worker(spec):
 def jax_worker(spec):
     """The same model, step and shapes as JAX/XLA compiles them: loss,
     gradients and the SGD update in one jitted function, on `threads` cores
-    (the process is pinned to them; XLA's intra-op threads match)."""
+    (the process is pinned to them; with one, XLA's Eigen pool is off)."""
     os.sched_setaffinity(0, set(range(spec["threads"])))
     import jax
     import jax.numpy as jnp
@@ -385,9 +384,10 @@ def find_jax_python(explicit):
 def jax_peer(py, c, threads, steps, repeat, batch_dir):
     spec = {"config": c.as_dict(), "threads": threads, "steps": steps, "repeat": repeat,
             "batch": str(batch_dir)}
-    flags = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-             if threads == 1 else f"intra_op_parallelism_threads={threads}")
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    # One core: XLA's Eigen thread pool off; more: pinned to them (above).
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if threads == 1:
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
     out = run([py, __file__, "--jax-worker", json.dumps(spec)], env=env)
     return json.loads(out.strip().splitlines()[-1])
 

@@ -12,7 +12,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 using namespace ernie::runtime;
@@ -191,6 +193,48 @@ TEST(FusedKernel, RefusesBodiesARegionMayNotBe) {
   FusedBody yields = normLikeBody(2, 3, DType::F32);
   yields.yields = {42};
   refuses(yields, "yields a value that does not exist");
+}
+
+} // namespace
+
+namespace {
+
+/// Distance in units in the last place between two finite floats.
+int64_t ulps(float a, float b) {
+  int32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  if ((x < 0) != (y < 0))
+    return a == b ? 0 : INT64_MAX;
+  return std::llabs(int64_t(x) - int64_t(y));
+}
+
+TEST(ElementwiseExp, WithinTwoUlpOfExpAndExactAtTheEdges) {
+  // Every 2^-12 from -87 to 88.7 (the normal range), and the special cases.
+  std::vector<float> x;
+  for (float v = -87.0f; v < 88.7f; v += 1.0f / 4096)
+    x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  x.insert(x.end(), {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.8f, inf, -inf,
+                     -90.0f, -1000.0f, std::nanf("")});
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n);
+  runOp("ernie.exp", {{x.data(), DType::F32, {n}}}, {{y.data(), DType::F32, {n}}});
+  int64_t worst = 0;
+  for (int64_t i = 0; i + 11 < n; ++i)
+    worst = std::max(worst, ulps(y[i], std::exp(x[i])));
+  EXPECT_LE(worst, 2);
+  EXPECT_EQ(y[n - 11], 1.0f);
+  EXPECT_EQ(y[n - 10], 1.0f);
+  EXPECT_EQ(y[n - 9], 1.0f);
+  EXPECT_EQ(y[n - 8], 1.0f);
+  EXPECT_LE(ulps(y[n - 7], std::exp(88.72f)), 2);
+  EXPECT_EQ(y[n - 6], inf); // past the largest float
+  EXPECT_EQ(y[n - 5], inf);
+  EXPECT_EQ(y[n - 4], 0.0f);
+  EXPECT_EQ(y[n - 3], 0.0f); // subnormal results flush to 0
+  EXPECT_EQ(y[n - 2], 0.0f);
+  EXPECT_TRUE(std::isnan(y[n - 1]));
 }
 
 } // namespace

@@ -179,7 +179,8 @@ void registerElementwiseKernels(Registry &r) {
   unaryNumeric(r, "ernie.neg", [](auto x) { return -x; });
   unaryNumeric(r, "ernie.abs", [](auto x) { return math::abs(x); });
   unaryNumeric(r, "ernie.relu", [](auto x) { return math::relu(x); });
-  unaryFloat(r, "ernie.exp", [](auto x, const Attrs &) { return std::exp(x); });
+  unaryFloat(r, "ernie.exp",
+             [](auto x, const Attrs &) { return math::exponential(x); });
   unaryFloat(r, "ernie.log", [](auto x, const Attrs &) { return std::log(x); });
   unaryFloat(r, "ernie.sqrt", [](auto x, const Attrs &) { return std::sqrt(x); });
   unaryFloat(r, "ernie.rsqrt", [](auto x, const Attrs &) { return math::rsqrt(x); });
@@ -273,9 +274,26 @@ void registerElementwiseKernels(Registry &r) {
   r.addForEveryType("ernie.full", [](const std::vector<TensorView> &,
                                      const std::vector<TensorView> &out,
                                      const Attrs &attrs) {
+    // The value once as the element type stores it, then copied bytewise.
     double value = attrs.getFloat("value", 0.0);
-    for (int64_t i = 0, n = out[0].numElements(); i < n; ++i)
-      storeFromDouble(out[0], i, value);
+    const int64_t n = out[0].numElements();
+    if (n == 0)
+      return;
+    storeFromDouble(out[0], 0, value);
+    const size_t width = byteSize(out[0].type);
+    char *y = out[0].as<char>();
+    auto fill = [&](auto unit) {
+      using U = decltype(unit);
+      U bits;
+      std::memcpy(&bits, y, sizeof bits);
+      std::fill(reinterpret_cast<U *>(y), reinterpret_cast<U *>(y) + n, bits);
+    };
+    switch (width) {
+    case 1: return fill(uint8_t{});
+    case 2: return fill(uint16_t{});
+    case 4: return fill(uint32_t{});
+    default: return fill(uint64_t{});
+    }
   });
   r.addForEveryType("ernie.iota", [](const std::vector<TensorView> &,
                                      const std::vector<TensorView> &out,

@@ -10,13 +10,52 @@
 #define ERNIE_RUNTIME_KERNELS_CPU_ELEMENTWISEMATH_H
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace ernie::runtime::cpu::math {
 
+/// e^x in f32 as straight-line arithmetic a loop vectorises (glibc's expf
+/// is a call per element): Cody-Waite reduction by ln 2 and Cephes'
+/// degree-5 minimax polynomial, within 2 ulp of e^x. Results below 2^-126
+/// flush to 0 (x < -87.33, where e^x is subnormal); x > 88.72 gives
+/// infinity, NaN stays NaN. Only + - * and conversions: with no FMA
+/// contraction every vector width computes the same bits.
+inline float exponential(float x) {
+  const float lo = -87.33654f, hi = 88.72283f;
+  float c = x < lo ? lo : x;
+  c = c > hi ? hi : c;
+  // n = round(c / ln 2) by adding 1.5 * 2^23 (exact for |v| < 2^22).
+  const float magic = 12582912.0f;
+  const float n = (c * 1.44269504088896341f + magic) - magic;
+  const float r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  // 2^n as 2^k * 2^(n - k), k = floor(n / 2): n spans [-126, 128], past
+  // what one float's exponent holds at both ends.
+  const int32_t whole = static_cast<int32_t>(n), k = whole >> 1;
+  const int32_t bits1 = (k + 127) << 23, bits2 = (whole - k + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &bits1, sizeof s1);
+  std::memcpy(&s2, &bits2, sizeof s2);
+  float e = (y * s1) * s2;
+  // Selects, one at a time, so that the loop stays branch-free.
+  e = x > hi ? INFINITY : e;
+  e = x < lo ? 0.0f : e;
+  e = x != x ? x : e;
+  return e;
+}
+inline double exponential(double x) { return std::exp(x); }
+
 template <typename T> T rsqrt(T x) { return T(1) / std::sqrt(x); }
 template <typename T> T reciprocal(T x) { return T(1) / x; }
-template <typename T> T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
-template <typename T> T silu(T x) { return x / (T(1) + std::exp(-x)); }
+template <typename T> T sigmoid(T x) { return T(1) / (T(1) + exponential(-x)); }
+template <typename T> T silu(T x) { return x / (T(1) + exponential(-x)); }
 template <typename T> T relu(T x) { return x > 0 ? x : T(0); }
 template <typename T> T abs(T x) { return x < 0 ? -x : x; }
 template <typename T> T gelu(T x, bool approximate) {

@@ -396,8 +396,12 @@ void store(DType type, const T *src, int64_t n, void *dst, int64_t step) {
 
 /// One step over n elements: operands through `at` (a register, or the
 /// input itself where it is read in place), the result into its register.
+/// Built for AVX-512, AVX2 and the baseline (the loader picks the CPU's);
+/// no FMA contraction, so every build computes the per-op kernels' bits.
 template <typename T>
-void run(const Step &s, const T *const *at, T *regs, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"),
+               optimize("fp-contract=off"))) void
+run(const Step &s, const T *const *at, T *regs, int64_t n) {
   T *y = regs + s.out * kChunk;
   const T *a = at[s.a], *b = at[s.b], *c = at[s.c];
   auto unary = [&](auto fn) {
@@ -411,16 +415,16 @@ void run(const Step &s, const T *const *at, T *regs, int64_t n) {
   namespace m = cpu::math;
   switch (s.code) {
   case Code::Neg: return unary([](T x) { return -x; });
-  case Code::Exp: return unary([](T x) { return std::exp(x); });
+  case Code::Exp: return unary([](T x) { return m::exponential(x); });
   case Code::Log: return unary([](T x) { return std::log(x); });
   case Code::Sqrt: return unary([](T x) { return std::sqrt(x); });
-  case Code::Rsqrt: return unary(m::rsqrt<T>);
+  case Code::Rsqrt: return unary([](T x) { return m::rsqrt(x); });
   case Code::Tanh: return unary([](T x) { return std::tanh(x); });
-  case Code::Sigmoid: return unary(m::sigmoid<T>);
-  case Code::Silu: return unary(m::silu<T>);
-  case Code::Relu: return unary(m::relu<T>);
-  case Code::Abs: return unary(m::abs<T>);
-  case Code::Reciprocal: return unary(m::reciprocal<T>);
+  case Code::Sigmoid: return unary([](T x) { return m::sigmoid(x); });
+  case Code::Silu: return unary([](T x) { return m::silu(x); });
+  case Code::Relu: return unary([](T x) { return m::relu(x); });
+  case Code::Abs: return unary([](T x) { return m::abs(x); });
+  case Code::Reciprocal: return unary([](T x) { return m::reciprocal(x); });
   case Code::Erf: return unary([](T x) { return std::erf(x); });
   case Code::Gelu: return unary([](T x) { return m::gelu(x, false); });
   case Code::GeluTanh: return unary([](T x) { return m::gelu(x, true); });
@@ -433,8 +437,8 @@ void run(const Step &s, const T *const *at, T *regs, int64_t n) {
   case Code::Sub: return binary([](T p, T q) { return p - q; });
   case Code::Mul: return binary([](T p, T q) { return p * q; });
   case Code::Div: return binary([](T p, T q) { return p / q; });
-  case Code::Maximum: return binary(maximumOf<T>);
-  case Code::Minimum: return binary(minimumOf<T>);
+  case Code::Maximum: return binary([](T p, T q) { return maximumOf(p, q); });
+  case Code::Minimum: return binary([](T p, T q) { return minimumOf(p, q); });
   case Code::Pow: return binary([](T p, T q) { return std::pow(p, q); });
   case Code::Compare: {
     int64_t d = s.direction;

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ElementwiseMath.h"
 #include "Registry.h"
 
 #include <map>
@@ -289,31 +290,6 @@ void attention(const std::vector<TensorView> &in,
 }
 
 /// The per-token losses and, for the gradient, (softmax - onehot) rows.
-/// e^x for x <= 0 (a logit less its row's maximum), as a branch-free
-/// polynomial the compiler vectorises: Cody-Waite reduction by ln 2 and
-/// Cephes' degree-5 minimax polynomial (within 2 ulp of expf; results
-/// below 2^-125 flush to 0, where a row's sum cannot notice them). NaN
-/// stays NaN.
-inline float expNonPositive(float x) {
-  const float clamped = x < -87.0f ? -87.0f : x;
-  // Round to nearest by adding 1.5 * 2^23 (exact for |v| < 2^22).
-  const float magic = 12582912.0f;
-  const float n = (clamped * 1.44269504088896341f + magic) - magic;
-  const float r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const float e = y * scale;
-  return x < -87.0f ? 0.0f : (x != x ? x : e);
-}
-
 /// e[j] = exp(row[j] - peak) for a row of f32 logits, and their sum (eight
 /// partial sums, added pairwise: both loops vectorise). Built for AVX-512,
 /// AVX2 and the baseline; the loader picks the CPU's. No FMA contraction,
@@ -322,7 +298,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"),
                optimize("fp-contract=off"))) float
 expRow(const float *row, float peak, float *e, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
-    e[j] = expNonPositive(row[j] - peak);
+    e[j] = math::exponential(row[j] - peak);
   float partial[8] = {};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
@@ -332,6 +308,20 @@ expRow(const float *row, float peak, float *e, int64_t n) {
     partial[0] += e[j];
   return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
          ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The largest of a row's logits (eight running maxima: the loop
+/// vectorises; the maximum does not depend on the order).
+template <typename T> T rowMax(const T *row, int64_t n) {
+  T partial[8];
+  std::fill(partial, partial + 8, -std::numeric_limits<T>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k)
+      partial[k] = row[j + k] > partial[k] ? row[j + k] : partial[k];
+  for (; j < n; ++j)
+    partial[0] = row[j] > partial[0] ? row[j] : partial[0];
+  return *std::max_element(partial, partial + 8);
 }
 
 /// As expRow for f64 logits, in f64 and in order.
@@ -363,7 +353,7 @@ void crossEntropy(const std::vector<TensorView> &in,
     for (int64_t t = 0; t < tokens; ++t) {
       int64_t label = indexAt(labels, t);
       const T *row = x + t * vocab;
-      T peak = *std::max_element(row, row + vocab);
+      T peak = rowMax(row, vocab);
       T *g = backward ? out[0].as<T>() + t * vocab : nullptr;
       if (label == ignore) {
         if (backward)
