@@ -383,7 +383,10 @@ def zero_run(level, mesh_shape, names, steps=5, stage_api=False):
 
 @pytest.mark.parametrize("shape,names", [([2], ["dp"]), ([2, 2], ["dp", "mp"])])
 def test_zero_levels_match_unsharded(shape, names):
-    """ZeRO 1-3 change where state lives, not the numbers (≤ 1e-6, f32).
+    """ZeRO 1-3 change where state lives, not the numbers (losses ≤ 1e-6,
+    f32 sums in another order; a weight to 2e-6 of the tensor's scale: AdamW
+    turns a gradient near 0 into a full-size step, so its last-bit
+    differences reach the weights whole).
     An evaluation takes the parameters as the step keeps them (split at
     level 3, gathered inside eval_step), so it does not gather the model
     into every rank's state."""
@@ -395,7 +398,7 @@ def test_zero_levels_match_unsharded(shape, names):
         np.testing.assert_allclose(losses, want_losses, rtol=1e-6, err_msg=f"level {level}")
         for name in want_state:
             scale = float(np.max(np.abs(want_state[name]))) or 1.0
-            np.testing.assert_allclose(state[name], want_state[name], rtol=1e-6, atol=1e-6 * scale,
+            np.testing.assert_allclose(state[name], want_state[name], rtol=1e-6, atol=2e-6 * scale,
                                        err_msg=f"level {level} {name}")
         sig = {a["name"]: a for a in prog._session.signature("train_step")["arguments"]}
         moment = sig["llama.layers.0.mlp.down_proj.weight:moment1"]

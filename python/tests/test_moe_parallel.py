@@ -110,14 +110,16 @@ def test_expert_parallel_training_matches_single_rank(single_rank, plan):
 def test_expert_parallel_fp8_matches_single_rank_fp8():
     """FP8 GEMMs on both sides, 7 steps: the plans' f32 sums differ in the
     last bit, and once such a bit flips an e4m3 rounding (a 2^-3 relative
-    step) the runs part. When depends on the GEMM kernels' rounding: after
-    step 14 on OpenBLAS's Cooperlake kernels, after step 8 on its Haswell
-    ones."""
+    step) the runs part. When depends on every rounding before it (the GEMM
+    kernels', the exponentials'): between steps 5 and 14 on the machines
+    tried. So the first four steps agree to f32 rounding and the rest stay
+    on the same course (2e-3)."""
     fp8 = {"recipe": "current"}
     want = train(fp8=fp8, steps=7)[1]
     prog, got = train([2], ["ep"], {"ep_config": {"axis": "ep", "token_groups": 4}}, fp8=fp8,
                       steps=7)
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(got[:4], want[:4], rtol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=2e-3)
     # The expert GEMMs (batched over the experts on this rank) run in fp8;
     # the router ([hidden, E] = [32, 8]) stays f32.
     assert re.search(r"ernie.scaled_matmul .*tensor<4x32x32xf8E4M3FN>", prog.mlir)
