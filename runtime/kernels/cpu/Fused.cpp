@@ -41,7 +41,7 @@ using cpu::DynamicStridedSpace;
 using cpu::stridesOf;
 
 /// Elements per chunk register: a region's registers stay in L1/L2.
-constexpr int64_t kChunk = 256;
+constexpr int64_t kChunk = 1024;
 
 enum class Code : uint8_t {
   Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Silu, Relu, Abs, Reciprocal, Erf,
