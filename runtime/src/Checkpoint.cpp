@@ -96,10 +96,7 @@ json readJson(const fs::path &path) {
 }
 
 int64_t volume(const std::vector<int64_t> &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
+  return elementCount(shape);
 }
 
 /// Whether `rank` writes its piece of `spec`: the lowest coordinate of the

@@ -895,10 +895,7 @@ Axes strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>
 }
 
 int64_t elementsOf(const std::vector<int64_t> &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
+  return elementCount(shape);
 }
 
 /// Why `shape` cannot be a tensor's, or "": every dimension at least 1

@@ -118,13 +118,6 @@ const OpInfo *opInfo(const std::string &name) {
   return nullptr;
 }
 
-int64_t elements(const std::vector<int64_t> &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
-}
-
 /// `x` after a cast to `type` and back to the compute type: casts inside a
 /// region round as the user asked, wherever they are.
 template <typename T> T roundTo(DType type, T x) {
@@ -148,7 +141,7 @@ Compiled compile(const FusedBody &body) {
   // The iteration shape: the widest value's (as ernie.fused defines it).
   const std::vector<int64_t> *shape = nullptr;
   for (const FusedValue &v : body.values)
-    if (!shape || elements(v.shape) > elements(*shape))
+    if (!shape || elementCount(v.shape) > elementCount(*shape))
       shape = &v.shape;
   if (!shape)
     bad("a fused body has no values");
@@ -312,7 +305,7 @@ Compiled compile(const FusedBody &body) {
         store.count *= iteration[a];
         kept[a] = 1;
       }
-      store.elements = elements(kept);
+      store.elements = elementCount(kept);
       store.accumulator = c.accumulators;
       c.accumulators += store.elements;
       std::vector<int64_t> to = stridesOf(kept);

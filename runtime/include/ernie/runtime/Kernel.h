@@ -23,18 +23,21 @@
 
 namespace ernie::runtime {
 
+/// The number of elements of a shape (1 for a scalar).
+inline int64_t elementCount(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
 /// A buffer and what it holds; row-major, contiguous.
 struct TensorView {
   void *data = nullptr;
   DType type = DType::F32;
   std::vector<int64_t> shape;
 
-  int64_t numElements() const {
-    int64_t n = 1;
-    for (int64_t d : shape)
-      n *= d;
-    return n;
-  }
+  int64_t numElements() const { return elementCount(shape); }
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   template <typename T> T *as() const { return static_cast<T *>(data); }
 };
