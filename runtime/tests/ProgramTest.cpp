@@ -653,6 +653,29 @@ TEST(Program, LoadsABucketAndFreesItsInputsAtTheFirstWait) {
   EXPECT_NO_THROW(bucketProgram(/*writeAfterFirstWait=*/true).parse());
 }
 
+// A reshape into a view of an input (the memory plan's views: the same
+// offset) moves no bytes, so it may run while the bucket reads that input;
+// a reshape into other bytes overlapping it may not.
+TEST(Program, AViewOfABucketInputIsNoWrite) {
+  // Buffers 0 (a, f32[4]) and 1 (b, f32[2, 2]) are packed at 0 and 64;
+  // the reshape writes a new buffer at offset 0.
+  auto withReshape = [](uint32_t from) {
+    ProgramBuilder pb = bucketProgram();
+    FunctionBuilder &f = pb.get("main");
+    uint32_t to = f.buffer(DType::F32, from == 0 ? std::vector<int64_t>{2, 2}
+                                                 : std::vector<int64_t>{4});
+    f.buffers[to].offset = 0;
+    f.instructions.insert(f.instructions.begin() + 1,
+                          {"ernie.reshape", {from}, {to}});
+    return pb;
+  };
+  EXPECT_NO_THROW(withReshape(0).parse()); // a's view
+  EXPECT_THAT(errorOf(withReshape(1)),     // b's bytes copied over a
+              HasSubstr("instruction #1 (ernie.reshape): writes buffer 4, "
+                        "whose memory overlaps buffer 0, the operand of the "
+                        "ernie.all_reduce_start"));
+}
+
 TEST(ProgramRejects, MalformedBuckets) {
   EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
                 f.instructions[0].results = {2}; // one future for two inputs

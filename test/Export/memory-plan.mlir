@@ -77,3 +77,28 @@ func.func @async_shift(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<8x4xf32>
   %r = ernie.shard_insert %y into %acc over @mesh[mp] dim = 0 : tensor<4x4xf32> -> tensor<8x4xf32>
   return %e, %r : tensor<4x4xf32>, tensor<8x4xf32>
 }
+
+// -----
+
+// A reshape is a view: its result sits at its operand's offset and moves no
+// bytes, and the memory stays taken while any value sharing it lives: the
+// neg reads the view %v as it dies, but %r (the same bytes) is read later,
+// so the neg gets fresh bytes instead of writing over them.
+// REMARK: remark: memory plan: arena 192 bytes per rank, live peak 192, 5 buffers, 2 written in place
+// CHECK-LABEL: func.func @views
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<4x4xf32> {ernie.buffer_offset = [[X:[0-9]+]] : i64}
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<16xf32> {ernie.buffer_offset = [[Y:[0-9]+]] : i64}
+// CHECK: ernie.reshape {{.*}}ernie.buffer_offsets = array<i64: [[X]]>
+// CHECK: ernie.reshape {{.*}}ernie.buffer_offsets = array<i64: [[X]]>
+// CHECK: ernie.tanh {{.*}}ernie.buffer_offsets = array<i64: [[Y]]>
+// CHECK-NOT: array<i64: [[X]]>
+// CHECK: ernie.neg
+// CHECK: ernie.add {{.*}}ernie.buffer_offsets = array<i64: [[Y]]>
+func.func @views(%x: tensor<4x4xf32>, %y: tensor<16xf32>) -> (tensor<16xf32>, tensor<2x8xf32>) {
+  %r = ernie.reshape %x : tensor<4x4xf32> -> tensor<16xf32>
+  %v = ernie.reshape %r : tensor<16xf32> -> tensor<2x8xf32>
+  %t = ernie.tanh %y : tensor<16xf32>
+  %n = ernie.neg %v : tensor<2x8xf32>
+  %s = ernie.add %t, %r : tensor<16xf32>
+  return %s, %n : tensor<16xf32>, tensor<2x8xf32>
+}

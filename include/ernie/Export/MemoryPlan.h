@@ -11,7 +11,10 @@
 //     offset free for its whole lifetime (greedy by size, as TFLite's arena
 //     planner does), so the arena is close to the peak of live bytes;
 //   * asynchronous collectives: a wait's tensor is its future's buffer, and
-//     a start's input lives until the wait (the transfer reads it).
+//     a start's input lives until the wait (the transfer reads it);
+//   * views: a reshape's result is its operand's bytes under another shape,
+//     a buffer of its own type at the operand's offset (`viewOf`), and the
+//     operand's memory lives as long as either does.
 // Plans are per rank: after partition, every rank has the same local shapes.
 //
 //===----------------------------------------------------------------------===//
@@ -31,6 +34,10 @@ struct PlannedBuffer {
   int64_t offset = 0;
   /// Positions: 0 is the function entry, op i of the body is i + 1.
   int64_t start = 0, end = 0;
+  /// A view (a reshape's result): the buffer whose bytes it shares, placed
+  /// with it; its own `end` is its value's last use, the shared lifetime is
+  /// on the viewed buffer. -1: a buffer of its own.
+  int64_t viewOf = -1;
 };
 
 struct MemoryPlan {
