@@ -34,9 +34,6 @@ int64_t bytesOf(Value v) {
   return t.getNumElements() * getElementByteSize(t.getElementType());
 }
 
-/// Where `v` is ready: after its defining op, or at the block's start.
-Operation *readyAfter(Value v) { return v.getDefiningOp(); }
-
 /// An all-reduce of a gradient: a sum or mean whose result only the
 /// function's return reads, as a result marked a gradient (`ernie.grad_of`
 /// by autodiff, `ernie.gradient` by the pipeline schedule). Partition puts
@@ -88,9 +85,11 @@ struct BucketGradientsPass
                 getElementTypeOrSelf(op.getType())}]
             .push_back(op);
     for (auto &[key, ops] : groups) {
-      // In the order the backward computes them (arguments first).
+      // In the order the backward computes them (arguments, defined by no
+      // op, first).
       llvm::stable_sort(ops, [](AllReduceOp a, AllReduceOp b) {
-        Operation *x = readyAfter(a.getInput()), *y = readyAfter(b.getInput());
+        Operation *x = a.getInput().getDefiningOp(),
+                  *y = b.getInput().getDefiningOp();
         return x != y && (!x || (y && x->isBeforeInBlock(y)));
       });
       SmallVector<AllReduceOp> current;
@@ -111,7 +110,7 @@ struct BucketGradientsPass
 
   void emit(Block &block, MutableArrayRef<AllReduceOp> bucket) {
     // Right after the last input is computed (ops are sorted by that).
-    Operation *last = readyAfter(bucket.back().getInput());
+    Operation *last = bucket.back().getInput().getDefiningOp();
     OpBuilder b(&block, last ? std::next(Block::iterator(last)) : block.begin());
     SmallVector<Value> inputs;
     SmallVector<Location> locs;
