@@ -166,6 +166,49 @@ void stridedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha,
 /// tiles above the diagonal are never computed (about half the work).
 constexpr int64_t kQueryStrip = 64;
 
+/// e[j] = exp(row[j] - peak) for a row of f32 logits or scores (e may be
+/// row), and their sum (eight
+/// partial sums, added pairwise: both loops vectorise). Built for AVX-512,
+/// AVX2 and the baseline; the loader picks the CPU's. No FMA contraction,
+/// so every clone computes the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"),
+               optimize("fp-contract=off"))) float
+expRow(const float *row, float peak, float *e, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    e[j] = math::exponential(row[j] - peak);
+  float partial[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k)
+      partial[k] += e[j + k];
+  for (; j < n; ++j)
+    partial[0] += e[j];
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+/// The largest of a row's logits (eight running maxima: the loop
+/// vectorises; the maximum does not depend on the order).
+template <typename T> T rowMax(const T *row, int64_t n) {
+  T partial[8];
+  std::fill(partial, partial + 8, -std::numeric_limits<T>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k)
+      partial[k] = row[j + k] > partial[k] ? row[j + k] : partial[k];
+  for (; j < n; ++j)
+    partial[0] = row[j] > partial[0] ? row[j] : partial[0];
+  return *std::max_element(partial, partial + 8);
+}
+
+/// As expRow for f64 logits, in f64 and in order.
+double expRow(const double *row, double peak, double *e, int64_t n) {
+  double total = 0;
+  for (int64_t j = 0; j < n; ++j)
+    total += e[j] = std::exp(row[j] - peak);
+  return total;
+}
+
 /// Softmax probabilities P [rows, end] (row stride `end`) of query rows
 /// [s0, s0 + rows) of one head against keys [0, end): S = scale * Q K^T by
 /// GEMM, then per row the max-subtracted softmax over the visible keys
@@ -179,14 +222,8 @@ void probabilities(const T *qh, int64_t ldq, const T *kh, int64_t ldk,
   for (int64_t r = 0; r < rows; ++r) {
     T *row = p + r * end;
     int64_t last = causal ? s0 + r : end - 1;
-    T peak = -std::numeric_limits<T>::infinity();
-    for (int64_t t = 0; t <= last; ++t)
-      peak = std::max(peak, row[t]);
-    T total = 0;
-    for (int64_t t = 0; t <= last; ++t) {
-      row[t] = std::exp(row[t] - peak);
-      total += row[t];
-    }
+    T peak = rowMax(row, last + 1);
+    T total = expRow(row, peak, row, last + 1);
     for (int64_t t = 0; t <= last; ++t)
       row[t] /= total;
     for (int64_t t = last + 1; t < end; ++t)
@@ -290,48 +327,6 @@ void attention(const std::vector<TensorView> &in,
 }
 
 /// The per-token losses and, for the gradient, (softmax - onehot) rows.
-/// e[j] = exp(row[j] - peak) for a row of f32 logits, and their sum (eight
-/// partial sums, added pairwise: both loops vectorise). Built for AVX-512,
-/// AVX2 and the baseline; the loader picks the CPU's. No FMA contraction,
-/// so every clone computes the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"),
-               optimize("fp-contract=off"))) float
-expRow(const float *row, float peak, float *e, int64_t n) {
-  for (int64_t j = 0; j < n; ++j)
-    e[j] = math::exponential(row[j] - peak);
-  float partial[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k)
-      partial[k] += e[j + k];
-  for (; j < n; ++j)
-    partial[0] += e[j];
-  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-         ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-}
-
-/// The largest of a row's logits (eight running maxima: the loop
-/// vectorises; the maximum does not depend on the order).
-template <typename T> T rowMax(const T *row, int64_t n) {
-  T partial[8];
-  std::fill(partial, partial + 8, -std::numeric_limits<T>::infinity());
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k)
-      partial[k] = row[j + k] > partial[k] ? row[j + k] : partial[k];
-  for (; j < n; ++j)
-    partial[0] = row[j] > partial[0] ? row[j] : partial[0];
-  return *std::max_element(partial, partial + 8);
-}
-
-/// As expRow for f64 logits, in f64 and in order.
-double expRow(const double *row, double peak, double *e, int64_t n) {
-  double total = 0;
-  for (int64_t j = 0; j < n; ++j)
-    total += e[j] = std::exp(row[j] - peak);
-  return total;
-}
-
 void crossEntropy(const std::vector<TensorView> &in,
                   const std::vector<TensorView> &out, const Attrs &attrs,
                   bool backward) {
