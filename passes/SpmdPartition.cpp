@@ -498,17 +498,26 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
       ones(maskType, false));
   Value owned = SelectOp::create(b, loc, keep, inRange, ones(maskType, false));
   Value safe = SelectOp::create(b, loc, owned, local, zero);
-  auto wideIds = RankedTensorType::get(lt.getShape(), id);
-  Value column = IotaOp::create(b, loc, wideIds, rank - 1);
-  Value labelWide = BroadcastOp::create(b, loc, wideIds, safe,
-                                        b.getDenseI64ArrayAttr(leading));
-  auto wideMask = RankedTensorType::get(lt.getShape(), b.getI1Type());
-  Value ownedWide = BroadcastOp::create(b, loc, wideMask, owned,
-                                        b.getDenseI64ArrayAttr(leading));
-  Value hit = SelectOp::create(
-      b, loc, ownedWide,
-      CompareOp::create(b, loc, CompareDirection::eq, column, labelWide),
-      ones(wideMask, false));
+  // Where each token's label logit sits in the flattened local logits (a
+  // view): token t's row starts at t * vocab. Indexing there picks the label
+  // logit and places the gradient's -1, with no [tokens, vocab] mask.
+  int64_t n = yt.getNumElements();
+  auto flatIds = RankedTensorType::get({n}, b.getI64Type());
+  auto flatMask = RankedTensorType::get({n}, b.getI1Type());
+  auto flatTokens = RankedTensorType::get({n}, f);
+  auto flatLogits = RankedTensorType::get({n * vocab}, f);
+  Value safe64 = ReshapeOp::create(
+      b, loc, RankedTensorType::get({n}, id), safe);
+  if (id != b.getI64Type())
+    safe64 = CastOp::create(b, loc, flatIds, safe64);
+  Value at = AddOp::create(
+      b, loc,
+      MulOp::create(b, loc, IotaOp::create(b, loc, flatIds, 0),
+                    FullOp::create(b, loc, flatIds,
+                                   IntegerAttr::get(b.getI64Type(), vocab))),
+      safe64);
+  Value ownedFlat = ReshapeOp::create(b, loc, flatMask, owned);
+  Value zeroTokens = FullOp::create(b, loc, flatTokens, FloatAttr::get(f, 0.0));
 
   // The softmax normaliser across the split.
   Value localMax = ReduceMaxOp::create(b, loc, logits,
@@ -529,10 +538,10 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
     Value lse = ReshapeOp::create(
         b, loc, tokens,
         AddOp::create(b, loc, LogOp::create(b, loc, sumExp), globalMax));
-    Value zeroF = FullOp::create(b, loc, lt, FloatAttr::get(f, 0.0));
-    Value picked = ReduceSumOp::create(
-        b, loc, SelectOp::create(b, loc, hit, logits, zeroF),
-        b.getDenseI64ArrayAttr({rank - 1}), false);
+    Value labelLogit = GatherOp::create(
+        b, loc, ReshapeOp::create(b, loc, flatLogits, logits), at, 0);
+    Value picked = ReshapeOp::create(
+        b, loc, tokens, SelectOp::create(b, loc, ownedFlat, labelLogit, zeroTokens));
     Value share = MulOp::create(
         b, loc, lse, FullOp::create(b, loc, tokens, FloatAttr::get(f, 1.0 / parts)));
     Value contribution = SubOp::create(
@@ -551,19 +560,26 @@ LogicalResult Partitioner::expandCrossEntropy(Operation *op) {
   } else {
     Value dloss = widen(op->getOperand(2));
     Value probs = DivOp::create(b, loc, shifted, spread(sumExp));
-    Value onehot = CastOp::create(b, loc, lt, hit);
-    Value keepWide = CastOp::create(
-        b, loc, lt,
-        BroadcastOp::create(b, loc, wideMask, keep, b.getDenseI64ArrayAttr(leading)));
-    Value g = MulOp::create(b, loc, SubOp::create(b, loc, probs, onehot), keepWide);
+    // Each kept token's scale (dloss per token, or the mean's / count).
     Value scale = dloss;
     if (count)
       scale = DivOp::create(b, loc, dloss, count);
-    SmallVector<int64_t> dims =
-        reduction == LossReduction::none ? leading : SmallVector<int64_t>{};
-    result = MulOp::create(
-        b, loc, g,
-        BroadcastOp::create(b, loc, lt, scale, b.getDenseI64ArrayAttr(dims)));
+    if (reduction != LossReduction::none)
+      scale = BroadcastOp::create(b, loc, tokens, scale, b.getDenseI64ArrayAttr({}));
+    Value kept = MulOp::create(b, loc, keepF, scale);
+    // (softmax - one_hot) * scale: the softmax scaled, then -scale added
+    // at each owned label.
+    Value g = MulOp::create(
+        b, loc, probs,
+        BroadcastOp::create(b, loc, lt, kept, b.getDenseI64ArrayAttr(leading)));
+    Value minus = SelectOp::create(
+        b, loc, ownedFlat,
+        NegOp::create(b, loc, ReshapeOp::create(b, loc, flatTokens, kept)),
+        zeroTokens);
+    result = ReshapeOp::create(
+        b, loc, lt,
+        IndexAddOp::create(b, loc, ReshapeOp::create(b, loc, flatLogits, g), at,
+                           minus, 0));
   }
   Value old = op->getResult(0);
   if (result.getType() != old.getType())
