@@ -35,8 +35,10 @@ def _preferred_gemm_kernels() -> str:
 # runtime's extension, below), and falls back to Haswell's or SSE3 kernels on
 # models it does not know: 1.5-8x slower GEMMs. Unless the user chose, ernie
 # chooses by the CPU's features, as ernie-run does.
-if "OPENBLAS_CORETYPE" not in _os.environ and _preferred_gemm_kernels():
-    _os.environ["OPENBLAS_CORETYPE"] = _preferred_gemm_kernels()
+if "OPENBLAS_CORETYPE" not in _os.environ:
+    _kernels = _preferred_gemm_kernels()
+    if _kernels:
+        _os.environ["OPENBLAS_CORETYPE"] = _kernels
 
 from . import distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402

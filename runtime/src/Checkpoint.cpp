@@ -95,10 +95,6 @@ json readJson(const fs::path &path) {
   return j;
 }
 
-int64_t volume(const std::vector<int64_t> &shape) {
-  return elementCount(shape);
-}
-
 /// Whether `rank` writes its piece of `spec`: the lowest coordinate of the
 /// ranks holding the same piece, along every mesh axis that does not split
 /// it (the stage axis: the first stage holding the state).
@@ -175,12 +171,12 @@ void indexPieces(SavedTensor &saved, const std::string &where,
       saved.starts[d].push_back(piece.offsets[d]);
     if (!saved.byStart.emplace(piece.offsets, i).second)
       fail(where + ": " + what + " at the place of another");
-    covered += volume(piece.shape);
+    covered += elementCount(piece.shape);
   }
-  if (covered != volume(saved.globalShape))
+  if (covered != elementCount(saved.globalShape))
     fail(where + ": the pieces of tensor '" + name + "' cover " +
          std::to_string(covered) + " of its " +
-         std::to_string(volume(saved.globalShape)) + " elements");
+         std::to_string(elementCount(saved.globalShape)) + " elements");
   for (auto &s : saved.starts) {
     std::sort(s.begin(), s.end());
     s.erase(std::unique(s.begin(), s.end()), s.end());
@@ -405,7 +401,7 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
   }
   if (meter)
     for (const Owned &o : owned)
-      meter->expect(volume(o.real) * byteSize(o.spec->type));
+      meter->expect(elementCount(o.real) * byteSize(o.spec->type));
   SafetensorsWriter writer((fs::path(dir) / rankFile(rank)).string(), header,
                            {{kPiecesKey, pieces.dump()}});
   for (const Owned &o : owned)
@@ -624,7 +620,7 @@ HostTensor readPiece(const Program &program, const TensorSpec &spec, int64_t ran
     ranges.emplace_back(first, last);
   }
   if (meter)
-    meter->expect(volume(real) * byteSize(spec.type));
+    meter->expect(elementCount(real) * byteSize(spec.type));
   std::vector<size_t> k;
   for (auto [first, last] : ranges)
     k.push_back(first);
@@ -799,10 +795,10 @@ std::string describeCheckpoint(const std::string &dir) {
   uint64_t total = 0;
   std::map<std::string, uint64_t> fileBytes;
   for (const auto &[name, saved] : m.tensors) {
-    uint64_t bytes = volume(saved.globalShape) * byteSize(saved.type);
+    uint64_t bytes = elementCount(saved.globalShape) * byteSize(saved.type);
     total += bytes;
     for (const Piece &p : saved.pieces)
-      fileBytes[p.file] += volume(p.shape) * byteSize(saved.type);
+      fileBytes[p.file] += elementCount(p.shape) * byteSize(saved.type);
     out << "  " << name << "  " << safetensorsDtype(saved.type)
         << shapeString(saved.globalShape) << "  " << bytes << " bytes in "
         << saved.pieces.size() << " piece(s)\n";
@@ -873,7 +869,7 @@ void consolidateCheckpoint(const std::string &dir, const std::string &out,
   uint64_t size = 0, total = 0;
   for (const std::string &name : all) {
     const SavedTensor &t = m.tensors.at(name);
-    uint64_t bytes = volume(t.globalShape) * byteSize(t.type);
+    uint64_t bytes = elementCount(t.globalShape) * byteSize(t.type);
     if (maxShardBytes && !shards.back().empty() && size + bytes > maxShardBytes) {
       shards.emplace_back();
       size = 0;

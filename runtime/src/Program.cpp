@@ -894,10 +894,6 @@ Axes strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>
   return out;
 }
 
-int64_t elementsOf(const std::vector<int64_t> &shape) {
-  return elementCount(shape);
-}
-
 /// Why `shape` cannot be a tensor's, or "": every dimension at least 1
 /// (ernie has no zero-size tensors; the compiler rejects them too) and the
 /// element count, and its bytes of `type`, within int64.
@@ -1087,7 +1083,7 @@ std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
   }
   const BufferSpec &out = fn.buffers[inst.results[0]];
   if (inst.op == "ernie.axis_index")
-    return out.type == DType::I64 && elementsOf(out.shape) == 1
+    return out.type == DType::I64 && elementCount(out.shape) == 1
                ? ""
                : "the result must be one i64";
   // The operand the result is shaped from (shard_insert: the destination).
@@ -1408,7 +1404,7 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
           at + ", buffer " + std::to_string(fn.buffers.size());
       std::string problem = shapeProblem(spec.shape, spec.type);
       check.require(problem.empty(), where + ": " + problem);
-      check.require(uint64_t(elementsOf(spec.shape)) * byteSize(spec.type) ==
+      check.require(uint64_t(elementCount(spec.shape)) * byteSize(spec.type) ==
                         spec.bytes,
                     where + ": " + std::to_string(spec.bytes) +
                         " bytes do not hold " + shapeString(spec.shape) + "x" +
@@ -1665,8 +1661,8 @@ PipelineSpec decodePipeline(const fb::Program *p,
           continue;
         ++n;
         if (role == Role::Loss)
-          check.require(elementsOf(res.localShape) == 1 &&
-                            elementsOf(res.globalShape) == 1 &&
+          check.require(elementCount(res.localShape) == 1 &&
+                            elementCount(res.globalShape) == 1 &&
                             res.sharding.partials.empty(),
                         argAt(fn, i, "result") +
                             ": a pipelined loss must be a replicated scalar "
