@@ -260,6 +260,17 @@ LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
                              << "' is two positive tile sizes on a reshape";
     return success();
   }
+  if (name == kLayerAttrName) {
+    auto layer = dyn_cast<StringAttr>(attr.getValue());
+    if (!layer || layer.getValue().empty())
+      return op->emitError() << "'" << name << "' is a layer name (a non-empty string)";
+    return success();
+  }
+  if (name == kRecomputedAttrName) {
+    if (!isa<UnitAttr>(attr.getValue()))
+      return op->emitError() << "'" << name << "' is a unit attribute";
+    return success();
+  }
   if (name == kBackwardAttrName) {
     if (!isa<UnitAttr>(attr.getValue()))
       return op->emitError() << "'" << name << "' is a unit attribute";

@@ -104,17 +104,75 @@ def _check_state_value(name, value, spec):
     return np.ascontiguousarray(array)
 
 
+_RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def recompute_plan(model: Module, spec) -> tuple[str, dict]:
+    """config["recompute"] as (mode, {id(layer): name}): the layers whose
+    ops are marked for --ernie-recompute. `spec` is "none", "selective"
+    (Megatron's: the attention core), "full" (each layer's forward again in
+    its backward), a bool (True: "full", PaddleNLP's `recompute=True`), or
+    {"granularity": one of those, "layers": a regex or a list of them,
+    matched whole against the names of ernie.nn.LayerList elements, e.g.
+    "layers.[0-3]"}: the layers recomputed (default: every element)."""
+    if spec is None or spec is False:
+        return "none", {}
+    if spec is True:
+        spec = "full"
+    patterns = None
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"granularity", "layers"}
+        if unknown:
+            raise ValueError(f"unknown recompute keys {sorted(unknown)} (known: granularity, layers)")
+        patterns = spec.get("layers")
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        if patterns is not None and (not isinstance(patterns, (list, tuple))
+                                     or not all(isinstance(p, str) for p in patterns)):
+            raise TypeError(f"recompute.layers is a regex or a list of regexes, not {patterns!r}")
+        spec = spec.get("granularity", "full")
+    if spec not in _RECOMPUTE_MODES:
+        raise ValueError(f"recompute is one of {', '.join(_RECOMPUTE_MODES)} (or a bool, or a dict "
+                         f"with granularity and layers), not {spec!r}")
+    from .nn import LayerList
+    layers = {f"{name}.{i}" if name else str(i): child
+              for name, sub in model.named_sublayers(include_self=True)
+              if isinstance(sub, LayerList) for i, child in enumerate(sub)}
+    if spec == "none":
+        return spec, {}
+    if spec == "full" and not layers:
+        raise ValueError("recompute 'full' recomputes each element of an ernie.nn.LayerList, and the "
+                         f"model ({type(model).__name__}) has none")
+    if patterns is None:
+        chosen = layers if spec == "full" else {}  # selective: every attention core
+    else:
+        chosen = {}
+        for pattern in patterns:
+            try:
+                regex = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"recompute.layers {pattern!r} is not a regex: {e}") from None
+            hits = {n: l for n, l in layers.items() if regex.fullmatch(n)}
+            if not hits:
+                known = ", ".join(list(layers)[:4]) + (", ..." if len(layers) > 4 else "")
+                raise ValueError(f"recompute.layers {pattern!r} matches no layer "
+                                 f"(the model's: {known or 'none'})")
+            chosen.update(hits)
+    return spec, {id(layer): name for name, layer in chosen.items()}
+
+
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
               fp8_config: dict | None = None, pipeline: dict | None = None,
-              fuse: bool = True, buckets: dict | None = None) -> str:
+              fuse: bool = True, buckets: dict | None = None, recompute: str = "none") -> str:
     """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
     virtual_stages, accumulate_steps and schedule (FThenB, 1F1B,
     interleaved). `fuse`: group elementwise chains into fused loops
     (--ernie-fuse), last. `buckets` (dp_config's bucket_mb and
     grad_reduce_dtype; default 25 MiB, f32): data-parallel gradients
     all-reduced in buckets overlapping the backward
-    (--ernie-bucket-gradients)."""
+    (--ernie-bucket-gradients). `recompute`: none, selective or full
+    (--ernie-recompute, after FP8 lowering so copies are the lowered ops)."""
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = []
@@ -128,6 +186,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
     if fp8_config is not None:
         passes.append(_fp8_pass(fp8_config))
+    if differentiate and recompute != "none":
+        passes.append(f"ernie-recompute{{mode={recompute}}}")
     if partition:
         passes.append("ernie-auto-parallel-pipeline")
         if overlap:
@@ -199,13 +259,14 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
 
 
 def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None,
-           even_splits=False, trains=False):
+           even_splits=False, trains=False, recompute_layers=None):
     """(traced text, the Trace). `trains`: the program has a training step,
     so state the model updates by its own rules is recorded."""
     model._name_parameters()
     if split_points is None:
         split_points = _is_pipelined(mesh)
     trace = Trace("forward", split_points=split_points, updates_state=trains)
+    trace.recompute_layers = dict(recompute_layers or {})
     if mesh is not None:
         trace.tracer.set_mesh("mesh", mesh.dim_names, mesh.shape, even_splits)
     inputs = []
@@ -783,9 +844,15 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
     from .distributed import parallelize
-    if config is not None:
+    if config is not None and (set(config) - {"recompute"} or mesh is not None or get_mesh()):
         parallelize(model, optimizer, mesh, config)
     plan = getattr(model, "_ernie_plan", None)
+    recompute, recompute_layers = recompute_plan(
+        model, config["recompute"] if config and "recompute" in config
+        else (plan.get("recompute") if plan else None))
+    if recompute != "none" and not (differentiate and optimizer is not None):
+        raise ValueError(f"recompute {recompute!r} recomputes activations for a training step's "
+                         "backward: it needs an optimizer and differentiate=True")
     mesh = mesh or (plan["mesh"] if plan else None) or get_mesh()
     dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
     zero_level = max(plan.get("sharding_level", 0) if plan else 0,
@@ -808,7 +875,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                                  pipeline["accumulate_steps"] if pipeline else 1,
                                  split_points=pipeline is not None,
                                  even_splits=bool(plan and plan.get("even_splits")),
-                                 trains=differentiate and optimizer is not None)
+                                 trains=differentiate and optimizer is not None,
+                                 recompute_layers=recompute_layers)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
     compiled, program_file = _ernie.compile(
@@ -817,7 +885,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           fp8_config=fp8_config if fp8_config is not None
                           else (plan.get("fp8_config") if plan else None),
                           pipeline=pipeline, fuse=fuse,
-                          buckets=plan.get("gradient_buckets") if plan else None))
+                          buckets=plan.get("gradient_buckets") if plan else None,
+                          recompute=recompute))
     return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                    seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                    trace=trace, state_values=trace_state.state_values)

@@ -556,7 +556,7 @@ def shard_optimizer(optimizer, shard_fn=None):
 
 
 _CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "moe_config", "fp8_config",
-                "even_splits"}
+                "even_splits", "recompute"}
 
 # moe_config keys -> MoEConfig fields.
 _MOE_KEYS = {"capacity_factor": "capacity_factor", "aux_loss_coef": "aux_loss_coef",
@@ -731,6 +731,11 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
         if not isinstance(config["fp8_config"], dict):
             raise TypeError("fp8_config is a dict (recipe, fwd_format, grad_format, exclude, include)")
         plan_state["fp8_config"] = dict(config["fp8_config"])
+
+    if config.get("recompute") is not None:
+        from .compiler import recompute_plan
+        recompute_plan(model, config["recompute"])  # checked here, applied by compile
+        plan_state["recompute"] = config["recompute"]
 
     object.__setattr__(model, "_ernie_plan", plan_state)
     return model, optimizer

@@ -129,6 +129,19 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, *args, **kwargs):
+        trace = getattr(_trace_state, "trace", None)
+        layer = trace.recompute_layers.get(id(self)) if trace is not None else None
+        if layer is None or trace.layer is not None:
+            return self._call(*args, **kwargs)
+        trace.layer = layer  # the ops recorded inside are this layer's
+        trace.tracer.set_layer(layer)
+        try:
+            return self._call(*args, **kwargs)
+        finally:
+            trace.layer = None
+            trace.tracer.set_layer("")
+
+    def _call(self, *args, **kwargs):
         # A pipeline split point placed on this layer (pp_config.split_spec):
         # "beginning" marks its inputs, "end" its outputs.
         split = self.__dict__.get("_ernie_split_point")

@@ -57,6 +57,11 @@ class Trace:
         self.updates_state = updates_state
         self.state_values = {}
         self.state_updates = []
+        # Activation recomputation: id(module) -> layer name for the layers
+        # it recomputes; the ops recorded inside one carry its name
+        # (`ernie.layer`, read by --ernie-recompute). `layer`: the one open.
+        self.recompute_layers = {}
+        self.layer = None
 
     def state(self, name, value) -> "Tensor":
         """A state argument `name` starting at numpy `value`; give its new

@@ -318,11 +318,17 @@ public:
     if (failed(op))
       throw py::value_error("'" + name + "': " +
                             diagnostics.take("invalid operands or attributes"));
+    if (!layer_.empty())
+      (*op)->setAttr(ec::ErnieDialect::kLayerAttrName, b_.getStringAttr(layer_));
     std::vector<int> ids;
     for (Value r : (*op)->getResults())
       ids.push_back(add(r));
     return ids;
   }
+
+  /// The layer (`ernie.layer`) the ops recorded from now on belong to;
+  /// empty: none. --ernie-recompute reads it.
+  void setLayer(const std::string &name) { layer_ = name; }
 
   std::pair<std::vector<int64_t>, std::string> typeOf(int id) {
     auto t = cast<RankedTensorType>(value(id).getType());
@@ -372,6 +378,7 @@ private:
   OwningOpRef<ModuleOp> module_;
   func::FuncOp fn_;
   Block *entry_ = nullptr;
+  std::string layer_;
   std::vector<Value> values_;
   SmallVector<DictionaryAttr> argAttrs_;
 };
@@ -1056,6 +1063,7 @@ PYBIND11_MODULE(_ernie, m) {
            py::arg("attrs") = py::dict(), py::arg("result_types") = py::none(),
            py::arg("location") = "")
       .def("type_of", &Tracer::typeOf)
+      .def("set_layer", &Tracer::setLayer, py::arg("name"))
       .def("finish", &Tracer::finish, py::arg("results"),
            py::arg("updates") = std::vector<std::string>())
       .def("text", &Tracer::text);

@@ -346,6 +346,43 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
+def RecomputePass : Pass<"ernie-recompute", "ModuleOp"> {
+  let summary = "Recompute forward activations in the backward instead of keeping them";
+  let description = [{
+    After autodiff (and ZeRO, FP8 lowering), before propagation: in every
+    function that returns a loss and computes past it (`@<fn>_grad`), forward
+    values the backward reads are recomputed right before their first
+    backward reader instead of living from the forward to the backward. The
+    forward is what runs up to the loss, the backward what follows it.
+
+    - `mode=full` (Megatron's full recomputation): each layer — the ops
+      carrying one `ernie.layer` name (Python sets it for the elements of an
+      `ernie.nn.LayerList` that `recompute` selects) — keeps only what it
+      reads from outside (its input, the parameters) and what leaves it in
+      the forward (its output, the next layer's input); everything else its
+      backward needs is recomputed from those, once, before the layer's
+      backward starts.
+    - `mode=selective` (Megatron's selective recomputation): only the
+      attention core, the ops whose results have the shape of a softmax that
+      lies between two matmuls (scores = q k^T, the mask and scaling,
+      softmax, up to probabilities x v) — the [b, heads, s, s] tensors that
+      are large and cheap to recompute. Within the ops marked
+      `ernie.layer`, or everywhere when nothing is marked. A fused
+      `ernie.attention` keeps no such tensor (its backward recomputes the
+      scores from q, k, v): there is nothing to do for it.
+    - `mode=none` recomputes nothing.
+
+    Every mode removes the `ernie.layer` marks. Copies are marked
+    `ernie.recomputed` (so CSE leaves them apart) and keep the original's
+    pipeline stage, as backward ops. Results are bit for bit those without
+    recomputation: the copies compute the same ops on the same values.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", "\"full\"",
+           "none, selective (attention core) or full (each marked layer)">,
+  ];
+}
+
 def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   let summary = "Write the per-rank memory and communication of a partitioned program";
   let description = [{

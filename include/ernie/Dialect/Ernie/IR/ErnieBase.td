@@ -54,6 +54,14 @@ def Ernie_Dialect : Dialect {
     /// The result that is the training loss (unit attr).
     static constexpr ::llvm::StringLiteral kLossAttrName = "ernie.loss";
 
+    // Activation recomputation (--ernie-recompute).
+    /// On ops: the layer (a recomputation unit) whose forward the op is in,
+    /// e.g. "layers.3" (string). Read and removed by --ernie-recompute.
+    static constexpr ::llvm::StringLiteral kLayerAttrName = "ernie.layer";
+    /// On ops: a forward op recomputed in the backward (unit). Keeps CSE
+    /// from merging the copy back into the value it replaces.
+    static constexpr ::llvm::StringLiteral kRecomputedAttrName = "ernie.recomputed";
+
     // Pipeline parallelism (--ernie-pipeline-split, --ernie-shared-weight-dedup,
     // --ernie-pipeline-schedule).
     /// On ops: the virtual stage (model chunk) an op runs on (i64).
