@@ -177,6 +177,10 @@ private:
     for (Value v : outputs)
       yielded.push_back(map.lookup(v));
     YieldOp::create(b, loc, yielded);
+    if (llvm::all_of(g.ops, [](Operation *op) {
+          return op->hasAttr(ErnieDialect::kRecomputedAttrName);
+        }))
+      fused->setAttr(ErnieDialect::kRecomputedAttrName, b.getUnitAttr());
     for (auto [old, now] : llvm::zip(outputs, fused.getResults()))
       old.replaceUsesWithIf(now, [&](OpOperand &use) {
         return !members.contains(use.getOwner());

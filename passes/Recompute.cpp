@@ -62,12 +62,24 @@ private:
            !isa<SplitPointOp>(op);
   }
 
-  /// A value the unit keeps as it is: made outside it, by an op that cannot
-  /// be repeated, or read by the forward outside the unit (its output).
+  /// Ops that make a large value from small ones without arithmetic: made
+  /// again wherever a copy reads them, even outside the unit, rather than
+  /// kept alive for the backward (a causal mask broadcast to [b, heads, s,
+  /// s] that every layer adds would otherwise live as long as the
+  /// backward).
+  static bool isExpansion(Operation *op) {
+    return isa<BroadcastOp, FullOp, IotaOp>(op);
+  }
+
+  /// A value the unit keeps as it is: made outside it (unless an
+  /// expansion), by an op that cannot be repeated, or read by the forward
+  /// outside the unit (its output).
   bool kept(const Unit &unit, Value v) const {
     Operation *def = v.getDefiningOp();
-    if (!def || !unit.contains(def) || !recomputable(def))
+    if (!def || !recomputable(def))
       return true;
+    if (!unit.contains(def))
+      return !isExpansion(def);
     return llvm::any_of(v.getUsers(), [&](Operation *user) {
       Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
       return top && inForward(top) && !unit.contains(top);
@@ -99,7 +111,7 @@ int64_t Recomputer::recompute(const Unit &unit) {
   if (replaced.empty())
     return 0;
 
-  // The ops those values need, within the unit.
+  // The ops those values need: the unit's, and expansions they read.
   llvm::DenseSet<Operation *> needed;
   SmallVector<Value> todo(replaced.begin(), replaced.end());
   while (!todo.empty()) {
@@ -114,9 +126,11 @@ int64_t Recomputer::recompute(const Unit &unit) {
   OpBuilder builder(first);
   IRMapping copies;
   UnitAttr mark = builder.getUnitAttr();
-  for (Operation *op : unit) {
-    if (!needed.contains(op))
-      continue;
+  SmallVector<Operation *> inOrder(needed.begin(), needed.end());
+  llvm::sort(inOrder, [&](Operation *a, Operation *b) {
+    return position[a] < position[b];
+  });
+  for (Operation *op : inOrder) {
     Operation *copy = builder.clone(*op, copies);
     copy->setAttr(ErnieDialect::kRecomputedAttrName, mark);
     position[copy] = position[first]; // a backward op, for the next units

@@ -158,7 +158,8 @@ def recompute_plan(model: Module, spec) -> tuple[str, dict]:
                 raise ValueError(f"recompute.layers {pattern!r} matches no layer "
                                  f"(the model's: {known or 'none'})")
             chosen.update(hits)
-    return spec, {id(layer): name for name, layer in chosen.items()}
+    order = {name: i for i, name in enumerate(layers)}
+    return spec, {id(chosen[name]): name for name in sorted(chosen, key=order.get)}
 
 
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
@@ -686,6 +687,10 @@ class Program:
                 out["functions"][name]["activation_bytes"] = int(value)
         if "forward_grad" in out["functions"]:
             out["activation_bytes"] = out["functions"]["forward_grad"].get("activation_bytes", 0)
+        # What --ernie-recompute copied into the backward: ops (a fused
+        # region of copies counts once) of one rank's program.
+        out["recompute"] = dict(getattr(self, "recompute", {"mode": "none", "layers": []}),
+                                recomputed_ops=len(_RECOMPUTED.findall(self.mlir)))
         if self.pipeline is not None:
             out["pipeline"] = {k: self.pipeline[k] for k in
                                ("stages", "virtual_stages", "micro_batches", "schedule")}
@@ -734,6 +739,9 @@ def _peak_residuals(steps, residual_bytes):
     return best
 
 
+# An op of a function body (4 spaces in; a fused region's members are deeper)
+# marked as recomputed.
+_RECOMPUTED = re.compile(r"^    %\S.*\bernie\.recomputed\b", re.M)
 _ACTIVATION_BYTES = re.compile(r"func\.func (?:private )?@(\w+)\(.*ernie\.activation_bytes = (\d+)")
 _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute_start)"
                          r" %\S+ over "
@@ -887,6 +895,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           pipeline=pipeline, fuse=fuse,
                           buckets=plan.get("gradient_buckets") if plan else None,
                           recompute=recompute))
-    return Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
-                   seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
-                   trace=trace, state_values=trace_state.state_values)
+    program = Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
+                      seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
+                      trace=trace, state_values=trace_state.state_values)
+    program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
+    return program
