@@ -37,9 +37,9 @@ using Unit = llvm::SetVector<Operation *>; // program order
 /// and including the loss.
 class Recomputer {
 public:
-  Recomputer(func::FuncOp fn, Operation *loss) : fn(fn) {
+  Recomputer(func::FuncOp fn, Operation *loss) : body(fn.getBody().front()) {
     int64_t at = 0;
-    for (Operation &op : fn.getBody().front())
+    for (Operation &op : body)
       position[&op] = at++;
     lossAt = position[loss];
   }
@@ -49,14 +49,20 @@ public:
   /// A reader the recomputed value replaces: after the loss, not the return
   /// (a value returned as it was computed stays as it was computed).
   bool isBackwardReader(Operation *user) const {
-    Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
+    Operation *top = topOf(user);
     return top && !isa<func::ReturnOp>(top) && position.lookup(top) > lossAt;
   }
 
-  /// Copies what `unit` must recompute; returns the ops copied.
-  int64_t recompute(const Unit &unit);
+  /// Copies what `unit` must recompute before its first backward reader.
+  void recompute(const Unit &unit);
 
 private:
+  /// The op of the function body that holds `user` (itself, or the region
+  /// op it is nested in).
+  Operation *topOf(Operation *user) const {
+    return body.findAncestorOpInBlock(*user);
+  }
+
   static bool recomputable(Operation *op) {
     return op->getNumRegions() == 0 && isMemoryEffectFree(op) &&
            !isa<SplitPointOp>(op);
@@ -81,17 +87,17 @@ private:
     if (!unit.contains(def))
       return !isExpansion(def);
     return llvm::any_of(v.getUsers(), [&](Operation *user) {
-      Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
+      Operation *top = topOf(user);
       return top && inForward(top) && !unit.contains(top);
     });
   }
 
-  mutable func::FuncOp fn;
+  Block &body;
   llvm::DenseMap<Operation *, int64_t> position;
   int64_t lossAt = 0;
 };
 
-int64_t Recomputer::recompute(const Unit &unit) {
+void Recomputer::recompute(const Unit &unit) {
   // The values to replace and the first op that reads one in the backward.
   llvm::SetVector<Value> replaced;
   Operation *first = nullptr;
@@ -103,13 +109,13 @@ int64_t Recomputer::recompute(const Unit &unit) {
         if (!isBackwardReader(user))
           continue;
         replaced.insert(r);
-        Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
+        Operation *top = topOf(user);
         if (!first || position[top] < position[first])
           first = top;
       }
     }
   if (replaced.empty())
-    return 0;
+    return;
 
   // The ops those values need: the unit's, and expansions they read.
   llvm::DenseSet<Operation *> needed;
@@ -145,7 +151,6 @@ int64_t Recomputer::recompute(const Unit &unit) {
              !use.getOwner()->hasAttr(ErnieDialect::kRecomputedAttrName);
     });
   }
-  return static_cast<int64_t>(needed.size());
 }
 
 /// The layers: ops by their `ernie.layer` name, in program order.
