@@ -49,15 +49,29 @@ template <typename OpTy> static int64_t matmulFlops(OpTy op) {
 int64_t MatmulOp::getFlops() { return matmulFlops(*this); }
 int64_t ScaledMatmulOp::getFlops() { return matmulFlops(*this); }
 
-/// Two GEMMs per head (q·kᵀ and p·v) plus the softmax; causal masking halves
-/// the useful work but not what a dense kernel computes.
-int64_t AttentionOp::getFlops() {
-  auto q = cast<ShapedType>(getQuery().getType());
-  auto k = cast<ShapedType>(getKey().getType());
+/// Attention's GEMM and softmax flops: q·kᵀ and p·v per head plus the
+/// softmax; causal masking halves the useful work but not what a dense
+/// kernel computes.
+static std::pair<int64_t, int64_t> attentionFlops(Value query, Value key,
+                                                  Value value) {
+  auto q = cast<ShapedType>(query.getType());
+  auto k = cast<ShapedType>(key.getType());
   int64_t batch = q.getDimSize(0), seq = q.getDimSize(1),
           heads = q.getDimSize(2), headDim = q.getDimSize(3),
           kvSeq = k.getDimSize(1);
   int64_t scores = batch * heads * seq * kvSeq;
-  int64_t valueDim = cast<ShapedType>(getValue().getType()).getDimSize(3);
-  return 2 * scores * headDim + 2 * scores * valueDim + 5 * scores;
+  int64_t valueDim = cast<ShapedType>(value.getType()).getDimSize(3);
+  return {2 * scores * headDim + 2 * scores * valueDim, 5 * scores};
+}
+int64_t AttentionOp::getFlops() {
+  auto [gemm, softmax] = attentionFlops(getQuery(), getKey(), getValue());
+  return gemm + softmax;
+}
+/// The kernels save nothing of the forward: they recompute both forward
+/// GEMMs (the probabilities and the output the softmax gradient needs) and
+/// run four more (dV = pᵀ·dO, dP = dO·vᵀ, dQ = dS·k, dK = dSᵀ·q): three
+/// times the forward's GEMM work.
+int64_t AttentionGradOp::getFlops() {
+  auto [gemm, softmax] = attentionFlops(getQuery(), getKey(), getValue());
+  return 3 * gemm + 2 * softmax;
 }

@@ -198,8 +198,8 @@ std::string checkSteps(const PipelineSchedule &schedule,
 /// dependencies have run. Sweeping the ranks until none advances visits the
 /// steps in a topological order, which is all the times need.
 std::string runSchedule(const PipelineSchedule &schedule,
-                        const PipelineShape &shape, double forwardCost,
-                        double backwardCost, ScheduleTimeline &timeline) {
+                        const PipelineShape &shape, const StepCosts &costs,
+                        ScheduleTimeline &timeline) {
   const StepIds ids{shape.chunks(), shape.microBatches};
   std::vector<int64_t> position;
   if (std::string err = checkSteps(schedule, shape, ids, position);
@@ -227,10 +227,14 @@ std::string runSchedule(const PipelineSchedule &schedule,
         if (unmet(s))
           break;
         double start = line.empty() ? 0 : line.back().end;
+        // A dependency on another rank arrives a transfer later.
         for (const PipelineStep &d : dependencies(s, shape.chunks()))
-          start = std::max(start, end[ids(d)]);
-        double cost =
-            s.action == PipelineAction::Forward ? forwardCost : backwardCost;
+          start = std::max(start, end[ids(d)] + (d.chunk % p != r
+                                                     ? costs.transfer
+                                                     : 0.0));
+        double cost = s.action == PipelineAction::Forward
+                          ? costs.forward[s.chunk]
+                          : costs.backward[s.chunk];
         line.push_back({s, start, start + cost});
         end[ids(s)] = start + cost;
         done[ids(s)] = true;
@@ -300,6 +304,25 @@ std::string checkSchedule(const PipelineSchedule &schedule,
 }
 
 std::string simulateSchedule(const PipelineSchedule &schedule,
+                             const PipelineShape &shape,
+                             const StepCosts &costs,
+                             ScheduleTimeline &timeline) {
+  if (std::string err = checkSizes(shape); !err.empty())
+    return err;
+  const size_t chunks = size_t(shape.chunks());
+  if (costs.forward.size() != chunks || costs.backward.size() != chunks)
+    return "step costs are given for " + str(costs.forward.size()) +
+           " forward and " + str(costs.backward.size()) +
+           " backward chunks but the pipeline has " + str(chunks);
+  auto good = [](double c) { return std::isfinite(c) && c >= 0; };
+  if (!std::all_of(costs.forward.begin(), costs.forward.end(), good) ||
+      !std::all_of(costs.backward.begin(), costs.backward.end(), good) ||
+      !good(costs.transfer))
+    return "step costs must be finite and non-negative";
+  return runSchedule(schedule, shape, costs, timeline);
+}
+
+std::string simulateSchedule(const PipelineSchedule &schedule,
                              const PipelineShape &shape, double forwardCost,
                              double backwardCost, ScheduleTimeline &timeline) {
   if (std::string err = checkSizes(shape); !err.empty())
@@ -307,7 +330,10 @@ std::string simulateSchedule(const PipelineSchedule &schedule,
   if (!(std::isfinite(forwardCost) && forwardCost >= 0 &&
         std::isfinite(backwardCost) && backwardCost >= 0))
     return "step costs must be finite and non-negative";
-  return runSchedule(schedule, shape, forwardCost, backwardCost, timeline);
+  const size_t chunks = size_t(shape.chunks());
+  StepCosts costs{std::vector<double>(chunks, forwardCost),
+                  std::vector<double>(chunks, backwardCost), 0.0};
+  return runSchedule(schedule, shape, costs, timeline);
 }
 
 } // namespace ernie::runtime

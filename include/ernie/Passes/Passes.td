@@ -404,6 +404,30 @@ def PlanReportPass : Pass<"ernie-plan-report", "ModuleOp"> {
   ];
 }
 
+def StepCostPass : Pass<"ernie-step-cost", "ModuleOp"> {
+  let summary = "Write the predicted step time of a partitioned program on a cluster";
+  let description = [{
+    The cost model (include/ernie/Cost/CostModel.h) over the partitioned,
+    scheduled program, on the cluster described by the JSON file `cluster`:
+    each instruction's roofline time on the cluster's device, each
+    collective's alpha-beta time on the links its group crosses,
+    asynchronous transfers overlapping compute, a pipeline's steps through
+    the schedule simulator. Written as JSON to `file` ("-": stdout): the
+    step time, its compute, recomputation, bubble, processor contention,
+    communication and exposed communication per mesh-axis group, and MFU.
+    Changes nothing. A cluster file that cannot be read, or names a bad
+    field, is an error naming the file and the field.
+
+    ```
+    ernie-opt prog.mlir --ernie-auto-parallel-pipeline "--ernie-step-cost=cluster=dgx_h100.json"
+    ```
+  }];
+  let options = [
+    Option<"cluster", "cluster", "std::string", "\"\"", "The cluster description (JSON)">,
+    Option<"file", "file", "std::string", "\"-\"", "Where to write the JSON estimate">,
+  ];
+}
+
 def BucketGradientsPass : Pass<"ernie-bucket-gradients", "ModuleOp"> {
   let summary = "All-reduce data-parallel gradients in buckets, overlapped";
   let description = [{

@@ -102,6 +102,22 @@ std::string simulateSchedule(const PipelineSchedule &schedule,
                              const PipelineShape &shape, double forwardCost,
                              double backwardCost, ScheduleTimeline &timeline);
 
+/// What each step of a schedule costs: per chunk its forward and its
+/// backward, and the transfer a dependency on another pipeline rank waits
+/// for (the activation or its gradient crossing stages).
+struct StepCosts {
+  std::vector<double> forward, backward; // indexed by chunk
+  double transfer = 0;
+};
+
+/// simulateSchedule with per-chunk costs and transfers: what the cost model
+/// runs. Returns an error message for a cost list that does not have one
+/// entry per chunk or a negative or non-finite cost.
+std::string simulateSchedule(const PipelineSchedule &schedule,
+                             const PipelineShape &shape,
+                             const StepCosts &costs,
+                             ScheduleTimeline &timeline);
+
 } // namespace ernie::runtime
 
 #endif // ERNIE_RUNTIME_PIPELINESCHEDULE_H

@@ -793,7 +793,8 @@ def Ernie_AttentionOp : Ernie_InferredOp<"attention",
 }
 
 def Ernie_AttentionGradOp : Ernie_InferredOp<"attention_grad",
-    [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>,
+     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
   let summary = "the gradients of attention's query, key and value";
   let description = [{
     Given `attention`'s operands and attributes and the gradient `dout` of

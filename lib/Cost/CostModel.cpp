@@ -1,0 +1,707 @@
+//===- CostModel.cpp - roofline, alpha-beta and the schedule simulator ----===//
+
+#include "ernie/Cost/CostModel.h"
+#include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieInterfaces.h"
+#include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
+#include "ernie/runtime/PipelineSchedule.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <cmath>
+#include <set>
+
+using namespace mlir;
+using namespace mlir::ernie;
+using namespace mlir::ernie::cost;
+namespace rt = ::ernie::runtime;
+
+//===----------------------------------------------------------------------===//
+// Reading devices and clusters.
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Reads one object's fields, each error naming the field's path.
+class FieldReader {
+public:
+  FieldReader(const llvm::json::Value &value, std::string where,
+              std::string path = "")
+      : object_(value.getAsObject()), where_(std::move(where)),
+        path_(std::move(path)) {}
+
+  llvm::Error notAnObject() const {
+    return error(path_.empty() ? "expected a JSON object"
+                               : path_ + ": expected a JSON object");
+  }
+  const llvm::json::Object *object() const { return object_; }
+
+  /// A positive number (zero too with allowZero); a missing optional field
+  /// keeps `out`.
+  llvm::Error number(llvm::StringRef key, double &out, bool required,
+                     bool allowZero = false) const {
+    const llvm::json::Value *v = object_->get(key);
+    if (!v)
+      return required ? error(field(key) + ": missing (a number)")
+                      : llvm::Error::success();
+    std::optional<double> d = v->getAsNumber();
+    if (!d || !std::isfinite(*d) || *d < 0 || (*d == 0 && !allowZero))
+      return error(field(key) + (allowZero
+                                     ? ": expected a non-negative number"
+                                     : ": expected a positive number"));
+    out = *d;
+    return llvm::Error::success();
+  }
+  llvm::Error fraction(llvm::StringRef key, double &out) const {
+    if (llvm::Error e = number(key, out, /*required=*/false))
+      return e;
+    if (out > 1)
+      return error(field(key) + ": expected a fraction in (0, 1]");
+    return llvm::Error::success();
+  }
+  llvm::Error integer(llvm::StringRef key, int64_t &out, bool required,
+                      int64_t min) const {
+    const llvm::json::Value *v = object_->get(key);
+    if (!v)
+      return required ? error(field(key) + ": missing (an integer)")
+                      : llvm::Error::success();
+    std::optional<int64_t> i = v->getAsInteger();
+    if (!i || *i < min || *i > (int64_t(1) << 40))
+      return error(field(key) + ": expected an integer >= " +
+                   std::to_string(min));
+    out = *i;
+    return llvm::Error::success();
+  }
+  llvm::Error string(llvm::StringRef key, std::string &out) const {
+    const llvm::json::Value *v = object_->get(key);
+    if (!v)
+      return llvm::Error::success();
+    std::optional<llvm::StringRef> s = v->getAsString();
+    if (!s)
+      return error(field(key) + ": expected a string");
+    out = s->str();
+    return llvm::Error::success();
+  }
+  /// Every key is one of `known`.
+  llvm::Error onlyKeys(llvm::ArrayRef<llvm::StringRef> known) const {
+    for (const auto &kv : *object_)
+      if (!llvm::is_contained(known, kv.first.str()))
+        return error(field(kv.first.str()) + ": unknown field (expected " +
+                     llvm::join(known, ", ") + ")");
+    return llvm::Error::success();
+  }
+  FieldReader child(llvm::StringRef key) const {
+    static const llvm::json::Value null(nullptr);
+    const llvm::json::Value *v = object_->get(key);
+    return FieldReader(v ? *v : null, where_, field(key));
+  }
+  std::string field(llvm::StringRef key) const {
+    return path_.empty() ? key.str() : path_ + "." + key.str();
+  }
+  llvm::Error error(const llvm::Twine &message) const {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   where_ + ": " + message.str());
+  }
+
+private:
+  const llvm::json::Object *object_;
+  std::string where_, path_;
+};
+
+llvm::Error readLink(const FieldReader &parent, llvm::StringRef key,
+                     LinkSpec &link) {
+  FieldReader r = parent.child(key);
+  if (!r.object())
+    return r.notAnObject();
+  if (llvm::Error e = r.onlyKeys({"bandwidth", "latency"}))
+    return e;
+  if (llvm::Error e = r.number("bandwidth", link.bandwidth, true))
+    return e;
+  return r.number("latency", link.latency, true, /*allowZero=*/true);
+}
+
+} // namespace
+
+double DeviceSpec::matmulPeak(Type elementType) const {
+  std::string key = "f32";
+  if (elementType.isBF16())
+    key = "bf16";
+  else if (elementType.isF16())
+    key = "f16";
+  else if (isa<Float8E4M3FNType, Float8E5M2Type>(elementType))
+    key = "f8";
+  auto it = matmulFlops.find(key);
+  return it != matmulFlops.end() ? it->second : matmulFlops.lookup("f32");
+}
+
+llvm::Expected<DeviceSpec> cost::parseDevice(const llvm::json::Value &value,
+                                             llvm::StringRef where) {
+  FieldReader r(value, where.str());
+  if (!r.object())
+    return r.notAnObject();
+  DeviceSpec d;
+  if (llvm::Error e = r.onlyKeys(
+          {"name", "source", "memory_bytes", "memory_bandwidth", "peak_flops",
+           "vector_flops", "matmul_efficiency", "memory_efficiency",
+           "launch_overhead", "calibrated"}))
+    return std::move(e);
+  if (llvm::Error e = r.string("name", d.name))
+    return std::move(e);
+  if (llvm::Error e = r.integer("memory_bytes", d.memoryBytes, true, 1))
+    return std::move(e);
+  if (llvm::Error e = r.number("memory_bandwidth", d.memoryBandwidth, true))
+    return std::move(e);
+  FieldReader peaks = r.child("peak_flops");
+  if (!peaks.object())
+    return peaks.notAnObject();
+  if (llvm::Error e = peaks.onlyKeys({"f32", "bf16", "f16", "f8"}))
+    return std::move(e);
+  for (llvm::StringRef key : {"f32", "bf16", "f16", "f8"}) {
+    double peak = 0;
+    if (llvm::Error e = peaks.number(key, peak, key == "f32"))
+      return std::move(e);
+    if (peak > 0)
+      d.matmulFlops[key] = peak;
+  }
+  d.vectorFlops = d.matmulFlops["f32"];
+  if (llvm::Error e = r.number("vector_flops", d.vectorFlops, false))
+    return std::move(e);
+  if (llvm::Error e = r.fraction("matmul_efficiency", d.matmulEfficiency))
+    return std::move(e);
+  if (llvm::Error e = r.fraction("memory_efficiency", d.memoryEfficiency))
+    return std::move(e);
+  if (llvm::Error e = r.number("launch_overhead", d.launchOverhead, false,
+                               /*allowZero=*/true))
+    return std::move(e);
+  return d;
+}
+
+llvm::Expected<ClusterSpec> cost::parseCluster(
+    const llvm::json::Value &value, llvm::StringRef where,
+    llvm::function_ref<llvm::Expected<DeviceSpec>(llvm::StringRef)>
+        resolveDevice) {
+  FieldReader r(value, where.str());
+  if (!r.object())
+    return r.notAnObject();
+  ClusterSpec c;
+  if (llvm::Error e = r.onlyKeys({"name", "source", "device", "nodes",
+                                  "devices_per_node", "intra_node",
+                                  "inter_node", "shared_processors"}))
+    return std::move(e);
+  if (llvm::Error e = r.string("name", c.name))
+    return std::move(e);
+  const llvm::json::Value *device = r.object()->get("device");
+  if (!device)
+    return r.error("device: missing (a device description or its name)");
+  if (std::optional<llvm::StringRef> name = device->getAsString()) {
+    llvm::Expected<DeviceSpec> d = resolveDevice(*name);
+    if (!d)
+      return r.error("device: " + llvm::toString(d.takeError()));
+    c.device = std::move(*d);
+  } else {
+    llvm::Expected<DeviceSpec> d =
+        parseDevice(*device, (where + ": device").str());
+    if (!d)
+      return d.takeError();
+    c.device = std::move(*d);
+  }
+  if (llvm::Error e = r.integer("nodes", c.nodes, true, 1))
+    return std::move(e);
+  if (llvm::Error e = r.integer("devices_per_node", c.devicesPerNode, true, 1))
+    return std::move(e);
+  if (llvm::Error e = readLink(r, "intra_node", c.intraNode))
+    return std::move(e);
+  // One node needs no network.
+  if (c.nodes > 1 || r.object()->get("inter_node")) {
+    if (llvm::Error e = readLink(r, "inter_node", c.interNode))
+      return std::move(e);
+  } else {
+    c.interNode = c.intraNode;
+  }
+  if (llvm::Error e =
+          r.integer("shared_processors", c.sharedProcessors, false, 0))
+    return std::move(e);
+  return c;
+}
+
+static llvm::Expected<llvm::json::Value> readJSON(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  if (!buffer)
+    return llvm::createStringError(buffer.getError(),
+                                   path + ": " + buffer.getError().message());
+  llvm::Expected<llvm::json::Value> json =
+      llvm::json::parse((*buffer)->getBuffer());
+  if (!json)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   path + ": not JSON: " +
+                                       llvm::toString(json.takeError()));
+  return json;
+}
+
+llvm::Expected<ClusterSpec> cost::loadCluster(llvm::StringRef path) {
+  llvm::Expected<llvm::json::Value> json = readJSON(path);
+  if (!json)
+    return json.takeError();
+  llvm::StringRef dir = llvm::sys::path::parent_path(path);
+  return parseCluster(*json, path, [&](llvm::StringRef name)
+                                       -> llvm::Expected<DeviceSpec> {
+    llvm::SmallString<256> file(dir);
+    llvm::sys::path::append(file, name);
+    llvm::Expected<llvm::json::Value> device = readJSON(file);
+    if (!device)
+      return device.takeError();
+    return parseDevice(*device, file);
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Instruction and collective times.
+//===----------------------------------------------------------------------===//
+
+CostModel::CostModel(const ClusterSpec &cluster, MeshOp mesh)
+    : cluster_(cluster) {
+  if (!mesh)
+    return;
+  for (Attribute a : mesh.getAxisNames())
+    axisNames_.push_back(cast<StringAttr>(a).getValue().str());
+  llvm::append_range(axisSizes_, mesh.getAxisSizes());
+}
+
+static bool isGemm(Operation *op) {
+  return isa<MatmulOp, ScaledMatmulOp, AttentionOp, AttentionGradOp>(op);
+}
+
+double CostModel::computeTime(Operation *op) const {
+  auto cost = dyn_cast<CostOpInterface>(op);
+  if (!cost)
+    return 0;
+  const DeviceSpec &d = cluster_.device;
+  double flops = double(cost.getFlops());
+  double peak = d.vectorFlops;
+  if (isGemm(op)) {
+    Type element = getElementTypeOrSelf(op->getOperand(0).getType());
+    peak = d.matmulPeak(element) * d.matmulEfficiency;
+  }
+  double bytes = double(cost.getBytesAccessed());
+  return d.launchOverhead +
+         std::max(flops / peak,
+                  bytes / (d.memoryBandwidth * d.memoryEfficiency));
+}
+
+GroupPlacement CostModel::placement(llvm::ArrayRef<std::string> axes) const {
+  // Rank 0's group: every coordinate combination of `axes`, the others 0.
+  std::vector<int64_t> members{0};
+  for (const std::string &axis : axes) {
+    auto it = llvm::find(axisNames_, axis);
+    if (it == axisNames_.end())
+      continue;
+    size_t i = size_t(it - axisNames_.begin());
+    int64_t stride = 1;
+    for (size_t j = i + 1; j < axisSizes_.size(); ++j)
+      stride *= axisSizes_[j];
+    std::vector<int64_t> grown;
+    grown.reserve(members.size() * size_t(axisSizes_[i]));
+    for (int64_t c = 0; c < axisSizes_[i]; ++c)
+      for (int64_t m : members)
+        grown.push_back(m + c * stride);
+    members = std::move(grown);
+  }
+  std::set<int64_t> nodes;
+  for (int64_t m : members)
+    nodes.insert(m / cluster_.devicesPerNode);
+  return {int64_t(members.size()), int64_t(nodes.size())};
+}
+
+const LinkSpec &CostModel::linkOf(const GroupPlacement &group) const {
+  return group.nodes > 1 ? cluster_.interNode : cluster_.intraNode;
+}
+
+static std::vector<std::string> axesOf(Operation *op) {
+  std::vector<std::string> axes;
+  if (auto attr = op->getAttrOfType<ArrayAttr>("axes"))
+    for (Attribute a : attr)
+      axes.push_back(cast<StringAttr>(a).getValue().str());
+  return axes;
+}
+
+static double bytesOf(Value v) {
+  auto t = dyn_cast<ShapedType>(v.getType());
+  if (auto future = dyn_cast<FutureType>(v.getType()))
+    t = future.getValueType();
+  if (!t || !t.hasStaticShape())
+    return 0;
+  return double(t.getNumElements()) * double(getElementByteSize(t.getElementType()));
+}
+
+/// NCCL's two all-reduce algorithms: a ring (2(n-1) steps, each moving
+/// 1/n of the tensor) and, across nodes, a tree (latency in log2 of the
+/// nodes, the same bandwidth term); NCCL picks the faster.
+static double allReduceTime(double bytes, const GroupPlacement &g,
+                            const LinkSpec &link, const ClusterSpec &c) {
+  double n = double(g.size);
+  double volume = 2 * (n - 1) / n * bytes / link.bandwidth;
+  double ring = 2 * (n - 1) * link.latency + volume;
+  if (g.nodes == 1)
+    return ring;
+  double perNode = n / double(g.nodes);
+  double tree = 2 * (std::ceil(std::log2(double(g.nodes))) *
+                         c.interNode.latency +
+                     (perNode - 1) * c.intraNode.latency) +
+                volume;
+  return std::min(ring, tree);
+}
+
+double CostModel::collectiveTime(Operation *op) const {
+  std::vector<std::string> axes = axesOf(op);
+  if (auto stage = dyn_cast<StageAllReduceOp>(op)) {
+    // Replicas on the listed stages, along the pipeline axis.
+    GroupPlacement g = placement({"pp"});
+    g.size = int64_t(stage.getStages().size());
+    return g.size > 1 ? allReduceTime(bytesOf(stage.getInput()), g, linkOf(g),
+                                      cluster_)
+                      : 0;
+  }
+  if (auto broadcast = dyn_cast<StageBroadcastOp>(op)) {
+    GroupPlacement g = placement({"pp"});
+    g.size = int64_t(broadcast.getStages().size());
+    const LinkSpec &link = linkOf(g);
+    return g.size > 1 ? std::ceil(std::log2(double(g.size))) * link.latency +
+                            bytesOf(broadcast.getInput()) / link.bandwidth
+                      : 0;
+  }
+  GroupPlacement g = placement(axes);
+  if (g.size <= 1)
+    return 0;
+  const LinkSpec &link = linkOf(g);
+  double n = double(g.size);
+  auto ring = [&](double bytes) {
+    return (n - 1) * link.latency + (n - 1) / n * bytes / link.bandwidth;
+  };
+  if (isa<AllReduceOp>(op))
+    return allReduceTime(bytesOf(op->getOperand(0)), g, link, cluster_);
+  if (isa<AllReduceStartOp>(op)) {
+    double bytes = 0;
+    for (Value v : op->getOperands())
+      bytes += bytesOf(v);
+    return allReduceTime(bytes, g, link, cluster_);
+  }
+  if (isa<AllGatherOp>(op))
+    return ring(bytesOf(op->getResult(0)));
+  if (isa<ReduceScatterOp, AllToAllOp>(op))
+    return ring(bytesOf(op->getOperand(0)));
+  if (auto permute = dyn_cast<CollectivePermuteStartOp>(op))
+    return permute.getShift() % g.size != 0
+               ? link.latency + bytesOf(permute.getInput()) / link.bandwidth
+               : 0;
+  return 0;
+}
+
+double CostModel::transferTime(int64_t bytes, llvm::StringRef axis) const {
+  GroupPlacement g = placement({axis.str()});
+  const LinkSpec &link = linkOf(g);
+  return bytes > 0 ? link.latency + double(bytes) / link.bandwidth : 0;
+}
+
+//===----------------------------------------------------------------------===//
+// One function on a compute and a communication stream.
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// A function's time on one rank: compute instructions run in order on the
+/// compute stream; a blocking collective waits for both streams; an
+/// asynchronous one runs on the communication stream from the later of
+/// its start and the stream's last transfer, and its wait stalls compute
+/// only for what is still in flight.
+struct FunctionCost {
+  double seconds = 0, compute = 0, recompute = 0;
+  std::map<std::string, double> comm, exposed;
+  double modelFlops = 0;
+  std::map<std::string, double> gemmFlops; // per operand type, for MFU
+  int64_t sendBytes = 0;                   // pipeline stage boundaries
+};
+
+std::string groupKey(Operation *op) {
+  if (isa<StageAllReduceOp, StageBroadcastOp, SendOp, RecvOp>(op))
+    return "pp";
+  return llvm::join(axesOf(op), ",");
+}
+
+std::string gemmTypeKey(Operation *op) {
+  Type t = getElementTypeOrSelf(op->getOperand(0).getType());
+  if (isa<ScaledMatmulOp>(op) || isa<Float8E4M3FNType, Float8E5M2Type>(t))
+    return "f8";
+  return t.isBF16() ? "bf16" : t.isF16() ? "f16" : "f32";
+}
+
+class FunctionCoster {
+public:
+  FunctionCoster(ModuleOp module, const CostModel &model)
+      : module_(module), model_(model) {}
+
+  FunctionCost cost(func::FuncOp fn) {
+    FunctionCost out;
+    double computeClock = 0, commClock = 0;
+    run(fn, out, computeClock, commClock);
+    out.seconds = std::max(computeClock, commClock);
+    return out;
+  }
+
+private:
+  void run(func::FuncOp fn, FunctionCost &out, double &computeClock,
+           double &commClock) {
+    if (fn.isExternal())
+      return;
+    for (Operation &op : fn.getBody().front()) {
+      if (auto call = dyn_cast<func::CallOp>(op)) {
+        if (auto callee = module_.lookupSymbol<func::FuncOp>(call.getCallee()))
+          run(callee, out, computeClock, commClock);
+        continue;
+      }
+      if (isa<SendOp>(op)) {
+        out.sendBytes += int64_t(bytesOf(op.getOperand(0)));
+        continue;
+      }
+      if (isa<RecvOp>(op))
+        continue;
+      if (isa<CollectivePermuteStartOp, AllReduceStartOp>(op)) {
+        double t = model_.collectiveTime(&op);
+        double start = std::max(computeClock, commClock);
+        commClock = start + t;
+        out.comm[groupKey(&op)] += t;
+        inFlight_[op.getResult(0)] = {commClock, groupKey(&op)};
+        continue;
+      }
+      if (auto wait = dyn_cast<WaitOp>(op)) {
+        auto it = inFlight_.find(wait.getFuture());
+        if (it != inFlight_.end() && it->second.first > computeClock) {
+          out.exposed[it->second.second] += it->second.first - computeClock;
+          computeClock = it->second.first;
+        }
+        continue;
+      }
+      if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
+              StageAllReduceOp, StageBroadcastOp>(op)) {
+        double t = model_.collectiveTime(&op);
+        double start = std::max(computeClock, commClock);
+        std::string key = groupKey(&op);
+        out.comm[key] += t;
+        out.exposed[key] += start + t - computeClock;
+        computeClock = commClock = start + t;
+        continue;
+      }
+      auto cost = dyn_cast<CostOpInterface>(op);
+      if (!cost)
+        continue;
+      double t = model_.computeTime(&op);
+      computeClock += t;
+      out.compute += t;
+      if (op.hasAttr(ErnieDialect::kRecomputedAttrName)) {
+        out.recompute += t;
+        continue;
+      }
+      out.modelFlops += double(cost.getFlops());
+      if (isGemm(&op))
+        out.gemmFlops[gemmTypeKey(&op)] += double(cost.getFlops());
+    }
+  }
+
+  ModuleOp module_;
+  const CostModel &model_;
+  llvm::DenseMap<Value, std::pair<double, std::string>> inFlight_;
+};
+
+void accumulate(StepCost &step, const FunctionCost &f, double times,
+                std::map<std::string, double> &gemmFlops) {
+  step.computeSeconds += f.compute * times;
+  step.recomputeSeconds += f.recompute * times;
+  for (const auto &[k, v] : f.comm)
+    step.commSeconds[k] += v * times;
+  for (const auto &[k, v] : f.exposed)
+    step.exposedCommSeconds[k] += v * times;
+  for (const auto &[k, v] : f.gemmFlops)
+    gemmFlops[k] += v * times;
+}
+
+/// MFU's peak: the device's for the type most GEMM FLOPs use (fp8 GEMMs are
+/// measured against the bf16 peak, as published MFUs are).
+double mfuPeak(const DeviceSpec &d,
+               const std::map<std::string, double> &gemmFlops) {
+  std::string key = "f32";
+  double most = -1;
+  for (const auto &[k, v] : gemmFlops)
+    if (v > most)
+      most = v, key = k;
+  if (key == "f8")
+    key = d.matmulFlops.count("bf16") ? "bf16" : "f32";
+  double peak = d.matmulFlops.lookup(key);
+  return peak > 0 ? peak : d.matmulFlops.lookup("f32");
+}
+
+} // namespace
+
+FailureOr<StepCost> cost::estimateStep(ModuleOp module,
+                                       const ClusterSpec &cluster) {
+  auto meshes = module.getOps<MeshOp>();
+  MeshOp mesh = meshes.empty() ? MeshOp() : *meshes.begin();
+  StepCost step;
+  step.ranks = mesh ? mesh.getNumRanks() : 1;
+  if (step.ranks > cluster.numDevices())
+    return module.emitError()
+           << "the program has " << step.ranks << " ranks but the cluster '"
+           << cluster.name << "' only " << cluster.numDevices() << " devices";
+  CostModel model(cluster, mesh);
+  FunctionCoster coster(module, model);
+  std::map<std::string, double> gemmFlops;
+  auto function = [&](StringRef name) {
+    return module.lookupSymbol<func::FuncOp>(name);
+  };
+
+  FailureOr<std::optional<PipelineInfo>> pipeline = readPipelineInfo(module);
+  if (failed(pipeline))
+    return failure();
+  double busy = 0; // compute and communication of the critical rank
+  if (!*pipeline) {
+    func::FuncOp fn = function("train_step");
+    if (!fn)
+      fn = function("forward_grad");
+    if (!fn)
+      for (auto f : module.getOps<func::FuncOp>())
+        if (!f.isExternal() && !fn)
+          fn = f;
+    if (!fn)
+      return module.emitError() << "the cost model needs a function to cost";
+    FunctionCost f = coster.cost(fn);
+    accumulate(step, f, 1, gemmFlops);
+    step.stepSeconds = f.seconds;
+    step.modelFlops = f.modelFlops * double(step.ranks);
+    busy = f.seconds;
+  } else {
+    const PipelineInfo &info = **pipeline;
+    if (!info.isScheduled() || !info.rankSteps)
+      return module.emitError()
+             << "the cost model needs a scheduled pipeline "
+                "(--ernie-pipeline-schedule)";
+    rt::PipelineShape shape{info.stages, info.virtualStages,
+                            *info.microBatches};
+    rt::PipelineSchedule schedule(info.rankSteps->size());
+    for (auto [r, text] : llvm::enumerate(*info.rankSteps))
+      if (std::string err = rt::parseSteps(text, schedule[r]); !err.empty())
+        return module.emitError() << err;
+    int64_t chunks = shape.chunks();
+    std::vector<FunctionCost> forward(chunks), backward(chunks);
+    rt::StepCosts costs;
+    int64_t sendBytes = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      func::FuncOp fwd = function(llvm::formatv("train_forward.{0}", c).str());
+      func::FuncOp bwd = function(llvm::formatv("train_backward.{0}", c).str());
+      if (!fwd || !bwd)
+        return module.emitError()
+               << "the pipelined program has no train_forward." << c
+               << " or train_backward." << c;
+      forward[c] = coster.cost(fwd);
+      backward[c] = coster.cost(bwd);
+      costs.forward.push_back(forward[c].seconds);
+      costs.backward.push_back(backward[c].seconds);
+      sendBytes = std::max({sendBytes, forward[c].sendBytes,
+                            backward[c].sendBytes});
+    }
+    costs.transfer = model.transferTime(sendBytes, info.axis);
+    rt::ScheduleTimeline timeline;
+    if (std::string err =
+            rt::simulateSchedule(schedule, shape, costs, timeline);
+        !err.empty())
+      return module.emitError() << err;
+    // The slowest rank: its last step's end plus its update.
+    int64_t critical = 0;
+    std::vector<FunctionCost> update(shape.stages);
+    double worst = -1, flops = 0;
+    for (int64_t r = 0; r < shape.stages; ++r) {
+      if (func::FuncOp fn =
+              function(llvm::formatv("train_update.{0}", r).str()))
+        update[r] = coster.cost(fn);
+      double end = timeline.ranks[r].empty() ? 0
+                                             : timeline.ranks[r].back().end;
+      if (end + update[r].seconds > worst)
+        worst = end + update[r].seconds, critical = r;
+      flops += update[r].modelFlops;
+    }
+    for (int64_t c = 0; c < chunks; ++c)
+      flops += (forward[c].modelFlops + backward[c].modelFlops) *
+               double(shape.microBatches);
+    step.stepSeconds = worst;
+    step.modelFlops = flops * double(step.ranks / shape.stages);
+    double m = double(shape.microBatches);
+    for (int64_t c = critical; c < chunks; c += shape.stages) {
+      accumulate(step, forward[c], m, gemmFlops);
+      accumulate(step, backward[c], m, gemmFlops);
+      busy += (forward[c].seconds + backward[c].seconds) * m;
+    }
+    accumulate(step, update[critical], 1, gemmFlops);
+    busy += update[critical].seconds;
+    // Each forward but the last chunk's sends its activations on, each
+    // backward but the first chunk's its gradient back.
+    int64_t crossings = 0;
+    for (int64_t c = critical; c < chunks; c += shape.stages)
+      crossings += (c + 1 < chunks) + (c > 0);
+    if (crossings && costs.transfer > 0)
+      step.commSeconds["pp"] += costs.transfer * double(crossings) * m;
+    step.bubbleSeconds = std::max(0.0, step.stepSeconds - busy);
+  }
+  step.peakFlops = mfuPeak(cluster.device, gemmFlops);
+
+  // Ranks sharing processors cannot all run at once: a step takes at least
+  // every rank's work over the processors.
+  if (cluster.sharedProcessors > 0) {
+    double work = 0;
+    if (!*pipeline) {
+      work = busy * double(step.ranks);
+    } else {
+      // Every stage's ranks do their own stage's work.
+      const PipelineInfo &info = **pipeline;
+      int64_t perStage = step.ranks / info.stages;
+      double m = double(*info.microBatches);
+      for (int64_t c = 0; c < info.stages * info.virtualStages; ++c) {
+        FunctionCost f =
+            coster.cost(function(llvm::formatv("train_forward.{0}", c).str()));
+        FunctionCost b = coster.cost(
+            function(llvm::formatv("train_backward.{0}", c).str()));
+        work += (f.seconds + b.seconds) * m * double(perStage);
+      }
+      for (int64_t s = 0; s < info.stages; ++s)
+        if (func::FuncOp fn =
+                function(llvm::formatv("train_update.{0}", s).str()))
+          work += coster.cost(fn).seconds * double(perStage);
+    }
+    double bound = work / double(cluster.sharedProcessors);
+    if (bound > step.stepSeconds) {
+      step.contentionSeconds = bound - step.stepSeconds;
+      step.stepSeconds = bound;
+    }
+  }
+  return step;
+}
+
+llvm::json::Value cost::toJSON(const StepCost &cost) {
+  llvm::json::Object comm, exposed;
+  for (const auto &[k, v] : cost.commSeconds)
+    comm[k] = v;
+  for (const auto &[k, v] : cost.exposedCommSeconds)
+    exposed[k] = v;
+  return llvm::json::Object{
+      {"step_seconds", cost.stepSeconds},
+      {"compute_seconds", cost.computeSeconds},
+      {"recompute_seconds", cost.recomputeSeconds},
+      {"bubble_seconds", cost.bubbleSeconds},
+      {"contention_seconds", cost.contentionSeconds},
+      {"comm_seconds", std::move(comm)},
+      {"exposed_comm_seconds", std::move(exposed)},
+      {"model_flops", cost.modelFlops},
+      {"peak_flops", cost.peakFlops},
+      {"ranks", cost.ranks},
+      {"mfu", cost.mfu()}};
+}
