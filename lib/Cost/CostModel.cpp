@@ -147,7 +147,7 @@ llvm::Expected<DeviceSpec> cost::parseDevice(const llvm::json::Value &value,
   if (llvm::Error e = r.onlyKeys(
           {"name", "source", "memory_bytes", "memory_bandwidth", "peak_flops",
            "vector_flops", "matmul_efficiency", "memory_efficiency",
-           "launch_overhead", "calibrated"}))
+           "launch_overhead", "step_overhead", "op_scale", "calibrated"}))
     return std::move(e);
   if (llvm::Error e = r.string("name", d.name))
     return std::move(e);
@@ -177,6 +177,20 @@ llvm::Expected<DeviceSpec> cost::parseDevice(const llvm::json::Value &value,
   if (llvm::Error e = r.number("launch_overhead", d.launchOverhead, false,
                                /*allowZero=*/true))
     return std::move(e);
+  if (llvm::Error e = r.number("step_overhead", d.stepOverhead, false,
+                               /*allowZero=*/true))
+    return std::move(e);
+  if (r.object()->get("op_scale")) {
+    FieldReader scales = r.child("op_scale");
+    if (!scales.object())
+      return scales.notAnObject();
+    for (const auto &kv : *scales.object()) {
+      double scale = 0;
+      if (llvm::Error e = scales.number(kv.first, scale, true))
+        return std::move(e);
+      d.opScale[kv.first] = scale;
+    }
+  }
   return d;
 }
 
@@ -190,7 +204,8 @@ llvm::Expected<ClusterSpec> cost::parseCluster(
   ClusterSpec c;
   if (llvm::Error e = r.onlyKeys({"name", "source", "device", "nodes",
                                   "devices_per_node", "intra_node",
-                                  "inter_node", "shared_processors"}))
+                                  "inter_node", "shared_processors",
+                                  "sharing_efficiency"}))
     return std::move(e);
   if (llvm::Error e = r.string("name", c.name))
     return std::move(e);
@@ -225,6 +240,8 @@ llvm::Expected<ClusterSpec> cost::parseCluster(
   if (llvm::Error e =
           r.integer("shared_processors", c.sharedProcessors, false, 0))
     return std::move(e);
+  if (llvm::Error e = r.fraction("sharing_efficiency", c.sharingEfficiency))
+    return std::move(e);
   return c;
 }
 
@@ -242,20 +259,25 @@ static llvm::Expected<llvm::json::Value> readJSON(llvm::StringRef path) {
   return json;
 }
 
-llvm::Expected<ClusterSpec> cost::loadCluster(llvm::StringRef path) {
-  llvm::Expected<llvm::json::Value> json = readJSON(path);
-  if (!json)
-    return json.takeError();
-  llvm::StringRef dir = llvm::sys::path::parent_path(path);
-  return parseCluster(*json, path, [&](llvm::StringRef name)
-                                       -> llvm::Expected<DeviceSpec> {
-    llvm::SmallString<256> file(dir);
+llvm::Expected<ClusterSpec> cost::readCluster(const llvm::json::Value &value,
+                                              llvm::StringRef where,
+                                              llvm::StringRef deviceDir) {
+  return parseCluster(value, where, [&](llvm::StringRef name)
+                                        -> llvm::Expected<DeviceSpec> {
+    llvm::SmallString<256> file(deviceDir);
     llvm::sys::path::append(file, name);
     llvm::Expected<llvm::json::Value> device = readJSON(file);
     if (!device)
       return device.takeError();
     return parseDevice(*device, file);
   });
+}
+
+llvm::Expected<ClusterSpec> cost::loadCluster(llvm::StringRef path) {
+  llvm::Expected<llvm::json::Value> json = readJSON(path);
+  if (!json)
+    return json.takeError();
+  return readCluster(*json, path, llvm::sys::path::parent_path(path));
 }
 
 //===----------------------------------------------------------------------===//
@@ -269,6 +291,11 @@ CostModel::CostModel(const ClusterSpec &cluster, MeshOp mesh)
   for (Attribute a : mesh.getAxisNames())
     axisNames_.push_back(cast<StringAttr>(a).getValue().str());
   llvm::append_range(axisSizes_, mesh.getAxisSizes());
+  // Ranks time-sliced onto fewer processors each compute at that share.
+  if (cluster.sharedProcessors > 0)
+    computeSlowdown_ = std::max(
+        1.0, double(mesh.getNumRanks()) /
+                 (double(cluster.sharedProcessors) * cluster.sharingEfficiency));
 }
 
 static bool isGemm(Operation *op) {
@@ -287,9 +314,12 @@ double CostModel::computeTime(Operation *op) const {
     peak = d.matmulPeak(element) * d.matmulEfficiency;
   }
   double bytes = double(cost.getBytesAccessed());
-  return d.launchOverhead +
-         std::max(flops / peak,
-                  bytes / (d.memoryBandwidth * d.memoryEfficiency));
+  double roofline =
+      std::max(flops / peak, bytes / (d.memoryBandwidth * d.memoryEfficiency));
+  auto scale = d.opScale.find(op->getName().getStringRef());
+  return computeSlowdown_ *
+         (d.launchOverhead +
+          (scale != d.opScale.end() ? scale->second : 1) * roofline);
 }
 
 GroupPlacement CostModel::placement(llvm::ArrayRef<std::string> axes) const {
@@ -419,7 +449,7 @@ namespace {
 /// only for what is still in flight.
 struct FunctionCost {
   double seconds = 0, compute = 0, recompute = 0;
-  std::map<std::string, double> comm, exposed;
+  std::map<std::string, double> comm, exposed, byOp;
   double modelFlops = 0;
   std::map<std::string, double> gemmFlops; // per operand type, for MFU
   int64_t sendBytes = 0;                   // pipeline stage boundaries
@@ -500,6 +530,7 @@ private:
       double t = model_.computeTime(&op);
       computeClock += t;
       out.compute += t;
+      out.byOp[op.getName().getStringRef().str()] += t;
       if (op.hasAttr(ErnieDialect::kRecomputedAttrName)) {
         out.recompute += t;
         continue;
@@ -525,6 +556,8 @@ void accumulate(StepCost &step, const FunctionCost &f, double times,
     step.exposedCommSeconds[k] += v * times;
   for (const auto &[k, v] : f.gemmFlops)
     gemmFlops[k] += v * times;
+  for (const auto &[k, v] : f.byOp)
+    step.computeByOp[k] += v * times;
 }
 
 /// MFU's peak: the device's for the type most GEMM FLOPs use (fp8 GEMMs are
@@ -564,7 +597,6 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
   FailureOr<std::optional<PipelineInfo>> pipeline = readPipelineInfo(module);
   if (failed(pipeline))
     return failure();
-  double busy = 0; // compute and communication of the critical rank
   if (!*pipeline) {
     func::FuncOp fn = function("train_step");
     if (!fn)
@@ -579,7 +611,6 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
     accumulate(step, f, 1, gemmFlops);
     step.stepSeconds = f.seconds;
     step.modelFlops = f.modelFlops * double(step.ranks);
-    busy = f.seconds;
   } else {
     const PipelineInfo &info = **pipeline;
     if (!info.isScheduled() || !info.rankSteps)
@@ -636,13 +667,13 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
     step.stepSeconds = worst;
     step.modelFlops = flops * double(step.ranks / shape.stages);
     double m = double(shape.microBatches);
+    double span = update[critical].seconds; // the critical rank's own time
     for (int64_t c = critical; c < chunks; c += shape.stages) {
       accumulate(step, forward[c], m, gemmFlops);
       accumulate(step, backward[c], m, gemmFlops);
-      busy += (forward[c].seconds + backward[c].seconds) * m;
+      span += (forward[c].seconds + backward[c].seconds) * m;
     }
     accumulate(step, update[critical], 1, gemmFlops);
-    busy += update[critical].seconds;
     // Each forward but the last chunk's sends its activations on, each
     // backward but the first chunk's its gradient back.
     int64_t crossings = 0;
@@ -650,51 +681,31 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
       crossings += (c + 1 < chunks) + (c > 0);
     if (crossings && costs.transfer > 0)
       step.commSeconds["pp"] += costs.transfer * double(crossings) * m;
-    step.bubbleSeconds = std::max(0.0, step.stepSeconds - busy);
+    step.bubbleSeconds = std::max(0.0, step.stepSeconds - span);
   }
   step.peakFlops = mfuPeak(cluster.device, gemmFlops);
 
-  // Ranks sharing processors cannot all run at once: a step takes at least
-  // every rank's work over the processors.
-  if (cluster.sharedProcessors > 0) {
-    double work = 0;
-    if (!*pipeline) {
-      work = busy * double(step.ranks);
-    } else {
-      // Every stage's ranks do their own stage's work.
-      const PipelineInfo &info = **pipeline;
-      int64_t perStage = step.ranks / info.stages;
-      double m = double(*info.microBatches);
-      for (int64_t c = 0; c < info.stages * info.virtualStages; ++c) {
-        FunctionCost f =
-            coster.cost(function(llvm::formatv("train_forward.{0}", c).str()));
-        FunctionCost b = coster.cost(
-            function(llvm::formatv("train_backward.{0}", c).str()));
-        work += (f.seconds + b.seconds) * m * double(perStage);
-      }
-      for (int64_t s = 0; s < info.stages; ++s)
-        if (func::FuncOp fn =
-                function(llvm::formatv("train_update.{0}", s).str()))
-          work += coster.cost(fn).seconds * double(perStage);
-    }
-    double bound = work / double(cluster.sharedProcessors);
-    if (bound > step.stepSeconds) {
-      step.contentionSeconds = bound - step.stepSeconds;
-      step.stepSeconds = bound;
-    }
-  }
+  // Of the compute, what time-slicing ranks onto shared processors adds.
+  step.contentionSeconds =
+      step.computeSeconds * (1 - 1 / model.computeSlowdown());
+  step.overheadSeconds = cluster.device.stepOverhead;
+  step.stepSeconds += step.overheadSeconds;
   return step;
 }
 
 llvm::json::Value cost::toJSON(const StepCost &cost) {
-  llvm::json::Object comm, exposed;
+  llvm::json::Object comm, exposed, byOp;
   for (const auto &[k, v] : cost.commSeconds)
     comm[k] = v;
+  for (const auto &[k, v] : cost.computeByOp)
+    byOp[k] = v;
   for (const auto &[k, v] : cost.exposedCommSeconds)
     exposed[k] = v;
   return llvm::json::Object{
       {"step_seconds", cost.stepSeconds},
       {"compute_seconds", cost.computeSeconds},
+      {"compute_by_op", std::move(byOp)},
+      {"overhead_seconds", cost.overheadSeconds},
       {"recompute_seconds", cost.recomputeSeconds},
       {"bubble_seconds", cost.bubbleSeconds},
       {"contention_seconds", cost.contentionSeconds},

@@ -647,6 +647,16 @@ class Program:
         with open(path, "wb") as f:
             f.write(self.program_file)
 
+    def estimate(self, cluster) -> dict:
+        """The cost model's prediction of one training step on `cluster` (a
+        shipped cluster name such as "dgx_h100", a JSON file, a dict, or
+        ernie.cost.calibrate_cpu()'s measured CPU): ernie.cost.estimate's
+        breakdown (step, compute, exposed communication per axis, bubble,
+        recompute, MFU). It needs no values: abstract programs estimate
+        too."""
+        from . import cost
+        return cost.estimate(self.mlir, cluster)
+
     def report(self):
         """Per rank: each function's arena (the planned peak), the bytes of
         parameters, gradients and optimizer state (`model_state_bytes`,

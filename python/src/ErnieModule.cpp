@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ernie/Cost/CostModel.h"
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
@@ -415,6 +416,34 @@ std::pair<std::string, py::bytes> compileModule(const std::string &text,
       throw py::value_error(diagnostics.take("cannot write the program file"));
   }
   return {out, py::bytes(program)};
+}
+
+/// The cost model's estimate of one step of a compiled module on a cluster
+/// (JSON text; a "device" string is a file relative to `deviceDir`), as the
+/// JSON text --ernie-step-cost writes.
+std::string estimateStep(const std::string &text, const std::string &cluster,
+                         const std::string &where,
+                         const std::string &deviceDir) {
+  MLIRContext *ctx = &context();
+  DiagnosticCollector diagnostics(ctx);
+  llvm::Expected<llvm::json::Value> json = llvm::json::parse(cluster);
+  if (!json)
+    throw py::value_error(where + ": not JSON: " +
+                          llvm::toString(json.takeError()));
+  llvm::Expected<ec::cost::ClusterSpec> spec =
+      ec::cost::readCluster(*json, where, deviceDir);
+  if (!spec)
+    throw py::value_error(llvm::toString(spec.takeError()));
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, ctx);
+  if (!module)
+    throw py::value_error(diagnostics.take("cannot parse the module"));
+  FailureOr<ec::cost::StepCost> step = ec::cost::estimateStep(*module, *spec);
+  if (failed(step))
+    throw py::value_error(diagnostics.take("cannot estimate the step"));
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << ec::cost::toJSON(*step);
+  return out;
 }
 
 //===----------------------------------------------------------------------===//
@@ -1071,6 +1100,10 @@ PYBIND11_MODULE(_ernie, m) {
   m.def("compile", &compileModule, py::arg("module"), py::arg("pipeline"),
         py::arg("write_program") = true,
         "Runs a pass pipeline over a module; returns (text, program file bytes)");
+
+  m.def("estimate_step", &estimateStep, py::arg("module"), py::arg("cluster"),
+        py::arg("where") = "cluster", py::arg("device_dir") = ".",
+        "The cost model's step estimate (JSON text) of a compiled module");
 
   py::class_<PySession>(m, "Session")
       .def(py::init<py::bytes, double, bool, bool>(), py::arg("program"),

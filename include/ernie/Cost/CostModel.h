@@ -40,6 +40,12 @@ struct DeviceSpec {
   /// Seconds each instruction costs beyond its roofline (a kernel launch, or
   /// the CPU runtime's dispatch).
   double launchOverhead = 0;
+  /// Host time each step costs outside the instructions (staging inputs,
+  /// returning the loss).
+  double stepOverhead = 0;
+  /// Per op name ("ernie.adamw_update"): what a profile measured over what
+  /// the roofline predicts, scaling that op's roofline time (calibration).
+  llvm::StringMap<double> opScale;
 
   /// The GEMM peak for operands of `elementType` (fp8 types share "f8");
   /// falls back to "f32" when the device names no peak for it.
@@ -60,6 +66,9 @@ struct ClusterSpec {
   /// processors (CPU thread ranks on one machine), so a step takes at least
   /// every rank's compute divided by n.
   int64_t sharedProcessors = 0;
+  /// The share of `sharedProcessors` that oversubscribed ranks keep (time
+  /// slicing, caches shared): measured, in (0, 1].
+  double sharingEfficiency = 1;
 
   int64_t numDevices() const { return nodes * devicesPerNode; }
 };
@@ -74,6 +83,11 @@ llvm::Expected<ClusterSpec>
 parseCluster(const llvm::json::Value &value, llvm::StringRef where,
              llvm::function_ref<llvm::Expected<DeviceSpec>(llvm::StringRef)>
                  resolveDevice);
+/// Reads a cluster description whose "device" string names a device file
+/// relative to `deviceDir`.
+llvm::Expected<ClusterSpec> readCluster(const llvm::json::Value &value,
+                                        llvm::StringRef where,
+                                        llvm::StringRef deviceDir);
 /// Reads a cluster file; a "device" string names a device file, relative to
 /// the cluster file's directory.
 llvm::Expected<ClusterSpec> loadCluster(llvm::StringRef path);
@@ -96,6 +110,10 @@ public:
   /// larger of its FLOPs over the peak and its bytes over the bandwidth.
   double computeTime(Operation *op) const;
 
+  /// How much slower each rank computes than alone: ranks over the shared
+  /// processors they are time-sliced onto (1 on dedicated devices).
+  double computeSlowdown() const { return computeSlowdown_; }
+
   GroupPlacement placement(llvm::ArrayRef<std::string> axes) const;
   /// Seconds for one collective over `axes`: `bytes` is the whole tensor
   /// (an all-reduce's operand, an all-gather's result, a reduce-scatter's
@@ -111,6 +129,7 @@ private:
   ClusterSpec cluster_;
   std::vector<std::string> axisNames_;
   std::vector<int64_t> axisSizes_;
+  double computeSlowdown_ = 1;
 };
 
 /// One step's time and where it goes, per rank of the slowest stage.
@@ -119,8 +138,12 @@ struct StepCost {
   /// Compute on the critical rank (recomputation included), of which
   /// `recomputeSeconds` recomputes activations.
   double computeSeconds = 0, recomputeSeconds = 0;
-  /// Idle pipeline time on the critical rank, and what sharing processors
-  /// adds (CPU thread ranks).
+  /// The critical rank's compute per op name.
+  std::map<std::string, double> computeByOp;
+  /// Host time per step (the device's step_overhead).
+  double overheadSeconds = 0;
+  /// Idle pipeline time on the critical rank, and the part of the compute
+  /// that time-slicing ranks onto shared processors adds (CPU threads).
   double bubbleSeconds = 0, contentionSeconds = 0;
   /// Per group ("dp", "dp,mp", "pp"): the communication time a step spends,
   /// and the part of it no compute hides.

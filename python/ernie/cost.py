@@ -1,0 +1,283 @@
+"""The cost model from Python: devices and clusters as data, step estimates,
+and this machine's CPU measured into a device description.
+
+Devices and clusters are JSON (docs/architecture.md "The cost model" lists
+the fields); the ones ernie ships live in `ernie/hardware/{devices,clusters}`
+and are named without their suffix (`load_cluster("dgx_h100")`). The C++
+cost model (`--ernie-step-cost`, lib/Cost) reads them and checks every
+field; this module only finds the files and builds clusters from parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import _ernie
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+DEVICES_DIR = HARDWARE_DIR / "devices"
+CLUSTERS_DIR = HARDWARE_DIR / "clusters"
+
+
+def devices() -> list[str]:
+    """The device descriptions ernie ships."""
+    return sorted(p.stem for p in DEVICES_DIR.glob("*.json"))
+
+
+def clusters() -> list[str]:
+    """The cluster descriptions ernie ships."""
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.json"))
+
+
+def _read(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON: {e}") from None
+
+
+def _resolve(name_or_path, directory: Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        return p
+    shipped = directory / f"{name_or_path}.json"
+    if not shipped.exists():
+        known = sorted(q.stem for q in directory.glob("*.json"))
+        raise ValueError(f"no {directory.name[:-1]} '{name_or_path}' (ernie ships {known}; "
+                         f"or give a path to a .json file)")
+    return shipped
+
+
+def load_device(name_or_path) -> dict:
+    """A device description: a shipped name ("h100_sxm") or a JSON file."""
+    return _read(_resolve(name_or_path, DEVICES_DIR))
+
+
+def load_cluster(cluster) -> dict:
+    """A cluster description with its device inlined: a shipped name
+    ("dgx_h100"), a JSON file, or a dict (whose "device" may be a dict, a
+    shipped device name or a device file)."""
+    if isinstance(cluster, dict):
+        spec, base = dict(cluster), Path.cwd()
+    else:
+        path = _resolve(cluster, CLUSTERS_DIR)
+        spec, base = _read(path), path.parent
+    device = spec.get("device")
+    if isinstance(device, str):
+        file = base / device
+        spec["device"] = _read(file) if file.suffix == ".json" and file.exists() \
+            else load_device(device)
+    return spec
+
+
+def make_cluster(device, nodes: int = 1, devices_per_node: int = 8,
+                 intra_node: tuple[float, float] = (450e9, 3e-6),
+                 inter_node: tuple[float, float] | None = None, name: str = "",
+                 shared_processors: int = 0) -> dict:
+    """A cluster from parts: a device (name, file or dict), the node count,
+    and each link's (bandwidth in bytes/s each way, latency in s)."""
+    spec = {"name": name or f"{nodes} x {devices_per_node}",
+            "device": device if isinstance(device, dict) else load_device(device),
+            "nodes": nodes, "devices_per_node": devices_per_node,
+            "intra_node": {"bandwidth": intra_node[0], "latency": intra_node[1]}}
+    if inter_node is not None:
+        spec["inter_node"] = {"bandwidth": inter_node[0], "latency": inter_node[1]}
+    if shared_processors:
+        spec["shared_processors"] = shared_processors
+    return spec
+
+
+def estimate(module_text: str, cluster) -> dict:
+    """The cost model's estimate of one step of a compiled module (the text
+    of `Program.mlir`): step_seconds, compute_seconds, recompute_seconds,
+    bubble_seconds, contention_seconds, comm_seconds and
+    exposed_comm_seconds per group ("dp", "mp", "dp,mp", "pp"), model_flops
+    (every rank's, recomputation excluded), peak_flops, ranks and mfu."""
+    spec = load_cluster(cluster)
+    where = spec.get("name") or "cluster"
+    return json.loads(_ernie.estimate_step(module_text, json.dumps(spec), where, "."))
+
+
+#===------------------------------------------------------------------------===#
+# This machine's CPU, measured.
+#===------------------------------------------------------------------------===#
+
+
+def _session(text: str):
+    _, program = _ernie.compile(text, "")
+    return _ernie.Session(program)
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm: first-touch pages, BLAS buffers
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _chain(op: str, n: int, count: int, dtype: str = "f32") -> str:
+    """`count` dependent elementwise ops on a tensor of n elements."""
+    t = f"tensor<{n}x{dtype}>"
+    lines = [f"func.func @f(%x: {t}) -> {t} {{"]
+    prev = "%x"
+    for i in range(count):
+        lines.append(f"  %v{i} = ernie.{op} {prev}, %x : {t}")
+        prev = f"%v{i}"
+    lines += [f"  return {prev} : {t}", "}"]
+    return "\n".join(lines)
+
+
+def _gemm(n: int, dtype: str, count: int) -> str:
+    """`count` dependent n^3 GEMMs on operands cast from f32 to `dtype`."""
+    f, t = f"tensor<{n}x{n}xf32>", f"tensor<{n}x{n}x{dtype}>"
+    lines = [f"func.func @f(%a: {f}, %b: {f}) -> {t} {{",
+             f"  %a0 = ernie.cast %a : {f} -> {t}", f"  %b0 = ernie.cast %b : {f} -> {t}"]
+    prev = "%a0"
+    for i in range(count):
+        lines.append(f"  %c{i} = ernie.matmul {prev}, %b0 : {t}, {t} -> {t}")
+        prev = f"%c{i}"
+    lines += [f"  return {prev} : {t}", "}"]
+    return "\n".join(lines)
+
+
+def _all_reduce(ranks: int, n: int, count: int) -> str:
+    t = f"tensor<{n}xf32>"
+    lines = [f"ernie.mesh @mesh(dp = {ranks})", f"func.func @f(%x: {t}) -> {t} {{"]
+    prev = "%x"
+    for i in range(count):
+        lines.append(f"  %r{i} = ernie.all_reduce {prev} over @mesh[dp] sum : {t}")
+        prev = f"%r{i}"
+    lines += [f"  return {prev} : {t}", "}"]
+    return "\n".join(lines)
+
+
+def _per_op(text: str, inputs, count: int, repeats: int, base: float = 0.0) -> float:
+    s = _session(text)
+    return max((_best_time(lambda: s.call("f", inputs), repeats) - base) / count, 1e-12)
+
+
+def calibrate_cpu(ranks: int = 8, repeats: int = 5, profile: bool = True) -> dict:
+    """Measures this machine with tiny ernie programs and returns a cluster
+    of `ranks` CPU thread ranks (one device per rank, sharing the machine's
+    cores): per-instruction dispatch from a chain of tiny adds, elementwise
+    FLOP/s from adds on tensors in cache, memory
+    bandwidth from large adds, GEMM peaks (f32, bf16) from 512^3 matmuls,
+    and the thread engine's all-reduce latency and bandwidth from a ring
+    model fitted to a small and a large all-reduce on `ranks` ranks. With
+    `profile`, a small Llama's traced step on one rank then scales each op
+    kind's roofline to what it measured (`op_scale`) and gives the step's
+    host time (`step_overhead`)."""
+    rng = np.random.default_rng(0)
+    # The fixed cost of a call (Python, argument copies, rank threads).
+    small = rng.random(16, dtype=np.float32)
+    one = _session(_chain("add", 16, 1))
+    call = _best_time(lambda: one.call("f", [small]), repeats)
+    chain = 400
+    launch = _per_op(_chain("add", 16, chain), [small], chain, repeats, base=call)
+
+    # Elementwise arithmetic in cache (256 KiB tensors), one FLOP a value.
+    warm = rng.random(1 << 16, dtype=np.float32)
+    vector = (1 << 16) / max(_per_op(_chain("add", 1 << 16, 64), [warm], 64, repeats,
+                                     base=call) - launch, 1e-12)
+
+    n = 1 << 22  # 16 MiB per f32 tensor: far beyond the caches
+    big = rng.random(n, dtype=np.float32)
+    add = _per_op(_chain("add", n, 8), [big], 8, repeats)
+    bandwidth = 3 * 4 * n / max(add - launch, 1e-9)  # two reads, one write
+
+    peaks = {}
+    g, count = 512, 4
+    a = rng.random((g, g), dtype=np.float32) / g
+    for dtype in ("f32", "bf16"):
+        # The casts' time cancels against a run of one GEMM.
+        s1, sn = _session(_gemm(g, dtype, 1)), _session(_gemm(g, dtype, count + 1))
+        t1 = _best_time(lambda: s1.call("f", [a, a]), repeats)
+        tn = _best_time(lambda: sn.call("f", [a, a]), repeats)
+        peaks[dtype] = 2 * g ** 3 / max((tn - t1) / count - launch, 1e-9)
+
+    device = {
+        "name": f"this machine's CPU ({os.cpu_count()} cores, one per rank at a time)",
+        "source": "ernie.cost.calibrate_cpu(): measured with ernie programs",
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "memory_bandwidth": bandwidth,
+        "peak_flops": peaks,
+        "vector_flops": vector,
+        "launch_overhead": launch,
+        "calibrated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+    # The ring model 2(r-1) alpha + 2(r-1)/r B / beta fitted at two sizes.
+    latency, link = 1e-6, bandwidth
+    if ranks > 1:
+        hops = 2 * (ranks - 1)
+        times = []
+        for elems in (16, 1 << 20):
+            x = rng.random(elems, dtype=np.float32)
+            times.append(_per_op(_all_reduce(ranks, elems, 4), [x], 4, repeats))
+        latency = max(times[0] / hops, 1e-9)
+        volume = hops / ranks * 4 * (1 << 20)
+        link = volume / max(times[1] - hops * latency, 1e-9)
+    cluster = {"name": f"{ranks} CPU thread ranks on this machine", "device": device,
+               "nodes": 1, "devices_per_node": max(ranks, 1),
+               "intra_node": {"bandwidth": link, "latency": latency},
+               "shared_processors": os.cpu_count() or 1}
+    if profile:
+        device["op_scale"], device["step_overhead"] = _profile(cluster, repeats)
+    return cluster
+
+
+def _profile(cluster: dict, repeats: int) -> tuple[dict, float]:
+    """A small Llama's training step on one rank, traced: per op kind, the
+    measured time over the roofline's (the kernels' efficiency, which one
+    peak per class cannot say: AdamW's square roots, small GEMMs), and the
+    step's host time outside the instructions."""
+    import tempfile
+
+    from . import compiler, optimizer
+    from .models.llama import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         seed=0)
+    ids = np.random.default_rng(1).integers(0, config.vocab_size, (4, 32))
+    batch = (ids, np.roll(ids, -1, axis=1))
+    program = compiler.compile(LlamaForCausalLM(config), optimizer.AdamW(1e-3), list(batch),
+                               trace=True)
+    steps = 1 + repeats
+    walls = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        program.step(*batch)
+        walls.append(time.perf_counter() - t)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        program._session.write_trace(path)
+        events = [e for e in _read(Path(path))["traceEvents"] if e.get("ph") == "X"]
+    events.sort(key=lambda e: e["ts"])
+    per_step = len(events) // steps
+    measured: dict[str, float] = {}
+    spans = []
+    for k in range(1, steps):  # the first step warms up
+        chunk = events[k * per_step:(k + 1) * per_step]
+        spans.append((chunk[-1]["ts"] + chunk[-1]["dur"] - chunk[0]["ts"]) * 1e-6)
+        for e in chunk:
+            measured[e["name"]] = measured.get(e["name"], 0.0) + e["dur"] * 1e-6 / (steps - 1)
+    predicted = program.estimate(cluster)["compute_by_op"]
+    total = sum(measured.values())
+    scales = {}
+    for name, seconds in measured.items():
+        if predicted.get(name, 0) > 0 and seconds >= 0.01 * total:
+            scales[name] = min(max(seconds / predicted[name], 0.1), 10.0)
+    overhead = max(min(walls[1:]) - min(spans), 0.0)
+    return scales, overhead
