@@ -577,17 +577,12 @@ double mfuPeak(const DeviceSpec &d,
 
 } // namespace
 
-FailureOr<StepCost> cost::estimateStep(ModuleOp module,
-                                       const ClusterSpec &cluster) {
-  auto meshes = module.getOps<MeshOp>();
-  MeshOp mesh = meshes.empty() ? MeshOp() : *meshes.begin();
+/// One estimate with the model's compute slowdown as it is.
+static FailureOr<StepCost> estimateWith(ModuleOp module,
+                                        const ClusterSpec &cluster,
+                                        const CostModel &model, MeshOp mesh) {
   StepCost step;
   step.ranks = mesh ? mesh.getNumRanks() : 1;
-  if (step.ranks > cluster.numDevices())
-    return module.emitError()
-           << "the program has " << step.ranks << " ranks but the cluster '"
-           << cluster.name << "' only " << cluster.numDevices() << " devices";
-  CostModel model(cluster, mesh);
   FunctionCoster coster(module, model);
   std::map<std::string, double> gemmFlops;
   auto function = [&](StringRef name) {
@@ -690,6 +685,29 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
       step.computeSeconds * (1 - 1 / model.computeSlowdown());
   step.overheadSeconds = cluster.device.stepOverhead;
   step.stepSeconds += step.overheadSeconds;
+  return step;
+}
+
+FailureOr<StepCost> cost::estimateStep(ModuleOp module,
+                                       const ClusterSpec &cluster) {
+  auto meshes = module.getOps<MeshOp>();
+  MeshOp mesh = meshes.empty() ? MeshOp() : *meshes.begin();
+  int64_t ranks = mesh ? mesh.getNumRanks() : 1;
+  if (ranks > cluster.numDevices())
+    return module.emitError()
+           << "the program has " << ranks << " ranks but the cluster '"
+           << cluster.name << "' only " << cluster.numDevices() << " devices";
+  CostModel model(cluster, mesh);
+  FailureOr<StepCost> step = estimateWith(module, cluster, model, mesh);
+  // Shared processors in a pipeline: the ranks idle in the bubble leave
+  // their processors to the others, so on average only the busy share of
+  // the ranks divides them. One refinement of that fixed point.
+  if (succeeded(step) && model.computeSlowdown() > 1 &&
+      step->bubbleSeconds > 0 && step->stepSeconds > 0) {
+    double busy = 1 - step->bubbleSeconds / step->stepSeconds;
+    model.setComputeSlowdown(std::max(1.0, model.computeSlowdown() * busy));
+    step = estimateWith(module, cluster, model, mesh);
+  }
   return step;
 }
 

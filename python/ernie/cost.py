@@ -233,15 +233,19 @@ def calibrate_cpu(ranks: int = 8, repeats: int = 5, profile: bool = True) -> dic
                "intra_node": {"bandwidth": link, "latency": latency},
                "shared_processors": os.cpu_count() or 1}
     if profile:
-        device["op_scale"], device["step_overhead"] = _profile(cluster, repeats)
+        device["op_scale"], device["step_overhead"], efficiency = _profile(cluster, ranks,
+                                                                         repeats)
+        cluster["sharing_efficiency"] = efficiency
     return cluster
 
 
-def _profile(cluster: dict, repeats: int) -> tuple[dict, float]:
+def _profile(cluster: dict, ranks: int, repeats: int) -> tuple[dict, float, float]:
     """A small Llama's training step on one rank, traced: per op kind, the
     measured time over the roofline's (the kernels' efficiency, which one
     peak per class cannot say: AdamW's square roots, small GEMMs), and the
-    step's host time outside the instructions."""
+    step's host time outside the instructions. Then the same step on
+    `ranks` ranks at once (each its own copy, nothing communicated): the
+    share of the ideal processor sharing they reach."""
     import tempfile
 
     from . import compiler, optimizer
@@ -280,4 +284,19 @@ def _profile(cluster: dict, repeats: int) -> tuple[dict, float]:
         if predicted.get(name, 0) > 0 and seconds >= 0.01 * total:
             scales[name] = min(max(seconds / predicted[name], 0.1), 10.0)
     overhead = max(min(walls[1:]) - min(spans), 0.0)
-    return scales, overhead
+
+    cores = cluster["shared_processors"]
+    efficiency = 1.0
+    if ranks > cores:
+        # The one-rank step's module on a mesh of `ranks`: every rank runs
+        # it on the same (replicated) state.
+        text = program.mlir.replace("module {", f"module {{\n  ernie.mesh @shared(r = {ranks})", 1)
+        _, file = _ernie.compile(text, "")
+        copies = compiler.Program(program.model, program.optimizer, program.traced_mlir, text,
+                                  file, None, list(batch))
+
+        def best(p):
+            return _best_time(lambda: p.step(*batch), repeats)
+        one, many = best(program), best(copies)
+        efficiency = min(max(ranks * one / (cores * many), 0.1), 1.0)
+    return scales, overhead, efficiency

@@ -1,0 +1,84 @@
+// RUN: ernie-opt %s --split-input-file "--ernie-step-cost=cluster=%S/Inputs/cost-one-node.json" -o /dev/null | FileCheck %s
+// RUN: ernie-opt %s --split-input-file "--ernie-step-cost=cluster=%S/Inputs/cost-two-nodes.json" -o /dev/null | FileCheck %s --check-prefix=NODES
+
+// The cost model's numbers worked by hand. The device (Inputs/cost-device.json):
+// 1e12 GEMM FLOP/s, 1e11 elementwise FLOP/s, 1e11 B/s, 1 us per instruction.
+//
+// The matmul: 2·128·64·256 = 4194304 FLOPs (4.194304 us) against 229376
+// bytes (2.29 us): compute-bound, 1 + 4.194304 = 5.194304 us.
+// One node of four (10 GB/s, 10 us): the ring all-reduce of 32768 bytes
+// over 4 ranks takes 2·3·10 us + 2·3/4·32768 B / 1e10 B/s = 64.9152 us.
+// Two nodes of two: dp = 4 spans both, whose 1 GB/s network makes the ring
+// 60 + 49.152 = 109.152 us; NCCL's tree (one hop between the nodes, one in
+// each) takes 2·(10 + 1) + 49.152 = 71.152 us, and wins.
+ernie.mesh @mesh(dp = 4)
+// CHECK: "comm_seconds": {
+// CHECK-NEXT: "dp": 6.491{{[0-9]+}}e-05
+// CHECK: "compute_by_op": {
+// CHECK-NEXT: "ernie.matmul": 5.194{{[0-9]+}}e-06
+// CHECK: "compute_seconds": 5.194{{[0-9]+}}e-06
+// CHECK: "exposed_comm_seconds": {
+// CHECK-NEXT: "dp": 6.491{{[0-9]+}}e-05
+// CHECK: "mfu": 0.059825
+// CHECK: "model_flops": 16777216
+// CHECK: "peak_flops": 1000000000000
+// CHECK: "ranks": 4
+// CHECK: "step_seconds": 7.010{{[0-9]+}}e-05
+// NODES: "dp": 7.115{{[0-9]+}}e-05
+// NODES: "step_seconds": 7.634{{[0-9]+}}e-05
+func.func @train_step(%x: tensor<128x256xf32>, %w: tensor<256x64xf32>) -> tensor<128x64xf32> {
+  %y = ernie.matmul %x, %w : tensor<128x256xf32>, tensor<256x64xf32> -> tensor<128x64xf32>
+  %r = ernie.all_reduce %y over @mesh[dp] sum : tensor<128x64xf32>
+  return %r : tensor<128x64xf32>
+}
+
+// -----
+
+// Asynchronous: the exp (1 + 262144 B / 1e11 B/s = 3.62144 us) runs while
+// the all-reduce flies; the wait stalls for the rest, 64.9152 - 3.62144 =
+// 61.29376 us, and the step is as long as the blocking one.
+ernie.mesh @mesh(dp = 4)
+// CHECK: "compute_seconds": 8.815{{[0-9]+}}e-06
+// CHECK: "exposed_comm_seconds": {
+// CHECK-NEXT: "dp": 6.129{{[0-9]+}}e-05
+// CHECK: "step_seconds": 7.010{{[0-9]+}}e-05
+// NODES: "step_seconds": 7.634{{[0-9]+}}e-05
+func.func @train_step(%x: tensor<128x256xf32>, %w: tensor<256x64xf32>) -> (tensor<128x64xf32>, tensor<128x256xf32>) {
+  %y = ernie.matmul %x, %w : tensor<128x256xf32>, tensor<256x64xf32> -> tensor<128x64xf32>
+  %f = ernie.all_reduce_start %y over @mesh[dp] sum : tensor<128x64xf32>
+  %e = ernie.exp %x : tensor<128x256xf32>
+  %r = ernie.wait %f : tensor<128x64xf32>
+  return %r, %e : tensor<128x64xf32>, tensor<128x256xf32>
+}
+
+// -----
+
+// Which links a group crosses: ranks are row-major (rank = 2·dp + mp), so
+// on two nodes of two an mp group stays in its node (10 GB/s, 1 us: 2 +
+// 3.2768 us) and a dp group crosses the network (20 + 32.768 us, ring and
+// tree alike). On one node both take 2·10 + 3.2768 us.
+ernie.mesh @mesh(dp = 2, mp = 2)
+// CHECK: "comm_seconds": {
+// CHECK-NEXT: "dp": 2.327{{[0-9]+}}e-05
+// CHECK-NEXT: "mp": 2.327{{[0-9]+}}e-05
+// NODES: "comm_seconds": {
+// NODES-NEXT: "dp": 5.276{{[0-9]+}}e-05
+// NODES-NEXT: "mp": 5.276{{[0-9]+}}e-06
+func.func @train_step(%y: tensor<128x64xf32>) -> (tensor<128x64xf32>, tensor<128x64xf32>) {
+  %a = ernie.all_reduce %y over @mesh[mp] sum : tensor<128x64xf32>
+  %b = ernie.all_reduce %y over @mesh[dp] sum : tensor<128x64xf32>
+  return %a, %b : tensor<128x64xf32>, tensor<128x64xf32>
+}
+
+// -----
+
+// A bf16 GEMM against the bf16 peak (4e12: 1.048576 us) is memory-bound
+// now: 114688 bytes / 1e11 B/s = 1.14688 us, + 1 us. MFU is measured
+// against the bf16 peak.
+// CHECK: "compute_seconds": 2.146{{[0-9]+}}e-06
+// CHECK: "peak_flops": 4000000000000
+// CHECK: "ranks": 1
+func.func @train_step(%x: tensor<128x256xbf16>, %w: tensor<256x64xbf16>) -> tensor<128x64xbf16> {
+  %y = ernie.matmul %x, %w : tensor<128x256xbf16>, tensor<256x64xbf16> -> tensor<128x64xbf16>
+  return %y : tensor<128x64xbf16>
+}
