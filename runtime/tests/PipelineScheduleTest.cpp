@@ -221,6 +221,56 @@ TEST(ScheduleSimulation, TimesEveryStep) {
   EXPECT_DOUBLE_EQ(t.bubbleFraction, 1.0 / 3);
 }
 
+// The cost model's form: per-chunk costs and a transfer on every
+// dependency that crosses pipeline ranks. 1F1B, p = 2, m = 2, forward 1,
+// backward 2, transfer 0.5, by hand: rank 1's F0 waits for rank 0's F0
+// (1) plus the transfer, rank 0's B0 for rank 1's B0 (4.5) plus it.
+TEST(ScheduleSimulation, TransfersDelayCrossRankDependencies) {
+  PipelineShape shape{2, 1, 2};
+  PipelineSchedule schedule;
+  ASSERT_EQ(buildSchedule(ScheduleKind::OneFOneB, shape, schedule), "");
+  ScheduleTimeline t;
+  ASSERT_EQ(simulateSchedule(schedule, shape, StepCosts{{1, 1}, {2, 2}, 0.5}, t),
+            "");
+  auto starts = [&](int64_t r) {
+    std::vector<double> out;
+    for (const TimedStep &s : t.ranks[r])
+      out.push_back(s.start);
+    return out;
+  };
+  EXPECT_EQ(starts(0), (std::vector<double>{0, 1, 5, 8}));
+  EXPECT_EQ(starts(1), (std::vector<double>{1.5, 2.5, 4.5, 5.5}));
+  EXPECT_EQ(t.makespan, 10);
+}
+
+// Chunks of different costs (the last stage's head and loss): the slower
+// chunk sets the steady state. FThenB, p = 2, m = 3, chunk 1 twice chunk 0.
+TEST(ScheduleSimulation, PerChunkCosts) {
+  PipelineShape shape{2, 1, 3};
+  PipelineSchedule schedule;
+  ASSERT_EQ(buildSchedule(ScheduleKind::FThenB, shape, schedule), "");
+  ScheduleTimeline t;
+  ASSERT_EQ(simulateSchedule(schedule, shape, StepCosts{{1, 2}, {1, 2}, 0}, t),
+            "");
+  // Rank 1: F at 1, 3, 5 (each 2), B at 7, 9, 11 (each 2); rank 0's B
+  // follow at 9, 11, 13.
+  EXPECT_EQ(t.makespan, 14);
+  EXPECT_EQ(t.busy, 3 * (1 + 1) + 3 * (2 + 2));
+}
+
+TEST(ScheduleSimulation, PerChunkCostsMustMatchTheChunks) {
+  PipelineShape shape{2, 2, 4};
+  PipelineSchedule schedule;
+  ASSERT_EQ(buildSchedule(ScheduleKind::Interleaved, shape, schedule), "");
+  ScheduleTimeline t;
+  EXPECT_EQ(simulateSchedule(schedule, shape, StepCosts{{1, 1}, {2, 2}, 0}, t),
+            "step costs are given for 2 forward and 2 backward chunks but the "
+            "pipeline has 4");
+  EXPECT_EQ(simulateSchedule(schedule, shape,
+                             StepCosts{{1, 1, 1, 1}, {2, 2, 2, 2}, -1}, t),
+            "step costs must be finite and non-negative");
+}
+
 // With forward 1 and backward 2, FThenB and 1F1B both idle (p - 1) * 3 of
 // every rank's (m + p - 1) * 3.
 TEST(ScheduleSimulation, FThenBAnd1F1BBubble) {

@@ -1,0 +1,119 @@
+"""The cost model from Python (ernie.cost, Program.estimate): shipped devices
+and clusters, what the estimate accounts for, and errors that name the bad
+field. Hand-computed rooflines and alpha-beta times are in the lit test
+test/Passes/ernie-step-cost.mlir; the calibration against measured steps
+is bench/cost_calibration.py (a table, not a timed test)."""
+
+import numpy as np
+import pytest
+
+import ernie
+import ernie.distributed as dist
+from ernie import cost
+from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan
+
+SMALL = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=4)
+
+
+def abstract_program(shape=None, names=None, config=None, batch=8, seq=128, **model):
+    with ernie.nn.abstract():
+        m = LlamaForCausalLM(LlamaConfig(**{**SMALL, **model}))
+    ids = np.zeros((batch, seq), np.int64)
+    mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape), names) if shape else None
+    return ernie.compile(m, ernie.optimizer.AdamW(1e-4), [ids, ids], mesh=mesh, config=config,
+                         abstract=True)
+
+
+def test_shipped_hardware_loads():
+    assert {"h100_sxm", "h200", "a100_80gb"} <= set(cost.devices())
+    assert {"dgx_h100", "meta_llama3_h100", "selene_a100"} <= set(cost.clusters())
+    c = cost.load_cluster("meta_llama3_h100")
+    assert c["nodes"] * c["devices_per_node"] == 16384
+    assert c["device"]["peak_flops"]["bf16"] == pytest.approx(989.4e12)
+
+
+def test_one_rank_step_is_its_flops_over_the_peak_at_least():
+    """An abstract program estimates without values; the step is at least
+    its model FLOPs at the device's GEMM peak, and MFU is below the GEMM
+    efficiency the device file promises."""
+    prog = abstract_program()
+    est = prog.estimate("dgx_h100")
+    peak = cost.load_device("h100_sxm")["peak_flops"]["f32"]
+    assert est["ranks"] == 1 and est["model_flops"] > 0
+    assert est["step_seconds"] >= est["model_flops"] / peak
+    assert 0 < est["mfu"] <= 0.7
+    assert est["compute_seconds"] == pytest.approx(sum(est["compute_by_op"].values()))
+    # A Llama step's FLOPs: 6 per parameter per token plus attention, within
+    # 15 % (the non-GEMM ops and the embedding's gather are not 6N).
+    params = sum(int(np.prod(p.shape)) for _, p in prog.model.named_parameters())
+    assert est["model_flops"] == pytest.approx(6 * params * 8 * 128, rel=0.15)
+
+
+def test_data_parallel_halves_gemms_not_the_update():
+    """dp 2 halves each rank's GEMM FLOPs (not their time: the launches
+    stay, small GEMMs turn memory-bound); without ZeRO each rank still
+    updates every parameter (ZeRO-1 splits the update)."""
+    one = abstract_program().estimate("dgx_h100")
+    dp = abstract_program([2], ["dp"], {"dp_config": {}}).estimate("dgx_h100")
+    zero = abstract_program([2], ["dp"], {"dp_config": {"sharding_level": 1}}).estimate("dgx_h100")
+    ops = lambda e, op: e["compute_by_op"][op]
+    assert ops(one, "ernie.matmul") / 2 < ops(dp, "ernie.matmul") < 0.8 * ops(one, "ernie.matmul")
+    assert ops(dp, "ernie.adamw_update") == pytest.approx(ops(one, "ernie.adamw_update"))
+    assert ops(zero, "ernie.adamw_update") < 0.6 * ops(one, "ernie.adamw_update")
+    assert dp["comm_seconds"]["dp"] > 0
+    assert dp["model_flops"] == pytest.approx(one["model_flops"], rel=1e-6)
+
+
+def test_tensor_parallel_traffic_is_on_mp_and_crossing_nodes_costs_more():
+    prog = abstract_program([2], ["mp"], {"mp_config": {"parallelize_plan": parallelize_plan()}})
+    near = prog.estimate("dgx_h100")
+    far = prog.estimate(cost.make_cluster("h100_sxm", nodes=2, devices_per_node=1,
+                                          inter_node=(50e9, 1e-5)))
+    assert near["comm_seconds"]["mp"] > 0
+    # 9x less bandwidth, 3x the latency (the layer's small collectives).
+    assert far["comm_seconds"]["mp"] > 3 * near["comm_seconds"]["mp"]
+
+
+def test_pipeline_bubble_is_near_1f1b():
+    """pp 2, 4 micro-batches: the idle share of the step is near
+    (p - 1) / (m + p - 1) = 1/5 (stages are not equal: the last one has the
+    head and the loss)."""
+    prog = abstract_program([2], ["pp"], {"pp_config": {"split_spec": "llama.layers",
+                                                        "accumulate_steps": 4}})
+    est = prog.estimate("dgx_h100")
+    assert 0.5 * 0.2 <= est["bubble_seconds"] / est["step_seconds"] <= 1.6 * 0.2
+
+
+def test_recomputation_is_counted_apart_from_model_flops():
+    plain = abstract_program().estimate("dgx_h100")
+    full = abstract_program(config={"recompute": "full"}).estimate("dgx_h100")
+    assert full["recompute_seconds"] > 0 and plain["recompute_seconds"] == 0
+    assert full["model_flops"] == pytest.approx(plain["model_flops"], rel=1e-6)
+    assert full["step_seconds"] > plain["step_seconds"]
+
+
+def test_bad_cluster_descriptions_name_the_field():
+    prog = abstract_program()
+    good = cost.load_cluster("dgx_h100")
+    bad = dict(good, device=dict(good["device"], peak_flops={"f32": 1e12, "bf16": "fast"}))
+    with pytest.raises(ValueError, match=r"device: peak_flops.bf16: expected a positive number"):
+        prog.estimate(bad)
+    with pytest.raises(ValueError, match=r"devices_per_nod: unknown field"):
+        prog.estimate(dict(good, devices_per_nod=8))
+    with pytest.raises(ValueError, match=r"inter_node: expected a JSON object"):
+        prog.estimate(dict(good, nodes=2))
+    with pytest.raises(ValueError, match=r"no cluster 'dgx_h1000'"):
+        prog.estimate("dgx_h1000")
+    small = abstract_program([8], ["dp"], {"dp_config": {}}, batch=8)
+    with pytest.raises(ValueError, match=r"8 ranks but the cluster .* only 4 devices"):
+        small.estimate(cost.make_cluster("h100_sxm", devices_per_node=4))
+
+
+def test_calibrated_cpu_is_a_cluster_the_model_reads():
+    cluster = cost.calibrate_cpu(ranks=2, repeats=1, profile=False)
+    d = cluster["device"]
+    assert d["peak_flops"]["f32"] > 1e8 and d["memory_bandwidth"] > 1e8
+    assert cluster["shared_processors"] >= 1
+    est = abstract_program([2], ["dp"], {"dp_config": {}}).estimate(cluster)
+    assert est["step_seconds"] > 0
