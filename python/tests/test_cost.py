@@ -53,14 +53,12 @@ def test_one_rank_step_is_its_flops_over_the_peak_at_least():
 def test_data_parallel_halves_gemms_not_the_update():
     """dp 2 halves each rank's GEMM FLOPs (not their time: the launches
     stay, small GEMMs turn memory-bound); without ZeRO each rank still
-    updates every parameter (ZeRO-1 splits the update)."""
+    updates every parameter."""
     one = abstract_program().estimate("dgx_h100")
     dp = abstract_program([2], ["dp"], {"dp_config": {}}).estimate("dgx_h100")
-    zero = abstract_program([2], ["dp"], {"dp_config": {"sharding_level": 1}}).estimate("dgx_h100")
     ops = lambda e, op: e["compute_by_op"][op]
     assert ops(one, "ernie.matmul") / 2 < ops(dp, "ernie.matmul") < 0.8 * ops(one, "ernie.matmul")
     assert ops(dp, "ernie.adamw_update") == pytest.approx(ops(one, "ernie.adamw_update"))
-    assert ops(zero, "ernie.adamw_update") < 0.6 * ops(one, "ernie.adamw_update")
     assert dp["comm_seconds"]["dp"] > 0
     assert dp["model_flops"] == pytest.approx(one["model_flops"], rel=1e-6)
 
