@@ -60,7 +60,7 @@ def test_data_parallel_halves_gemms_not_the_update():
     assert ops(one, "ernie.matmul") / 2 < ops(dp, "ernie.matmul") < 0.8 * ops(one, "ernie.matmul")
     assert ops(dp, "ernie.adamw_update") == pytest.approx(ops(one, "ernie.adamw_update"))
     assert dp["comm_seconds"]["dp"] > 0
-    assert dp["model_flops"] == pytest.approx(one["model_flops"], rel=1e-6)
+    assert dp["model_flops"] == pytest.approx(one["model_flops"], rel=1e-3)  # + the loss scaling
 
 
 def test_tensor_parallel_traffic_is_on_mp_and_crossing_nodes_costs_more():
