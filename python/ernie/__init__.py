@@ -40,9 +40,9 @@ if "OPENBLAS_CORETYPE" not in _os.environ:
     if _kernels:
         _os.environ["OPENBLAS_CORETYPE"] = _kernels
 
-from . import distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
+from . import cost, distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402
 from .tensor import Tensor  # noqa: E402
 
-__all__ = ["Program", "Tensor", "collectives_of", "compile", "distributed", "fp8", "functional",
+__all__ = ["Program", "Tensor", "collectives_of", "compile", "cost", "distributed", "fp8", "functional",
            "nn", "optimizer", "pipeline", "trace_model"]

@@ -662,8 +662,9 @@ class Program:
         parameters, gradients and optimizer state (`model_state_bytes`,
         ZeRO's figure), the activations the forward keeps for the backward
         (`activation_bytes`), the padding uneven splits add to the step's
-        arguments (`padding_bytes`, per function too), and the collectives
-        of one step."""
+        arguments (`padding_bytes`, per function too), the collectives of
+        one step, and the most any rank holds at once
+        (`peak_bytes_per_rank`)."""
         out = {"ranks": self.num_ranks, "functions": {},
                "gemm": _ernie.gemm_library()}  # which CPU GEMM kernels run
         axis_sizes = dict(zip(self.mesh.dim_names, self.mesh.shape)) if self.mesh else {}
@@ -713,9 +714,19 @@ class Program:
                     t["count"] += c["count"]
                     t["bytes"] += c["bytes"]
             out["collectives"] = dict(sorted(total.items()))
+            # The fullest stage: its held state, accumulated gradients,
+            # the residuals its schedule keeps and its largest arena.
+            out["peak_bytes_per_rank"] = max(
+                st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
+                st["activation_bytes"] + st["arena_bytes"] for st in out["stages"])
             return out
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
+        # Held state (parameters, optimizer state) and the step's planned
+        # arena (gradients and activations at their peak among them).
+        fn = out["functions"][step]
+        out["peak_bytes_per_rank"] = (fn["parameter_bytes"] + fn["optimizer_state_bytes"] +
+                                      fn["arena_bytes"])
         return out
 
 

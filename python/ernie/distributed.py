@@ -632,10 +632,33 @@ def _configure_experts(model, mesh, ep, plan_state):
     plan_state["batch_axes"] = batch_axes
 
 
-def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None):
+def auto_plan(model: Module, inputs=None, **options):
+    """The fastest plans that fit a cluster (ernie.autoplan.auto_plan):
+    `auto_plan(model, inputs, cluster="meta_llama3_h100", global_batch=...)`."""
+    from .autoplan import auto_plan as search
+    return search(model, inputs, **options)
+
+
+def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None,
+                *, cluster=None, inputs=None, global_batch=None, seq_len=None):
     """Applies Paddle's parallel config to `model` (and `optimizer`); returns
     both, as Paddle does. The plan is recorded on the model and its
-    parameters; ernie.compile turns it into shardings."""
+    parameters; ernie.compile turns it into shardings.
+
+    config="auto" chooses the plan: ernie.autoplan.auto_plan's fastest
+    plan that fits `cluster` (default "dgx_h100") for the batch of
+    `inputs` (or `global_batch` x `seq_len`); it is kept as
+    `model.auto_plan` (its mesh, config, predicted time and memory)."""
+    if isinstance(config, str):
+        if config != "auto":
+            raise ValueError(f"config is a dict or 'auto', not {config!r}")
+        from .autoplan import auto_plan
+        best = auto_plan(model, inputs, cluster=cluster or "dgx_h100",
+                         global_batch=global_batch, seq_len=seq_len, top=1)[0]
+        object.__setattr__(model, "auto_plan", best)
+        if best.mesh is None:
+            return model, optimizer
+        return parallelize(model, optimizer, best.mesh, best.config)
     mesh = mesh or get_mesh()
     if mesh is None:
         raise ValueError("parallelize needs a mesh (argument or dist.set_mesh)")

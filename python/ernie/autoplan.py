@@ -1,0 +1,386 @@
+"""The plan, chosen for you: search dp / mp / pp / vpp / sequence parallelism
+/ ZeRO / recomputation / micro-batch size over a cluster, prune by the
+abstract compile's exact memory, rank by the cost model's step time.
+
+How it scales. A candidate's program is compiled abstractly (no values) at
+two reduced depths, one and two layers per pipeline chunk, and its step
+time, memory and traffic are extrapolated linearly to the model's depth
+(every quantity the report and the cost model give is affine in the
+layers per chunk: each layer adds the same ops, state and collectives).
+So a candidate costs two small compiles whatever the model's depth. Per
+structure (dp, mp, pp, vpp, sp, micro-batch size) the memory knobs are
+tried from the fastest (no ZeRO, no recomputation) on, stopping at the
+first that fits: a higher ZeRO level or more recomputation never makes a
+step faster, only smaller. The best `top` plans are then compiled at full
+depth: the table's memory is the abstract compile's report of the real
+program, exact, and its time that program's estimate.
+
+    python -m ernie.autoplan --cluster dgx_h100 --global-batch 64 --seq 2048 \\
+        --llama hidden_size=4096,num_hidden_layers=32,num_attention_heads=32,...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import itertools
+import json
+import sys
+import time
+
+import numpy as np
+
+from . import cost as _cost
+from . import distributed as dist
+from .nn import LayerList, abstract
+
+_RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    dp: int
+    mp: int
+    pp: int
+    vpp: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
+    recompute: str = "none"
+    micro_batch_size: int = 1
+    micro_batches: int = 1
+
+    @property
+    def name(self) -> str:
+        parts = [f"dp{self.dp}", f"mp{self.mp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        if self.pp > 1:
+            parts.append(f"m{self.micro_batches}x{self.micro_batch_size}")
+        return " ".join(parts)
+
+
+@dataclasses.dataclass
+class Plan:
+    """One row of the table."""
+    candidate: Candidate
+    step_seconds: float
+    mfu: float
+    memory_bytes: int
+    comm_bytes: int
+    estimate: dict
+    exact: bool  # compiled at full depth (else extrapolated)
+    mesh: dist.ProcessMesh | None = None
+    config: dict | None = None
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+
+class NothingFits(ValueError):
+    """No candidate fits the devices' memory: says the smallest memory any
+    needed and which plan came closest."""
+
+
+# ---------------------------------------------------------------------------
+# The model's family: how to rebuild it shallower and split it.
+# ---------------------------------------------------------------------------
+
+def _layer_list(model):
+    """The sub-layer name of the decoder layers (the LayerList as long as
+    config.num_hidden_layers)."""
+    n = model.config.num_hidden_layers
+    for name, layer in model.named_sublayers():
+        if isinstance(layer, LayerList) and len(layer) == n:
+            return name
+    raise ValueError(f"{type(model).__name__} has no LayerList of its {n} layers to split")
+
+
+def _tp_plan(model, sequence_parallel):
+    module = sys.modules[type(model).__module__]
+    plan_fn = getattr(module, "parallelize_plan", None)
+    if plan_fn is None:
+        raise ValueError(f"{type(model).__module__} has no parallelize_plan() for tensor "
+                         "parallelism")
+    params = inspect.signature(plan_fn).parameters
+    kwargs = {}
+    if "tie_word_embeddings" in params:
+        kwargs["tie_word_embeddings"] = model.config.tie_word_embeddings
+    if sequence_parallel:
+        if "sequence_parallel" not in params:
+            return None
+        kwargs["sequence_parallel"] = True
+    return plan_fn(**kwargs)
+
+
+def _shallow(model, layers):
+    """A new abstract model of `model`'s family and config, `layers` deep."""
+    with abstract():
+        return type(model)(dataclasses.replace(model.config, num_hidden_layers=layers))
+
+
+def _mesh_and_config(model, c: Candidate):
+    axes = [(n, s) for n, s in (("pp", c.pp), ("dp", c.dp), ("mp", c.mp)) if s > 1]
+    if not axes:
+        return None, {}
+    names, shape = [a[0] for a in axes], [a[1] for a in axes]
+    mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape), names)
+    config: dict = {}
+    if c.dp > 1:
+        config["dp_config"] = {"sharding_level": c.zero}
+    if c.mp > 1:
+        config["mp_config"] = {"parallelize_plan": _tp_plan(model, c.sequence_parallel)}
+    if c.pp > 1:
+        config["pp_config"] = {"split_spec": _layer_list(model),
+                               "accumulate_steps": c.micro_batches, "vpp_degree": c.vpp}
+    if c.recompute != "none":
+        config["recompute"] = c.recompute
+    return mesh, config
+
+
+# ---------------------------------------------------------------------------
+# One candidate: compiled, estimated, measured.
+# ---------------------------------------------------------------------------
+
+def _evaluate(model, c: Candidate, layers, batch, seq, cluster, optimizer_fn):
+    """Compiles `c` abstractly with `layers` layers on the global batch (a
+    pipeline traces one micro-batch of it): its report and estimate."""
+    from .compiler import compile as ernie_compile
+    shallow = _shallow(model, layers)  # fresh: parallelize marks what it plans
+    mesh, config = _mesh_and_config(shallow, c)
+    ids = np.zeros((batch, seq), np.int64)
+    prog = ernie_compile(shallow, optimizer_fn(), [ids, ids], mesh=mesh, config=config or None,
+                         abstract=True)
+    report = prog.report()
+    est = prog.estimate(cluster)
+    comm = sum(v["bytes"] for v in report["collectives"].values())
+    # Per stage: each is affine in the layers, their max is not (the
+    # fullest stage can change with depth), so each is carried on its own.
+    stages = [st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
+              st["activation_bytes"] + st["arena_bytes"] for st in report["stages"]] \
+        if "stages" in report else [report["peak_bytes_per_rank"]]
+    assert max(stages) == report["peak_bytes_per_rank"]
+    return {"step_seconds": est["step_seconds"], "memory_bytes": max(stages),
+            "stage_bytes": stages, "comm_bytes": comm, "estimate": est}
+
+
+def _extrapolate(one, two, per_chunk):
+    """Affine in the layers per chunk: one at 1, two at 2, wanted at k."""
+    k = per_chunk
+
+    def line(a, b):
+        if isinstance(a, dict):
+            return {key: line(a.get(key, 0), b.get(key, 0)) for key in set(a) | set(b)}
+        if isinstance(a, list):
+            return [line(x, y) for x, y in zip(a, b)]
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return a + (k - 1) * (b - a)
+        return b
+    out = line(one, two)
+    out["memory_bytes"] = max(out["stage_bytes"])
+    return out
+
+
+def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max_vpp):
+    cfg = model.config
+    heads, kv, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    has_sp = _tp_plan(model, True) is not None
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    for mp in divisors:
+        # Megatron keeps tensor parallelism inside a node; heads split evenly.
+        if mp > devices_per_node or heads % mp or kv % mp:
+            continue
+        for pp in (d for d in divisors if (n // mp) % d == 0):
+            dp = n // (mp * pp)
+            if global_batch % dp or layers % pp:
+                continue
+            local = global_batch // dp
+            for vpp in range(1, max_vpp + 1):
+                if layers % (pp * vpp) or (vpp > 1 and pp == 1):
+                    continue
+                sizes = micro_batch_sizes if pp > 1 else (local,)
+                for mbs in sizes:
+                    if local % mbs:
+                        continue
+                    m = local // mbs
+                    if pp > 1 and (m < pp or (vpp > 1 and m % pp)):
+                        continue
+                    for sp in ((False, True) if mp > 1 and has_sp else (False,)):
+                        yield Candidate(dp, mp, pp, vpp, sp, 0, "none", mbs, m)
+
+
+def _memory_knobs(c: Candidate):
+    """The candidate with each memory saving, the cheapest first."""
+    zeros = (0, 1, 2, 3) if c.dp > 1 else (0,)
+    # ZeRO-3 regathers parameters in every micro-batch of a pipeline: it is
+    # not offered under pp (nor is ZeRO-2, whose gradients the pipeline sums).
+    if c.pp > 1:
+        zeros = tuple(z for z in zeros if z <= 1)
+    order = sorted(itertools.product(_RECOMPUTE_ORDER, zeros),
+                   key=lambda rz: (_RECOMPUTE_ORDER.index(rz[0]) * 2 + rz[1]))
+    for recompute, zero in order:
+        yield dataclasses.replace(c, zero=zero, recompute=recompute)
+
+
+def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len=None,
+              ranks=None, top=5, memory_fraction=0.9, micro_batch_sizes=(1, 2, 4), max_vpp=2,
+              optimizer=None, verbose=False):
+    """The best plans for training `model` (built under ernie.nn.abstract(),
+    with a `config` dataclass: Llama, ERNIE 4.5 dense) on `cluster` (a
+    shipped name, a file or a dict; ernie.cost): a list of Plans, fastest
+    first, each with predicted step time, MFU, memory per rank (exact: the
+    abstract compile's report of the full model) and bytes communicated per
+    step, and the mesh and parallelize config that build it
+    (`parallelize(model, opt, plan.mesh, plan.config)`).
+
+    The batch is `inputs` (token ids [global batch, sequence]) or
+    `global_batch` and `seq_len`; `ranks` defaults to every device of the
+    cluster; a plan fits when its peak per rank is at most
+    `memory_fraction` of the device's memory. `optimizer` makes the
+    optimizer (default AdamW). Raises NothingFits with the smallest memory
+    any plan needed."""
+    from .optimizer import AdamW
+    if inputs is not None:
+        shape = np.shape(inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
+        global_batch, seq_len = int(shape[0]), int(shape[1])
+    if global_batch is None or seq_len is None:
+        raise ValueError("auto_plan needs inputs, or global_batch and seq_len")
+    if not hasattr(model, "config") or not hasattr(model.config, "num_hidden_layers"):
+        raise ValueError(f"auto_plan needs a model with config.num_hidden_layers "
+                         f"(Llama, ERNIE 4.5); {type(model).__name__} has none")
+    spec = _cost.load_cluster(cluster)
+    devices = spec["nodes"] * spec["devices_per_node"]
+    n = ranks or devices
+    if n > devices:
+        raise ValueError(f"{n} ranks but the cluster has {devices} devices")
+    limit = memory_fraction * spec["device"]["memory_bytes"]
+    optimizer_fn = optimizer or (lambda: AdamW(1e-4))
+    layers = model.config.num_hidden_layers
+    started = time.perf_counter()
+
+    scored, closest, compiles = [], None, 0
+    for base in _candidates(model, n, spec["devices_per_node"], global_batch,
+                            micro_batch_sizes, max_vpp):
+        chunks = base.pp * base.vpp
+        for c in _memory_knobs(base):
+            try:
+                one = _evaluate(model, c, chunks, global_batch, seq_len, spec, optimizer_fn)
+                two = _evaluate(model, c, 2 * chunks, global_batch, seq_len, spec, optimizer_fn)
+            except (ValueError, RuntimeError) as e:  # a combination ernie does not build
+                if verbose:
+                    print(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
+                continue
+            compiles += 2
+            guess = _extrapolate(one, two, layers // chunks)
+            if closest is None or guess["memory_bytes"] < closest[1]:
+                closest = (c, guess["memory_bytes"])
+            if verbose:
+                print(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
+                      f"{guess['memory_bytes'] / 2**30:.1f} GiB")
+            if guess["memory_bytes"] <= limit:
+                scored.append((guess["step_seconds"], c, guess))
+                break
+    if not scored:
+        if closest is None:
+            raise NothingFits(f"no plan of {n} ranks builds for this model and batch "
+                              f"(global batch {global_batch}, {layers} layers)")
+        c, need = closest
+        raise NothingFits(
+            f"nothing fits {spec['device'].get('name', 'the device')}'s "
+            f"{limit / 2**30:.1f} GiB ({memory_fraction:.0%} of its memory) on {n} ranks: "
+            f"the smallest plan, {c.name}, needs {need / 2**30:.1f} GiB per rank")
+
+    scored.sort(key=lambda s: s[0])
+    plans = []
+    for _, c, guess in scored[: 2 * top]:
+        if len(plans) == top:
+            break
+        exact = _evaluate(model, c, layers, global_batch, seq_len, spec, optimizer_fn)
+        compiles += 1
+        if exact["memory_bytes"] > limit:
+            continue
+        mesh, config = _mesh_and_config(model, c)
+        est = exact["estimate"]
+        plans.append(Plan(c, est["step_seconds"], est["mfu"], exact["memory_bytes"],
+                          exact["comm_bytes"], est, True, mesh, config))
+    plans.sort(key=lambda p: p.step_seconds)
+    auto_plan.last_search = {"candidates": len(scored), "compiles": compiles,
+                             "seconds": time.perf_counter() - started}
+    return plans
+
+
+def format_table(plans, ranks_of_published=None) -> str:
+    """The plans as a table: step time, MFU, memory per rank, traffic."""
+    lines = [f"{'#':>2}  {'plan':44} {'step s':>9} {'MFU':>6} {'GiB/rank':>9} {'comm GB':>9}"]
+    for i, p in enumerate(plans, 1):
+        lines.append(f"{i:>2}  {p.name:44} {p.step_seconds:9.3f} {p.mfu * 100:5.1f}% "
+                     f"{p.memory_bytes / 2**30:9.2f} {p.comm_bytes / 1e9:9.2f}")
+    return "\n".join(lines)
+
+
+def explain(plan: Plan) -> str:
+    """Where the chosen plan's step goes: compute, recomputation, exposed
+    communication per axis, pipeline bubble, host overhead."""
+    e = plan.estimate
+    rows = [("compute (without recomputation)", e["compute_seconds"] - e["recompute_seconds"]),
+            ("recomputation", e["recompute_seconds"])]
+    rows += [(f"exposed communication over {axis}", s)
+             for axis, s in sorted(e["exposed_comm_seconds"].items())]
+    rows += [("pipeline bubble", e["bubble_seconds"]), ("host overhead", e["overhead_seconds"])]
+    total = e["step_seconds"]
+    out = [f"{plan.name}: {total:.3f} s per step, MFU {e['mfu'] * 100:.1f} %"]
+    for what, s in rows:
+        out.append(f"  {what:36} {s:9.4f} s  {s / total * 100 if total else 0:5.1f} %")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    from .models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+    ap = argparse.ArgumentParser(prog="python -m ernie.autoplan",
+                                 description="The best parallel plans for a Llama on a cluster")
+    ap.add_argument("--cluster", default="dgx_h100",
+                    help=f"a shipped cluster ({', '.join(_cost.clusters())}) or a JSON file")
+    ap.add_argument("--hf-config", help="a Hugging Face Llama config.json")
+    ap.add_argument("--llama", default="", help="LlamaConfig fields: key=value,...")
+    ap.add_argument("--global-batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--ranks", type=int)
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--memory-fraction", type=float, default=0.9)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    fields = {}
+    if a.hf_config:
+        with open(a.hf_config) as f:
+            fields.update(config_from_hf(json.load(f)))
+    for item in filter(None, a.llama.split(",")):
+        key, _, value = item.partition("=")
+        fields[key] = value if key == "dtype" else json.loads(value)
+    fields.setdefault("dtype", "bf16")
+    with abstract():
+        model = LlamaForCausalLM(LlamaConfig(**fields))
+    try:
+        plans = auto_plan(model, cluster=a.cluster, global_batch=a.global_batch, seq_len=a.seq,
+                          ranks=a.ranks, top=a.top, memory_fraction=a.memory_fraction,
+                          verbose=a.verbose)
+    except NothingFits as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_table(plans))
+    print()
+    print(explain(plans[0]))
+    s = auto_plan.last_search
+    print(f"\n{s['candidates']} candidates fit, {s['compiles']} abstract compiles, "
+          f"{s['seconds']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
