@@ -450,7 +450,7 @@ namespace {
 struct FunctionCost {
   double seconds = 0, compute = 0, recompute = 0;
   std::map<std::string, double> comm, exposed, byOp;
-  double modelFlops = 0;
+  double modelFlops = 0, recomputeFlops = 0;
   std::map<std::string, double> gemmFlops; // per operand type, for MFU
   int64_t sendBytes = 0;                   // pipeline stage boundaries
 };
@@ -533,6 +533,7 @@ private:
       out.byOp[op.getName().getStringRef().str()] += t;
       if (op.hasAttr(ErnieDialect::kRecomputedAttrName)) {
         out.recompute += t;
+        out.recomputeFlops += double(cost.getFlops());
         continue;
       }
       out.modelFlops += double(cost.getFlops());
@@ -606,6 +607,7 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
     accumulate(step, f, 1, gemmFlops);
     step.stepSeconds = f.seconds;
     step.modelFlops = f.modelFlops * double(step.ranks);
+    step.recomputeFlops = f.recomputeFlops * double(step.ranks);
   } else {
     const PipelineInfo &info = **pipeline;
     if (!info.isScheduled() || !info.rankSteps)
@@ -656,11 +658,15 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
         worst = end + update[r].seconds, critical = r;
       flops += update[r].modelFlops;
     }
-    for (int64_t c = 0; c < chunks; ++c)
+    double recomputed = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
       flops += (forward[c].modelFlops + backward[c].modelFlops) *
                double(shape.microBatches);
+      recomputed += backward[c].recomputeFlops * double(shape.microBatches);
+    }
     step.stepSeconds = worst;
     step.modelFlops = flops * double(step.ranks / shape.stages);
+    step.recomputeFlops = recomputed * double(step.ranks / shape.stages);
     double m = double(shape.microBatches);
     double span = update[critical].seconds; // the critical rank's own time
     for (int64_t c = critical; c < chunks; c += shape.stages) {
@@ -730,6 +736,8 @@ llvm::json::Value cost::toJSON(const StepCost &cost) {
       {"comm_seconds", std::move(comm)},
       {"exposed_comm_seconds", std::move(exposed)},
       {"model_flops", cost.modelFlops},
+      {"recompute_flops", cost.recomputeFlops},
+      {"hfu", cost.hfu()},
       {"peak_flops", cost.peakFlops},
       {"ranks", cost.ranks},
       {"mfu", cost.mfu()}};

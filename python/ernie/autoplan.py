@@ -167,8 +167,12 @@ def _evaluate(model, c: Candidate, layers, batch, seq, cluster, optimizer_fn):
               st["activation_bytes"] + st["arena_bytes"] for st in report["stages"]] \
         if "stages" in report else [report["peak_bytes_per_rank"]]
     assert max(stages) == report["peak_bytes_per_rank"]
+    # What recomputation cannot shrink: parameters, gradients, optimizer state.
+    state = [st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"]
+             for st in report["stages"]] if "stages" in report else \
+        [report.get("model_state_bytes", 0)]
     return {"step_seconds": est["step_seconds"], "memory_bytes": max(stages),
-            "stage_bytes": stages, "comm_bytes": comm, "estimate": est}
+            "stage_bytes": stages, "state_bytes": state, "comm_bytes": comm, "estimate": est}
 
 
 def _extrapolate(one, two, per_chunk):
@@ -185,10 +189,14 @@ def _extrapolate(one, two, per_chunk):
         return b
     out = line(one, two)
     out["memory_bytes"] = max(out["stage_bytes"])
+    out["state_bytes"] = max(out["state_bytes"])
     return out
 
 
-def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max_vpp):
+def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max_vpp,
+                choices=None):
+    choices = choices or {}
+    allowed = lambda knob, v: knob not in choices or v in choices[knob]
     cfg = model.config
     heads, kv, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
     has_sp = _tp_plan(model, True) is not None
@@ -213,7 +221,10 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                     if pp > 1 and (m < pp or (vpp > 1 and m % pp)):
                         continue
                     for sp in ((False, True) if mp > 1 and has_sp else (False,)):
-                        yield Candidate(dp, mp, pp, vpp, sp, 0, "none", mbs, m)
+                        c = Candidate(dp, mp, pp, vpp, sp, 0, "none", mbs, m)
+                        if all(allowed(k, getattr(c, k)) for k in
+                               ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size")):
+                            yield c
 
 
 def _memory_knobs(c: Candidate):
@@ -231,7 +242,7 @@ def _memory_knobs(c: Candidate):
 
 def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len=None,
               ranks=None, top=5, memory_fraction=0.9, micro_batch_sizes=(1, 2, 4), max_vpp=2,
-              optimizer=None, verbose=False):
+              optimizer=None, choices=None, verbose=False):
     """The best plans for training `model` (built under ernie.nn.abstract(),
     with a `config` dataclass: Llama, ERNIE 4.5 dense) on `cluster` (a
     shipped name, a file or a dict; ernie.cost): a list of Plans, fastest
@@ -244,8 +255,12 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     `global_batch` and `seq_len`; `ranks` defaults to every device of the
     cluster; a plan fits when its peak per rank is at most
     `memory_fraction` of the device's memory. `optimizer` makes the
-    optimizer (default AdamW). Raises NothingFits with the smallest memory
-    any plan needed."""
+    optimizer (default AdamW). `choices` narrows the search: {"mp": [4, 8],
+    "pp": [8, 16], "sequence_parallel": [True], ...} (Candidate's fields).
+    Raises NothingFits with the smallest memory any plan needed.
+
+    auto_plan.last_search keeps the search: candidates that fit, compiles,
+    seconds, and `ranked` (every fitting candidate by extrapolated time)."""
     from .optimizer import AdamW
     if inputs is not None:
         shape = np.shape(inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
@@ -267,9 +282,13 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
 
     scored, closest, compiles = [], None, 0
     for base in _candidates(model, n, spec["devices_per_node"], global_batch,
-                            micro_batch_sizes, max_vpp):
+                            micro_batch_sizes, max_vpp, choices):
         chunks = base.pp * base.vpp
+        hopeless_zero, useless = set(), set()  # per structure, what cannot help
+        tried = {}
         for c in _memory_knobs(base):
+            if c.zero in hopeless_zero or c.recompute in useless:
+                continue
             try:
                 one = _evaluate(model, c, chunks, global_batch, seq_len, spec, optimizer_fn)
                 two = _evaluate(model, c, 2 * chunks, global_batch, seq_len, spec, optimizer_fn)
@@ -287,6 +306,17 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             if guess["memory_bytes"] <= limit:
                 scored.append((guess["step_seconds"], c, guess))
                 break
+            # Its state alone does not fit: no recomputation at this ZeRO
+            # level will. A recomputation that saved nothing (fused
+            # attention keeps no softmax for selective to drop) is not
+            # tried again.
+            if guess["state_bytes"] > limit:
+                hopeless_zero.add(c.zero)
+            previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
+                if c.recompute != "none" else None
+            if previous is not None and guess["memory_bytes"] >= previous:
+                useless.add(c.recompute)
+            tried[(c.zero, c.recompute)] = guess["memory_bytes"]
     if not scored:
         if closest is None:
             raise NothingFits(f"no plan of {n} ranks builds for this model and batch "
@@ -312,7 +342,8 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
                           exact["comm_bytes"], est, True, mesh, config))
     plans.sort(key=lambda p: p.step_seconds)
     auto_plan.last_search = {"candidates": len(scored), "compiles": compiles,
-                             "seconds": time.perf_counter() - started}
+                             "seconds": time.perf_counter() - started,
+                             "ranked": [(c, guess) for _, c, guess in scored]}
     return plans
 
 

@@ -460,12 +460,22 @@ class PrepareLayerOutput(PlanBase):
 _SP_PRIORITY = 1
 
 
+def _batch_dims(x, mesh):
+    """The batch dimension's split, as the inputs have it: over the
+    data-parallel axis (a constraint that left it out would gather the
+    whole batch onto every data-parallel rank)."""
+    dims = [[] for _ in x.shape]
+    if "dp" in mesh.dim_names and x.ndim and x.shape[0] % mesh.get_dim_size("dp") == 0:
+        dims[0] = ["dp"]
+    return dims
+
+
 def _sequence_split(x, mesh, mp_axis):
-    """x [batch, seq, ...] split along seq over mp."""
+    """x [batch, seq, ...] split along seq over mp (the batch over dp)."""
     from . import functional as F
     if x.ndim < 2:
         return x
-    dims = [[] for _ in x.shape]
+    dims = _batch_dims(x, mesh)
     dims[1] = [mp_axis]
     if x.shape[1] % mesh.get_dim_size(mp_axis):
         raise ValueError(f"sequence parallelism: sequence length {x.shape[1]} does not divide "
@@ -474,8 +484,9 @@ def _sequence_split(x, mesh, mp_axis):
 
 
 def _sequence_whole(x, mesh, mp_axis):
+    """x [batch, seq, ...] whole along seq (the batch over dp)."""
     from . import functional as F
-    return F.sharding_constraint(x, ("mesh", [[] for _ in x.shape], []), _SP_PRIORITY)
+    return F.sharding_constraint(x, ("mesh", _batch_dims(x, mesh), []), _SP_PRIORITY)
 
 
 def _first(out, fn):

@@ -152,10 +152,19 @@ struct StepCost {
   /// The step's FLOPs summed over every rank, without recomputation (the
   /// model FLOPs MFU counts), and the peak they are measured against.
   double modelFlops = 0, peakFlops = 0;
+  /// The FLOPs recomputation adds (hardware FLOPs = model + these).
+  double recomputeFlops = 0;
   int64_t ranks = 1;
 
   double mfu() const {
     return stepSeconds > 0 ? modelFlops / (stepSeconds * peakFlops * ranks)
+                           : 0;
+  }
+  /// Hardware FLOPs utilisation: recomputed FLOPs counted too, as
+  /// Narayanan et al. (2021) count their TFLOP/s per GPU.
+  double hfu() const {
+    return stepSeconds > 0 ? (modelFlops + recomputeFlops) /
+                                 (stepSeconds * peakFlops * ranks)
                            : 0;
   }
 };
