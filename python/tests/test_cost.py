@@ -115,3 +115,15 @@ def test_calibrated_cpu_is_a_cluster_the_model_reads():
     assert cluster["shared_processors"] >= 1
     est = abstract_program([2], ["dp"], {"dp_config": {}}).estimate(cluster)
     assert est["step_seconds"] > 0
+
+
+def test_sequence_parallel_keeps_the_batch_split_over_dp():
+    """Sequence parallelism's constraints once replicated the batch: every
+    dp rank computed the whole global batch (dp times the FLOPs, and its
+    activations). Its step does the FLOPs of plain tensor parallelism."""
+    mesh = ([2, 2], ["dp", "mp"])
+    tp = abstract_program(*mesh, {"dp_config": {}, "mp_config": {
+        "parallelize_plan": parallelize_plan()}}).estimate("dgx_h100")
+    sp = abstract_program(*mesh, {"dp_config": {}, "mp_config": {
+        "parallelize_plan": parallelize_plan(sequence_parallel=True)}}).estimate("dgx_h100")
+    assert sp["model_flops"] == pytest.approx(tp["model_flops"], rel=0.01)
