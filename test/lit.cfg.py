@@ -1,6 +1,7 @@
 # lit configuration of the ernie compiler tests.
 
 import os
+import sys
 
 import lit.formats
 from lit.llvm import llvm_config
@@ -17,6 +18,10 @@ config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "Unit", "I
 config.environment["FILECHECK_OPTS"] = "-enable-var-scope --allow-unused-prefixes=false"
 
 config.substitutions.append(("%ernie_src_root", config.ernie_src_root))
+# %allclose A B [--rtol R]: two .npy files equal within rounding (numpy).
+config.substitutions.append(
+    ("%allclose", f"{config.python_executable or sys.executable} "
+                  f"{config.test_source_root}/Inputs/allclose.py"))
 
 llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)

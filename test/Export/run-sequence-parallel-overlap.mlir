@@ -1,8 +1,11 @@
 // A sequence-parallel MLP trained three steps on mp = 4, with and without
-// the overlap pass, on threads and on Gloo processes: all four runs give
-// the same losses and weights, bit for bit (the decomposed collective
-// matmuls sum in the order the reduce-scatter does, and the engines reduce
-// in group order).
+// the overlap pass, on threads and on Gloo processes. The overlap program
+// runs bit for bit the same on both engines (they reduce in group order).
+// Against the plain program its first loss is bitwise equal and the rest
+// agree to f32 rounding: the decomposed matmuls run the GEMM on row pieces,
+// and whether a row of a GEMM comes out in the same bits at another M
+// depends on OpenBLAS's kernels (equal with its AVX-512 ones, not with its
+// AVX2 ones).
 //
 // RUN: ernie-opt %s --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline -o %t.plain.mlir
 // RUN: ernie-opt %t.plain.mlir --ernie-sequence-parallel-overlap -o %t.overlap.mlir
@@ -13,10 +16,15 @@
 // RUN: ernie-run %t.plain.ernie --steps 3 --quiet --outputs %t.out/plain
 // RUN: ernie-run %t.overlap.ernie --steps 3 --quiet --outputs %t.out/threads
 // RUN: ernie-run %t.overlap.ernie --steps 3 --quiet --backend gloo --outputs %t.out/gloo
-// RUN: cmp %t.out/plain/losses.npy %t.out/threads/losses.npy
-// RUN: cmp %t.out/plain/losses.npy %t.out/gloo/losses.npy
-// RUN: cmp %t.out/plain/w1.npy %t.out/threads/w1.npy
-// RUN: cmp %t.out/plain/w2.npy %t.out/gloo/w2.npy
+// RUN: ernie-run %t.plain.ernie --steps 1 --quiet --outputs %t.out/plain1
+// RUN: ernie-run %t.overlap.ernie --steps 1 --quiet --outputs %t.out/overlap1
+// RUN: cmp %t.out/plain1/losses.npy %t.out/overlap1/losses.npy
+// RUN: cmp %t.out/threads/losses.npy %t.out/gloo/losses.npy
+// RUN: cmp %t.out/threads/w1.npy %t.out/gloo/w1.npy
+// RUN: cmp %t.out/threads/w2.npy %t.out/gloo/w2.npy
+// RUN: %allclose %t.out/plain/losses.npy %t.out/threads/losses.npy --rtol 1e-6
+// RUN: %allclose %t.out/plain/w1.npy %t.out/threads/w1.npy --rtol 1e-6
+// RUN: %allclose %t.out/plain/w2.npy %t.out/threads/w2.npy --rtol 1e-6
 
 // The forward's gather and scatter are gone; transfers took their place.
 // CHECK-LABEL: func.func @forward_grad
