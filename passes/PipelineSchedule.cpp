@@ -395,11 +395,14 @@ void Cutter::finish(StageFunction &fn) {
 /// the gathered whole — Megatron's scatter/gather of pipeline transfers,
 /// which here also spares sending both when the chunk reads the shard
 /// too. Data flows as before (a shard moves the way its gather's result
-/// did), so the schedule's dependencies do not change.
+/// did), so the schedule's dependencies do not change. The reshapes of a
+/// gathered value partition added (one gather read in two shapes) go
+/// first, the same way, so that they do not hold the gather back.
 void Cutter::sinkGathersToReaders(ArrayRef<Operation *> ops) {
   for (Operation *op : llvm::reverse(ops)) {
     Place &at = places_[op];
-    if (!isa<AllGatherOp>(op) || op->hasAttr(ErnieDialect::kStageAttrName) ||
+    if (!isa<AllGatherOp, ReshapeOp>(op) ||
+        op->hasAttr(ErnieDialect::kStageAttrName) ||
         (at.phase != Phase::Forward && at.phase != Phase::Backward) ||
         op->use_empty())
       continue;

@@ -15,6 +15,9 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <map>
+#include <optional>
+
 #define DEBUG_TYPE "ernie-spmd-partition"
 
 namespace mlir::ernie {
@@ -645,6 +648,26 @@ LogicalResult Partitioner::checkTiles(ReshapeOp cut) {
   return success();
 }
 
+/// A partitioned signature: each argument's and result's "sharding" becomes
+/// "shard of", with the padded global shape `globalShape` gives (if any).
+static void
+markShardsOf(func::FuncOp func,
+             function_ref<Attribute(bool isResult, unsigned i)> globalShape) {
+  for (auto which :
+       {FunctionAttrEditor::Arguments, FunctionAttrEditor::Results}) {
+    FunctionAttrEditor attrs(func, which);
+    bool isResult = which == FunctionAttrEditor::Results;
+    unsigned n = isResult ? func.getNumResults() : func.getNumArguments();
+    for (unsigned i = 0; i < n; ++i)
+      if (Attribute s = attrs.get(i, kShardingAttrName)) {
+        attrs.remove(i, kShardingAttrName);
+        attrs.set(i, kShardOfAttrName, s);
+        if (Attribute shape = globalShape(isResult, i))
+          attrs.set(i, kGlobalShapeAttrName, shape);
+      }
+  }
+}
+
 LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   if (!func.getBody().hasOneBlock())
     return func.emitError("partition handles single-block functions");
@@ -731,23 +754,13 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   func.setType(FunctionType::get(func.getContext(), body.getArgumentTypes(),
                                  ret.getOperandTypes()));
-  for (unsigned i = 0; i < func.getNumArguments(); ++i)
-    if (Attribute s = func.getArgAttr(i, kShardingAttrName)) {
-      func.removeArgAttr(i, kShardingAttrName);
-      func.setArgAttr(i, kShardOfAttrName, s);
-      if (Attribute shape = paddedGlobalShape(body.getArgument(i)))
-        func.setArgAttr(i, kGlobalShapeAttrName, shape);
-    }
-  for (unsigned i = 0; i < func.getNumResults(); ++i)
-    if (Attribute s = func.getResultAttr(i, kShardingAttrName)) {
-      func.removeResultAttr(
-          i, StringAttr::get(func.getContext(), kShardingAttrName));
-      func.setResultAttr(i, kShardOfAttrName, s);
-      if (Attribute shape = paddedGlobalShape(ret.getOperand(i)))
-        func.setResultAttr(i, kGlobalShapeAttrName, shape);
-    }
+  markShardsOf(func, [&](bool isResult, unsigned i) {
+    return paddedGlobalShape(isResult ? ret.getOperand(i)
+                                      : Value(body.getArgument(i)));
+  });
   return success();
 }
+
 
 /// The global shape of `local` when padding makes it more than the local
 /// shape times the parts (the program file records it), else null.
@@ -784,10 +797,6 @@ LogicalResult Partitioner::partitionDeclaration(func::FuncOp func) {
     if (failed(local))
       return failure();
     inputs.push_back(*local);
-    if (s) {
-      func.removeArgAttr(i, kShardingAttrName);
-      func.setArgAttr(i, kShardOfAttrName, s);
-    }
   }
   for (auto [i, type] : llvm::enumerate(func.getResultTypes())) {
     auto s = func.getResultAttrOfType<ShardingAttr>(i, kShardingAttrName);
@@ -795,12 +804,8 @@ LogicalResult Partitioner::partitionDeclaration(func::FuncOp func) {
     if (failed(local))
       return failure();
     results.push_back(*local);
-    if (s) {
-      func.removeResultAttr(
-          i, StringAttr::get(func.getContext(), kShardingAttrName));
-      func.setResultAttr(i, kShardOfAttrName, s);
-    }
   }
+  markShardsOf(func, [](bool, unsigned) { return Attribute(); });
   func.setType(FunctionType::get(func.getContext(), inputs, results));
   return success();
 }
@@ -829,8 +834,94 @@ struct SpmdPartitionPass
     Partitioner partitioner(module, MeshShape::get(*meshes.begin()));
     if (failed(partitioner.run()))
       return signalPassFailure();
-    for (auto fn : module.getOps<func::FuncOp>())
+    for (auto fn : module.getOps<func::FuncOp>()) {
       regatherForBackward(fn);
+      reuseGathers(fn);
+    }
+  }
+
+  /// The dimension of `reshape`'s input that its result dimension `dim` is,
+  /// when the reshape keeps that dimension whole (it merges or splits only
+  /// the dimensions before it, and those after it); else none.
+  static std::optional<int64_t> wholeDimThrough(ReshapeOp reshape,
+                                                int64_t dim) {
+    auto in = cast<RankedTensorType>(reshape.getInput().getType());
+    auto out = cast<RankedTensorType>(reshape.getType());
+    int64_t before = 1;
+    for (int64_t d = 0; d < dim; ++d)
+      before *= out.getDimSize(d);
+    int64_t prefix = 1;
+    for (int64_t k = 0; k < in.getRank(); ++k) {
+      if (prefix == before && in.getDimSize(k) == out.getDimSize(dim))
+        return k;
+      prefix *= in.getDimSize(k);
+    }
+    return std::nullopt;
+  }
+
+  /// The pipeline stage (`ernie.stage`) of every op that reads `gather`,
+  /// through the reshapes partition added; a null attribute when none has
+  /// one (no pipeline), none when they are on several stages.
+  static std::optional<Attribute> readersStage(AllGatherOp gather) {
+    std::optional<Attribute> stage;
+    SmallVector<Operation *> readers(gather->getUsers());
+    while (!readers.empty()) {
+      Operation *reader = readers.pop_back_val();
+      Attribute mine = reader->getAttr(ErnieDialect::kStageAttrName);
+      if (!mine && isa<ReshapeOp>(reader)) {
+        llvm::append_range(readers, reader->getUsers());
+        continue;
+      }
+      if (stage && *stage != mine)
+        return std::nullopt;
+      stage = mine;
+    }
+    return stage.value_or(Attribute());
+  }
+
+  /// A gather of a reshaped value is the reshaped gather of the value when
+  /// the reshape keeps the gathered dimension whole: the backward of a
+  /// row-parallel layer reads its output gradient as [b, s, h] for the data
+  /// gradient and as [b * s, h] for the weight gradient, and gathers it
+  /// once. Gathers on the two sides of the loss stay apart (the backward's
+  /// own gather is regatherForBackward's memory trade).
+  static void reuseGathers(func::FuncOp fn) {
+    if (fn.isDeclaration())
+      return;
+    Operation *loss = getLocalLossOp(fn);
+    using Key = std::tuple<const void *, int64_t, const void *, const void *,
+                           const void *, bool>;
+    std::map<Key, AllGatherOp> first;
+    for (auto gather :
+         llvm::make_early_inc_range(fn.getBody().front().getOps<AllGatherOp>())) {
+      Value root = gather.getInput();
+      int64_t dim = gather.getDim();
+      while (auto reshape = root.getDefiningOp<ReshapeOp>()) {
+        std::optional<int64_t> inner = wholeDimThrough(reshape, dim);
+        if (!inner)
+          break;
+        root = reshape.getInput();
+        dim = *inner;
+      }
+      bool backward = loss && loss->isBeforeInBlock(gather);
+      std::optional<Attribute> stage = readersStage(gather);
+      if (!stage)
+        continue; // read on several pipeline stages: each gathers its own
+      Key key{root.getAsOpaquePointer(), dim,
+              gather.getMeshAttr().getAsOpaquePointer(),
+              gather.getAxesAttr().getAsOpaquePointer(),
+              stage->getAsOpaquePointer(), backward};
+      auto [it, inserted] = first.try_emplace(key, gather);
+      if (inserted)
+        continue;
+      Value reused = it->second.getResult();
+      if (reused.getType() != gather.getType()) {
+        OpBuilder b(gather);
+        reused = ReshapeOp::create(b, gather.getLoc(), gather.getType(), reused);
+      }
+      gather.getResult().replaceAllUsesWith(reused);
+      gather.erase();
+    }
   }
 
   /// A value all-gathered in the forward and read again in the backward

@@ -305,3 +305,129 @@ OpFoldResult ConcatOp::fold(FoldAdaptor) {
 OpFoldResult ShardSliceOp::fold(FoldAdaptor adaptor) {
   return reshapeSplat(adaptor.getInput(), getType());
 }
+
+namespace {
+/// Whether every use of `value` is a shard_slice taking the same piece as
+/// `slice` (same group, dimension, shift and type): then whatever computes
+/// `value` may compute just that piece.
+bool onlySlicedLike(Value value, ShardSliceOp slice) {
+  return llvm::all_of(value.getUsers(), [&](Operation *user) {
+    auto other = dyn_cast<ShardSliceOp>(user);
+    return other && other.getMesh() == slice.getMesh() &&
+           other.getAxes() == slice.getAxes() &&
+           other.getDim() == slice.getDim() &&
+           other.getShift() == slice.getShift() &&
+           other.getType() == slice.getType();
+  });
+}
+
+/// `slice`'s piece of `value` (same group, dimension and shift), a value of
+/// `value`'s element type.
+Value slicedLike(PatternRewriter &rewriter, ShardSliceOp slice, Value value,
+                 int64_t dim) {
+  auto type = cast<RankedTensorType>(value.getType());
+  SmallVector<int64_t> shape(type.getShape());
+  shape[dim] = slice.getType().getDimSize(slice.getDim());
+  return ShardSliceOp::create(
+      rewriter, slice.getLoc(),
+      RankedTensorType::get(shape, type.getElementType()), value,
+      slice.getMeshAttr(), slice.getAxesAttr(),
+      rewriter.getI64IntegerAttr(dim), slice.getShiftAttr());
+}
+
+/// Replaces every slice of `producer`'s result (all alike) by `local`.
+void replaceSlices(PatternRewriter &rewriter, Operation *producer,
+                   Value local) {
+  for (Operation *user :
+       llvm::make_early_inc_range(producer->getResult(0).getUsers()))
+    rewriter.replaceOp(user, local);
+  rewriter.eraseOp(producer);
+}
+
+/// slice(f(a, b, ...)) -> f(slice(a), slice(b), ...) for an elementwise f
+/// whose result is only ever sliced this way: the same elements, computed on
+/// 1/n of the data (a norm's gradient computed whole and then cut to the
+/// rank's hidden piece; it also exposes the all-reduce at its root).
+struct SliceElementwiseOperands : OpRewritePattern<ShardSliceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ShardSliceOp slice,
+                                PatternRewriter &rewriter) const override {
+    Operation *producer = slice.getInput().getDefiningOp();
+    if (!producer || producer->getNumResults() != 1 ||
+        producer->getNumRegions() != 0 ||
+        !producer->hasTrait<OpTrait::Elementwise>() || !isPure(producer) ||
+        producer->getNumOperands() == 0)
+      return failure();
+    ArrayRef<int64_t> shape = slice.getInput().getType().getShape();
+    for (Value operand : producer->getOperands()) {
+      auto type = dyn_cast<RankedTensorType>(operand.getType());
+      if (!type || type.getShape() != shape)
+        return failure();
+    }
+    if (!onlySlicedLike(slice.getInput(), slice))
+      return failure();
+    rewriter.setInsertionPoint(producer);
+    SmallVector<Value> operands;
+    for (Value operand : producer->getOperands())
+      operands.push_back(slicedLike(rewriter, slice, operand, slice.getDim()));
+    Operation *local = rewriter.clone(*producer);
+    local->setOperands(operands);
+    local->getResult(0).setType(slice.getType());
+    replaceSlices(rewriter, producer, local->getResult(0));
+    return success();
+  }
+};
+
+/// slice(broadcast(x)) -> broadcast(slice(x)), or broadcast(x) straight to
+/// the piece where the sliced dimension is new or expanded from size 1.
+struct SliceBroadcastInput : OpRewritePattern<ShardSliceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ShardSliceOp slice,
+                                PatternRewriter &rewriter) const override {
+    auto broadcast = slice.getInput().getDefiningOp<BroadcastOp>();
+    if (!broadcast || !onlySlicedLike(broadcast.getResult(), slice))
+      return failure();
+    rewriter.setInsertionPoint(broadcast);
+    Value input = broadcast.getInput();
+    auto inputType = cast<RankedTensorType>(input.getType());
+    for (auto [k, d] : llvm::enumerate(broadcast.getDims()))
+      if (d == static_cast<int64_t>(slice.getDim()) &&
+          inputType.getDimSize(k) != 1)
+        input = slicedLike(rewriter, slice, input, k);
+    Operation *local = rewriter.clone(*broadcast); // its marks too
+    local->setOperand(0, input);
+    local->getResult(0).setType(slice.getType());
+    replaceSlices(rewriter, broadcast, local->getResult(0));
+    return success();
+  }
+};
+
+/// slice(all_reduce(x)) over the same axes -> reduce_scatter(x): each rank
+/// receives only the piece it keeps. The engines reduce both in group
+/// order, so the piece has the same bits.
+struct ReduceScatterSlicedAllReduce : OpRewritePattern<ShardSliceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ShardSliceOp slice,
+                                PatternRewriter &rewriter) const override {
+    auto reduce = slice.getInput().getDefiningOp<AllReduceOp>();
+    if (!reduce || slice.getShift() != 0 ||
+        reduce.getMesh() != slice.getMesh() ||
+        reduce.getAxes() != slice.getAxes() ||
+        !onlySlicedLike(reduce.getResult(), slice))
+      return failure();
+    rewriter.setInsertionPoint(reduce);
+    Value local = ReduceScatterOp::create(
+        rewriter, reduce.getLoc(), slice.getType(), reduce.getInput(),
+        reduce.getMeshAttr(), reduce.getAxesAttr(), slice.getDimAttr(),
+        reduce.getKindAttr());
+    replaceSlices(rewriter, reduce, local);
+    return success();
+  }
+};
+} // namespace
+
+void ShardSliceOp::getCanonicalizationPatterns(RewritePatternSet &results,
+                                               MLIRContext *context) {
+  results.add<SliceElementwiseOperands, SliceBroadcastInput,
+              ReduceScatterSlicedAllReduce>(context);
+}

@@ -117,3 +117,32 @@ func.func @calls_external(%x: tensor<8x4xf32> {ernie.sharding = #ernie.sharding<
   %4 = ernie.add %1, %3 {ernie.shardings = [#ernie.sharding<@mesh, [{dp}, {}]>]} : tensor<8x4xf32>
   return %4 : tensor<8x4xf32>
 }
+
+// -----
+
+// A row-parallel layer's backward reads its output gradient as [b, s, h]
+// (data gradient) and as [b * s, h] (weight gradient): the hidden-split
+// gradient is gathered once and the second read is a reshape of that
+// gather. A reshape that merges the gathered dimension with another keeps
+// its own gather.
+ernie.mesh @mesh(mp = 4)
+// CHECK-LABEL: func.func @one_gather_through_reshapes
+// CHECK-SAME: (%[[G:.+]]: tensor<2x4x2xf32> {{.+}}, %[[W:.+]]: tensor<8x8xf32> {{.+}}, %[[H:.+]]: tensor<2x1x8xf32>
+// CHECK: %[[A:.+]] = ernie.all_gather %[[G]] over @mesh[mp] dim = 2 : tensor<2x4x2xf32> -> tensor<2x4x8xf32>
+// CHECK: %[[R:.+]] = ernie.reshape %[[A]] : tensor<2x4x8xf32> -> tensor<8x8xf32>
+// CHECK: ernie.matmul %[[R]]
+// CHECK: ernie.all_gather %[[H]] over @mesh[mp] dim = 1 : tensor<2x1x8xf32> -> tensor<2x4x8xf32>
+// CHECK: %[[F:.+]] = ernie.reshape %[[H]] : tensor<2x1x8xf32> -> tensor<2x8xf32>
+// CHECK: ernie.all_gather %[[F]] over @mesh[mp] dim = 1 : tensor<2x8xf32> -> tensor<2x32xf32>
+// CHECK-NOT: all_gather
+func.func @one_gather_through_reshapes(%g: tensor<2x4x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {}, {mp}]>}, %w: tensor<8x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {}]>}, %h: tensor<2x4x8xf32> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}, {}]>}) -> (tensor<2x4x8xf32>, tensor<8x8xf32>, tensor<2x4x8xf32>, tensor<2x32xf32>) {
+  %0 = ernie.reshard %g <@mesh, [{}, {}, {}]> : tensor<2x4x8xf32>
+  %1 = ernie.matmul %0, %w {ernie.shardings = [#ernie.sharding<@mesh, [{}, {}, {}]>]} : tensor<2x4x8xf32>, tensor<8x8xf32> -> tensor<2x4x8xf32>
+  %2 = ernie.reshape %g {ernie.shardings = [#ernie.sharding<@mesh, [{}, {mp}]>]} : tensor<2x4x8xf32> -> tensor<8x8xf32>
+  %3 = ernie.reshard %2 <@mesh, [{}, {}]> : tensor<8x8xf32>
+  %4 = ernie.matmul %3, %w {ernie.shardings = [#ernie.sharding<@mesh, [{}, {}]>]} : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %5 = ernie.reshard %h <@mesh, [{}, {}, {}]> : tensor<2x4x8xf32>
+  %6 = ernie.reshape %h {ernie.shardings = [#ernie.sharding<@mesh, [{}, {mp}]>]} : tensor<2x4x8xf32> -> tensor<2x32xf32>
+  %7 = ernie.reshard %6 <@mesh, [{}, {}]> : tensor<2x32xf32>
+  return %1, %4, %5, %7 : tensor<2x4x8xf32>, tensor<8x8xf32>, tensor<2x4x8xf32>, tensor<2x32xf32>
+}

@@ -1141,8 +1141,12 @@ def Ernie_ShardSliceOp : Ernie_CollectiveOp<"shard_slice", [Pure]> {
     $input `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim
     (`shift` `=` $shift^)? attr-dict `:` type($input) `->` type($result)
   }];
-  // Every piece of a splat is the same splat.
+  // Every piece of a splat is the same splat. Canonicalization moves the
+  // slice before elementwise ops and broadcasts whose every use is the same
+  // slice (they then compute 1/n of the elements), and turns the slice of
+  // an all-reduce over the same axes into a reduce-scatter (1/2 the bytes).
   let hasFolder = 1;
+  let hasCanonicalizer = 1;
 }
 
 def Ernie_ShardInsertOp : Ernie_CollectiveOp<"shard_insert",
