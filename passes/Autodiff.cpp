@@ -250,10 +250,12 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
   gradFn.setType(FunctionType::get(gradFn.getContext(),
                                    body.getArgumentTypes(), resultTypes));
   gradFn.removeResAttrsAttr(); // The forward's result attributes do not apply.
-  gradFn.setResultAttr(0, ErnieDialect::kLossAttrName,
-                       UnitAttr::get(gradFn.getContext()));
-  for (auto [i, name] : llvm::enumerate(names))
-    gradFn.setResultAttr(i + 1, kGradOfAttrName, name);
+  {
+    FunctionAttrEditor attrs(gradFn, FunctionAttrEditor::Results);
+    attrs.set(0, ErnieDialect::kLossAttrName, UnitAttr::get(gradFn.getContext()));
+    for (auto [i, name] : llvm::enumerate(names))
+      attrs.set(i + 1, kGradOfAttrName, name);
+  }
   return gradFn;
 }
 
@@ -543,25 +545,29 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   for (Value v : results)
     resultTypes.push_back(v.getType());
   train.setType(b.getFunctionType(inputs, resultTypes));
-  train.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
-  for (auto [k, i] : llvm::enumerate(paramIdx)) {
-    train.setResultAttr(1 + k, ErnieDialect::kUpdatesAttrName, b.getStringAttr(paramName(i)));
-    if (ShardingAttr layout = layoutOf(i))
-      train.setResultAttr(1 + k, kShardingAttrName, layout);
-  }
-  for (auto [k, slot] : llvm::enumerate(slots)) {
-    train.setResultAttr(1 + nParams + k, ErnieDialect::kUpdatesAttrName,
-                        b.getStringAttr(paramName(slot.param) + ":" +
-                                        slot.name));
-    if (ShardingAttr layout = layoutOf(slot.param))
-      train.setResultAttr(1 + nParams + k, kShardingAttrName, layout);
-  }
-  for (unsigned r = 0; r < nUpdates; ++r) {
-    train.setResultAttr(1 + nParams + nSlots + r, ErnieDialect::kUpdatesAttrName,
-                        forward.getResultAttr(1 + r, ErnieDialect::kUpdatesAttrName));
-    // Only the step updates state: called alone, the forward computes the
-    // new values and leaves the state as it is.
-    forward.removeResultAttr(1 + r, StringAttr::get(ctx, ErnieDialect::kUpdatesAttrName));
+  {
+    FunctionAttrEditor attrs(train, FunctionAttrEditor::Results);
+    FunctionAttrEditor forwardAttrs(forward, FunctionAttrEditor::Results);
+    attrs.set(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
+    for (auto [k, i] : llvm::enumerate(paramIdx)) {
+      attrs.set(1 + k, ErnieDialect::kUpdatesAttrName,
+                b.getStringAttr(paramName(i)));
+      if (ShardingAttr layout = layoutOf(i))
+        attrs.set(1 + k, kShardingAttrName, layout);
+    }
+    for (auto [k, slot] : llvm::enumerate(slots)) {
+      attrs.set(1 + nParams + k, ErnieDialect::kUpdatesAttrName,
+                b.getStringAttr(paramName(slot.param) + ":" + slot.name));
+      if (ShardingAttr layout = layoutOf(slot.param))
+        attrs.set(1 + nParams + k, kShardingAttrName, layout);
+    }
+    for (unsigned r = 0; r < nUpdates; ++r) {
+      attrs.set(1 + nParams + nSlots + r, ErnieDialect::kUpdatesAttrName,
+                forwardAttrs.get(1 + r, ErnieDialect::kUpdatesAttrName));
+      // Only the step updates state: called alone, the forward computes
+      // the new values and leaves the state as it is.
+      forwardAttrs.remove(1 + r, ErnieDialect::kUpdatesAttrName);
+    }
   }
 
   // Evaluation: the forward alone.

@@ -490,15 +490,17 @@ LogicalResult Propagator::materialize() {
   module.walk([&](func::FuncOp func) {
     if (func.isDeclaration())
       return;
+    FunctionAttrEditor args(func, FunctionAttrEditor::Arguments);
     for (unsigned i = 0; i < func.getNumArguments(); ++i)
       if (ShardingAttr s = get(func.getArgument(i)))
-        func.setArgAttr(i, kShardingAttrName, s);
+        args.set(i, kShardingAttrName, s);
+    FunctionAttrEditor results(func, FunctionAttrEditor::Results);
     auto ret = cast<func::ReturnOp>(func.getBody().back().getTerminator());
     for (unsigned i = 0; i < func.getNumResults(); ++i) {
       if (resultSpecs.count({func, i}))
         continue;
       if (ShardingAttr s = get(ret.getOperand(i)))
-        func.setResultAttr(i, kShardingAttrName, dropPartial(s));
+        results.set(i, kShardingAttrName, dropPartial(s));
     }
   });
 

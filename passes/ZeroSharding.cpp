@@ -68,6 +68,7 @@ struct ZeroShardingPass
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    paramArgs.clear();
     if (level < 1 || level > 3) {
       module.emitError() << "ZeRO level must be 1, 2 or 3, not "
                          << static_cast<unsigned>(level);
@@ -103,6 +104,8 @@ struct ZeroShardingPass
 
     // Which states to split: slots from level 1, parameters at level 3.
     llvm::StringMap<ShardingAttr> placed;
+    FunctionAttrEditor stepArgs(step, FunctionAttrEditor::Arguments);
+    args = &stepArgs;
     for (unsigned i = 0; i < step.getNumArguments(); ++i) {
       DictionaryAttr attrs = step.getArgAttrDict(i);
       StringAttr name;
@@ -119,7 +122,7 @@ struct ZeroShardingPass
       // slots' split.
       if (!name && attrs && attrs.get(ErnieDialect::kParamAttrName)) {
         ShardingAttr kept = currentSharding(attrs, type);
-        step.setArgAttr(i, kShardingAttrName, kept);
+        stepArgs.set(i, kShardingAttrName, kept);
         placed[attrs.getAs<StringAttr>(ErnieDialect::kParamAttrName).getValue()] = kept;
         continue;
       }
@@ -144,15 +147,18 @@ struct ZeroShardingPass
                     : " or is free to split unevenly");
         continue;
       }
-      step.setArgAttr(i, kShardingAttrName, split);
+      stepArgs.set(i, kShardingAttrName, split);
       placed[name.getValue()] = split;
     }
     // The results that carry those states to the next step, laid out alike.
-    for (unsigned i = 0; i < step.getNumResults(); ++i)
-      if (auto updates = step.getResultAttrOfType<StringAttr>(
-              i, ErnieDialect::kUpdatesAttrName))
-        if (ShardingAttr s = placed.lookup(updates.getValue()))
-          step.setResultAttr(i, kShardingAttrName, s);
+    {
+      FunctionAttrEditor results(step, FunctionAttrEditor::Results);
+      for (unsigned i = 0; i < step.getNumResults(); ++i)
+        if (auto updates =
+                results.getAs<StringAttr>(i, ErnieDialect::kUpdatesAttrName))
+          if (ShardingAttr s = placed.lookup(updates.getValue()))
+            results.set(i, kShardingAttrName, s);
+    }
     // Every other public function taking the parameters (@eval_step; not
     // the gradient the step calls, which propagation lays out from the
     // call) takes them as the step keeps them: the runtime stores one
@@ -168,13 +174,13 @@ struct ZeroShardingPass
       if (fn == step || fn.isPrivate() || fn.isExternal() ||
           called.contains(fn))
         continue;
+      FunctionAttrEditor fnArgs(fn, FunctionAttrEditor::Arguments);
       for (unsigned i = 0; i < fn.getNumArguments(); ++i)
-        if (auto p = fn.getArgAttrOfType<StringAttr>(
-                i, ErnieDialect::kParamAttrName))
+        if (auto p = fnArgs.getAs<StringAttr>(i, ErnieDialect::kParamAttrName))
           if (ShardingAttr s = placed.lookup(p.getValue());
               s && s.getRank() == cast<RankedTensorType>(
                                       fn.getArgumentTypes()[i]).getRank())
-            fn.setArgAttr(i, kShardingAttrName, s);
+            fnArgs.set(i, kShardingAttrName, s);
     }
 
     // Gradients: whole at level 1 (all-reduced), shards from level 2 on:
@@ -188,8 +194,9 @@ struct ZeroShardingPass
       auto grad = module.lookupSymbol<func::FuncOp>(call.getCallee());
       if (!grad)
         return;
+      FunctionAttrEditor results(grad, FunctionAttrEditor::Results);
       for (unsigned i = 0; i < grad.getNumResults(); ++i) {
-        auto of = grad.getResultAttrOfType<StringAttr>(i, "ernie.grad_of");
+        auto of = results.getAs<StringAttr>(i, "ernie.grad_of");
         auto type = dyn_cast<RankedTensorType>(grad.getResultTypes()[i]);
         if (!of || !type)
           continue;
@@ -198,26 +205,36 @@ struct ZeroShardingPass
           continue;
         // (At level 3 the parameter is already split: its layout is kept.)
         if (ShardingAttr split = splitOver(param, type, mesh, axis))
-          grad.setResultAttr(i, kShardingAttrName, split);
+          results.set(i, kShardingAttrName, split);
       }
     });
   }
 
-  /// The sharding of parameter `name` as @train_step takes it.
+  /// The sharding of parameter `name` as @train_step takes it (as it is
+  /// now: the pass sets them as it goes).
   ShardingAttr paramSharding(func::FuncOp step, StringRef name,
                              FlatSymbolRefAttr meshRef) {
-    for (unsigned i = 0; i < step.getNumArguments(); ++i) {
-      auto p = step.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName);
-      if (!p || p.getValue() != name)
-        continue;
-      if (auto s = step.getArgAttrOfType<ShardingAttr>(i, kShardingAttrName))
-        return s;
-      return ShardingAttr::getReplicated(
-          &getContext(), meshRef,
-          cast<RankedTensorType>(step.getArgumentTypes()[i]).getRank());
-    }
-    return {};
+    if (paramArgs.empty())
+      for (unsigned i = 0; i < step.getNumArguments(); ++i)
+        if (auto p = step.getArgAttrOfType<StringAttr>(
+                i, ErnieDialect::kParamAttrName))
+          paramArgs.try_emplace(p.getValue(), i);
+    auto it = paramArgs.find(name);
+    if (it == paramArgs.end())
+      return {};
+    unsigned i = it->second;
+    if (auto s = args->getAs<ShardingAttr>(i, kShardingAttrName))
+      return s;
+    return ShardingAttr::getReplicated(
+        &getContext(), meshRef,
+        cast<RankedTensorType>(step.getArgumentTypes()[i]).getRank());
   }
+  /// Each parameter's argument of @train_step (the first, as a search
+  /// would find it), built on first use: a lookup per slot and gradient
+  /// made the pass quadratic in the model's depth.
+  llvm::StringMap<unsigned> paramArgs;
+  /// @train_step's arguments as the pass is setting them.
+  FunctionAttrEditor *args = nullptr;
 
   /// Level 1 keeps full gradients over `axis`: a constraint on every
   /// gradient the step's call returns lays it out like its parameter (whole

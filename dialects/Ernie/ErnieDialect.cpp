@@ -171,6 +171,37 @@ Operation *ErnieDialect::materializeConstant(OpBuilder &builder,
   return ConstantOp::create(builder, loc, type, elements);
 }
 
+FunctionAttrEditor::FunctionAttrEditor(func::FuncOp fn, Which which)
+    : fn(fn), which(which) {
+  unsigned n = which == Arguments ? fn.getNumArguments() : fn.getNumResults();
+  for (unsigned i = 0; i < n; ++i)
+    lists.emplace_back(which == Arguments ? fn.getArgAttrDict(i)
+                                          : fn.getResultAttrDict(i));
+}
+
+void FunctionAttrEditor::set(unsigned i, StringRef name, Attribute value) {
+  lists[i].set(name, value);
+  dirty = true;
+}
+
+void FunctionAttrEditor::remove(unsigned i, StringRef name) {
+  if (lists[i].erase(name))
+    dirty = true;
+}
+
+void FunctionAttrEditor::commit() {
+  if (!dirty)
+    return;
+  SmallVector<DictionaryAttr> dicts;
+  for (NamedAttrList &list : lists)
+    dicts.push_back(list.getDictionary(fn.getContext()));
+  if (which == Arguments)
+    fn.setAllArgAttrs(dicts);
+  else
+    fn.setAllResultAttrs(dicts);
+  dirty = false;
+}
+
 Operation *mlir::ernie::getLocalLossOp(func::FuncOp fn) {
   if (fn.isExternal())
     return nullptr;

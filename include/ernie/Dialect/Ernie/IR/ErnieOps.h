@@ -29,6 +29,34 @@ int64_t getElementByteSize(Type element);
 /// at the return; null when no result is a loss or a call computes it.
 Operation *getLocalLossOp(func::FuncOp fn);
 
+/// A function's argument (or result) attributes, edited in bulk. Each
+/// FuncOp::setArgAttr builds a new array of every argument's dictionary, so
+/// a loop of them over a model's thousands of parameters is quadratic in
+/// its depth; this keeps the dictionaries as lists and writes the array
+/// once, in commit() (or when it goes out of scope). While it is open, read
+/// through it: the function's own attributes lag until the commit.
+class FunctionAttrEditor {
+public:
+  enum Which { Arguments, Results };
+  FunctionAttrEditor(func::FuncOp fn, Which which);
+  ~FunctionAttrEditor() { commit(); }
+  Attribute get(unsigned i, StringRef name) const {
+    return lists[i].get(name);
+  }
+  template <typename T> T getAs(unsigned i, StringRef name) const {
+    return llvm::dyn_cast_or_null<T>(get(i, name));
+  }
+  void set(unsigned i, StringRef name, Attribute value);
+  void remove(unsigned i, StringRef name);
+  void commit();
+
+private:
+  func::FuncOp fn;
+  Which which;
+  SmallVector<NamedAttrList> lists;
+  bool dirty = false;
+};
+
 /// Fails with "zero-size dimension" on the first operand or result of `op`
 /// that is a tensor with a dimension of size 0: ernie tensors have none.
 LogicalResult verifyNoZeroSizeTensors(Operation *op);
