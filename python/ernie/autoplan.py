@@ -356,20 +356,58 @@ def format_table(plans, ranks_of_published=None) -> str:
     return "\n".join(lines)
 
 
-def explain(plan: Plan) -> str:
-    """Where the chosen plan's step goes: compute, recomputation, exposed
-    communication per axis, pipeline bubble, host overhead."""
-    e = plan.estimate
-    rows = [("compute (without recomputation)", e["compute_seconds"] - e["recompute_seconds"]),
+def breakdown(estimate: dict) -> list:
+    """Where a step goes, as (part, seconds): compute without recomputation,
+    recomputation, exposed communication per mesh axis, the pipeline
+    bubble, host overhead. The parts add up to the step."""
+    e = estimate
+    rows = [("compute", e["compute_seconds"] - e["recompute_seconds"]),
             ("recomputation", e["recompute_seconds"])]
     rows += [(f"exposed communication over {axis}", s)
              for axis, s in sorted(e["exposed_comm_seconds"].items())]
     rows += [("pipeline bubble", e["bubble_seconds"]), ("host overhead", e["overhead_seconds"])]
+    return rows
+
+
+def explain(plan: Plan) -> str:
+    """The chosen plan's step, part by part (breakdown), as a table."""
+    e = plan.estimate
     total = e["step_seconds"]
     out = [f"{plan.name}: {total:.3f} s per step, MFU {e['mfu'] * 100:.1f} %"]
-    for what, s in rows:
+    for what, s in breakdown(e):
         out.append(f"  {what:36} {s:9.4f} s  {s / total * 100 if total else 0:5.1f} %")
     return "\n".join(out)
+
+
+def plot_breakdown(plans, path) -> None:
+    """Writes a PNG of the plans' steps as stacked bars, one per plan, the
+    chosen (first) on top: where each plan's time goes and why the first
+    wins. Needs matplotlib (`pip install matplotlib`)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("plot_breakdown needs matplotlib: pip install matplotlib") from e
+    parts = list(dict.fromkeys(part for p in plans for part, _ in breakdown(p.estimate)))
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(plans)))
+    rows = list(reversed(plans))  # the chosen plan on top
+    left = [0.0] * len(rows)
+    for i, part in enumerate(parts):
+        widths = [dict(breakdown(p.estimate)).get(part, 0.0) for p in rows]
+        ax.barh([p.name for p in rows], widths, left=left, color=colors(i % 10), label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    for y, p in enumerate(rows):
+        ax.text(left[y], y, f"  {p.step_seconds:.3g} s, MFU {p.mfu * 100:.1f} %",
+                va="center", fontsize=8)
+    ax.set_xlabel("predicted step time (s)")
+    ax.set_xlim(0, max(left) * 1.35 if max(left) > 0 else 1)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(plans) < 4 else -0.15),
+              ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -385,6 +423,7 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--memory-fraction", type=float, default=0.9)
+    ap.add_argument("--png", help="also write the plans' step breakdown as a PNG (matplotlib)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
     fields = {}
@@ -407,6 +446,9 @@ def main(argv=None):
     print(format_table(plans))
     print()
     print(explain(plans[0]))
+    if a.png:
+        plot_breakdown(plans, a.png)
+        print(f"\nbreakdown written to {a.png}")
     s = auto_plan.last_search
     print(f"\n{s['candidates']} candidates fit, {s['compiles']} abstract compiles, "
           f"{s['seconds']:.1f} s")

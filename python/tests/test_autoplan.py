@@ -104,3 +104,28 @@ def test_command_line_prints_the_table(capsys):
                           "num_key_value_heads=2,intermediate_size=256,vocab_size=512"]) == 0
     out = capsys.readouterr().out
     assert "MFU" in out and "per step" in out
+
+
+def test_breakdown_adds_up_and_is_drawn(tmp_path):
+    """The explanation's parts sum to the predicted step, for every plan
+    returned; the command line writes them as a PNG (stacked bars)."""
+    plans = dist.auto_plan(model(), global_batch=BATCH, seq_len=SEQ, cluster=cluster(), top=3)
+    for p in plans:
+        parts = autoplan.breakdown(p.estimate)
+        assert all(s >= 0 for _, s in parts)
+        assert sum(s for _, s in parts) == pytest.approx(p.step_seconds, rel=1e-9)
+    png = tmp_path / "breakdown.png"
+    autoplan.plot_breakdown(plans, png)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_breakdown_picture_without_matplotlib_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    plan = autoplan.Plan(autoplan.Candidate(1, 1, 1), 1.0, 0.5, 0, 0,
+                         {"compute_seconds": 1.0, "recompute_seconds": 0.0,
+                          "exposed_comm_seconds": {}, "bubble_seconds": 0.0,
+                          "overhead_seconds": 0.0}, True)
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        autoplan.plot_breakdown([plan], tmp_path / "x.png")
