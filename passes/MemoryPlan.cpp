@@ -1,6 +1,7 @@
 //===- MemoryPlan.cpp - the arena plan, recorded on the IR ------------------===//
 
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
+#include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Export/MemoryPlan.h"
 #include "ernie/Passes/Passes.h"
 
@@ -34,9 +35,11 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
       if (plan->activationBytes)
         fn->setAttr(ErnieDialect::kActivationBytesAttrName,
                     b.getI64IntegerAttr(plan->activationBytes));
+      FunctionAttrEditor args(fn, FunctionAttrEditor::Arguments);
       for (BlockArgument arg : fn.getArguments())
-        fn.setArgAttr(arg.getArgNumber(), ErnieDialect::kBufferOffsetAttrName,
-                      b.getI64IntegerAttr(offsetOf(arg)));
+        args.set(arg.getArgNumber(), ErnieDialect::kBufferOffsetAttrName,
+                 b.getI64IntegerAttr(offsetOf(arg)));
+      args.commit();
       fn.walk([&](Operation *op) {
         if (op->getNumResults() == 0)
           return;

@@ -22,10 +22,12 @@ program, exact, and its time that program's estimate.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import inspect
 import itertools
 import json
+import os
 import sys
 import time
 
@@ -120,10 +122,12 @@ def _tp_plan(model, sequence_parallel):
     return plan_fn(**kwargs)
 
 
-def _shallow(model, layers):
-    """A new abstract model of `model`'s family and config, `layers` deep."""
+def _shallow(family, layers):
+    """A new abstract model of `family` ((model class, config): Llama,
+    ERNIE 4.5), `layers` deep."""
+    model_type, config = family
     with abstract():
-        return type(model)(dataclasses.replace(model.config, num_hidden_layers=layers))
+        return model_type(dataclasses.replace(config, num_hidden_layers=layers))
 
 
 def _mesh_and_config(model, c: Candidate):
@@ -149,15 +153,16 @@ def _mesh_and_config(model, c: Candidate):
 # One candidate: compiled, estimated, measured.
 # ---------------------------------------------------------------------------
 
-def _evaluate(model, c: Candidate, layers, batch, seq, cluster, optimizer_fn):
-    """Compiles `c` abstractly with `layers` layers on the global batch (a
-    pipeline traces one micro-batch of it): its report and estimate."""
+def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
+    """Compiles `c` abstractly on a `family` model `layers` deep, on the
+    global batch (a pipeline traces one micro-batch of it): its report and
+    estimate."""
     from .compiler import compile as ernie_compile
-    shallow = _shallow(model, layers)  # fresh: parallelize marks what it plans
+    shallow = _shallow(family, layers)  # fresh: parallelize marks what it plans
     mesh, config = _mesh_and_config(shallow, c)
     ids = np.zeros((batch, seq), np.int64)
-    prog = ernie_compile(shallow, optimizer_fn(), [ids, ids], mesh=mesh, config=config or None,
-                         abstract=True)
+    prog = ernie_compile(shallow, copy.deepcopy(optimizer), [ids, ids], mesh=mesh,
+                         config=config or None, abstract=True)
     report = prog.report()
     est = prog.estimate(cluster)
     comm = sum(v["bytes"] for v in report["collectives"].values())
@@ -190,6 +195,12 @@ def _extrapolate(one, two, per_chunk):
     out = line(one, two)
     out["memory_bytes"] = max(out["stage_bytes"])
     out["state_bytes"] = max(out["state_bytes"])
+    # FLOPs and time are affine in the depth; their ratios are not.
+    e = out["estimate"]
+    capacity = e["step_seconds"] * two["estimate"]["peak_flops"] * two["estimate"]["ranks"]
+    e["peak_flops"], e["ranks"] = two["estimate"]["peak_flops"], two["estimate"]["ranks"]
+    e["mfu"] = e["model_flops"] / capacity if capacity > 0 else 0.0
+    e["hfu"] = (e["model_flops"] + e["recompute_flops"]) / capacity if capacity > 0 else 0.0
     return out
 
 
@@ -240,9 +251,75 @@ def _memory_knobs(c: Candidate):
         yield dataclasses.replace(c, zero=zero, recompute=recompute)
 
 
+def _search_structure(job):
+    """One structure (dp, mp, pp, vpp, sp, micro-batch size): its memory
+    knobs from the fastest on, until one fits. Returns (time, candidate,
+    extrapolated result) of the first that fits or None, (candidate,
+    memory) of the smallest tried, the compiles made and verbose lines."""
+    family, base, batch, seq, spec, optimizer, limit, verbose = job
+    config = family[1]
+    chunks = base.pp * base.vpp
+    hopeless_zero, useless = set(), set()  # what cannot help this structure
+    tried, closest, compiles, lines = {}, None, 0, []
+    for c in _memory_knobs(base):
+        if c.zero in hopeless_zero or c.recompute in useless:
+            continue
+        try:
+            one = _evaluate(family, c, chunks, batch, seq, spec, optimizer)
+            two = _evaluate(family, c, 2 * chunks, batch, seq, spec, optimizer)
+        except (ValueError, RuntimeError) as e:  # a combination ernie does not build
+            if verbose:
+                lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
+            continue
+        compiles += 2
+        guess = _extrapolate(one, two, config.num_hidden_layers // chunks)
+        if closest is None or guess["memory_bytes"] < closest[1]:
+            closest = (c, guess["memory_bytes"])
+        if verbose:
+            lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
+                         f"{guess['memory_bytes'] / 2**30:.1f} GiB")
+        if guess["memory_bytes"] <= limit:
+            return (guess["step_seconds"], c, guess), closest, compiles, lines
+        # Its state alone does not fit: no recomputation at this ZeRO level
+        # will. A recomputation that saved nothing (fused attention keeps no
+        # softmax for selective to drop) is not tried again.
+        if guess["state_bytes"] > limit:
+            hopeless_zero.add(c.zero)
+        previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
+            if c.recompute != "none" else None
+        if previous is not None and guess["memory_bytes"] >= previous:
+            useless.add(c.recompute)
+        tried[(c.zero, c.recompute)] = guess["memory_bytes"]
+    return None, closest, compiles, lines
+
+
+def _evaluate_job(job):
+    return _evaluate(*job)
+
+
+def _map(fn, jobs, workers):
+    """fn over jobs, in order: in `workers` processes (spawned: the
+    compiler's threads do not survive a fork), or here when there is one
+    worker or one job."""
+    import concurrent.futures
+    import multiprocessing
+    import pickle
+    workers = os.cpu_count() or 1 if workers is None else workers
+    try:  # a model class a fresh process cannot import is searched here
+        pickle.dumps(jobs[0]) if jobs else None
+    except (pickle.PicklingError, AttributeError, TypeError):
+        workers = 1
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(workers, len(jobs)),
+            mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(fn, jobs))
+
+
 def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len=None,
               ranks=None, top=5, memory_fraction=0.9, micro_batch_sizes=(1, 2, 4), max_vpp=2,
-              optimizer=None, choices=None, verbose=False):
+              optimizer=None, choices=None, verbose=False, workers=None):
     """The best plans for training `model` (built under ernie.nn.abstract(),
     with a `config` dataclass: Llama, ERNIE 4.5 dense) on `cluster` (a
     shipped name, a file or a dict; ernie.cost): a list of Plans, fastest
@@ -254,10 +331,12 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     The batch is `inputs` (token ids [global batch, sequence]) or
     `global_batch` and `seq_len`; `ranks` defaults to every device of the
     cluster; a plan fits when its peak per rank is at most
-    `memory_fraction` of the device's memory. `optimizer` makes the
-    optimizer (default AdamW). `choices` narrows the search: {"mp": [4, 8],
-    "pp": [8, 16], "sequence_parallel": [True], ...} (Candidate's fields).
-    Raises NothingFits with the smallest memory any plan needed.
+    `memory_fraction` of the device's memory. `optimizer` is the
+    optimizer to plan for (default AdamW). `choices` narrows the search:
+    {"mp": [4, 8], "pp": [8, 16], "sequence_parallel": [True], ...}
+    (Candidate's fields). `workers` processes compile candidates at once
+    (default: one per core; 1 searches in this process). Raises NothingFits
+    with the smallest memory any plan needed.
 
     auto_plan.last_search keeps the search: candidates that fit, compiles,
     seconds, and `ranked` (every fitting candidate by extrapolated time)."""
@@ -276,47 +355,24 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     if n > devices:
         raise ValueError(f"{n} ranks but the cluster has {devices} devices")
     limit = memory_fraction * spec["device"]["memory_bytes"]
-    optimizer_fn = optimizer or (lambda: AdamW(1e-4))
+    optimizer = optimizer or AdamW(1e-4)
     layers = model.config.num_hidden_layers
     started = time.perf_counter()
 
+    structures = list(_candidates(model, n, spec["devices_per_node"], global_batch,
+                                  micro_batch_sizes, max_vpp, choices))
+    family = (type(model), model.config)
+    jobs = [(family, base, global_batch, seq_len, spec, optimizer, limit, verbose)
+            for base in structures]
     scored, closest, compiles = [], None, 0
-    for base in _candidates(model, n, spec["devices_per_node"], global_batch,
-                            micro_batch_sizes, max_vpp, choices):
-        chunks = base.pp * base.vpp
-        hopeless_zero, useless = set(), set()  # per structure, what cannot help
-        tried = {}
-        for c in _memory_knobs(base):
-            if c.zero in hopeless_zero or c.recompute in useless:
-                continue
-            try:
-                one = _evaluate(model, c, chunks, global_batch, seq_len, spec, optimizer_fn)
-                two = _evaluate(model, c, 2 * chunks, global_batch, seq_len, spec, optimizer_fn)
-            except (ValueError, RuntimeError) as e:  # a combination ernie does not build
-                if verbose:
-                    print(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
-                continue
-            compiles += 2
-            guess = _extrapolate(one, two, layers // chunks)
-            if closest is None or guess["memory_bytes"] < closest[1]:
-                closest = (c, guess["memory_bytes"])
-            if verbose:
-                print(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
-                      f"{guess['memory_bytes'] / 2**30:.1f} GiB")
-            if guess["memory_bytes"] <= limit:
-                scored.append((guess["step_seconds"], c, guess))
-                break
-            # Its state alone does not fit: no recomputation at this ZeRO
-            # level will. A recomputation that saved nothing (fused
-            # attention keeps no softmax for selective to drop) is not
-            # tried again.
-            if guess["state_bytes"] > limit:
-                hopeless_zero.add(c.zero)
-            previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
-                if c.recompute != "none" else None
-            if previous is not None and guess["memory_bytes"] >= previous:
-                useless.add(c.recompute)
-            tried[(c.zero, c.recompute)] = guess["memory_bytes"]
+    for found, near, count, lines in _map(_search_structure, jobs, workers):
+        compiles += count
+        for line in lines:
+            print(line)
+        if found is not None:
+            scored.append(found)
+        if near is not None and (closest is None or near[1] < closest[1]):
+            closest = near
     if not scored:
         if closest is None:
             raise NothingFits(f"no plan of {n} ranks builds for this model and batch "
@@ -328,18 +384,19 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             f"the smallest plan, {c.name}, needs {need / 2**30:.1f} GiB per rank")
 
     scored.sort(key=lambda s: s[0])
+    # The best at full depth: exact memory (some may not fit after all).
+    finalists = [c for _, c, _ in scored[: 2 * top]]
+    exact = _map(_evaluate_job, [(family, c, layers, global_batch, seq_len, spec, optimizer)
+                                 for c in finalists], workers)
+    compiles += len(finalists)
     plans = []
-    for _, c, guess in scored[: 2 * top]:
-        if len(plans) == top:
-            break
-        exact = _evaluate(model, c, layers, global_batch, seq_len, spec, optimizer_fn)
-        compiles += 1
-        if exact["memory_bytes"] > limit:
+    for c, e in zip(finalists, exact):
+        if e["memory_bytes"] > limit or len(plans) == top:
             continue
         mesh, config = _mesh_and_config(model, c)
-        est = exact["estimate"]
-        plans.append(Plan(c, est["step_seconds"], est["mfu"], exact["memory_bytes"],
-                          exact["comm_bytes"], est, True, mesh, config))
+        est = e["estimate"]
+        plans.append(Plan(c, est["step_seconds"], est["mfu"], e["memory_bytes"],
+                          e["comm_bytes"], est, True, mesh, config))
     plans.sort(key=lambda p: p.step_seconds)
     auto_plan.last_search = {"candidates": len(scored), "compiles": compiles,
                              "seconds": time.perf_counter() - started,

@@ -17,6 +17,7 @@ runtime splits each global batch into the micro-batches itself).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter, OrderedDict, namedtuple
 
@@ -668,7 +669,7 @@ class Program:
         out = {"ranks": self.num_ranks, "functions": {},
                "gemm": _ernie.gemm_library()}  # which CPU GEMM kernels run
         axis_sizes = dict(zip(self.mesh.dim_names, self.mesh.shape)) if self.mesh else {}
-        size = lambda t: int(np.prod(t["local_shape"])) * _BYTES[t["dtype"]]
+        size = lambda t: math.prod(t["local_shape"]) * _BYTES[t["dtype"]]
         for fn, sig in self._signatures.items():
             local = lambda role: sum(size(a) for a in sig["arguments"] if a["role"] == role)
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
@@ -691,9 +692,12 @@ class Program:
                                         step["optimizer_state_bytes"])
         # What the forward keeps for the backward (the memory plan at the
         # loss of the gradient function): Korthikanti et al.'s activations.
-        planned, _ = _ernie.compile(self.mlir, "builtin.module(ernie-memory-plan)",
-                                    write_program=False)
-        for name, value in _ACTIVATION_BYTES.findall(planned):
+        activations = getattr(self, "_activation_bytes", None)
+        if activations is None:  # not from compile(): plan the module again
+            planned, _, _ = _ernie.compile(self.mlir, "builtin.module(ernie-memory-plan)",
+                                           write_program=False)
+            activations = {name: int(v) for name, v in _ACTIVATION_BYTES.findall(planned)}
+        for name, value in activations.items():
             if name in out["functions"]:
                 out["functions"][name]["activation_bytes"] = int(value)
         if "forward_grad" in out["functions"]:
@@ -737,8 +741,8 @@ def _padding(tensor, axis_sizes):
     share = 1.0
     for d, g in enumerate(tensor["global_shape"]):
         axes = tensor["sharding"][d] if d < len(tensor["sharding"]) else []
-        share *= g / int(np.prod([axis_sizes[a] for a in axes]))
-    return int(round((int(np.prod(tensor["local_shape"])) - share) * _BYTES[tensor["dtype"]]))
+        share *= g / math.prod(axis_sizes[a] for a in axes)
+    return int(round((math.prod(tensor["local_shape"]) - share) * _BYTES[tensor["dtype"]]))
 
 
 def _optimizer_description(optimizer):
@@ -908,7 +912,7 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                                  recompute_layers=recompute_layers)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
-    compiled, program_file = _ernie.compile(
+    compiled, program_file, activations = _ernie.compile(
         traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
                           overlap=bool(plan and plan.get("sequence_parallel_overlap")),
                           fp8_config=fp8_config if fp8_config is not None
@@ -920,4 +924,5 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                       seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                       trace=trace, state_values=trace_state.state_values)
     program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
+    program._activation_bytes = activations
     return program

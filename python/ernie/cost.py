@@ -112,7 +112,7 @@ def estimate(module_text: str, cluster) -> dict:
 
 
 def _session(text: str):
-    _, program = _ernie.compile(text, "")
+    _, program, _ = _ernie.compile(text, "")
     return _ernie.Session(program)
 
 
@@ -291,7 +291,7 @@ def _profile(cluster: dict, ranks: int, repeats: int) -> tuple[dict, float, floa
         # The one-rank step's module on a mesh of `ranks`: every rank runs
         # it on the same (replicated) state.
         text = program.mlir.replace("module {", f"module {{\n  ernie.mesh @shared(r = {ranks})", 1)
-        _, file = _ernie.compile(text, "")
+        _, file, _ = _ernie.compile(text, "")
         copies = compiler.Program(program.model, program.optimizer, program.traced_mlir, text,
                                   file, None, list(batch))
 

@@ -20,6 +20,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieDialect.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Export/MemoryPlan.h"
 #include "ernie/Export/ProgramFile.h"
 #include "ernie/InitAll.h"
 #include "ernie/Sharding/BuildOp.h"
@@ -386,9 +387,12 @@ private:
 
 /// Runs `pipeline` (ernie-opt's textual syntax) over the module in `text`;
 /// returns the compiled module's text and its program file.
-std::pair<std::string, py::bytes> compileModule(const std::string &text,
-                                                const std::string &pipeline,
-                                                bool writeProgram) {
+/// Runs `pipeline` over `text`: (the module's text, its program file when
+/// `writeProgram`, {function: activation bytes} — what its memory plan
+/// keeps live from the forward into the backward, for the plan report).
+std::tuple<std::string, py::bytes, py::dict>
+compileModule(const std::string &text, const std::string &pipeline,
+              bool writeProgram) {
   MLIRContext *ctx = &context();
   DiagnosticCollector diagnostics(ctx);
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, ctx);
@@ -410,12 +414,22 @@ std::pair<std::string, py::bytes> compileModule(const std::string &text,
   llvm::raw_string_ostream os(out);
   module->print(os);
   std::string program;
+  py::dict activations;
   if (writeProgram) {
     llvm::raw_string_ostream ps(program);
     if (failed(ec::writeProgramFile(*module, ps)))
       throw py::value_error(diagnostics.take("cannot write the program file"));
+    // The writer planned every function; so did this, and it is cheap next
+    // to parsing and printing the module again for the report.
+    for (auto fn : module->getOps<func::FuncOp>()) {
+      if (fn.isExternal())
+        continue;
+      FailureOr<ec::MemoryPlan> plan = ec::planMemory(fn);
+      if (succeeded(plan) && plan->activationBytes)
+        activations[py::str(fn.getName().str())] = plan->activationBytes;
+    }
   }
-  return {out, py::bytes(program)};
+  return {out, py::bytes(program), activations};
 }
 
 /// The cost model's estimate of one step of a compiled module on a cluster
