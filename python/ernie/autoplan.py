@@ -264,15 +264,18 @@ def _search_structure(job):
     for c in _memory_knobs(base):
         if c.zero in hopeless_zero or c.recompute in useless:
             continue
+        per_chunk = config.num_hidden_layers // chunks
         try:
             one = _evaluate(family, c, chunks, batch, seq, spec, optimizer)
-            two = _evaluate(family, c, 2 * chunks, batch, seq, spec, optimizer)
+            # At one layer per chunk the first compile is the model itself.
+            two = _evaluate(family, c, 2 * chunks, batch, seq, spec, optimizer) \
+                if per_chunk > 1 else one
         except (ValueError, RuntimeError) as e:  # a combination ernie does not build
             if verbose:
                 lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
             continue
-        compiles += 2
-        guess = _extrapolate(one, two, config.num_hidden_layers // chunks)
+        compiles += 2 if per_chunk > 1 else 1
+        guess = _extrapolate(one, two, per_chunk)
         if closest is None or guess["memory_bytes"] < closest[1]:
             closest = (c, guess["memory_bytes"])
         if verbose:
