@@ -498,7 +498,11 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
 
   // Sums over data parallelism at the end of a gradient commute with the
   // runtime's sum over micro-batches: they run once, in the update, instead
-  // of once per micro-batch.
+  // of once per micro-batch. Not a reduce-scatter (ZeRO-2/3's gradient):
+  // hoisted, the micro-batches' sum would be held whole, which is the
+  // memory ZeRO-2 exists to save; each micro-batch scatters its gradient
+  // and the shards are summed, as DeepSpeed's ZeRO-2 does under gradient
+  // accumulation.
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
@@ -506,13 +510,11 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
     Place &p = places_[op];
     if (p.phase != Phase::Backward)
       continue;
-    // Ops of one operand that commute with a sum: the reductions, and the
+    // Ops of one operand that commute with a sum: the all-reduces, and the
     // data movement between them (a tied weight's transposed gradient).
     bool linear = isa<AllGatherOp, TransposeOp, ReshapeOp>(op);
     if (auto ar = dyn_cast<AllReduceOp>(op))
       linear = ar.getKind() == ReduceKind::sum;
-    else if (auto rs = dyn_cast<ReduceScatterOp>(op))
-      linear = rs.getKind() == ReduceKind::sum;
     if (!linear || op->use_empty() ||
         !llvm::all_of(op->getUsers(), [&](Operation *user) {
           return places_.lookup(user).phase == Phase::Update;

@@ -89,6 +89,14 @@ public:
   void run() {
     for (bool guess : {false, true}) {
       guessing = guess;
+      // What a function's result is wanted as binds the returned value
+      // only once the function's own ops have had their say: else a
+      // gradient ZeRO wants split over dp would pull the activations of
+      // its weight-gradient matmul to that split (all-to-alls, gathers)
+      // instead of being reduce-scattered at the return.
+      if (guess)
+        for (auto [value, spec] : returnSpecs)
+          offer(value, spec, 0);
       for (int64_t level : levels)
         propagateAt(level);
     }
@@ -180,6 +188,9 @@ private:
   /// The user's sharding for each function's results.
   llvm::DenseMap<std::pair<Operation *, unsigned>, ShardingAttr> resultSpecs;
   std::set<int64_t> levels{0};
+  /// The user's sharding of each returned value, offered in the second
+  /// round (run()).
+  SmallVector<std::pair<Value, ShardingAttr>> returnSpecs;
   /// Whether open values may take factors no known tensor determines.
   bool guessing = false;
 };
@@ -263,7 +274,7 @@ LogicalResult Propagator::seed() {
           resultSpecs[{func, i}] = s;
           if (!func.isDeclaration())
             func.walk([&](func::ReturnOp ret) {
-              offer(ret.getOperand(i), s, 0);
+              returnSpecs.emplace_back(ret.getOperand(i), s);
             });
         }
       return WalkResult::advance();
@@ -325,9 +336,16 @@ bool Propagator::visit(Operation *op, int64_t level) {
       changed |= offerDerived(operand, lookup(arg, level), level);
     }
     callee.walk([&](func::ReturnOp ret) {
-      for (auto [result, value] :
-           llvm::zip(call.getResults(), ret.getOperands())) {
-        changed |= offerDerived(result, dropPartial(lookup(value, level)), level);
+      for (auto [i, result, value] :
+           llvm::enumerate(call.getResults(), ret.getOperands())) {
+        // The callee's result as its signature promises it (a ZeRO-2
+        // gradient split over dp), else as it computes it.
+        auto spec = resultSpecs.find({callee, static_cast<unsigned>(i)});
+        changed |= offerDerived(result,
+                                spec != resultSpecs.end()
+                                    ? spec->second
+                                    : dropPartial(lookup(value, level)),
+                                level);
         // What the caller wants of a result reaches the value the callee
         // returns only once the callee's own ops have had their say: a
         // gradient its producer leaves pending a sum is then all-reduced

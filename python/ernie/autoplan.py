@@ -241,8 +241,9 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
 def _memory_knobs(c: Candidate):
     """The candidate with each memory saving, the cheapest first."""
     zeros = (0, 1, 2, 3) if c.dp > 1 else (0,)
-    # ZeRO-3 regathers parameters in every micro-batch of a pipeline: it is
-    # not offered under pp (nor is ZeRO-2, whose gradients the pipeline sums).
+    # Under pp, ZeRO-3 regathers the parameters and ZeRO-2 reduce-scatters
+    # the gradients in every micro-batch (m times ZeRO-1's traffic): not
+    # offered there, as Megatron and DeepSpeed do not.
     if c.pp > 1:
         zeros = tuple(z for z in zeros if z <= 1)
     order = sorted(itertools.product(_RECOMPUTE_ORDER, zeros),

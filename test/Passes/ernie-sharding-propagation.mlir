@@ -203,3 +203,20 @@ func.func @calls_external(%x: tensor<8x4xf32> {ernie.sharding = #ernie.sharding<
   %1 = ernie.exp %0 : tensor<8x4xf32>
   return %1 : tensor<8x4xf32>
 }
+
+// -----
+
+// A weight gradient ZeRO-2 wants split over dp: the matmul over the
+// batch-split activations yields a pending sum, reduce-scattered where it
+// is returned. The result's wanted layout does not pull the activations to
+// another split (that took an all-to-all and a gather per gradient).
+ernie.mesh @mesh(dp = 2)
+// CHECK-LABEL: func.func @zero2_weight_gradient
+// CHECK-NOT: ernie.reshard %arg
+// CHECK: %[[G:.+]] = ernie.matmul {{.*}}partial = {dp = sum}
+// CHECK-NEXT: %[[S:.+]] = ernie.reshard %[[G]] <@mesh, [{dp}, {}]>
+// CHECK-NEXT: return %[[S]]
+func.func @zero2_weight_gradient(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}, %dy: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) -> (tensor<16x16xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}) {
+  %0 = ernie.matmul %x, %dy {transpose_a} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<16x16xf32>
+  return %0 : tensor<16x16xf32>
+}
