@@ -795,6 +795,14 @@ Executor::runOnDevice(const std::string &name,
     comm_.abort(message);
     throw ExecutionError(message, /*inCollective=*/false);
   }
+  try {
+    comm_.raiseAsyncError();
+  } catch (const CommunicationError &e) {
+    std::string message =
+        "rank " + std::to_string(rank_) + ": @" + name + ": " + e.what();
+    comm_.abort(message);
+    throw ExecutionError(message, /*inCollective=*/true);
+  }
   if (timed && !fn.instructions.empty())
     for (size_t i = 0; i < launched.size(); ++i) {
       float from = device_.elapsedMilliseconds(arena->timing[0], arena->timing[i]);

@@ -69,6 +69,11 @@ public:
   /// over every rank (NCCL's ncclCommSplit) make them here, in this order.
   /// The others make groups on first use and ignore it.
   virtual void prepareGroups(const std::vector<Axes> &groups) { (void)groups; }
+  /// Throws the CommunicationError of a failure found since the calls
+  /// returned — engines that enqueue work (NCCL) learn of errors, timeouts
+  /// and other ranks' aborts later. The executor calls it once a function's
+  /// work is done; the others never have one to raise.
+  virtual void raiseAsyncError() {}
 
   /// out = reduce over the group of `in` (count elements of `type`).
   virtual void allReduce(const void *in, void *out, size_t count, DType type,
