@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ProgramBuilder.h"
+#include "StoreHelpers.h"
 
 #include "ernie/runtime/Device.h"
 #include "ernie/runtime/Executor.h"
@@ -28,6 +29,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <sys/wait.h>
 
 using namespace ernie::runtime;
 using namespace ernie::runtime::testing;
@@ -557,4 +560,97 @@ TEST(DeviceSession, StateStaysOnTheDeviceBetweenSteps) {
   EXPECT_EQ(device->downloaded - downloaded,
             steps * returned * program.mesh().numRanks());
   EXPECT_EQ(device->allocations - allocations, 0u);
+}
+
+//===----------------------------------------------------------------------===//
+// ernie-run: devices, backends, PyTorch-style launches
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Runs `command` (through the shell); returns its exit status and output.
+std::pair<int, std::string> shell(const std::string &command,
+                                  const std::filesystem::path &log) {
+  int status = std::system((command + " > " + log.string() + " 2>&1").c_str());
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+} // namespace
+
+TEST(ErnieRunDevices, CudaWithoutAGpuOrABuildSaysWhyAndFails) {
+  std::string reason;
+  if (cudaDeviceCount(&reason) > 0)
+    GTEST_SKIP() << "a CUDA device is visible: scripts/gpu_check.sh runs it";
+  namespace fs = std::filesystem;
+  fs::path log = fs::temp_directory_path() /
+                 ("ernie-run-device-" + std::to_string(::getpid()) + ".log");
+  const std::string run = std::string(ERNIE_RUN_PATH) + " " +
+                          seedPath("llama_block_train.ernie") + " --steps 1";
+  const std::string why =
+      cudaBackendBuilt() ? "no CUDA device visible" : "built without CUDA";
+  for (const char *args : {" --device cuda", " --device cuda:0 --backend threads",
+                           " --device cuda --backend nccl"}) {
+    auto [status, text] = shell(run + args, log);
+    EXPECT_EQ(status, 1) << args << ": " << text;
+    EXPECT_NE(text.find(why), std::string::npos) << args << ": " << text;
+  }
+  // Combinations that cannot work are usage errors.
+  for (const char *args : {" --backend nccl", " --device cuda --backend gloo",
+                           " --device tpu"}) {
+    auto [status, text] = shell(run + args, log);
+    EXPECT_EQ(status, 2) << args << ": " << text;
+  }
+  fs::remove(log);
+}
+
+TEST(ErnieRunDevices, RankAndWorldSizeFromTheEnvironmentTrainAsThreadsDo) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() /
+                 ("ernie-run-env-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string program = seedPath("transformer_block_dp_mp.ernie");
+  const int64_t ranks = Program::load(program).mesh().numRanks();
+  const std::string common = " --steps 2 --quiet --timeout 20 --outputs ";
+  auto [status, text] =
+      shell(std::string(ERNIE_RUN_PATH) + " " + program + common +
+                (dir / "threads").string(),
+            dir / "threads.log");
+  ASSERT_EQ(status, 0) << text;
+  // Every rank a process, as torchrun starts them: RANK, WORLD_SIZE,
+  // LOCAL_RANK, MASTER_ADDR:MASTER_PORT (rank 0 serves the store there).
+  std::string port = std::to_string(freePort());
+  std::string all;
+  for (int64_t r = 0; r < ranks; ++r)
+    all += "RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(ranks) +
+           " LOCAL_RANK=" + std::to_string(r) +
+           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + ERNIE_RUN_PATH +
+           " " + program + common + (dir / "env").string() + " > " +
+           (dir / ("rank" + std::to_string(r) + ".log")).string() +
+           " 2>&1 & ";
+  auto [envStatus, envText] = shell("(" + all + "wait)", dir / "env.log");
+  ASSERT_EQ(envStatus, 0) << envText;
+  // Every file (result, final state) bit for bit: Gloo reduces as the
+  // threads do.
+  int compared = 0;
+  for (const auto &entry : fs::directory_iterator(dir / "threads")) {
+    std::ifstream a(entry.path(), std::ios::binary),
+        b(dir / "env" / entry.path().filename(), std::ios::binary);
+    std::string want((std::istreambuf_iterator<char>(a)), {}),
+        got((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_EQ(got, want) << entry.path().filename();
+    ++compared;
+  }
+  EXPECT_GE(compared, 2);
+  // A WORLD_SIZE other than the mesh's is refused.
+  auto [bad, badText] =
+      shell("RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                " " + ERNIE_RUN_PATH + " " + program + " --steps 1",
+            dir / "bad.log");
+  EXPECT_EQ(bad, 1) << badText;
+  EXPECT_NE(badText.find("WORLD_SIZE is 3"), std::string::npos) << badText;
+  if (!::testing::Test::HasFailure())
+    fs::remove_all(dir);
 }
