@@ -395,6 +395,8 @@ int countCudaDevices(std::string *reason) {
   return count;
 }
 
+std::vector<std::string> listCudaKernels() { return cuda::kernelNames(); }
+
 std::shared_ptr<Device> openCudaDevice(int ordinal) {
   static std::mutex mutex;
   static std::map<int, std::shared_ptr<Device>> devices;

@@ -14,7 +14,16 @@ namespace ernie::runtime {
 // CudaDevice.cpp.
 std::shared_ptr<Device> openCudaDevice(int ordinal);
 int countCudaDevices(std::string *reason);
+std::vector<std::string> listCudaKernels();
 #endif
+
+std::vector<std::string> cudaKernelNames() {
+#ifdef ERNIE_HAVE_CUDA
+  return listCudaKernels();
+#else
+  return {};
+#endif
+}
 
 Device::~Device() = default;
 

@@ -147,6 +147,9 @@ bool cudaBackendBuilt();
 /// Visible CUDA devices; 0 without the backend or a device, and then
 /// `reason` says why.
 int cudaDeviceCount(std::string *reason = nullptr);
+/// The ops the CUDA backend has kernels for (ernie.fused included),
+/// sorted; empty without the backend. Needs no GPU.
+std::vector<std::string> cudaKernelNames();
 
 /// The calling thread's current stream (empty until a StreamGuard sets one:
 /// a CUDA device then uses its default stream).
