@@ -654,3 +654,44 @@ TEST(ErnieRunDevices, RankAndWorldSizeFromTheEnvironmentTrainAsThreadsDo) {
   if (!::testing::Test::HasFailure())
     fs::remove_all(dir);
 }
+
+//===----------------------------------------------------------------------===//
+// On a GPU: the seed programs train as on the CPU (every rank on one GPU)
+//===----------------------------------------------------------------------===//
+
+class GpuSeedPrograms : public ::testing::TestWithParam<const char *> {};
+
+/// UNVERIFIED until run on a GPU (scripts/gpu_check.sh): the seed programs —
+/// one rank, dp x mp, a dp x pp pipeline, expert parallelism — train three
+/// steps on the CUDA device (the shared-device engine for several ranks)
+/// with results and state within 1e-4 relative (normwise) of the CPU's.
+TEST_P(GpuSeedPrograms, TrainOnTheGpuAsOnTheCpu) {
+  std::string reason;
+  if (cudaDeviceCount(&reason) == 0)
+    GTEST_SKIP() << reason;
+  Program program = Program::load(seedPath(GetParam()));
+  Trained want = train(program, openDevice("cpu"), 3);
+  Trained got = train(program, openDevice("cuda"), 3);
+  auto near = [](const HostTensor &g, const HostTensor &w) {
+    HostTensor a = convert(g, DType::F64), b = convert(w, DType::F64);
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < b.numElements(); ++i)
+      scale = std::max(scale, std::fabs(b.as<double>()[i]));
+    for (int64_t i = 0; i < b.numElements(); ++i)
+      worst = std::max(worst, std::fabs(a.as<double>()[i] - b.as<double>()[i]));
+    return worst <= 1e-4 * std::max(scale, 1e-30);
+  };
+  for (size_t s = 0; s < got.results.size(); ++s)
+    for (size_t i = 0; i < got.results[s].size(); ++i)
+      if (!want.results[s][i].bytes.empty())
+        EXPECT_TRUE(near(got.results[s][i], want.results[s][i]))
+            << "step " << s + 1 << " result " << i;
+  for (const auto &[name, value] : want.state)
+    EXPECT_TRUE(near(got.state.at(name), value)) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, GpuSeedPrograms,
+                         ::testing::Values("llama_block_train.ernie",
+                                           "transformer_block_dp_mp.ernie",
+                                           "pipeline_1f1b.ernie",
+                                           "ernie_moe_ep2_train.ernie"));
