@@ -16,6 +16,7 @@
 
 #include "ernie/runtime/Device.h"
 
+#include "../kernels/cpu/Registry.h"
 #include "../kernels/cuda/CudaKernels.h"
 
 #include <cuda_runtime_api.h>
@@ -284,24 +285,18 @@ public:
                    const std::vector<int64_t> &offsets,
                    size_t elementBytes) override {
     makeCurrent();
-    std::vector<int64_t> dstStrides = rowMajor(dstShape);
-    int64_t base = 0;
-    for (size_t d = 0; d < offsets.size(); ++d)
-      base += offsets[d] * dstStrides[d];
-    cuda::copyStrided(dst, base, dstStrides, src, 0, rowMajor(blockShape),
-                      blockShape, elementBytes);
+    Placed array = placed(dstShape, offsets);
+    cuda::copyStrided(dst, array.base, array.strides, src, 0,
+                      cpu::stridesOf(blockShape), blockShape, elementBytes);
   }
   void extractBlock(const void *src, const std::vector<int64_t> &srcShape,
                     const std::vector<int64_t> &offsets, void *dst,
                     const std::vector<int64_t> &blockShape,
                     size_t elementBytes) override {
     makeCurrent();
-    std::vector<int64_t> srcStrides = rowMajor(srcShape);
-    int64_t base = 0;
-    for (size_t d = 0; d < offsets.size(); ++d)
-      base += offsets[d] * srcStrides[d];
-    cuda::copyStrided(dst, 0, rowMajor(blockShape), src, base, srcStrides,
-                      blockShape, elementBytes);
+    Placed array = placed(srcShape, offsets);
+    cuda::copyStrided(dst, 0, cpu::stridesOf(blockShape), src, array.base,
+                      array.strides, blockShape, elementBytes);
   }
   void reduceInOrder(const std::vector<const void *> &inputs,
                      const std::vector<void *> &outputs, size_t count,
@@ -356,11 +351,17 @@ private:
     return s;
   }
 
-  static std::vector<int64_t> rowMajor(const std::vector<int64_t> &shape) {
-    std::vector<int64_t> s(shape.size(), 1);
-    for (int64_t d = int64_t(shape.size()) - 2; d >= 0; --d)
-      s[d] = s[d + 1] * shape[d + 1];
-    return s;
+  /// An array's row-major strides and the offset of a block at `offsets`.
+  struct Placed {
+    std::vector<int64_t> strides;
+    int64_t base = 0;
+  };
+  static Placed placed(const std::vector<int64_t> &shape,
+                       const std::vector<int64_t> &offsets) {
+    Placed p{cpu::stridesOf(shape), 0};
+    for (size_t d = 0; d < offsets.size(); ++d)
+      p.base += offsets[d] * p.strides[d];
+    return p;
   }
 
   /// CUDA's current device is per thread; every thread touching this device

@@ -13,6 +13,8 @@
 #include "ProgramBuilder.h"
 #include "StoreHelpers.h"
 
+#include "../tools/StepInputs.h"
+
 #include "ernie/runtime/Device.h"
 #include "ernie/runtime/Executor.h"
 #include "ernie/runtime/FloatConvert.h"
@@ -453,57 +455,36 @@ std::string seedPath(const std::string &name) {
   return std::string(ERNIE_FUZZ_SEEDS_DIR) + "/" + name;
 }
 
-/// The batch inputs ernie-run's fuzzer feeds: small floats, zero indices.
-std::vector<HostTensor> batchFor(const Program &program, std::string &name) {
-  std::vector<TensorSpec> specs;
-  name = "train_step";
-  if (program.isPipelined()) {
-    for (TensorSpec spec : program.pipeline()->inputs) {
-      spec.globalShape[0] *= program.pipeline()->microBatches;
-      specs.push_back(spec);
-    }
-  } else {
-    const Function *fn = program.function(0, name);
-    if (!fn)
-      fn = &program.functions(0)[0];
-    name = fn->name;
-    for (const TensorSpec &arg : fn->arguments)
-      if (arg.role == Role::Input || arg.role == Role::Loss)
-        specs.push_back(arg);
-  }
-  std::vector<HostTensor> inputs;
-  for (const TensorSpec &spec : specs) {
-    HostTensor t(spec.type, spec.globalShape);
-    if (isFloat(spec.type)) {
-      HostTensor wide(DType::F64, spec.globalShape);
-      for (int64_t j = 0; j < wide.numElements(); ++j)
-        wide.as<double>()[j] = double(j % 7) / 8.0 - 0.375;
-      t = convert(wide, spec.type);
-    }
-    inputs.push_back(std::move(t));
-  }
-  return inputs;
-}
-
 struct Trained {
   std::vector<std::vector<HostTensor>> results; // per step
   std::map<std::string, HostTensor> state;
 };
 
-Trained train(const Program &program, std::shared_ptr<Device> device,
-              int steps) {
+/// A session of `program` on `device` with its state initialised, and the
+/// step's function and generated batch.
+struct SeedRun {
+  std::unique_ptr<Session> session;
+  std::string name;
+  std::vector<HostTensor> inputs;
+};
+SeedRun startSeed(const Program &program, std::shared_ptr<Device> device) {
   SessionOptions options;
   options.timeout = std::chrono::seconds(20);
-  Session session(program, options, device);
-  std::string name;
-  std::vector<HostTensor> inputs = batchFor(program, name);
-  session.initState(name, {}, 3);
+  SeedRun run{std::make_unique<Session>(program, options, device), "", {}};
+  run.name = stepInputs(program, run.inputs);
+  run.session->initState(run.name, {}, 3);
+  return run;
+}
+
+Trained train(const Program &program, std::shared_ptr<Device> device,
+              int steps) {
+  SeedRun run = startSeed(program, device);
   Trained t;
   for (int step = 1; step <= steps; ++step)
-    t.results.push_back(
-        session.call(name, inputs, 0.01, step, Results::ExceptUpdates));
+    t.results.push_back(run.session->call(run.name, run.inputs, 0.01, step,
+                                          Results::ExceptUpdates));
   for (const std::string &s : program.stateNames())
-    t.state[s] = session.state(name, s);
+    t.state[s] = run.session->state(run.name, s);
   return t;
 }
 
@@ -536,12 +517,10 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SeedPrograms,
 TEST(DeviceSession, StateStaysOnTheDeviceBetweenSteps) {
   Program program = Program::load(seedPath("llama_block_train.ernie"));
   auto device = std::make_shared<SimulatedDevice>();
-  SessionOptions options;
-  options.timeout = std::chrono::seconds(20);
-  Session session(program, options, device);
-  std::string name;
-  std::vector<HostTensor> inputs = batchFor(program, name);
-  session.initState(name, {}, 3);
+  SeedRun run = startSeed(program, device);
+  Session &session = *run.session;
+  const std::string &name = run.name;
+  const std::vector<HostTensor> &inputs = run.inputs;
   session.call(name, inputs, 0.01, 1, Results::ExceptUpdates);
   uint64_t allocations = device->allocations, downloaded = device->downloaded;
   const Function &fn = program.requireFunction(0, name);

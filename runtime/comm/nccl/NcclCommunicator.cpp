@@ -141,24 +141,7 @@ public:
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
-    Group g = group(axes, "all_reduce");
-    const size_t bytes = count * byteSize(type);
-    if (!g.comm)
-      return local(in, out, bytes, type, op);
-    if (options_.nativeReductions) {
-      call("all_reduce", axes, [&] {
-        return ncclAllReduce(in, out, count, ncclType(type), ncclOp(op), g.comm,
-                             currentCudaStream());
-      });
-      return;
-    }
-    // Every member's input, then the ordered reduction on the device.
-    char *all = scratch(bytes * g.size);
-    call("all_reduce", axes, [&] {
-      return ncclAllGather(in, all, bytes, ncclUint8, g.comm,
-                           currentCudaStream());
-    });
-    reduceChunks(all, bytes, g.size, out, count, type, op);
+    reduction(false, in, out, count, type, op, axes);
   }
 
   void allGather(const void *in, void *out, size_t bytes,
@@ -174,21 +157,7 @@ public:
 
   void reduceScatter(const void *in, void *out, size_t count, DType type,
                      ReduceOp op, const Axes &axes) override {
-    Group g = group(axes, "reduce_scatter");
-    const size_t bytes = count * byteSize(type);
-    if (!g.comm)
-      return local(in, out, bytes, type, op);
-    if (options_.nativeReductions) {
-      call("reduce_scatter", axes, [&] {
-        return ncclReduceScatter(in, out, count, ncclType(type), ncclOp(op),
-                                 g.comm, currentCudaStream());
-      });
-      return;
-    }
-    // Member j's chunk `me` arrives in slot j; then the ordered reduction.
-    char *mine = scratch(bytes * g.size);
-    exchange("reduce_scatter", axes, g, in, mine, bytes);
-    reduceChunks(mine, bytes, g.size, out, count, type, op);
+    reduction(true, in, out, count, type, op, axes);
   }
 
   void allToAll(const void *in, void *out, size_t bytes,
@@ -350,6 +319,38 @@ private:
           "collectively when the program loads: prepareGroups)");
     g.comm = it->second;
     return g;
+  }
+
+  /// all_reduce (`scatter` false: every member's whole input) or
+  /// reduce_scatter (chunk `me` of every member's input): NCCL's own kernel
+  /// when asked, else every member's input gathered (exchanged) here and
+  /// reduced on the device in group order.
+  void reduction(bool scatter, const void *in, void *out, size_t count,
+                 DType type, ReduceOp op, const Axes &axes) {
+    const char *what = scatter ? "reduce_scatter" : "all_reduce";
+    Group g = group(axes, what);
+    const size_t bytes = count * byteSize(type);
+    if (!g.comm)
+      return local(in, out, bytes, type, op);
+    if (options_.nativeReductions) {
+      call(what, axes, [&] {
+        cudaStream_t s = currentCudaStream();
+        return scatter ? ncclReduceScatter(in, out, count, ncclType(type),
+                                           ncclOp(op), g.comm, s)
+                       : ncclAllReduce(in, out, count, ncclType(type),
+                                       ncclOp(op), g.comm, s);
+      });
+      return;
+    }
+    char *all = scratch(bytes * g.size);
+    if (scatter)
+      exchange(what, axes, g, in, all, bytes);
+    else
+      call(what, axes, [&] {
+        return ncclAllGather(in, all, bytes, ncclUint8, g.comm,
+                             currentCudaStream());
+      });
+    reduceChunks(all, bytes, g.size, out, count, type, op);
   }
 
   /// A group of one: the reduction of one input is a copy.

@@ -62,18 +62,66 @@ struct Shape {
 
 template <typename C> __device__ C expOf(C x) { return cpu::math::exponential(x); }
 
+/// Stages `n` rows of `width` elements into shared memory `dst`, row r
+/// read from `src` at rowAt(r), the whole block cooperating.
+template <int T, typename C, typename RowAt>
+__device__ void stageRows(C *dst, const typename Io<T>::Raw *src, int n,
+                          int64_t width, RowAt rowAt) {
+  for (int idx = threadIdx.x; idx < n * width; idx += blockDim.x) {
+    int r = int(idx / width), c = int(idx % width);
+    dst[idx] = Io<T>::load(src, rowAt(r) + c);
+  }
+}
+
 /// Stages keys [t0, t0 + n) of (b, kv) into shared memory: K then V.
 template <int T, typename C>
 __device__ void stageKeys(const Shape &s, const typename Io<T>::Raw *k,
                           const typename Io<T>::Raw *v, int64_t b, int64_t kv,
                           int64_t t0, int n, C *kSh, C *vSh) {
-  for (int idx = threadIdx.x; idx < n * s.D; idx += blockDim.x) {
-    int r = idx / s.D, c = idx % s.D;
-    kSh[r * s.D + c] = Io<T>::load(k, s.k(b, t0 + r, kv) + c);
+  stageRows<T>(kSh, k, n, s.D, [&](int r) { return s.k(b, t0 + r, kv); });
+  stageRows<T>(vSh, v, n, s.Dv, [&](int r) { return s.v(b, t0 + r, kv); });
+}
+
+/// The query rows a block owns (forward, dQ): its batch, head and that
+/// head's key/value head, its first row, and this thread's row.
+struct QueryBlock {
+  int64_t b, h, kv, s0, row;
+  bool active;
+  __device__ explicit QueryBlock(const Shape &s) {
+    const int64_t blocksPerHead = (s.Sq + kRows - 1) / kRows;
+    const int64_t bh = blockIdx.x / blocksPerHead;
+    b = bh / s.Hq;
+    h = bh % s.Hq;
+    kv = h / (s.Hq / s.Hkv);
+    s0 = (blockIdx.x % blocksPerHead) * kRows;
+    row = s0 + threadIdx.x;
+    active = row < s.Sq;
   }
-  for (int idx = threadIdx.x; idx < n * s.Dv; idx += blockDim.x) {
-    int r = idx / s.Dv, c = idx % s.Dv;
-    vSh[r * s.Dv + c] = Io<T>::load(v, s.v(b, t0 + r, kv) + c);
+};
+
+/// Calls visit(keyRow, valueRow) for every key this thread's query row
+/// sees, in order, the keys staged tile by tile in shared memory by the
+/// whole block; a causal block stops at its last row's key.
+template <int T, typename C, typename Visit>
+__device__ void forEachVisibleKey(const Shape &s, const QueryBlock &qb,
+                                  const typename Io<T>::Raw *k,
+                                  const typename Io<T>::Raw *v, C *kSh, C *vSh,
+                                  Visit visit) {
+  const int64_t end =
+      s.causal ? std::min<int64_t>(s.Sk, std::min<int64_t>(s.Sq, qb.s0 + kRows))
+               : s.Sk;
+  for (int64_t t0 = 0; t0 < end; t0 += kTileRows) {
+    const int n = int(std::min<int64_t>(kTileRows, end - t0));
+    __syncthreads();
+    stageKeys<T>(s, k, v, qb.b, qb.kv, t0, n, kSh, vSh);
+    __syncthreads();
+    if (!qb.active)
+      continue;
+    for (int j = 0; j < n; ++j) {
+      if (s.causal && t0 + j > qb.row)
+        break;
+      visit(kSh + j * s.D, vSh + j * s.Dv);
+    }
   }
 }
 
@@ -90,12 +138,9 @@ __global__ void forwardKernel(Shape s, const typename Io<T>::Raw *q,
   using C = typename Io<T>::C;
   extern __shared__ unsigned char smem[];
   C *kSh = reinterpret_cast<C *>(smem), *vSh = kSh + kTileRows * s.D;
-  const int64_t blocksPerHead = (s.Sq + kRows - 1) / kRows;
-  const int64_t bh = blockIdx.x / blocksPerHead;
-  const int64_t b = bh / s.Hq, h = bh % s.Hq, kv = h / (s.Hq / s.Hkv);
-  const int64_t s0 = (blockIdx.x % blocksPerHead) * kRows;
-  const int64_t row = s0 + threadIdx.x;
-  const bool active = row < s.Sq;
+  const QueryBlock qb(s);
+  const int64_t b = qb.b, h = qb.h, row = qb.row;
+  const bool active = qb.active;
   C qr[MaxD], acc[MaxD];
   C m = C(-INFINITY), l = 0;
   if (active) {
@@ -104,34 +149,19 @@ __global__ void forwardKernel(Shape s, const typename Io<T>::Raw *q,
     for (int c = 0; c < s.Dv; ++c)
       acc[c] = 0;
   }
-  // A causal block sees keys up to its last row.
-  const int64_t end =
-      s.causal ? std::min<int64_t>(s.Sk, std::min<int64_t>(s.Sq, s0 + kRows))
-               : s.Sk;
   const C scale = C(s.scale);
-  for (int64_t t0 = 0; t0 < end; t0 += kTileRows) {
-    const int n = int(std::min<int64_t>(kTileRows, end - t0));
-    __syncthreads();
-    stageKeys<T>(s, k, v, b, kv, t0, n, kSh, vSh);
-    __syncthreads();
-    if (!active)
-      continue;
-    for (int j = 0; j < n; ++j) {
-      const int64_t t = t0 + j;
-      if (s.causal && t > row)
-        break;
-      C dot = 0;
-      for (int c = 0; c < s.D; ++c)
-        dot += qr[c] * kSh[j * s.D + c];
-      const C score = scale * dot;
-      const C mNew = score > m ? score : m;
-      const C correction = expOf(m - mNew), p = expOf(score - mNew);
-      l = l * correction + p;
-      for (int c = 0; c < s.Dv; ++c)
-        acc[c] = acc[c] * correction + p * vSh[j * s.Dv + c];
-      m = mNew;
-    }
-  }
+  forEachVisibleKey<T>(s, qb, k, v, kSh, vSh, [&](const C *key, const C *value) {
+    C dot = 0;
+    for (int c = 0; c < s.D; ++c)
+      dot += qr[c] * key[c];
+    const C score = scale * dot;
+    const C mNew = score > m ? score : m;
+    const C correction = expOf(m - mNew), p = expOf(score - mNew);
+    l = l * correction + p;
+    for (int c = 0; c < s.Dv; ++c)
+      acc[c] = acc[c] * correction + p * value[c];
+    m = mNew;
+  });
   if (!active)
     return;
   const C inverse = C(1) / l;
@@ -166,12 +196,9 @@ __global__ void dqKernel(Shape s, const typename Io<T>::Raw *q,
   using C = typename Io<T>::C;
   extern __shared__ unsigned char smem[];
   C *kSh = reinterpret_cast<C *>(smem), *vSh = kSh + kTileRows * s.D;
-  const int64_t blocksPerHead = (s.Sq + kRows - 1) / kRows;
-  const int64_t bh = blockIdx.x / blocksPerHead;
-  const int64_t b = bh / s.Hq, h = bh % s.Hq, kv = h / (s.Hq / s.Hkv);
-  const int64_t s0 = (blockIdx.x % blocksPerHead) * kRows;
-  const int64_t row = s0 + threadIdx.x;
-  const bool active = row < s.Sq;
+  const QueryBlock qb(s);
+  const int64_t b = qb.b, h = qb.h, row = qb.row;
+  const bool active = qb.active;
   C qr[MaxD], dor[MaxD], g[MaxD];
   C L = 0, Dr = 0;
   if (active) {
@@ -185,30 +212,17 @@ __global__ void dqKernel(Shape s, const typename Io<T>::Raw *q,
     L = lse[at];
     Dr = drow[at];
   }
-  const int64_t end =
-      s.causal ? std::min<int64_t>(s.Sk, std::min<int64_t>(s.Sq, s0 + kRows))
-               : s.Sk;
   const C scale = C(s.scale);
-  for (int64_t t0 = 0; t0 < end; t0 += kTileRows) {
-    const int n = int(std::min<int64_t>(kTileRows, end - t0));
-    __syncthreads();
-    stageKeys<T>(s, k, v, b, kv, t0, n, kSh, vSh);
-    __syncthreads();
-    if (!active)
-      continue;
-    for (int j = 0; j < n; ++j) {
-      if (s.causal && t0 + j > row)
-        break;
-      C dot = 0, dp = 0;
-      for (int c = 0; c < s.D; ++c)
-        dot += qr[c] * kSh[j * s.D + c];
-      for (int c = 0; c < s.Dv; ++c)
-        dp += dor[c] * vSh[j * s.Dv + c];
-      const C p = expOf(scale * dot - L), ds = p * (dp - Dr);
-      for (int c = 0; c < s.D; ++c)
-        g[c] += ds * kSh[j * s.D + c];
-    }
-  }
+  forEachVisibleKey<T>(s, qb, k, v, kSh, vSh, [&](const C *key, const C *value) {
+    C dot = 0, dp = 0;
+    for (int c = 0; c < s.D; ++c)
+      dot += qr[c] * key[c];
+    for (int c = 0; c < s.Dv; ++c)
+      dp += dor[c] * value[c];
+    const C p = expOf(scale * dot - L), ds = p * (dp - Dr);
+    for (int c = 0; c < s.D; ++c)
+      g[c] += ds * key[c];
+  });
   if (active)
     for (int c = 0; c < s.D; ++c)
       Io<T>::store(dq, s.q(b, row, h) + c, scale * g[c]);
@@ -254,14 +268,9 @@ __global__ void dkvKernel(Shape s, const typename Io<T>::Raw *q,
     for (int64_t r0 = first; r0 < s.Sq; r0 += kTileRows) {
       const int n = int(std::min<int64_t>(kTileRows, s.Sq - r0));
       __syncthreads();
-      for (int idx = threadIdx.x; idx < n * s.D; idx += blockDim.x) {
-        int r = idx / s.D, c = idx % s.D;
-        qSh[r * s.D + c] = Io<T>::load(q, s.q(b, r0 + r, h) + c);
-      }
-      for (int idx = threadIdx.x; idx < n * s.Dv; idx += blockDim.x) {
-        int r = idx / s.Dv, c = idx % s.Dv;
-        doSh[r * s.Dv + c] = Io<T>::load(dout, s.o(b, r0 + r, h) + c);
-      }
+      stageRows<T>(qSh, q, n, s.D, [&](int r) { return s.q(b, r0 + r, h); });
+      stageRows<T>(doSh, dout, n, s.Dv,
+                   [&](int r) { return s.o(b, r0 + r, h); });
       for (int r = threadIdx.x; r < n; r += blockDim.x) {
         lSh[r] = lse[(b * s.Hq + h) * s.Sq + r0 + r];
         dSh[r] = drow[(b * s.Hq + h) * s.Sq + r0 + r];

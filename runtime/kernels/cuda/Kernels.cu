@@ -841,9 +841,10 @@ void registerLinalgKernels(Registry &r) {
 
 namespace {
 
-void gatherView(const TensorView &in, const TensorView &out, int64_t base,
-                const std::vector<int64_t> &from) {
-  copyStrided(out.data, 0, stridesOf(out.shape), in.data, base, from,
+/// out's coordinate c reads `in` at v.base + sum c_d * v.strides[d].
+void gatherView(const TensorView &in, const TensorView &out,
+                const cpu::StridedView &v) {
+  copyStrided(out.data, 0, stridesOf(out.shape), in.data, v.base, v.strides,
               out.shape, byteSize(in.type));
 }
 
@@ -973,52 +974,30 @@ void registerShapeKernels(Registry &r) {
   r["ernie.transpose"] = [](const std::vector<TensorView> &in,
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
-    std::vector<int64_t> perm = attrs.getInts("perm"),
-                         strides = stridesOf(in[0].shape), from;
-    for (int64_t p : perm)
-      from.push_back(strides[p]);
-    gatherView(in[0], out[0], 0, from);
+    gatherView(in[0], out[0], cpu::transposeView(in[0].shape, attrs.getInts("perm")));
   };
   r["ernie.broadcast"] = [](const std::vector<TensorView> &in,
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
-    std::vector<int64_t> dims = attrs.getInts("dims"),
-                         strides = stridesOf(in[0].shape),
-                         from(out[0].rank(), 0);
-    for (size_t i = 0; i < dims.size(); ++i)
-      if (in[0].shape[i] != 1)
-        from[dims[i]] = strides[i];
-    gatherView(in[0], out[0], 0, from);
+    gatherView(in[0], out[0], cpu::broadcastView(in[0].shape, out[0].rank(),
+                                                 attrs.getInts("dims")));
   };
   r["ernie.slice"] = [](const std::vector<TensorView> &in,
                         const std::vector<TensorView> &out,
                         const Attrs &attrs) {
-    std::vector<int64_t> start = attrs.getInts("start"),
-                         step = attrs.getInts("step"),
-                         strides = stridesOf(in[0].shape), from;
-    int64_t base = 0;
-    for (size_t d = 0; d < strides.size(); ++d) {
-      base += start[d] * strides[d];
-      from.push_back(step[d] * strides[d]);
-    }
-    gatherView(in[0], out[0], base, from);
+    gatherView(in[0], out[0], cpu::sliceView(in[0].shape, attrs.getInts("start"),
+                                             attrs.getInts("step")));
   };
   r["ernie.pad"] = [](const std::vector<TensorView> &in,
                       const std::vector<TensorView> &out, const Attrs &attrs) {
-    std::vector<int64_t> low = attrs.getInts("low"),
-                         interior = attrs.getInts("interior");
     size_t bytes = byteSize(out[0].type);
     check(cudaMemsetAsync(out[0].data, 0, out[0].numElements() * bytes,
                           stream()),
           "ernie.pad");
-    std::vector<int64_t> outStrides = stridesOf(out[0].shape), to;
-    int64_t base = 0;
-    for (size_t d = 0; d < outStrides.size(); ++d) {
-      base += low[d] * outStrides[d];
-      to.push_back((interior[d] + 1) * outStrides[d]);
-    }
-    copyStrided(out[0].data, base, to, in[0].data, 0, stridesOf(in[0].shape),
-                in[0].shape, bytes);
+    cpu::StridedView v = cpu::padView(out[0].shape, attrs.getInts("low"),
+                                      attrs.getInts("interior"));
+    copyStrided(out[0].data, v.base, v.strides, in[0].data, 0,
+                stridesOf(in[0].shape), in[0].shape, bytes);
   };
   // split and concat: one pitched 2-D copy per piece.
   r["ernie.split"] = [](const std::vector<TensorView> &in,
