@@ -42,8 +42,9 @@ Per group
       absorbs it).
     * codes = fp8(x * s): the product rounded to float32, then to the format
       with round-to-nearest-even, subnormals kept, and the runtime's
-      saturation: e4m3 finite overflow and +-inf become +-448; e5m2 finite
-      overflow becomes +-57344 while +-inf stays +-inf; NaN stays NaN.
+      saturation, NVIDIA's __NV_SATFINITE (cuda_fp8.h, so the CPU and the
+      GPU agree): overflow and +-inf become +-448 (e4m3) or +-57344 (e5m2);
+      NaN stays NaN.
       Without pow2_scale (and for a finite nonzero amax that did not clamp
       s) the group's amax element lands exactly on +-fp8_max.
 

@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - distributed checkpoints that reshard on load -------===//
 
 #include "ernie/runtime/Checkpoint.h"
+#include "ernie/runtime/Device.h"
 
 #include "ernie/runtime/Safetensors.h"
 
@@ -972,8 +973,8 @@ void onAllRanksOrNone(Communicator &comm, const std::string &what, Work work) {
     error = std::current_exception();
   }
   int64_t ok = error ? 0 : 1, all = 0;
-  comm.allReduce(&ok, &all, 1, DType::I64, ReduceOp::Min,
-                 comm.mesh().axisNames());
+  hostAllReduce(comm, &ok, &all, 1, DType::I64, ReduceOp::Min,
+                comm.mesh().axisNames());
   if (error)
     std::rethrow_exception(error);
   if (!all)
@@ -988,7 +989,7 @@ std::string saveCheckpointOnRank(const Program &program, const RankRunner &runne
                                  int keep, IoMeter *meter) {
   const Axes all = comm.mesh().axisNames();
   int64_t tag = ::getpid();
-  comm.broadcast(&tag, sizeof tag, 0, all);
+  hostBroadcast(comm, &tag, sizeof tag, 0, all);
   const bool leader = comm.rank() == 0;
   std::string dir = checkpointTempDir(root, step, tag), done;
   onAllRanksOrNone(comm, "starting the checkpoint", [&] {
@@ -1018,8 +1019,10 @@ CheckpointInfo loadCheckpointOnRank(const Program &program, RankRunner &runner,
   // Every rank resolved the same newest checkpoint unless one was committed
   // meanwhile: the steps must agree.
   int64_t lo = 0, hi = 0;
-  comm.allReduce(&info.step, &lo, 1, DType::I64, ReduceOp::Min, comm.mesh().axisNames());
-  comm.allReduce(&info.step, &hi, 1, DType::I64, ReduceOp::Max, comm.mesh().axisNames());
+  hostAllReduce(comm, &info.step, &lo, 1, DType::I64, ReduceOp::Min,
+                comm.mesh().axisNames());
+  hostAllReduce(comm, &info.step, &hi, 1, DType::I64, ReduceOp::Max,
+                comm.mesh().axisNames());
   if (lo != hi)
     fail(path + ": the ranks found different newest checkpoints (steps " +
          std::to_string(lo) + " and " + std::to_string(hi) +

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <set>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -24,57 +26,190 @@ bool isBlockingCollective(const std::string &op);
 /// every buffer sits at a fixed offset, so the views each kernel gets never
 /// change, and running an instruction allocates nothing.
 struct Executor::Arena {
-  explicit Arena(const Function &fn) {
-    uint64_t bytes = fn.arenaBytes;
-    // Program::load bounds `bytes` far below where this rounding could wrap.
-    if (bytes > UINT64_MAX - program::kBufferAlignment)
-      throw std::bad_alloc();
-    uint64_t size = (bytes + program::kBufferAlignment - 1) /
-                    program::kBufferAlignment * program::kBufferAlignment;
-    data = static_cast<uint8_t *>(
-        std::aligned_alloc(program::kBufferAlignment, size ? size : 64));
-    if (!data)
-      throw std::bad_alloc();
+  Arena(const Function &fn, Device &device,
+        const std::vector<const Kernel *> &kernels, const Mesh &mesh,
+        int64_t rank)
+      : device(device), kernels(kernels) {
+    memory = DeviceBuffer(device, fn.arenaBytes);
+    uint8_t *data = static_cast<uint8_t *>(memory.data());
     buffers.reserve(fn.buffers.size());
     for (const BufferSpec &b : fn.buffers)
       buffers.push_back({data + b.offset, b.type, b.shape});
     inputs.resize(fn.instructions.size());
     outputs.resize(fn.instructions.size());
     blocking.resize(fn.instructions.size());
+    constantAt.assign(fn.instructions.size(), nullptr);
+    size_t constantBytes = 0;
     for (size_t i = 0; i < fn.instructions.size(); ++i) {
       const Instruction &inst = fn.instructions[i];
       blocking[i] = isBlockingCollective(inst.op);
-      if (!inst.kernel)
+      if (inst.op == "ernie.constant" || inst.op == "ernie.axis_index")
+        constantBytes += roundUp(constantOf(inst, mesh, rank).size());
+      if (!kernels[i])
         continue;
       for (uint32_t b : inst.operands)
         inputs[i].push_back(buffers[b]);
       for (uint32_t b : inst.results)
         outputs[i].push_back(buffers[b]);
     }
+    // On a GPU the constants (and this rank's axis indices) are uploaded
+    // once and copied on the device each call; the host copies them from
+    // the program.
+    if (device.hostAddressable() || constantBytes == 0)
+      return;
+    constants = DeviceBuffer(device, constantBytes);
+    size_t at = 0;
+    for (size_t i = 0; i < fn.instructions.size(); ++i) {
+      const Instruction &inst = fn.instructions[i];
+      if (inst.op != "ernie.constant" && inst.op != "ernie.axis_index")
+        continue;
+      std::vector<uint8_t> bytes = constantOf(inst, mesh, rank);
+      uint8_t *where = static_cast<uint8_t *>(constants.data()) + at;
+      device.upload(where, bytes.data(), bytes.size());
+      constantAt[i] = where;
+      at += roundUp(bytes.size());
+    }
   }
-  ~Arena() { std::free(data); }
+  ~Arena() {
+    for (Event e : timing)
+      device.destroyEvent(e);
+  }
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
-  uint8_t *data = nullptr;
+
+  static size_t roundUp(size_t n) {
+    return (n + program::kBufferAlignment - 1) / program::kBufferAlignment *
+           program::kBufferAlignment;
+  }
+  /// The bytes a constant or axis_index instruction writes.
+  static std::vector<uint8_t> constantOf(const Instruction &inst,
+                                         const Mesh &mesh, int64_t rank) {
+    if (inst.op == "ernie.constant")
+      return inst.data;
+    int64_t axisIndex = inst.axes.empty() ? 0 : mesh.indexInGroup(rank, inst.axes);
+    std::vector<uint8_t> bytes(sizeof(int64_t));
+    std::memcpy(bytes.data(), &axisIndex, sizeof axisIndex);
+    return bytes;
+  }
+
+  Device &device;
+  DeviceBuffer memory, constants;
   std::vector<TensorView> buffers;
-  /// Per instruction: a kernel's operand and result views.
+  /// Per instruction: its kernel on the device (null: the executor's op),
+  /// a kernel's operand and result views, whether it is a blocking
+  /// collective, and its bytes on the device (constants on a GPU).
+  const std::vector<const Kernel *> &kernels;
   std::vector<std::vector<TensorView>> inputs, outputs;
-  std::vector<bool> blocking; // per instruction: isBlockingCollective
+  std::vector<bool> blocking;
+  std::vector<const void *> constantAt;
+  /// Tracing on a device: an event before each instruction and one after
+  /// the last, made on the first traced call.
+  std::vector<Event> timing;
 };
+
+uint64_t deviceBytesNeeded(const Program &program, int64_t stage) {
+  uint64_t bytes = 0;
+  std::map<std::string, uint64_t> state;
+  for (const Function &fn : program.functions(stage)) {
+    bytes += fn.arenaBytes;
+    for (const TensorSpec &arg : fn.arguments)
+      if (arg.role == Role::Parameter || arg.role == Role::OptimizerState) {
+        uint64_t b = elementCount(arg.localShape) * byteSize(arg.type);
+        state[arg.name] = std::max(state[arg.name], b);
+      }
+  }
+  for (const auto &entry : state)
+    bytes += entry.second;
+  return bytes;
+}
+
+namespace {
+/// Every group any rank's instructions (and the runner's gathers: every
+/// axis, every axis but the stage axis) use, sorted: the same list on every
+/// rank.
+std::vector<Axes> groupsOf(const Program &program) {
+  std::set<Axes> groups;
+  for (int64_t s = 0; s < program.numStages(); ++s)
+    for (const Function &fn : program.functions(s))
+      for (const Instruction &inst : fn.instructions)
+        if (!inst.axes.empty())
+          groups.insert(inst.axes);
+  Axes all = program.mesh().axisNames(), inStage;
+  for (const std::string &axis : all)
+    if (axis != program.stageAxis())
+      inStage.push_back(axis);
+  for (const Axes &axes : {all, inStage})
+    if (!axes.empty())
+      groups.insert(axes);
+  return {groups.begin(), groups.end()};
+}
+
+std::string gib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / 1073741824.0);
+  return text;
+}
+} // namespace
 
 Executor::Executor(const Program &program, Communicator &comm,
                    ExecutorOptions options)
-    : program_(program), comm_(comm), options_(options), rank_(comm.rank()),
+    : program_(program), comm_(comm), device_(comm.device()),
+      options_(options), rank_(comm.rank()),
       stage_(program.stageOf(comm.rank())) {
   if (comm.mesh().numRanks() != program.mesh().numRanks() ||
       comm.mesh().axisSizes() != program.mesh().axisSizes())
     throw std::invalid_argument(
         "the communicator's mesh does not match the program's");
+  // Every kernel on this device, before anything runs: an op without one
+  // is a load error naming it, never a failure mid-step.
+  for (const Function &fn : program.functions(stage_)) {
+    Kernels &k = kernels_[fn.name];
+    for (size_t i = 0; i < fn.instructions.size(); ++i) {
+      const Instruction &inst = fn.instructions[i];
+      const Kernel *kernel = nullptr;
+      if (inst.kernel) {
+        std::shared_ptr<const Kernel> holder;
+        kernel = device_.kernelFor(inst, holder);
+        if (!kernel)
+          throw ProgramError(program.source() + ": @" + fn.name +
+                             " instruction #" + std::to_string(i) + " '" +
+                             inst.op + "': " + device_.describe() +
+                             " has no kernel for " + inst.op +
+                             " (docs/architecture.md lists the ops each "
+                             "device runs)");
+        if (holder)
+          k.held.push_back(std::move(holder));
+      }
+      k.kernel.push_back(kernel);
+    }
+  }
+  if (std::optional<DeviceMemory> memory = device_.memory()) {
+    uint64_t needed = deviceBytesNeeded(program, stage_);
+    if (needed > memory->free)
+      throw DeviceError(
+          "rank " + std::to_string(rank_) + ": the program needs " +
+          std::to_string(needed) + " bytes (" + gib(needed) +
+          ") of device memory (arenas and state); " + device_.describe() +
+          " has " + std::to_string(memory->free) + " bytes (" +
+          gib(memory->free) + ") free of " + std::to_string(memory->total));
+  }
+  compute_ = device_.createStream();
+  communication_ = device_.createStream();
+  comm_.prepareGroups(groupsOf(program));
 }
 
 // run() leaves nothing started; this only guards the arenas against an
 // unforeseen exit.
-Executor::~Executor() { abandonStarted(); }
+Executor::~Executor() {
+  abandonStarted();
+  arenas_.clear();
+  for (auto &entry : transferEvents_) {
+    device_.destroyEvent(entry.second.first);
+    device_.destroyEvent(entry.second.second);
+  }
+  device_.destroyStream(compute_);
+  device_.destroyStream(communication_);
+}
 
 const Function &Executor::function(const std::string &name) const {
   return program_.requireFunction(stage_, name);
@@ -129,26 +264,11 @@ std::vector<int64_t> offsetAlong(size_t rank, int64_t dim, int64_t offset) {
   return offsets;
 }
 
-bool isFinite(const TensorView &v) {
-  for (int64_t i = 0; i < v.numElements(); ++i) {
-    double x;
-    switch (v.type) {
-    case DType::F64: x = v.as<double>()[i]; break;
-    case DType::F32: x = v.as<float>()[i]; break;
-    default: {
-      // Narrow floats: widen through the cast kernel, element by element
-      // would be slow; losses are scalars or small, so widen the whole view.
-      HostTensor wide(DType::F64, v.shape);
-      (*findCpuKernel("ernie.cast"))({v}, {wide.view()}, Attrs{});
-      for (int64_t j = 0; j < wide.numElements(); ++j)
-        if (!std::isfinite(wide.as<double>()[j]))
-          return false;
-      return true;
-    }
-    }
-    if (!std::isfinite(x))
+bool isFinite(const HostTensor &t) {
+  HostTensor wide = t.type == DType::F64 ? t : convert(t, DType::F64);
+  for (int64_t i = 0; i < wide.numElements(); ++i)
+    if (!std::isfinite(wide.as<double>()[i]))
       return false;
-  }
   return true;
 }
 
@@ -172,13 +292,12 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
       comm_.allGather(in.data, out.data, bytesOf(in), axes);
       return;
     }
-    scratch_.resize(bytesOf(out));
-    comm_.allGather(in.data, scratch_.data(), bytesOf(in), axes);
+    uint8_t *all = scratch(bytesOf(out));
+    comm_.allGather(in.data, all, bytesOf(in), axes);
     for (int64_t j = 0; j < members; ++j)
-      insertBlock(scratch_.data() + j * bytesOf(in), in.shape,
-                  static_cast<uint8_t *>(out.data), out.shape,
-                  offsetAlong(in.shape.size(), dim, j * in.shape[dim]),
-                  elementBytes);
+      device_.insertBlock(all + j * bytesOf(in), in.shape, out.data, out.shape,
+                          offsetAlong(in.shape.size(), dim, j * in.shape[dim]),
+                          elementBytes);
   } else if (op == "ernie.reduce_scatter") {
     int64_t dim = inst.attrs.getInt("dim");
     ReduceOp kind = reduceKind(inst.attrs);
@@ -187,13 +306,13 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
                           axes);
       return;
     }
-    scratch_.resize(bytesOf(in));
+    uint8_t *packed = scratch(bytesOf(in));
     for (int64_t j = 0; j < members; ++j)
-      extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
-                   offsetAlong(in.shape.size(), dim, j * out.shape[dim]),
-                   scratch_.data() + j * bytesOf(out), out.shape, elementBytes);
-    comm_.reduceScatter(scratch_.data(), out.data, out.numElements(), in.type,
-                        kind, axes);
+      device_.extractBlock(in.data, in.shape,
+                           offsetAlong(in.shape.size(), dim, j * out.shape[dim]),
+                           packed + j * bytesOf(out), out.shape, elementBytes);
+    comm_.reduceScatter(packed, out.data, out.numElements(), in.type, kind,
+                        axes);
   } else if (op == "ernie.all_to_all") {
     int64_t split = inst.attrs.getInt("split_dim");
     int64_t concat = inst.attrs.getInt("concat_dim");
@@ -201,34 +320,37 @@ void Executor::runCollective(const Instruction &inst, const TensorView &in,
     chunk[split] /= members;
     size_t chunkBytes = bytesOf(in) / members;
     // Send buffer: the chunks along `split`, contiguous in member order.
-    scratch_.resize(2 * bytesOf(in));
-    uint8_t *send = scratch_.data(), *recv = scratch_.data() + bytesOf(in);
+    uint8_t *send = scratch(2 * bytesOf(in)), *recv = send + bytesOf(in);
     for (int64_t j = 0; j < members; ++j)
-      extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
-                   offsetAlong(in.shape.size(), split, j * chunk[split]),
-                   send + j * chunkBytes, chunk, elementBytes);
+      device_.extractBlock(in.data, in.shape,
+                           offsetAlong(in.shape.size(), split, j * chunk[split]),
+                           send + j * chunkBytes, chunk, elementBytes);
     comm_.allToAll(send, recv, chunkBytes, axes);
     for (int64_t j = 0; j < members; ++j)
-      insertBlock(recv + j * chunkBytes, chunk, static_cast<uint8_t *>(out.data),
-                  out.shape,
-                  offsetAlong(out.shape.size(), concat, j * chunk[concat]),
-                  elementBytes);
+      device_.insertBlock(recv + j * chunkBytes, chunk, out.data, out.shape,
+                          offsetAlong(out.shape.size(), concat, j * chunk[concat]),
+                          elementBytes);
   } else if (op == "ernie.shard_slice") {
     int64_t dim = inst.attrs.getInt("dim");
     int64_t piece = shiftedIndex(me, inst.attrs.getInt("shift", 0), members);
-    extractBlock(static_cast<const uint8_t *>(in.data), in.shape,
-                 offsetAlong(in.shape.size(), dim, piece * out.shape[dim]),
-                 static_cast<uint8_t *>(out.data), out.shape, elementBytes);
+    device_.extractBlock(in.data, in.shape,
+                         offsetAlong(in.shape.size(), dim, piece * out.shape[dim]),
+                         out.data, out.shape, elementBytes);
   } else if (op == "ernie.partial_init") {
     // A pending sum starts on the first member; max/min/avg hold the value
     // on every member.
     if (reduceKind(inst.attrs) == ReduceOp::Sum && me != 0)
-      std::memset(out.data, 0, bytesOf(out));
-    else if (out.data != in.data)
-      std::memmove(out.data, in.data, bytesOf(out));
+      device_.fill(out.data, 0, bytesOf(out));
+    else
+      device_.copy(out.data, in.data, bytesOf(out));
   } else {
     throw KernelError("unknown executor op");
   }
+}
+
+uint8_t *Executor::scratch(size_t bytes) {
+  scratch_.reserve(device_, bytes);
+  return static_cast<uint8_t *>(scratch_.data());
 }
 
 int64_t Executor::peerRank(int64_t stage) const {
@@ -265,8 +387,7 @@ void Executor::runStageOp(const Instruction &inst,
       for (int64_t t : stages)
         if (t != stage_)
           comm_.send(in.data, bytes, peerRank(t), tag);
-      if (out.data != in.data)
-        std::memmove(out.data, in.data, bytes);
+      device_.copy(out.data, in.data, bytes);
     } else {
       comm_.recv(out.data, bytes, peerRank(stages.front()), tag);
     }
@@ -277,19 +398,19 @@ void Executor::runStageOp(const Instruction &inst,
   for (int64_t t : stages)
     if (t != stage_)
       comm_.send(in.data, bytes, peerRank(t), tag);
-  std::vector<std::vector<uint8_t>> received(stages.size());
+  uint8_t *received = scratch(bytes * stages.size());
   std::vector<const void *> values;
   for (size_t i = 0; i < stages.size(); ++i) {
     if (stages[i] == stage_) {
       values.push_back(in.data);
       continue;
     }
-    received[i].resize(bytes);
-    comm_.recv(received[i].data(), bytes, peerRank(stages[i]), tag);
-    values.push_back(received[i].data());
+    comm_.recv(received + i * bytes, bytes, peerRank(stages[i]), tag);
+    values.push_back(received + i * bytes);
   }
   // reduceInOrder reads every input before it writes `out`.
-  reduceInOrder(values, out.data, in.numElements(), in.type, ReduceOp::Sum);
+  device_.reduceInOrder(values, {out.data}, in.numElements(), in.type,
+                        ReduceOp::Sum);
 }
 
 /// out = dest with piece (i + shift) mod n along `dim` replaced by `piece`,
@@ -303,16 +424,26 @@ void Executor::insertShard(const Instruction &inst, const TensorView &dest,
   int64_t at = shiftedIndex(me, inst.attrs.getInt("shift", 0), members);
   const uint8_t *src = static_cast<const uint8_t *>(piece.data);
   uint8_t *dst = static_cast<uint8_t *>(out.data);
-  std::vector<uint8_t> copy; // the piece, when copying dest would clobber it
+  // The piece, when copying dest would clobber it.
   if (src < dst + bytesOf(out) && dst < src + bytesOf(piece)) {
-    copy.assign(src, src + bytesOf(piece));
-    src = copy.data();
+    uint8_t *copy = scratch(bytesOf(piece));
+    device_.copy(copy, src, bytesOf(piece));
+    src = copy;
   }
-  if (out.data != dest.data)
-    std::memmove(out.data, dest.data, bytesOf(out));
-  insertBlock(src, piece.shape, dst, out.shape,
-              offsetAlong(out.shape.size(), dim, at * piece.shape[dim]),
-              byteSize(out.type));
+  device_.copy(out.data, dest.data, bytesOf(out));
+  device_.insertBlock(src, piece.shape, dst, out.shape,
+                      offsetAlong(out.shape.size(), dim, at * piece.shape[dim]),
+                      byteSize(out.type));
+}
+
+std::pair<Event, Event> Executor::transferEvents(uint32_t buffer) {
+  auto it = transferEvents_.find(buffer);
+  if (it == transferEvents_.end())
+    it = transferEvents_
+             .emplace(buffer,
+                      std::make_pair(device_.createEvent(), device_.createEvent()))
+             .first;
+  return it->second;
 }
 
 void Executor::start(const Function &fn, size_t index, const TensorView &in,
@@ -322,19 +453,28 @@ void Executor::start(const Function &fn, size_t index, const TensorView &in,
   void *dst = out.data;
   size_t bytes = bytesOf(in);
   int64_t shift = inst.attrs.getInt("shift");
+  // The transfer runs on the communication stream after what the compute
+  // stream has done so far (`ready`), and the compute stream's work after
+  // its wait runs after it (`done`).
+  auto [ready, done] = transferEvents(inst.results[0]);
+  device_.record(ready, compute_);
   // The program outlives this executor, and run() waits for every transfer
   // before it returns or throws: the references and the arena stay valid.
   const Axes &axes = inst.axes;
   const std::string &op = inst.op, &function = fn.name;
   bool trace = options_.trace;
   AsyncHandle handle = comm_.start([this, src, dst, bytes, shift, trace, &axes,
-                                    &op, &function] {
+                                    &op, &function, ready = ready,
+                                    done = done] {
+    StreamGuard guard(communication_);
+    device_.wait(communication_, ready);
     int64_t begin = trace ? nowMicros() : 0;
     comm_.permute(src, dst, bytes, shift, axes);
+    device_.record(done, communication_);
     if (trace)
       record({op, function, /*collective=*/true, begin, nowMicros() - begin});
   });
-  started_[inst.results[0]] = {std::move(handle), index};
+  started_[inst.results[0]] = {std::move(handle), index, done};
 }
 
 void Executor::startBucket(const Function &fn, size_t index,
@@ -352,44 +492,52 @@ void Executor::startBucket(const Function &fn, size_t index,
                              inst.attrs.getString("accumulate", "") == "f32"
                          ? DType::F32
                          : type;
+  size_t count = 0;
+  for (const TensorView &v : in)
+    count += v.numElements();
+  const size_t unit = byteSize(wire);
+  // The packed and the reduced message, made at the bucket's first start.
+  DeviceBuffer &message = buckets_[{fn.name, index}];
+  message.reserve(device_, 2 * count * unit);
+  uint8_t *packed = static_cast<uint8_t *>(message.data());
+  uint8_t *reduced = packed + count * unit;
+  auto [ready, done] = transferEvents(inst.results[0]);
+  device_.record(ready, compute_);
   ReduceOp kind = reduceKind(inst.attrs);
   const Axes &axes = inst.axes;
   const std::string &op = inst.op, &function = fn.name;
   bool trace = options_.trace;
-  AsyncHandle handle = comm_.start([this, in, out, type, wire, kind, trace,
-                                    &axes, &op, &function] {
+  AsyncHandle handle = comm_.start([this, in, out, type, wire, unit, count,
+                                    packed, reduced, kind, trace, &axes, &op,
+                                    &function, ready = ready, done = done] {
+    StreamGuard guard(communication_);
+    device_.wait(communication_, ready);
     int64_t begin = trace ? nowMicros() : 0;
-    size_t count = 0;
-    for (const TensorView &v : in)
-      count += v.numElements();
-    const size_t unit = byteSize(wire);
-    std::vector<uint8_t> packed(count * unit), reduced(count * unit);
     size_t at = 0;
     for (const TensorView &v : in) {
       size_t n = v.numElements();
       if (wire != type)
-        narrowToFloat(type, v.data,
-                      reinterpret_cast<float *>(packed.data() + at * unit), n);
+        device_.convert(v.data, type, packed + at * unit, wire, n);
       else
-        std::memcpy(packed.data() + at * unit, v.data, n * unit);
+        device_.copy(packed + at * unit, v.data, n * unit);
       at += n;
     }
-    comm_.allReduce(packed.data(), reduced.data(), count, wire, kind, axes);
+    comm_.allReduce(packed, reduced, count, wire, kind, axes);
     at = 0;
     for (const TensorView &v : out) {
       size_t n = v.numElements();
-      const uint8_t *from = reduced.data() + at * unit;
       if (wire != type)
-        floatToNarrow(type, reinterpret_cast<const float *>(from), v.data, n);
+        device_.convert(reduced + at * unit, wire, v.data, type, n);
       else
-        std::memcpy(v.data, from, n * unit);
+        device_.copy(v.data, reduced + at * unit, n * unit);
       at += n;
     }
+    device_.record(done, communication_);
     if (trace)
       record({op, function, /*collective=*/true, begin, nowMicros() - begin});
   });
   for (uint32_t b : inst.results)
-    started_[b] = {handle, index};
+    started_[b] = {handle, index, done};
 }
 
 void Executor::wait(const Instruction &inst, std::vector<TensorView> &buffers) {
@@ -398,12 +546,13 @@ void Executor::wait(const Instruction &inst, std::vector<TensorView> &buffers) {
     throw KernelError("nothing was started into buffer " +
                       std::to_string(inst.operands[0]));
   AsyncHandle handle = std::move(it->second.handle);
+  Event done = it->second.done;
   started_.erase(it);
   handle.wait();
+  device_.wait(compute_, done);
   const TensorView &received = buffers[inst.operands[0]];
   const TensorView &out = buffers[inst.results[0]];
-  if (out.data != received.data)
-    std::memmove(out.data, received.data, bytesOf(out));
+  device_.copy(out.data, received.data, bytesOf(out));
 }
 
 void Executor::waitForStarted(const Function &fn, const std::string &why,
@@ -422,6 +571,7 @@ void Executor::waitForStarted(const Function &fn, const std::string &why,
   for (const auto &[index, buffer] : oldestFirst) {
     try {
       started_[buffer].handle.wait();
+      device_.wait(compute_, started_[buffer].done);
     } catch (const CommunicationError &e) {
       fail(fn, index, e.what(), /*inCollective=*/true);
     } catch (const std::exception &e) {
@@ -436,11 +586,12 @@ void Executor::waitForStarted(const Function &fn, const std::string &why,
 }
 
 void Executor::execute(const Function &fn, size_t index, Arena &arena) {
-  const Instruction &inst = fn.instructions[index];
-  if (inst.kernel) {
-    (*inst.kernel)(arena.inputs[index], arena.outputs[index], inst.attrs);
+  if (const Kernel *kernel = arena.kernels[index]) {
+    (*kernel)(arena.inputs[index], arena.outputs[index],
+              fn.instructions[index].attrs);
     return;
   }
+  const Instruction &inst = fn.instructions[index];
   std::vector<TensorView> &buffers = arena.buffers;
   if (program_.isPipelined() &&
       (inst.op == "ernie.send" || inst.op == "ernie.recv" ||
@@ -451,14 +602,21 @@ void Executor::execute(const Function &fn, size_t index, Arena &arena) {
   }
   TensorView &out = buffers[inst.results[0]];
   if (inst.op == "ernie.constant") {
-    std::memcpy(out.data, inst.data.data(), inst.data.size());
+    if (arena.constantAt[index])
+      device_.copy(out.data, arena.constantAt[index], inst.data.size());
+    else
+      device_.upload(out.data, inst.data.data(), inst.data.size());
   } else if (inst.op == "ernie.axis_index") {
-    int64_t index = inst.axes.empty()
-                        ? 0
-                        : program_.mesh().indexInGroup(rank_, inst.axes);
     if (out.type != DType::I64)
       throw KernelError("axis_index must produce i64");
-    *out.as<int64_t>() = index;
+    if (arena.constantAt[index]) {
+      device_.copy(out.data, arena.constantAt[index], sizeof(int64_t));
+    } else {
+      int64_t at = inst.axes.empty()
+                       ? 0
+                       : program_.mesh().indexInGroup(rank_, inst.axes);
+      device_.upload(out.data, &at, sizeof at);
+    }
   } else if (inst.op == "ernie.collective_permute_start") {
     start(fn, index, buffers[inst.operands[0]], out);
   } else if (inst.op == "ernie.all_reduce_start") {
@@ -500,20 +658,28 @@ void Executor::abandonStarted() {
     }
   }
   started_.clear();
+  try {
+    device_.synchronize(communication_);
+    device_.synchronize(compute_);
+  } catch (...) {
+  }
 }
 
 std::vector<HostTensor> Executor::run(const std::string &name,
                                       const std::vector<HostTensor> &inputs,
                                       int64_t microBatch) {
-  std::vector<const HostTensor *> views;
-  for (const HostTensor &t : inputs)
-    views.push_back(&t);
-  return run(name, views, microBatch);
+  std::vector<Argument> args(inputs.begin(), inputs.end());
+  std::vector<HostTensor> host;
+  runOnDevice(name, args, microBatch, {}, &host);
+  return host;
 }
 
-std::vector<HostTensor> Executor::run(const std::string &name,
-                                      const std::vector<const HostTensor *> &inputs,
-                                      int64_t microBatch) {
+std::vector<DeviceTensor>
+Executor::runOnDevice(const std::string &name,
+                      const std::vector<Argument> &inputs, int64_t microBatch,
+                      const std::vector<DeviceTensor *> &into,
+                      std::vector<HostTensor> *host,
+                      const std::vector<bool> &toHost) {
   const Function &fn = function(name);
   const PipelineSpec *pipeline = program_.pipeline();
   if (microBatch < 0 ||
@@ -528,37 +694,62 @@ std::vector<HostTensor> Executor::run(const std::string &name,
                                 std::to_string(fn.arguments.size()) +
                                 " arguments, not " +
                                 std::to_string(inputs.size()));
+  StreamGuard guard(compute_);
   std::unique_ptr<Arena> &arena = arenas_[name];
   if (!arena)
-    arena = std::make_unique<Arena>(fn);
+    arena = std::make_unique<Arena>(fn, device_, kernels_.at(name).kernel,
+                                    program_.mesh(), rank_);
   const std::vector<TensorView> &buffers = arena->buffers;
 
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec &arg = fn.arguments[i];
-    const HostTensor &input = *inputs[i];
-    if (input.type != arg.type || input.shape != arg.localShape) {
+    const Argument &input = inputs[i];
+    DType type = input.host ? input.host->type : input.device->type;
+    const std::vector<int64_t> &shape =
+        input.host ? input.host->shape : input.device->shape;
+    if (type != arg.type || shape != arg.localShape ||
+        (input.device && &input.device->device() != &device_)) {
       std::ostringstream os;
       os << "@" << name << " argument " << i
          << (arg.name.empty() ? "" : " ('" + arg.name + "')")
          << " must be a local " << runtime::name(arg.type) << " tensor of "
-         << arg.localShape.size() << " dimensions matching the program";
+         << arg.localShape.size() << " dimensions matching the program"
+         << (input.device ? " on " + device_.describe() : "");
       throw std::invalid_argument(os.str());
     }
-    std::memcpy(buffers[arg.buffer].data, input.bytes.data(),
-                input.bytes.size());
+    void *dst = buffers[arg.buffer].data;
+    if (input.host)
+      device_.upload(dst, input.host->bytes.data(), input.host->bytes.size());
+    else
+      device_.copy(dst, input.device->buffer.data(), input.device->bytes());
   }
 
+  // On a device the host clock sees launches; kernels are timed by events
+  // on the compute stream, placed on the host clock after the function.
+  const bool timed = options_.trace && !device_.hostAddressable();
+  if (timed && arena->timing.empty())
+    for (size_t i = 0; i <= fn.instructions.size(); ++i)
+      arena->timing.push_back(device_.createEvent());
+  int64_t runBegin = 0;
+  std::vector<TraceEvent> launched;
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
     const Instruction &inst = fn.instructions[i];
     bool blocking = arena->blocking[i];
     if (blocking)
       waitForStarted(fn, "before " + inst.op, /*forget=*/false);
     try {
+      if (timed) {
+        device_.record(arena->timing[i], compute_);
+        if (i == 0)
+          runBegin = nowMicros();
+      }
       int64_t begin = options_.trace ? nowMicros() : 0;
       execute(fn, i, *arena);
       // A start's transfer is recorded where it runs (start()); here it is
       // the moment compute handed it over.
-      if (options_.trace)
+      if (timed)
+        launched.push_back({inst.op, fn.name, blocking, 0, 0});
+      else if (options_.trace)
         record({inst.op, fn.name, blocking, begin, nowMicros() - begin});
     } catch (const CommunicationError &e) {
       fail(fn, i, e.what(), /*inCollective=*/true);
@@ -566,25 +757,78 @@ std::vector<HostTensor> Executor::run(const std::string &name,
       fail(fn, i, e.what(), /*inCollective=*/false);
     }
   }
+  if (timed && !fn.instructions.empty())
+    device_.record(arena->timing[fn.instructions.size()], compute_);
   waitForStarted(fn, "end of @" + name, /*forget=*/true);
 
-  std::vector<HostTensor> results;
-  for (size_t i = 0; i < fn.results.size(); ++i) {
-    const TensorSpec &res = fn.results[i];
-    const TensorView &v = buffers[res.buffer];
-    if (options_.checkFinite && res.role == Role::Loss && !isFinite(v)) {
+  std::vector<DeviceTensor> results;
+  results.reserve(fn.results.size());
+  if (host)
+    host->resize(fn.results.size());
+  try {
+    for (size_t i = 0; i < fn.results.size(); ++i) {
+      const TensorSpec &res = fn.results[i];
+      const TensorView &v = buffers[res.buffer];
+      DeviceTensor *target = i < into.size() ? into[i] : nullptr;
+      if (target && (target->empty() || &target->device() != &device_ ||
+                     target->type != res.type ||
+                     target->shape != res.localShape))
+        target = nullptr;
+      const bool download = host && (toHost.empty() || toHost[i]);
+      if (download) {
+        HostTensor &out = (*host)[i];
+        out = HostTensor(res.type, res.localShape);
+        device_.download(out.bytes.data(), v.data, out.bytes.size());
+        results.emplace_back();
+      } else if (target) {
+        device_.copy(target->buffer.data(), v.data, bytesOf(v));
+        results.emplace_back();
+      } else {
+        results.emplace_back(device_, res.type, res.localShape);
+        device_.copy(results.back().buffer.data(), v.data, bytesOf(v));
+      }
+    }
+    device_.synchronize(compute_);
+  } catch (const std::exception &e) {
+    std::string message = "rank " + std::to_string(rank_) + ": @" + name +
+                          ": copying the results out: " + e.what();
+    comm_.abort(message);
+    throw ExecutionError(message, /*inCollective=*/false);
+  }
+  try {
+    comm_.raiseAsyncError();
+  } catch (const CommunicationError &e) {
+    std::string message =
+        "rank " + std::to_string(rank_) + ": @" + name + ": " + e.what();
+    comm_.abort(message);
+    throw ExecutionError(message, /*inCollective=*/true);
+  }
+  if (timed && !fn.instructions.empty())
+    for (size_t i = 0; i < launched.size(); ++i) {
+      float from = device_.elapsedMilliseconds(arena->timing[0], arena->timing[i]);
+      float to = device_.elapsedMilliseconds(arena->timing[0], arena->timing[i + 1]);
+      launched[i].startMicros = runBegin + int64_t(from * 1000);
+      launched[i].durationMicros = int64_t((to - from) * 1000);
+      record(std::move(launched[i]));
+    }
+  if (options_.checkFinite)
+    for (size_t i = 0; i < fn.results.size(); ++i) {
+      if (fn.results[i].role != Role::Loss)
+        continue;
+      HostTensor loss = !results[i].empty() ? results[i].download()
+                        : host && (toHost.empty() || toHost[i]) ? (*host)[i]
+                                                                 : into[i]->download();
+      if (isFinite(loss))
+        continue;
       std::string message = "rank " + std::to_string(rank_) + ": @" + name +
                             " result " + std::to_string(i) +
                             " (the loss) is not finite";
       comm_.abort(message);
       throw ExecutionError(message, /*inCollective=*/false);
     }
-    HostTensor out(res.type, res.localShape);
-    std::memcpy(out.bytes.data(), v.data, out.bytes.size());
-    results.push_back(std::move(out));
-  }
   return results;
 }
+
 
 void Executor::recordSpan(const std::string &name, const std::string &function,
                           int64_t startMicros, int64_t endMicros) {

@@ -69,12 +69,19 @@ uint32_t encode(const Format &f, float x) {
   uint32_t sign = (bits >> 31) ? f.signBit() : 0;
   uint32_t magnitude = bits & 0x7FFFFFFFu;
   if (magnitude > 0x7F800000u) {
-    // Keep what fits of the payload, as the bf16 truncation does.
+    // fp8: NVIDIA's canonical NaN, S.1111.111 with the sign cleared (0x7F
+    // in both formats), as cvt.satfinite and cuda_fp8.h give it. f16 keeps
+    // the sign and what fits of the payload, as the bf16 truncation does.
+    if (f.saturate)
+      return f.expOnes() | f.mantissaMask();
     uint32_t payload = f.ieeeSpecials ? (magnitude >> (23 - M)) & f.mantissaMask() : 0;
     return sign | f.quietNaN() | payload;
   }
+  // Infinities saturate like any overflow in the saturating (fp8) formats:
+  // NVIDIA's __NV_SATFINITE conversions (cuda_fp8.h) do, so the GPU's cvt
+  // instructions and this agree on every input.
   if (magnitude == 0x7F800000u)
-    return sign | (f.ieeeSpecials ? f.infinity() : f.maxFinite());
+    return sign | (f.saturate ? f.maxFinite() : f.infinity());
 
   // magnitude = mantissa * 2^(exponent - 23), with the implicit bit for
   // normal f32 values.

@@ -140,8 +140,10 @@ void RankRunner::initState(const std::string &fnName, const StateSource &source,
   auto findParam = [&](const std::string &name) { return findArgument(fn, name); };
   for (const TensorSpec &arg : fn.arguments)
     if (isState(arg) && !state_.count(arg.name))
-      state_[arg.name] = {arg, pieceOf(initialValue(arg, source, seed, findParam),
-                                       arg, mesh, comm_.rank())};
+      state_[arg.name] = {
+          arg, DeviceTensor::upload(
+                   device(), pieceOf(initialValue(arg, source, seed, findParam),
+                                     arg, mesh, comm_.rank()))};
   initialised_ = true;
 }
 
@@ -157,23 +159,25 @@ void RankRunner::setState(const std::string &fnName, const std::string &name,
           "stage " + std::to_string(executor_.stage()) +
           " has no state named '" + name + "'");
     TensorSpec spec = *found;
-    state_[name] = {spec, pieceOf(convert(global, spec.type), spec,
-                                  program_.mesh(), comm_.rank())};
+    state_[name] = {spec, DeviceTensor::upload(
+                              device(), pieceOf(convert(global, spec.type), spec,
+                                                program_.mesh(), comm_.rank()))};
     return;
   }
   const TensorSpec *spec = findArgument(function(fnName), name);
   if (!spec)
     throw std::invalid_argument("@" + fnName + " has no state named '" + name +
                                 "'");
-  state_[name] = {*spec, pieceOf(convert(global, spec->type), *spec,
-                                 program_.mesh(), comm_.rank())};
+  state_[name] = {*spec, DeviceTensor::upload(
+                             device(), pieceOf(convert(global, spec->type), *spec,
+                                               program_.mesh(), comm_.rank()))};
 }
 
-const HostTensor &RankRunner::localState(const std::string &name) const {
+HostTensor RankRunner::localState(const std::string &name) const {
   auto it = state_.find(name);
   if (it == state_.end())
     throw std::invalid_argument("no state named '" + name + "'");
-  return it->second.piece;
+  return it->second.piece.download();
 }
 
 void RankRunner::replaceLocalState(const std::string &name, HostTensor piece) {
@@ -183,7 +187,7 @@ void RankRunner::replaceLocalState(const std::string &name, HostTensor piece) {
   if (piece.type != it->second.spec.type ||
       piece.shape != it->second.spec.localShape)
     throw std::invalid_argument("state '" + name + "': a piece of another layout");
-  it->second.piece = std::move(piece);
+  it->second.piece.assign(piece);
 }
 
 const TensorSpec &RankRunner::stateSpec(const std::string &name) const {
@@ -206,7 +210,7 @@ static bool sameLayout(const TensorSpec &a, const TensorSpec &b) {
          a.sharding.partials == b.sharding.partials;
 }
 
-const HostTensor &RankRunner::stateFor(const TensorSpec &spec) {
+const DeviceTensor &RankRunner::stateFor(const TensorSpec &spec) {
   auto it = state_.find(spec.name);
   if (it == state_.end())
     throw std::invalid_argument("state '" + spec.name +
@@ -215,11 +219,13 @@ const HostTensor &RankRunner::stateFor(const TensorSpec &spec) {
   if (!sameLayout(state.spec, spec)) {
     // Every rank calls the same function (pipelines: every rank of the
     // stage), so every such rank gathers here too.
+    HostTensor local = state.piece.download();
     HostTensor global = program_.isPipelined()
-                            ? gatherInStage(state.spec, state.piece)
-                            : gather(state.spec, state.piece);
-    state = {spec, pieceOf(convert(global, spec.type), spec, program_.mesh(),
-                           comm_.rank())};
+                            ? gatherInStage(state.spec, local)
+                            : gather(state.spec, local);
+    state = {spec, DeviceTensor::upload(
+                       device(), pieceOf(convert(global, spec.type), spec,
+                                         program_.mesh(), comm_.rank()))};
   }
   return state.piece;
 }
@@ -263,11 +269,22 @@ RankRunner::callFunction(const std::string &fnName,
   if (next != inputs.size())
     throw std::invalid_argument("@" + fnName + " takes " + std::to_string(next) +
                                 " inputs, not " + std::to_string(inputs.size()));
-  std::vector<HostTensor> results = executor_.run(fnName, args.views, 0);
+  // Results that update nothing go to the host; updated state stays on the
+  // device (downloaded below only when Results::All wants it too).
+  std::vector<bool> toHost(fn.results.size());
+  for (size_t i = 0; i < fn.results.size(); ++i)
+    toHost[i] = fn.results[i].updates.empty();
+  std::vector<HostTensor> host;
+  std::vector<DeviceTensor> results = executor_.runOnDevice(
+      fnName, args.views, 0, updateTargets(fn), &host, toHost);
   // The arguments point into the state the updates replace.
   args.views.clear();
-  keepUpdates(fn, results, /*move=*/wanted == Results::ExceptUpdates);
-  return results;
+  keepUpdates(fn, results);
+  for (size_t i = 0; i < results.size(); ++i)
+    if (!fn.results[i].updates.empty() && wanted == Results::All &&
+        host[i].bytes.empty() && host[i].shape.empty())
+      host[i] = state_.at(fn.results[i].updates).piece.download();
+  return host;
 }
 
 RankRunner::Arguments RankRunner::arguments(const Function &fn,
@@ -277,13 +294,13 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
   args.owned.reserve(fn.arguments.size());
   auto own = [&](HostTensor t) {
     args.owned.push_back(std::move(t));
-    args.views.push_back(&args.owned.back());
+    args.views.push_back(args.owned.back());
   };
   for (const TensorSpec &arg : fn.arguments) {
     switch (arg.role) {
     case Role::Parameter:
     case Role::OptimizerState:
-      args.views.push_back(&stateFor(arg));
+      args.views.push_back(stateFor(arg));
       break;
     case Role::LearningRate:
       own(scalar(arg.type, from.lr));
@@ -310,7 +327,7 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
         throw std::runtime_error("@" + fn.name + ": nothing on stage " +
                                  std::to_string(executor_.stage()) +
                                  " made its " + kind + " '" + arg.name + "'");
-      args.views.push_back(&it->second);
+      args.views.push_back(it->second);
       break;
     }
     }
@@ -318,13 +335,31 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
   return args;
 }
 
+std::vector<DeviceTensor *> RankRunner::updateTargets(const Function &fn) {
+  std::vector<DeviceTensor *> into(fn.results.size(), nullptr);
+  for (size_t i = 0; i < fn.results.size(); ++i) {
+    const TensorSpec &res = fn.results[i];
+    if (res.updates.empty())
+      continue;
+    auto it = state_.find(res.updates);
+    if (it != state_.end() && it->second.piece.type == res.type &&
+        it->second.piece.shape == res.localShape)
+      into[i] = &it->second.piece;
+  }
+  return into;
+}
+
 void RankRunner::keepUpdates(const Function &fn,
-                             std::vector<HostTensor> &results, bool move) {
-  for (size_t i = 0; i < results.size(); ++i)
-    if (!fn.results[i].updates.empty())
-      state_[fn.results[i].updates] = {
-          stateLayout(fn, fn.results[i]),
-          move ? std::move(results[i]) : results[i]};
+                             std::vector<DeviceTensor> &results) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    const TensorSpec &res = fn.results[i];
+    if (res.updates.empty())
+      continue;
+    if (results[i].empty()) // written in place
+      state_.at(res.updates).spec = stateLayout(fn, res);
+    else
+      state_[res.updates] = {stateLayout(fn, res), std::move(results[i])};
+  }
 }
 
 HostTensor RankRunner::gather(const TensorSpec &spec, const HostTensor &local) {
@@ -332,7 +367,7 @@ HostTensor RankRunner::gather(const TensorSpec &spec, const HostTensor &local) {
   size_t bytes = local.bytes.size();
   std::vector<uint8_t> all(bytes * mesh.numRanks());
   // A group over every axis, in mesh order, is every rank in rank order.
-  comm_.allGather(local.bytes.data(), all.data(), bytes, mesh.axisNames());
+  hostAllGather(comm_, local.bytes.data(), all.data(), bytes, mesh.axisNames());
   std::vector<HostTensor> pieces(mesh.numRanks(), HostTensor(spec.type, spec.localShape));
   for (int64_t r = 0; r < mesh.numRanks(); ++r)
     std::copy(all.begin() + r * bytes, all.begin() + (r + 1) * bytes,
@@ -353,7 +388,7 @@ HostTensor RankRunner::gatherInStage(const TensorSpec &spec,
   if (members == 1)
     std::copy(local.bytes.begin(), local.bytes.end(), all.begin());
   else
-    comm_.allGather(local.bytes.data(), all.data(), bytes, axes);
+    hostAllGather(comm_, local.bytes.data(), all.data(), bytes, axes);
   // Every rank's piece is its counterpart's in this stage: shardings never
   // name the stage axis (Program::load).
   std::vector<HostTensor> pieces(mesh.numRanks(),
@@ -415,9 +450,11 @@ void RankRunner::initPipelinedState(const StateSource &source, uint64_t seed) {
     for (const Function *fn : stageFunctions())
       for (const TensorSpec &arg : fn->arguments)
         if (isState(arg) && !state_.count(arg.name))
-          state_[arg.name] = {arg,
-                              pieceOf(initialValue(arg, source, seed, findParam),
-                                      arg, mesh, comm_.rank())};
+          state_[arg.name] = {
+              arg, DeviceTensor::upload(
+                       device(),
+                       pieceOf(initialValue(arg, source, seed, findParam), arg,
+                               mesh, comm_.rank()))};
   } catch (const std::exception &e) {
     // Stages with an @init.<s> are about to talk to this one: stop them.
     bool anyInit = false;
@@ -453,15 +490,21 @@ std::vector<double> RankRunner::trainPipelined(
   // Residuals by (chunk, micro-batch) between a forward and its backward;
   // what the update takes by name: gradients summed, maxima (fp8 amaxes)
   // their largest, over the micro-batches.
-  std::map<std::pair<int64_t, int64_t>, std::map<std::string, HostTensor>> kept;
-  std::map<std::string, HostTensor> handed;
-  auto hand = [&](const TensorSpec &res, HostTensor &value) {
-    auto [it, fresh] = handed.emplace(res.name, value);
-    if (!fresh)
-      reduceInto(it->second.bytes.data(), value.bytes.data(),
-                 value.numElements(), res.type,
-                 res.role == Role::MicroBatchMax ? ReduceOp::Max
-                                                 : ReduceOp::Sum);
+  std::map<std::pair<int64_t, int64_t>, std::map<std::string, DeviceTensor>>
+      kept;
+  std::map<std::string, DeviceTensor> handed;
+  auto hand = [&](const TensorSpec &res, DeviceTensor &value) {
+    auto it = handed.find(res.name);
+    if (it == handed.end()) {
+      handed.emplace(res.name, std::move(value));
+      return;
+    }
+    // reduceInto: the running value's block is read before it is written.
+    device().reduceInOrder({it->second.buffer.data(), value.buffer.data()},
+                           {it->second.buffer.data()},
+                           static_cast<size_t>(value.numElements()), res.type,
+                           res.role == Role::MicroBatchMax ? ReduceOp::Max
+                                                           : ReduceOp::Sum);
   };
   std::vector<double> losses(pipeline.microBatches, 0.0);
   for (const PipelineStep &st : pipeline.steps[s]) {
@@ -471,7 +514,7 @@ std::vector<double> RankRunner::trainPipelined(
         pipelineFunction(forward ? "train_forward" : "train_backward", c);
     const Function &fn = executor_.function(name);
     int64_t begin = tracing ? traceClockMicros() : 0;
-    std::map<std::string, HostTensor> residuals;
+    std::map<std::string, DeviceTensor> residuals;
     if (!forward) {
       auto it = kept.find({c, k});
       if (it == kept.end()) // checkSchedule rules this out.
@@ -482,7 +525,8 @@ std::vector<double> RankRunner::trainPipelined(
     }
     CallSources from = microBatch(micro, k);
     from.handOffs = &residuals;
-    std::vector<HostTensor> results = executor_.run(name, arguments(fn, from).views, k);
+    std::vector<DeviceTensor> results =
+        executor_.runOnDevice(name, arguments(fn, from).views, k);
     if (forward)
       kept[{c, k}]; // A forward may keep nothing for its backward.
     for (size_t i = 0; i < results.size(); ++i) {
@@ -490,7 +534,7 @@ std::vector<double> RankRunner::trainPipelined(
       if (forward && res.role == Role::Residual) {
         kept[{c, k}][res.name] = std::move(results[i]);
       } else if (forward && res.role == Role::Loss && c == lastChunk) {
-        losses[k] = scalarValue(results[i]);
+        losses[k] = scalarValue(results[i].download());
       } else if (res.role == Role::MicroBatchMax ||
                  (!forward && res.role == Role::Gradient)) {
         hand(res, results[i]);
@@ -509,8 +553,9 @@ std::vector<double> RankRunner::trainPipelined(
   from.lr = lr;
   from.step = step;
   from.handOffs = &handed;
-  std::vector<HostTensor> results = executor_.run(name, arguments(fn, from).views, 0);
-  keepUpdates(fn, results, /*move=*/true);
+  std::vector<DeviceTensor> results = executor_.runOnDevice(
+      name, arguments(fn, from).views, 0, updateTargets(fn));
+  keepUpdates(fn, results);
   if (tracing)
     executor_.recordSpan("update", name, begin, traceClockMicros());
   if (program_.stageOf(comm_.rank()) != lastChunk % program_.numStages())
@@ -529,12 +574,12 @@ std::vector<double> RankRunner::evalPipelined(
       const std::string name = pipelineFunction("eval_forward", c);
       const Function &fn = executor_.function(name);
       int64_t begin = tracing ? traceClockMicros() : 0;
-      std::vector<HostTensor> results =
-          executor_.run(name, arguments(fn, microBatch(micro, k)).views, k);
+      std::vector<DeviceTensor> results =
+          executor_.runOnDevice(name, arguments(fn, microBatch(micro, k)).views, k);
       if (c == lastChunk)
         for (size_t i = 0; i < results.size(); ++i)
           if (fn.results[i].role == Role::Loss)
-            losses[k] = scalarValue(results[i]);
+            losses[k] = scalarValue(results[i].download());
       if (tracing)
         executor_.recordSpan("F" + std::to_string(c) + " mb" + std::to_string(k),
                              name, begin, traceClockMicros());
@@ -600,11 +645,11 @@ RankRunner::callPipelined(const std::string &fnName,
       *loss.as<float>() = static_cast<float>(sum / static_cast<double>(m));
       for (int64_t t = 0; t < program_.numStages(); ++t)
         if (t != last)
-          comm_.send(loss.bytes.data(), loss.bytes.size(),
-                     program_.rankInStage(comm_.rank(), t), kLossTag);
+          hostSend(comm_, loss.bytes.data(), loss.bytes.size(),
+                   program_.rankInStage(comm_.rank(), t), kLossTag);
     } else {
-      comm_.recv(loss.bytes.data(), loss.bytes.size(),
-                 program_.rankInStage(comm_.rank(), last), kLossTag);
+      hostRecv(comm_, loss.bytes.data(), loss.bytes.size(),
+               program_.rankInStage(comm_.rank(), last), kLossTag);
     }
     return {loss};
   } catch (const ExecutionError &) {
@@ -621,7 +666,26 @@ RankRunner::callPipelined(const std::string &fnName,
 //===----------------------------------------------------------------------===//
 
 Session::Session(Program program, SessionOptions options)
-    : program_(std::move(program)), world_(program_.mesh(), options.timeout) {
+    : Session(std::move(program), options, openDevice(options.device)) {}
+
+Session::Session(Program program, SessionOptions options,
+                 std::shared_ptr<Device> device)
+    : program_(std::move(program)), device_(std::move(device)),
+      world_(program_.mesh(), options.timeout, *device_) {
+  // Every rank shares the one device: what they need together must fit.
+  if (std::optional<DeviceMemory> memory = device_->memory()) {
+    uint64_t needed = 0;
+    for (int64_t r = 0; r < program_.mesh().numRanks(); ++r)
+      needed += deviceBytesNeeded(program_, program_.stageOf(r));
+    if (needed > memory->free)
+      throw DeviceError(program_.source() + ": its " +
+                        std::to_string(program_.mesh().numRanks()) +
+                        " ranks need " + std::to_string(needed) +
+                        " bytes of device memory together (arenas and "
+                        "state); " + device_->describe() + " has " +
+                        std::to_string(memory->free) + " bytes free of " +
+                        std::to_string(memory->total));
+  }
   if (options.blasThreads > 0)
     setCpuBlasThreads(options.blasThreads);
   // Results are assembled as if every rank ran the same function, except

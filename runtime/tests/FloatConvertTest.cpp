@@ -92,7 +92,8 @@ const uint32_t kNaNCode = UINT32_MAX; // refEncode's answer for NaN
 
 /// The code nearest to x (ties to the even code), with the overflow rule:
 /// IEEE formats round past the largest finite value as if the exponent went
-/// on, so to infinity; saturating ones stop at the largest finite value.
+/// on, so to infinity; saturating ones stop at the largest finite value,
+/// infinities included (NVIDIA's __NV_SATFINITE).
 uint32_t refEncode(const Spec &s, double x) {
   if (std::isnan(x))
     return kNaNCode;
@@ -101,7 +102,7 @@ uint32_t refEncode(const Spec &s, double x) {
   const std::vector<double> &pos = positives(s);
   uint32_t top = s.maxFinite();
   if (std::isinf(a))
-    return sign | (s.fn ? top : s.infinity());
+    return sign | (s.saturate ? top : s.infinity());
   if (a >= pos[top]) {
     if (s.saturate)
       return sign | top;
@@ -202,9 +203,14 @@ TEST(FloatConvert, EveryCodeRoundTrips) {
       float x = decode(*s, code);
       bool nan = std::isnan(x);
       for (uint32_t back : {encodeFloat(*s, x), encodeDouble(*s, x)}) {
+        // fp8 NaNs come back as NVIDIA's canonical 0x7F, and the f8E5M2
+        // infinities as its largest finite value (__NV_SATFINITE).
+        bool fp8 = s->saturate;
         bool ok = nan ? std::isnan(decode(*s, back)) &&
-                            (back & s->signBit()) == (code & s->signBit())
-                      : back == code;
+                            (fp8 ? back == 0x7F
+                                 : (back & s->signBit()) == (code & s->signBit()))
+                  : fp8 && std::isinf(x) ? back == (code & s->signBit()) + 0x7B
+                                         : back == code;
         if (!ok && ++wrong <= 5)
           ADD_FAILURE() << name(s->type) << " code 0x" << std::hex << code
                         << " comes back as 0x" << back;
@@ -249,8 +255,8 @@ TEST(FloatConvert, TiesSubnormalsOverflowAndNaN) {
       {&kE5M2, 61440, 0x7B},           // would round to 2^16: saturates
       {&kE5M2, 1e30, 0x7B},
       {&kE5M2, -1e30, 0xFB},
-      {&kE5M2, kInf, 0x7C},            // infinities stay
-      {&kE5M2, -kInf, 0xFC},
+      {&kE5M2, kInf, 0x7B},            // infinities saturate too (SATFINITE)
+      {&kE5M2, -kInf, 0xFB},
       {&kE5M2, kNaN, kNaNCode},
       // f16 (IEEE: overflow rounds to infinity)
       {&kF16, 1 + p(-11), 0x3C00},
@@ -281,9 +287,12 @@ TEST(FloatConvert, TiesSubnormalsOverflowAndNaN) {
                          c.want, c.x));
     EXPECT_TRUE(sameCode(*c.spec, encodeDouble(*c.spec, c.x), c.want, c.x));
   }
-  // NaN keeps its sign.
-  EXPECT_EQ(floatToF8E4M3FN(-std::numeric_limits<float>::quiet_NaN()), 0xFF);
-  EXPECT_TRUE(floatToF8E5M2(-std::numeric_limits<float>::quiet_NaN()) & 0x80);
+  // fp8: NVIDIA's canonical NaN, whatever the sign and payload.
+  EXPECT_EQ(floatToF8E4M3FN(-std::numeric_limits<float>::quiet_NaN()), 0x7F);
+  EXPECT_EQ(floatToF8E5M2(-std::numeric_limits<float>::quiet_NaN()), 0x7F);
+  EXPECT_EQ(floatToF8E5M2(std::numeric_limits<float>::signaling_NaN()), 0x7F);
+  // f16 keeps the sign.
+  EXPECT_TRUE(floatToF16(-std::numeric_limits<float>::quiet_NaN()) & 0x8000);
 }
 
 // From f64 the conversions round once: each of these is just off a tie of
@@ -562,7 +571,7 @@ TEST(NarrowFloatKernels, InPlaceAndOverflow) {
         {{"axis", int64_t{0}}});
   EXPECT_EQ(acc.get(0), 1.0);
   EXPECT_EQ(acc.get(2), 1.75);
-  // f8E4M3FN saturates, f8E5M2 too for finite values, f16 overflows to inf.
+  // f8E4M3FN and f8E5M2 saturate, f16 overflows to inf.
   Buffer a(DType::F8E4M3FN, {1}), y(DType::F8E4M3FN, {1});
   a.set(0, 448);
   runOp("ernie.add", {a.view(), a.view()}, {y.view()});

@@ -9,6 +9,7 @@
 
 #include "CollectiveChecks.h"
 #include "ProgramBuilder.h"
+#include "StoreHelpers.h"
 #include "ernie/runtime/Executor.h"
 #include "ernie/runtime/GlooCommunicator.h"
 #include "ernie/runtime/HostTensor.h"
@@ -31,43 +32,6 @@ using namespace ernie::runtime;
 using namespace ernie::runtime::testing;
 
 namespace {
-
-/// An empty store directory for one test, removed when the test ends.
-class FreshStore {
-public:
-  explicit FreshStore(const std::string &name)
-      : dir_(std::filesystem::temp_directory_path() /
-             ("ernie-gloo-" + name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  FreshStore(const FreshStore &) = delete; // Would remove the directory twice.
-  FreshStore &operator=(const FreshStore &) = delete;
-  ~FreshStore() {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  operator std::string() const { return dir_.string(); }
-
-private:
-  std::filesystem::path dir_;
-};
-
-/// A loopback port nobody listens on now: the kernel's pick for port 0.
-int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&addr), len) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string freeAddress() { return "127.0.0.1:" + std::to_string(freePort()); }
 
 enum class StoreKind { File, Tcp };
 

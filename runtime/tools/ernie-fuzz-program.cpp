@@ -28,6 +28,8 @@
 #include "ernie/runtime/ProgramFormat.h"
 #include "ernie/runtime/Session.h"
 
+#include "StepInputs.h"
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,35 +165,10 @@ void runOneStep(const Program &program) {
   // coverage: the thread backend's own bound is tested elsewhere.
   if (program.mesh().numRanks() > 16)
     return;
-  std::string name = "train_step";
-  std::vector<TensorSpec> specs;
-  if (program.isPipelined()) {
-    for (TensorSpec spec : program.pipeline()->inputs) {
-      spec.globalShape[0] *= program.pipeline()->microBatches;
-      specs.push_back(spec);
-    }
-  } else {
-    const Function *fn = program.function(0, name);
-    if (!fn && program.functions(0).size() == 1)
-      fn = &program.functions(0)[0];
-    if (!fn)
-      return;
-    name = fn->name;
-    for (const TensorSpec &arg : fn->arguments)
-      if (arg.role == Role::Input || arg.role == Role::Loss)
-        specs.push_back(arg);
-  }
   std::vector<HostTensor> inputs;
-  for (const TensorSpec &spec : specs) {
-    HostTensor t(spec.type, spec.globalShape);
-    if (isFloat(spec.type)) {
-      HostTensor wide(DType::F64, spec.globalShape);
-      for (int64_t j = 0; j < wide.numElements(); ++j)
-        wide.as<double>()[j] = double(j % 7) / 8.0 - 0.375;
-      t = convert(wide, spec.type);
-    }
-    inputs.push_back(std::move(t));
-  }
+  std::string name = stepInputs(program, inputs);
+  if (name.empty())
+    return;
   SessionOptions options;
   options.timeout = std::chrono::seconds(2);
   Session session(program, options);

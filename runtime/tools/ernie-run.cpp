@@ -1,6 +1,7 @@
 //===- ernie-run.cpp - run an ernie program file -----------------------------===//
 //
-//   ernie-run prog.ernie [--ranks N] [--backend threads|gloo] [--steps K]
+//   ernie-run prog.ernie [--ranks N] [--device cpu|cuda|cuda:N]
+//             [--backend threads|gloo|nccl] [--steps K]
 //             [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]
 //             [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]
 //             [--trace FILE] [--save DIR --save-every K [--keep N]]
@@ -15,6 +16,19 @@
 // process is that one rank of a run started by hand (on several hosts, with
 // --store-address). Any failure on any rank exits non-zero with a message
 // naming the rank and the instruction.
+//
+// Devices: --device cpu (the default) or cuda / cuda:N (UNVERIFIED: the CUDA
+// backend has not run on a GPU yet). On a GPU, `--backend threads` runs every
+// rank as a thread on that one GPU (the shared-device engine) and
+// `--backend nccl` one process per GPU over NCCL (launched here, one per
+// visible GPU, or by hand with --rank). Gloo carries host memory only.
+// Without a CUDA build or a visible GPU, --device cuda says so and exits 1.
+//
+// Launched the way PyTorch jobs are (torchrun, a scheduler): with RANK and
+// WORLD_SIZE in the environment, this process is rank RANK of a multi-process
+// run (Gloo on the CPU, NCCL on a GPU unless --backend says otherwise),
+// rendezvousing at MASTER_ADDR:MASTER_PORT (rank 0 serves the store there)
+// unless --store or --store-address is given; LOCAL_RANK picks the GPU.
 //
 // Checkpoints: --save DIR --save-every K saves a distributed checkpoint
 // (Checkpoint.h) every K steps into DIR/step-<N>, keeping the newest N with
@@ -32,7 +46,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "ernie/runtime/Checkpoint.h"
+#include "ernie/runtime/Device.h"
 #include "ernie/runtime/GlooCommunicator.h"
+#include "ernie/runtime/NcclCommunicator.h"
 #include "ernie/runtime/Session.h"
 
 #include <chrono>
@@ -61,6 +77,9 @@ struct Options {
   std::string program;
   std::optional<int64_t> ranks;
   std::string backend = "threads";
+  bool backendGiven = false;
+  std::string device = "cpu";
+  bool nativeReductions = false;
   int64_t steps = 1;
   std::string function;
   std::string inputs, outputs, trace;
@@ -79,7 +98,8 @@ struct Options {
 };
 
 const char *kUsage =
-    "usage: ernie-run PROGRAM [--ranks N] [--backend threads|gloo] [--steps K]\n"
+    "usage: ernie-run PROGRAM [--ranks N] [--device cpu|cuda|cuda:N]\n"
+    "                 [--backend threads|gloo|nccl] [--steps K]\n"
     "                 [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]\n"
     "                 [--trace FILE]\n"
     "                 [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]\n"
@@ -90,7 +110,15 @@ const char *kUsage =
     "Runs K steps of a program file written by `ernie-translate "
     "--ernie-to-program`.\n"
     "  --ranks N         ranks to run (default: the program's mesh size)\n"
-    "  --backend B       threads (one process) or gloo (one process per rank)\n"
+    "  --device D        cpu (default), cuda or cuda:N (the CUDA backend is\n"
+    "                    unverified: it has not yet run on a GPU)\n"
+    "  --backend B       threads (one process; on a GPU every rank shares it),\n"
+    "                    gloo (one process per rank, CPU) or nccl (one process\n"
+    "                    per GPU); RANK/WORLD_SIZE in the environment pick\n"
+    "                    gloo or nccl\n"
+    "  --nccl-native-reductions  NCCL's own all-reduce and reduce-scatter\n"
+    "                    (default: exchange and reduce in group order, the\n"
+    "                    bits of every other backend)\n"
     "  --steps K         calls of the function, state carried between them\n"
     "  --function NAME   the function to call (default: train_step if present)\n"
     "  --inputs DIR      global batch inputs (input<k>.npy: the k-th input\n"
@@ -136,8 +164,18 @@ Options parseOptions(int argc, char **argv) {
       o.ranks = parseNumber<int64_t>(arg, value());
     } else if (arg == "--backend") {
       o.backend = value();
-      if (o.backend != "threads" && o.backend != "gloo")
-        usageError("--backend must be threads or gloo, not '" + o.backend + "'");
+      o.backendGiven = true;
+      if (o.backend != "threads" && o.backend != "gloo" && o.backend != "nccl")
+        usageError("--backend must be threads, gloo or nccl, not '" +
+                   o.backend + "'");
+    } else if (arg == "--device") {
+      o.device = value();
+      if (o.device != "cpu" && o.device != "cuda" &&
+          o.device.rfind("cuda:", 0) != 0)
+        usageError("--device must be cpu, cuda or cuda:N, not '" + o.device +
+                   "'");
+    } else if (arg == "--nccl-native-reductions") {
+      o.nativeReductions = true;
     } else if (arg == "--steps") {
       o.steps = parseNumber<int64_t>(arg, value());
       if (o.steps < 1)
@@ -196,10 +234,33 @@ Options parseOptions(int argc, char **argv) {
     usageError("--save DIR and --save-every K go together");
   if (o.keep && o.save.empty())
     usageError("--keep applies to --save");
-  if (o.rank && o.backend != "gloo")
-    usageError("--rank runs one rank of a Gloo run: add --backend gloo");
+  // PyTorch's launch variables: this process is rank RANK of WORLD_SIZE.
+  if (!o.rank) {
+    if (const char *rank = std::getenv("RANK")) {
+      o.rank = parseNumber<int64_t>("RANK", rank);
+      if (!o.backendGiven)
+        o.backend = o.device == "cpu" ? "gloo" : "nccl";
+      const char *addr = std::getenv("MASTER_ADDR"),
+                 *port = std::getenv("MASTER_PORT");
+      if (o.store.empty() && o.storeAddress.empty() && addr && port)
+        o.storeAddress = std::string(addr) + ":" + port;
+    }
+  }
+  const bool cpu = o.device == "cpu";
+  if (o.backend == "nccl" && cpu)
+    usageError("--backend nccl runs on GPUs: add --device cuda");
+  if (o.backend == "gloo" && !cpu)
+    usageError("Gloo carries host memory: with --device " + o.device +
+               " use --backend nccl (one process per GPU) or threads (every "
+               "rank on one GPU)");
+  if (o.rank && o.backend == "threads")
+    usageError(std::getenv("RANK") && !o.backendGiven
+                   ? "RANK is set: a multi-process run needs --backend gloo or nccl"
+                   : "--rank runs one rank of a multi-process run: add "
+                     "--backend gloo or nccl");
   if (o.rank && o.store.empty() && o.storeAddress.empty())
-    usageError("--rank needs --store DIR or --store-address HOST:PORT");
+    usageError("--rank (or RANK) needs --store DIR, --store-address HOST:PORT "
+               "or MASTER_ADDR and MASTER_PORT");
   return o;
 }
 
@@ -436,10 +497,15 @@ void saveIfDue(const Options &o, int64_t step, bool report,
 }
 
 /// Which GEMM kernels run (a known-slow fallback is warned about on
-/// stderr): step times mean little without it.
-void printGemmBanner(bool print) {
+/// stderr), or which GPU: step times mean little without it.
+void printGemmBanner(bool print, const Device &device = cpuDevice()) {
   if (!print)
     return;
+  if (!device.hostAddressable()) {
+    std::printf("Device: %s (the CUDA backend is unverified)\n",
+                device.describe().c_str());
+    return;
+  }
   GemmLibrary gemm = cpuGemmLibrary();
   std::printf("GEMM: %s\n", gemm.describe().c_str());
   if (!gemm.warning.empty())
@@ -448,12 +514,13 @@ void printGemmBanner(bool print) {
 
 /// Every rank in this process, on threads.
 int runThreads(const Program &program, const Options &o) {
-  printGemmBanner(!o.quiet);
   SessionOptions options;
   options.executor.checkFinite = o.checkFinite;
   options.executor.trace = !o.trace.empty();
   options.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
+  options.device = o.device;
   Session session(program, options);
+  printGemmBanner(!o.quiet, session.device());
   std::string name = chooseFunction(program, o);
   const bool pipelined = program.isPipelined();
   // A pipeline's call returns the loss alone.
@@ -504,14 +571,29 @@ int runThreads(const Program &program, const Options &o) {
   return 0;
 }
 
-/// One rank of a Gloo run.
-int runGlooRank(const Program &program, const Options &o) {
+/// This rank's communicator of a multi-process run: Gloo, or NCCL on its GPU.
+std::unique_ptr<Communicator> rankCommunicator(const Program &program,
+                                               const Options &o) {
+  auto timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
+  if (o.backend == "nccl") {
+    NcclOptions nccl;
+    nccl.storePath = o.store;
+    nccl.storeAddress = o.storeAddress;
+    nccl.device = o.device;
+    nccl.timeout = timeout;
+    nccl.nativeReductions = o.nativeReductions;
+    return createNcclCommunicator(program.mesh(), *o.rank, nccl);
+  }
   GlooOptions gloo;
   gloo.storePath = o.store;
   gloo.storeAddress = o.storeAddress;
-  gloo.timeout = std::chrono::milliseconds(int64_t(o.timeoutSeconds * 1000));
-  std::unique_ptr<Communicator> comm =
-      createGlooCommunicator(program.mesh(), *o.rank, gloo);
+  gloo.timeout = timeout;
+  return createGlooCommunicator(program.mesh(), *o.rank, gloo);
+}
+
+/// One rank of a multi-process run (Gloo or NCCL).
+int runRank(const Program &program, const Options &o) {
+  std::unique_ptr<Communicator> comm = rankCommunicator(program, o);
   ExecutorOptions options;
   options.checkFinite = o.checkFinite;
   options.trace = !o.trace.empty();
@@ -526,7 +608,7 @@ int runGlooRank(const Program &program, const Options &o) {
   int64_t first = resumeFrom(o, leader && !o.quiet, [&](IoMeter &meter) {
     return loadCheckpointOnRank(program, runner, *comm, o.resume, &meter);
   });
-  printGemmBanner(leader && !o.quiet);
+  printGemmBanner(leader && !o.quiet, comm->device());
   Reporter reporter(o.steps, o.quiet || !leader);
   std::vector<HostTensor> local;
   std::vector<double> losses;
@@ -589,16 +671,32 @@ int runGlooRank(const Program &program, const Options &o) {
   return 0;
 }
 
-/// Starts one process per rank (this program, with --rank) and waits for
-/// them; when one fails, the others get the timeout to stop on their own
-/// (they see its abort) before they are killed.
-int launchGloo(const Program &program, const Options &o, char **argv) {
+/// Starts one process per rank (this program, with --rank; on GPUs each
+/// with its LOCAL_RANK) and waits for them; when one fails, the others get
+/// the timeout to stop on their own (they see its abort) before they are
+/// killed.
+int launchProcesses(const Program &program, const Options &o, char **argv) {
+  if (o.backend == "nccl") {
+    // NCCL puts at most one rank of a communicator on a GPU.
+    std::string reason;
+    int gpus = cudaDeviceCount(&reason);
+    if (gpus == 0)
+      throw DeviceError("--backend nccl: " + reason);
+    if (program.mesh().numRanks() > gpus)
+      throw std::invalid_argument(
+          "--backend nccl runs one rank per GPU: the mesh has " +
+          std::to_string(program.mesh().numRanks()) + " ranks, " +
+          std::to_string(gpus) +
+          " GPU(s) are visible (--backend threads runs every rank on one "
+          "GPU; or start ranks on other hosts with --rank)");
+  }
   // One process per rank on this host: the same bound as the thread
   // backend's ranks per process (more is a fork storm, not a run; start
   // ranks by hand with --rank across hosts instead).
   if (program.mesh().numRanks() > kMaxThreadRanks)
     throw std::invalid_argument(
-        "--backend gloo starts at most " + std::to_string(kMaxThreadRanks) +
+        "--backend " + o.backend + " starts at most " +
+        std::to_string(kMaxThreadRanks) +
         " rank processes on one host; this mesh has " +
         std::to_string(program.mesh().numRanks()) +
         " (run each rank with --rank and --store-address)");
@@ -623,6 +721,7 @@ int launchGloo(const Program &program, const Options &o, char **argv) {
     if (pid < 0)
       throw std::runtime_error("fork failed");
     if (pid == 0) {
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       std::vector<char *> cargs;
       for (std::string &a : args)
         cargs.push_back(a.data());
@@ -680,6 +779,12 @@ int main(int argc, char **argv) {
           "the program's mesh " + meshString(program.mesh()) + " has " +
           std::to_string(meshRanks) + " ranks; --ranks asks for " +
           std::to_string(*o.ranks));
+    if (const char *world = std::getenv("WORLD_SIZE");
+        world && std::getenv("RANK") && std::atoll(world) != meshRanks)
+      throw std::invalid_argument(
+          "WORLD_SIZE is " + std::string(world) + " but the program's mesh " +
+          meshString(program.mesh()) + " has " + std::to_string(meshRanks) +
+          " ranks");
     if (o.backend == "threads")
       return runThreads(program, o);
     if (o.rank) {
@@ -687,9 +792,9 @@ int main(int argc, char **argv) {
         throw std::invalid_argument("--rank " + std::to_string(*o.rank) +
                                     " is not a rank of the mesh " +
                                     meshString(program.mesh()));
-      return runGlooRank(program, o);
+      return runRank(program, o);
     }
-    return launchGloo(program, o, argv);
+    return launchProcesses(program, o, argv);
   } catch (const std::exception &e) {
     std::cerr << who << "error: " << e.what() << "\n";
     return 1;

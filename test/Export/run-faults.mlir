@@ -32,7 +32,11 @@
 // RUN: not ernie-run 2>&1 | FileCheck %s --check-prefix=NOFILE
 // NOFILE: error: no program file given
 // RUN: not ernie-run %t.ernie --backend mpi 2>&1 | FileCheck %s --check-prefix=BACKEND
-// BACKEND: error: --backend must be threads or gloo, not 'mpi'
+// BACKEND: error: --backend must be threads, gloo or nccl, not 'mpi'
+// RUN: not ernie-run %t.ernie --device tpu 2>&1 | FileCheck %s --check-prefix=DEVICE
+// DEVICE: error: --device must be cpu, cuda or cuda:N, not 'tpu'
+// RUN: not ernie-run %t.ernie --backend nccl 2>&1 | FileCheck %s --check-prefix=NCCL-CPU
+// NCCL-CPU: error: --backend nccl runs on GPUs: add --device cuda
 // RUN: not ernie-run %t.ernie --function ok --inputs %t.missing 2>&1 | FileCheck %s --check-prefix=INPUTS
 // INPUTS: error: no input for @ok argument 0
 

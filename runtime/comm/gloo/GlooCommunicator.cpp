@@ -2,6 +2,7 @@
 
 #include "ernie/runtime/GlooCommunicator.h"
 
+#include "RendezvousStore.h"
 #include "TcpStore.h"
 
 #include <gloo/allgather.h>
@@ -31,90 +32,18 @@ namespace {
 
 using Ctx = std::shared_ptr<gloo::Context>;
 
-/// The key (TCP store) or file name (file store) an abort is published as.
-constexpr const char *kAbortKey = "ernie.abort";
-
 /// The slot prefix of permutes on a group's context: Gloo's collectives use
 /// 0x01-0x08 (gloo/types.h), and point-to-point send/recv have contexts of
 /// their own, so permute slots (this prefix, a per-group sequence number)
 /// meet no other traffic.
 constexpr uint8_t kPermuteSlotPrefix = 0x45;
 
-/// Gloo's file store, safe to share between a rank's threads. Its set()
-/// appends each key's path to an unguarded member vector, so a started
-/// operation making its context while the rank's main thread made another
-/// corrupted the heap. Each call holds a lock (get and the polls too, as
-/// the class promises nothing about them); a wait holds it per poll only,
-/// since the key it waits for may be published only after this rank's
-/// other thread has set its own. The lock is recursive: FileStore::get
-/// waits (virtually, so here) under it. A zero timeout waits for ever.
-class ThreadSafeFileStore final : public gloo::rendezvous::FileStore {
-public:
-  using FileStore::FileStore;
-
-  void set(const std::string &key, const std::vector<char> &data) override {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    FileStore::set(key, data);
-  }
-
-  std::vector<char> get(const std::string &key) override {
-    wait({key});
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    return FileStore::get(key);
-  }
-
-  void wait(const std::vector<std::string> &keys) override {
-    wait(keys, kDefaultTimeout);
-  }
-
-  void wait(const std::vector<std::string> &keys,
-            const std::chrono::milliseconds &timeout) override {
-    // Elapsed time against the timeout: no deadline arithmetic to overflow.
-    auto start = std::chrono::steady_clock::now();
-    while (true) {
-      {
-        std::lock_guard<std::recursive_mutex> lock(mutex_);
-        if (check(keys))
-          return;
-      }
-      if (timeout.count() > 0 &&
-          std::chrono::steady_clock::now() - start >= timeout)
-        throw std::runtime_error("file store: timed out after " +
-                                 std::to_string(timeout.count()) +
-                                 " ms waiting for " + describe(keys));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
-
-private:
-  static std::string describe(const std::vector<std::string> &keys) {
-    std::string names;
-    for (const std::string &key : keys)
-      names += (names.empty() ? "\"" : ", \"") + key + "\"";
-    return names;
-  }
-
-  std::recursive_mutex mutex_;
-};
-
 class GlooCommunicator final : public Communicator {
 public:
-  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options,
-                   std::optional<StoreAddress> address)
-      : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)) {
-    if (address) {
-      try {
-        if (rank_ == 0)
-          server_ = std::make_unique<TcpStoreServer>(*address);
-        tcpStore_ =
-            std::make_unique<TcpStore>(*address, options_.timeout, kAbortKey);
-      } catch (const std::exception &e) {
-        throw CommunicationError("rank " + std::to_string(rank_) + ": " +
-                                 e.what());
-      }
-    } else {
-      fileStore_ = std::make_unique<ThreadSafeFileStore>(options_.storePath);
-    }
+  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
+      : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)),
+        store_(rank, options_.storePath, options_.storeAddress,
+               options_.timeout) {
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname;
     device_ = gloo::transport::tcp::CreateDevice(attr);
@@ -136,9 +65,7 @@ public:
     }
     if (aborted)
       channels_.clear();
-    tcpStore_.reset(); // Our own connections must not count as a peer's.
-    if (server_)
-      server_->waitUntilClientsLeave(options_.timeout);
+    // ~RendezvousStore: rank 0 serves the TCP store until the peers leave.
   }
 
   int64_t rank() const override { return rank_; }
@@ -295,21 +222,7 @@ public:
       return;
     aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
     abortSends();
-    if (tcpStore_) {
-      try {
-        tcpStore_->publish(kAbortKey, aborted_);
-      } catch (const std::exception &) {
-        // The local abort stands even if rank 0's server is gone.
-      }
-      return;
-    }
-    std::string tmp = abortPath() + "." + std::to_string(rank_);
-    {
-      std::ofstream file(tmp, std::ios::trunc);
-      file << aborted_;
-    }
-    std::error_code ignored; // The local abort stands even if this fails.
-    std::filesystem::rename(tmp, abortPath(), ignored);
+    store_.publishAbort(aborted_);
   }
 
 private:
@@ -502,15 +415,7 @@ private:
     return permutes_[members]++;
   }
 
-  gloo::rendezvous::Store &store() {
-    if (tcpStore_)
-      return *tcpStore_;
-    return *fileStore_;
-  }
-
-  std::string abortPath() const {
-    return options_.storePath + "/" + kAbortKey;
-  }
+  gloo::rendezvous::Store &store() { return store_.store(); }
 
   /// Per call: one file probe (file store) or one non-blocking poll() on the
   /// TCP store's watch connection; small beside a collective either way.
@@ -525,16 +430,8 @@ private:
   bool probeAborted() {
     if (!aborted_.empty())
       return true;
-    if (tcpStore_) {
-      if (std::optional<std::string> reason = tcpStore_->watched())
-        aborted_ = reason->empty() ? "a peer aborted" : *reason;
-    } else {
-      std::ifstream file(abortPath());
-      if (file)
-        std::getline(file, aborted_);
-      if (file && aborted_.empty())
-        aborted_ = "a peer aborted";
-    }
+    if (std::optional<std::string> reason = store_.abortReason())
+      aborted_ = *reason;
     if (aborted_.empty())
       return false;
     abortSends();
@@ -544,10 +441,7 @@ private:
   Mesh mesh_;
   int64_t rank_;
   GlooOptions options_;
-  // One of the two stores; the server (rank 0 only) outlives the client.
-  std::unique_ptr<ThreadSafeFileStore> fileStore_;
-  std::unique_ptr<TcpStoreServer> server_;
-  std::unique_ptr<TcpStore> tcpStore_;
+  RendezvousStore store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::string, std::unique_ptr<Channel>> channels_; // contextMutex_
   std::map<std::vector<int64_t>, uint32_t> permutes_;        // contextMutex_
@@ -574,11 +468,10 @@ std::unique_ptr<Communicator> createGlooCommunicator(Mesh mesh, int64_t rank,
     throw std::invalid_argument(
         "the Gloo communicator needs exactly one store: storePath (a "
         "directory every rank shares) or storeAddress (rank 0's host:port)");
-  std::optional<StoreAddress> address;
   if (!options.storeAddress.empty())
-    address = parseStoreAddress(options.storeAddress);
+    parseStoreAddress(options.storeAddress); // a bad address: invalid_argument
   return std::make_unique<GlooCommunicator>(std::move(mesh), rank,
-                                            std::move(options), address);
+                                            std::move(options));
 }
 
 } // namespace ernie::runtime

@@ -20,6 +20,15 @@
 // collective's work, so a member first spins briefly on the counters it
 // waits for — only where every member of the group can have a core.
 //
+// On a GPU (the shared-device engine: every rank a thread on one device,
+// each with its own streams) the same rendezvous moves device memory: the
+// copies are device copies and the reductions the device's reduceInOrder,
+// launched by each member on its current stream. A member synchronises its
+// stream before it posts (its input is complete) and after each phase (its
+// reads and writes are done before anyone leaves), so a call returns with
+// its results in place, as on the host. Messages of send/recv are device
+// buffers. This path has not yet run on a GPU (unverified).
+//
 //===----------------------------------------------------------------------===//
 
 #include "ernie/runtime/ThreadCommunicator.h"
@@ -38,8 +47,9 @@
 namespace ernie::runtime {
 
 struct ThreadWorld::State {
-  State(Mesh mesh, std::chrono::milliseconds timeout)
-      : mesh(std::move(mesh)), timeout(timeout) {}
+  State(Mesh mesh, std::chrono::milliseconds timeout, Device &device)
+      : mesh(std::move(mesh)), timeout(timeout), device(device),
+        host(device.hostAddressable()) {}
 
   /// What the members posted. `copies[i]` holds member i's input when
   /// its output overlaps it; `finished[k]`: members done with phase k.
@@ -47,6 +57,7 @@ struct ThreadWorld::State {
     std::vector<const void *> inputs;
     std::vector<void *> outputs;
     std::vector<std::vector<char>> copies;
+    std::vector<DeviceBuffer> deviceCopies; // the same, on a GPU
     // Changed under the mutex, read without it by spinning members.
     std::atomic<int64_t> arrived{0};
     std::unique_ptr<std::atomic<int64_t>[]> finished;
@@ -54,13 +65,21 @@ struct ThreadWorld::State {
     bool cancelled = false; // a member gave up waiting: every member fails
   };
 
+  /// A sent message: host bytes, or a device buffer on a GPU.
+  struct Message {
+    std::vector<char> bytes;
+    DeviceBuffer buffer;
+    size_t size = 0;
+  };
+
   Mesh mesh;
   std::chrono::milliseconds timeout;
+  Device &device;
+  const bool host; // buffers are host memory
   std::mutex mutex;
   std::condition_variable changed;
   std::map<std::string, Rendezvous> rendezvous;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<std::vector<char>>>
-      mailbox;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<Message>> mailbox;
   bool aborted = false;
   std::string abortReason;
 
@@ -94,6 +113,7 @@ public:
 
   int64_t rank() const override { return rank_; }
   const Mesh &mesh() const override { return state_->mesh; }
+  Device &device() const override { return state_->device; }
 
   void allReduce(const void *in, void *out, size_t count, DType type,
                  ReduceOp op, const Axes &axes) override {
@@ -107,7 +127,7 @@ public:
                    from.push_back(static_cast<const char *>(p.inputs[k]) + lo * elem);
                    to.push_back(static_cast<char *>(p.outputs[k]) + lo * elem);
                  }
-                 reduceInOrder(from, to, hi - lo, type, op);
+                 reduce(from, to, hi - lo, type, op);
                }});
   }
 
@@ -116,8 +136,8 @@ public:
     collective("all_gather", axes, in, bytes, out, bytes * groupSize(axes),
                {[&](const Posted &p, int64_t, int64_t n) {
                  for (int64_t i = 0; i < n; ++i)
-                   std::memcpy(static_cast<char *>(out) + i * bytes, p.inputs[i],
-                               bytes);
+                   copyBytes(static_cast<char *>(out) + i * bytes, p.inputs[i],
+                             bytes);
                }});
   }
 
@@ -136,9 +156,9 @@ public:
     collective("all_to_all", axes, in, bytes * n, out, bytes * n,
                {[&](const Posted &p, int64_t me, int64_t) {
                  for (int64_t i = 0; i < n; ++i)
-                   std::memcpy(static_cast<char *>(out) + i * bytes,
-                               static_cast<const char *>(p.inputs[i]) + me * bytes,
-                               bytes);
+                   copyBytes(static_cast<char *>(out) + i * bytes,
+                             static_cast<const char *>(p.inputs[i]) + me * bytes,
+                             bytes);
                }});
   }
 
@@ -154,7 +174,7 @@ public:
                root ? nullptr : data, root ? 0 : bytes,
                {[&](const Posted &p, int64_t me, int64_t) {
                  if (me != rootIndex)
-                   std::memcpy(data, p.inputs[rootIndex], bytes);
+                   copyBytes(data, p.inputs[rootIndex], bytes);
                }});
   }
 
@@ -164,14 +184,19 @@ public:
                const Axes &axes) override {
     int64_t n = groupSize(axes);
     if (shiftedIndex(0, shift, n) == 0) {
-      if (in != out)
-        std::memmove(out, in, bytes);
+      if (state_->host) {
+        if (in != out)
+          std::memmove(out, in, bytes);
+      } else {
+        state_->device.copy(out, in, bytes);
+        state_->device.synchronize(currentStream());
+      }
       return;
     }
     collective("permute", axes, in, bytes, out, bytes,
                {[&](const Posted &p, int64_t me, int64_t) {
-                 std::memcpy(out, p.inputs[shiftedIndex(me, -(shift % n), n)],
-                             bytes);
+                 copyBytes(out, p.inputs[shiftedIndex(me, -(shift % n), n)],
+                           bytes);
                }});
   }
 
@@ -182,10 +207,20 @@ public:
   void send(const void *data, size_t bytes, int64_t peer,
             int64_t tag) override {
     checkPeer(peer, "send");
+    ThreadWorld::State::Message message;
+    message.size = bytes;
+    if (state_->host) {
+      const char *p = static_cast<const char *>(data);
+      message.bytes.assign(p, p + bytes);
+    } else {
+      // Eager: the copy is done before the receiver may read it.
+      message.buffer = DeviceBuffer(state_->device, bytes);
+      state_->device.copy(message.buffer.data(), data, bytes);
+      state_->device.synchronize(currentStream());
+    }
     std::lock_guard<std::mutex> lock(state_->mutex);
     failIfAborted("send");
-    const char *p = static_cast<const char *>(data);
-    state_->mailbox[{rank_, peer, tag}].emplace_back(p, p + bytes);
+    state_->mailbox[{rank_, peer, tag}].push_back(std::move(message));
     state_->changed.notify_all();
   }
 
@@ -198,14 +233,22 @@ public:
         lock, [&] { return !state_->mailbox[key].empty(); },
         "rank " + std::to_string(rank_) + ": recv from rank " +
             std::to_string(peer) + " (tag " + std::to_string(tag) + ")");
-    std::vector<char> message = std::move(state_->mailbox[key].front());
+    ThreadWorld::State::Message message =
+        std::move(state_->mailbox[key].front());
     state_->mailbox[key].pop_front();
-    if (message.size() != bytes)
+    lock.unlock();
+    if (message.size != bytes)
       throw CommunicationError("rank " + std::to_string(rank_) +
                                ": recv expected " + std::to_string(bytes) +
                                " bytes, rank " + std::to_string(peer) +
-                               " sent " + std::to_string(message.size()));
-    std::memcpy(data, message.data(), bytes);
+                               " sent " + std::to_string(message.size));
+    if (state_->host) {
+      std::memcpy(data, message.bytes.data(), bytes);
+    } else {
+      // Freed in stream order after the copy (the device's allocator).
+      state_->device.copy(data, message.buffer.data(), bytes);
+      state_->device.synchronize(currentStream());
+    }
   }
 
   void abort(const std::string &reason) override {
@@ -222,6 +265,23 @@ private:
     if (peer < 0 || peer >= state_->mesh.numRanks() || peer == rank_)
       throw CommunicationError("rank " + std::to_string(rank_) + ": " + what +
                                " to invalid peer " + std::to_string(peer));
+  }
+
+  /// A phase's data movement: host memory directly, or the device's
+  /// operations on the caller's current stream.
+  void copyBytes(void *dst, const void *src, size_t bytes) const {
+    if (state_->host)
+      std::memcpy(dst, src, bytes);
+    else
+      state_->device.copy(dst, src, bytes);
+  }
+  void reduce(const std::vector<const void *> &from,
+              const std::vector<void *> &to, size_t count, DType type,
+              ReduceOp op) const {
+    if (state_->host)
+      reduceInOrder(from, to, count, type, op);
+    else
+      state_->device.reduceInOrder(from, to, count, type, op);
   }
 
   int64_t groupSize(const Axes &axes) const {
@@ -244,12 +304,12 @@ private:
 
   /// `out` = the ordered reduction of `count` elements at byte `offset` of
   /// every input.
-  static void reduceBlocks(const std::vector<const void *> &inputs, size_t offset,
-                           void *out, size_t count, DType type, ReduceOp op) {
+  void reduceBlocks(const std::vector<const void *> &inputs, size_t offset,
+                    void *out, size_t count, DType type, ReduceOp op) const {
     std::vector<const void *> at(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i)
       at[i] = static_cast<const char *>(inputs[i]) + offset;
-    reduceInOrder(at, out, count, type, op);
+    reduce(at, {out}, count, type, op);
   }
 
   /// The rendezvous: post `in` (`inBytes`) and `out` (`outBytes`), wait for
@@ -279,8 +339,17 @@ private:
                     !(inBegin == outBegin && inBytes == outBytes &&
                       std::strcmp(kind, "all_reduce") == 0);
     std::vector<char> copy;
-    if (overlaps)
+    DeviceBuffer deviceCopy;
+    if (overlaps && state_->host) {
       copy.assign(inBegin, inBegin + inBytes);
+    } else if (overlaps) {
+      deviceCopy = DeviceBuffer(state_->device, inBytes);
+      state_->device.copy(deviceCopy.data(), in, inBytes);
+    }
+    // On a GPU the input (and the copy) must be complete before anyone
+    // reads it on another stream.
+    if (!state_->host)
+      state_->device.synchronize(currentStream());
 
     std::unique_lock<std::mutex> lock(state_->mutex);
     failIfAborted(std::string(kind) + " over " + describeAxes(axes));
@@ -291,11 +360,15 @@ private:
       slot.inputs.resize(n);
       slot.outputs.resize(n);
       slot.copies.resize(n);
+      slot.deviceCopies.resize(n);
       slot.finished.reset(new std::atomic<int64_t>[phases.size()]());
     }
-    if (overlaps) {
+    if (overlaps && state_->host) {
       slot.copies[me] = std::move(copy);
       in = slot.copies[me].data();
+    } else if (overlaps) {
+      slot.deviceCopies[me] = std::move(deviceCopy);
+      in = slot.deviceCopies[me].data();
     }
     slot.inputs[me] = in;
     slot.outputs[me] = out;
@@ -334,6 +407,8 @@ private:
       if (!error) {
         try {
           phases[k](posted, me, n);
+          if (!state_->host)
+            state_->device.synchronize(currentStream());
         } catch (...) {
           error = std::current_exception();
         }
@@ -411,13 +486,14 @@ private:
 
 } // namespace
 
-ThreadWorld::ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout) {
+ThreadWorld::ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout,
+                         Device &device) {
   if (mesh.numRanks() > kMaxThreadRanks)
     throw std::invalid_argument(
         "the thread backend runs at most " + std::to_string(kMaxThreadRanks) +
         " ranks in one process; this mesh has " +
         std::to_string(mesh.numRanks()) + " (use --backend gloo over hosts)");
-  state_ = std::make_shared<State>(std::move(mesh), timeout);
+  state_ = std::make_shared<State>(std::move(mesh), timeout, device);
 }
 
 ThreadWorld::~ThreadWorld() = default;

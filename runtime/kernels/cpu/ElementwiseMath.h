@@ -2,7 +2,9 @@
 //
 // One definition per op, shared by the per-op kernels (Elementwise.cpp) and
 // the fused-loop interpreter (Fused.cpp): a fused region computes bit for
-// bit what the ops it replaces compute.
+// bit what the ops it replaces compute. The CUDA kernels include it too
+// (ERNIE_HD marks the functions __host__ __device__ under nvcc), so their
+// f32 exp, sigmoid and silu are this polynomial as well.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,7 +15,24 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#define ERNIE_HD __host__ __device__
+#else
+#define ERNIE_HD
+#endif
+
 namespace ernie::runtime::cpu::math {
+
+/// The float with these bits (a device intrinsic under nvcc).
+ERNIE_HD inline float floatFromBits(int32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+#endif
+}
 
 /// e^x in f32 as straight-line arithmetic a loop vectorises (glibc's expf
 /// is a call per element): Cody-Waite reduction by ln 2 and Cephes'
@@ -21,7 +40,7 @@ namespace ernie::runtime::cpu::math {
 /// flush to 0 (x < -87.33, where e^x is subnormal); x > 88.72 gives
 /// infinity, NaN stays NaN. Only + - * and conversions: with no FMA
 /// contraction every vector width computes the same bits.
-inline float exponential(float x) {
+ERNIE_HD inline float exponential(float x) {
   const float lo = -87.33654f, hi = 88.72283f;
   float c = x < lo ? lo : x;
   c = c > hi ? hi : c;
@@ -40,9 +59,7 @@ inline float exponential(float x) {
   // what one float's exponent holds at both ends.
   const int32_t whole = static_cast<int32_t>(n), k = whole >> 1;
   const int32_t bits1 = (k + 127) << 23, bits2 = (whole - k + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &bits1, sizeof s1);
-  std::memcpy(&s2, &bits2, sizeof s2);
+  const float s1 = floatFromBits(bits1), s2 = floatFromBits(bits2);
   float e = (y * s1) * s2;
   // Selects, one at a time, so that the loop stays branch-free.
   e = x > hi ? INFINITY : e;
@@ -50,15 +67,19 @@ inline float exponential(float x) {
   e = x != x ? x : e;
   return e;
 }
-inline double exponential(double x) { return std::exp(x); }
+ERNIE_HD inline double exponential(double x) { return std::exp(x); }
 
-template <typename T> T rsqrt(T x) { return T(1) / std::sqrt(x); }
-template <typename T> T reciprocal(T x) { return T(1) / x; }
-template <typename T> T sigmoid(T x) { return T(1) / (T(1) + exponential(-x)); }
-template <typename T> T silu(T x) { return x / (T(1) + exponential(-x)); }
-template <typename T> T relu(T x) { return x > 0 ? x : T(0); }
-template <typename T> T abs(T x) { return x < 0 ? -x : x; }
-template <typename T> T gelu(T x, bool approximate) {
+template <typename T> ERNIE_HD T rsqrt(T x) { return T(1) / std::sqrt(x); }
+template <typename T> ERNIE_HD T reciprocal(T x) { return T(1) / x; }
+template <typename T> ERNIE_HD T sigmoid(T x) {
+  return T(1) / (T(1) + exponential(-x));
+}
+template <typename T> ERNIE_HD T silu(T x) {
+  return x / (T(1) + exponential(-x));
+}
+template <typename T> ERNIE_HD T relu(T x) { return x > 0 ? x : T(0); }
+template <typename T> ERNIE_HD T abs(T x) { return x < 0 ? -x : x; }
+template <typename T> ERNIE_HD T gelu(T x, bool approximate) {
   if (approximate) {
     const T k = static_cast<T>(0.7978845608028654); // sqrt(2 / pi)
     return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
@@ -67,7 +88,7 @@ template <typename T> T gelu(T x, bool approximate) {
 }
 
 /// ernie.compare's `direction`: eq, ne, lt, le, gt, ge.
-template <typename T> bool compare(int64_t direction, T a, T b) {
+template <typename T> ERNIE_HD bool compare(int64_t direction, T a, T b) {
   switch (direction) {
   case 0: return a == b;
   case 1: return a != b;

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ElementwiseMath.h"
+#include "FusedProgram.h"
 #include "Registry.h"
 #include "Strided.h"
 
@@ -39,15 +40,10 @@ namespace {
 
 using cpu::DynamicStridedSpace;
 using cpu::stridesOf;
+using namespace fused;
 
 /// Elements per chunk register: a region's registers stay in L1/L2.
 constexpr int64_t kChunk = 1024;
-
-enum class Code : uint8_t {
-  Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Silu, Relu, Abs, Reciprocal, Erf,
-  Gelu, GeluTanh, Copy, Cast, Add, Sub, Mul, Div, Maximum, Minimum, Pow,
-  Compare, Select, Fill
-};
 
 struct OpInfo {
   const char *name;
@@ -70,43 +66,6 @@ constexpr OpInfo kOps[] = {
     {"ernie.minimum", Code::Minimum, 2}, {"ernie.pow", Code::Pow, 2},
     {"ernie.compare", Code::Compare, 2}, {"ernie.select", Code::Select, 3},
     {"ernie.full", Code::Fill, 0},
-};
-
-enum class Reduction { Sum, Mean, Max };
-
-struct Step {
-  Code code;
-  uint32_t out = 0, a = 0, b = 0, c = 0; // registers
-  DType to = DType::F32;                 // casts: the type rounded to
-  int64_t direction = 0;                 // compares
-  double fill = 0;                       // fills, rounded to their type
-};
-
-/// An input read into a register; `operand` is its place in the space.
-struct Load {
-  uint32_t input, reg;
-  DType type;
-};
-
-/// A register written to a result, or a reduction into one.
-struct Store {
-  uint32_t reg, output;
-  DType type;
-  bool reduces = false;
-  Reduction kind = Reduction::Sum;
-  int64_t count = 1;     // terms per reduced element (for the mean)
-  int64_t elements = 0;  // reductions: the result's
-  size_t accumulator = 0; // reductions: where its accumulators start
-};
-
-struct Compiled {
-  bool f64 = false;
-  size_t registers = 0;
-  std::vector<Load> loads;   // space operands [0, loads)
-  std::vector<Step> steps;
-  std::vector<Store> stores; // space operands [loads, loads + stores)
-  DynamicStridedSpace space;
-  size_t accumulators = 0;   // elements of all reductions' accumulators
 };
 
 [[noreturn]] void bad(const std::string &what) { throw KernelError(what); }
@@ -536,6 +495,10 @@ void execute(const Compiled &c, const std::vector<TensorView> &in,
 }
 
 } // namespace
+
+fused::Compiled fused::compileFused(const FusedBody &body) {
+  return compile(body);
+}
 
 Kernel makeCpuFusedKernel(const FusedBody &body) {
   auto compiled = std::make_shared<const Compiled>(compile(body));

@@ -71,6 +71,60 @@ inline std::vector<int64_t> stridesOf(const std::vector<int64_t> &shape) {
   return s;
 }
 
+/// Where a data-movement op reads (or, for pad, writes): element offset
+/// `base` plus sum_d c_d * strides[d] over the coordinates c of the shape it
+/// walks. Shared by the CPU and CUDA kernels of these ops.
+struct StridedView {
+  int64_t base = 0;
+  std::vector<int64_t> strides;
+};
+/// transpose: the result's coordinates read the input through `perm`.
+inline StridedView transposeView(const std::vector<int64_t> &inShape,
+                                 const std::vector<int64_t> &perm) {
+  std::vector<int64_t> strides = stridesOf(inShape);
+  StridedView v;
+  for (int64_t p : perm)
+    v.strides.push_back(strides[p]);
+  return v;
+}
+/// broadcast: input dimension i runs along result dimension dims[i], or
+/// stands still where it has extent 1.
+inline StridedView broadcastView(const std::vector<int64_t> &inShape,
+                                 size_t outRank,
+                                 const std::vector<int64_t> &dims) {
+  std::vector<int64_t> strides = stridesOf(inShape);
+  StridedView v{0, std::vector<int64_t>(outRank, 0)};
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (inShape[i] != 1)
+      v.strides[dims[i]] = strides[i];
+  return v;
+}
+/// slice: from `start`, every `step`th element.
+inline StridedView sliceView(const std::vector<int64_t> &inShape,
+                             const std::vector<int64_t> &start,
+                             const std::vector<int64_t> &step) {
+  std::vector<int64_t> strides = stridesOf(inShape);
+  StridedView v;
+  for (size_t d = 0; d < strides.size(); ++d) {
+    v.base += start[d] * strides[d];
+    v.strides.push_back(step[d] * strides[d]);
+  }
+  return v;
+}
+/// pad: where the input's coordinates land in the result,
+/// out[low + c * (interior + 1)].
+inline StridedView padView(const std::vector<int64_t> &outShape,
+                           const std::vector<int64_t> &low,
+                           const std::vector<int64_t> &interior) {
+  std::vector<int64_t> strides = stridesOf(outShape);
+  StridedView v;
+  for (size_t d = 0; d < strides.size(); ++d) {
+    v.base += low[d] * strides[d];
+    v.strides.push_back((interior[d] + 1) * strides[d]);
+  }
+  return v;
+}
+
 /// Element `i` of an i32/i64 index tensor, as int64.
 int64_t indexAt(const TensorView &v, int64_t i);
 /// The one element of a float scalar tensor (a learning rate, say).

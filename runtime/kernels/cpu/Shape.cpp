@@ -39,56 +39,36 @@ void registerShapeKernels(Registry &r) {
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
     expectCount(in, 1, "ernie.transpose");
-    std::vector<int64_t> perm = attrs.getInts("perm"),
-                         strides = stridesOf(in[0].shape), from;
-    for (int64_t p : perm)
-      from.push_back(strides[p]);
-    gatherStrided(in[0], out[0], 0, std::move(from));
+    StridedView v = transposeView(in[0].shape, attrs.getInts("perm"));
+    gatherStrided(in[0], out[0], v.base, std::move(v.strides));
   };
   r["ernie.broadcast"] = [](const std::vector<TensorView> &in,
                             const std::vector<TensorView> &out,
                             const Attrs &attrs) {
     expectCount(in, 1, "ernie.broadcast");
-    std::vector<int64_t> dims = attrs.getInts("dims"),
-                         strides = stridesOf(in[0].shape),
-                         from(out[0].rank(), 0);
-    // Input dimension i runs along output dimension dims[i], or stays put
-    // where it has extent 1.
-    for (size_t i = 0; i < dims.size(); ++i)
-      if (in[0].shape[i] != 1)
-        from[dims[i]] = strides[i];
-    gatherStrided(in[0], out[0], 0, std::move(from));
+    StridedView v =
+        broadcastView(in[0].shape, out[0].rank(), attrs.getInts("dims"));
+    gatherStrided(in[0], out[0], v.base, std::move(v.strides));
   };
   r["ernie.slice"] = [](const std::vector<TensorView> &in,
                         const std::vector<TensorView> &out,
                         const Attrs &attrs) {
     expectCount(in, 1, "ernie.slice");
-    std::vector<int64_t> start = attrs.getInts("start"),
-                         step = attrs.getInts("step"),
-                         strides = stridesOf(in[0].shape), from;
-    int64_t base = 0;
-    for (size_t d = 0; d < strides.size(); ++d) {
-      base += start[d] * strides[d];
-      from.push_back(step[d] * strides[d]);
-    }
-    gatherStrided(in[0], out[0], base, std::move(from));
+    StridedView v = sliceView(in[0].shape, attrs.getInts("start"),
+                              attrs.getInts("step"));
+    gatherStrided(in[0], out[0], v.base, std::move(v.strides));
   };
   r["ernie.pad"] = [](const std::vector<TensorView> &in,
                       const std::vector<TensorView> &out, const Attrs &attrs) {
     expectCount(in, 1, "ernie.pad");
-    std::vector<int64_t> low = attrs.getInts("low"),
-                         interior = attrs.getInts("interior");
     size_t bytes = byteSize(out[0].type);
     std::memset(out[0].data, 0, out[0].numElements() * bytes);
-    // The input scattered into the zeros: out[low + c * (interior + 1)].
-    std::vector<int64_t> outStrides = stridesOf(out[0].shape), to;
-    int64_t base = 0;
-    for (size_t d = 0; d < outStrides.size(); ++d) {
-      base += low[d] * outStrides[d];
-      to.push_back((interior[d] + 1) * outStrides[d]);
-    }
-    StridedSpace<2> space{in[0].shape, {std::move(to), stridesOf(in[0].shape)}};
-    copyStrided(std::move(space), out[0].as<char>() + base * bytes,
+    // The input scattered into the zeros.
+    StridedView v = padView(out[0].shape, attrs.getInts("low"),
+                            attrs.getInts("interior"));
+    StridedSpace<2> space{in[0].shape,
+                          {std::move(v.strides), stridesOf(in[0].shape)}};
+    copyStrided(std::move(space), out[0].as<char>() + v.base * bytes,
                 in[0].as<char>(), bytes);
   };
   r["ernie.split"] = [](const std::vector<TensorView> &in,

@@ -29,6 +29,8 @@ enum class ReduceOp { Sum, Avg, Max, Min };
 
 using Axes = std::vector<std::string>;
 
+class Device;
+
 /// A collective failed: a peer never arrived, another rank aborted, or the
 /// arguments disagree. The message names the rank and the collective.
 struct CommunicationError : std::runtime_error {
@@ -56,6 +58,22 @@ public:
 
   virtual int64_t rank() const = 0;
   virtual const Mesh &mesh() const = 0;
+  /// Where the buffers every call takes live (Device.h): the host for the
+  /// thread engine on the CPU and for Gloo, a GPU for NCCL and the
+  /// shared-device engine. A call on device buffers sees the work ordered
+  /// before it on the caller's current stream, and work ordered after it
+  /// there sees its results.
+  virtual Device &device() const;
+  /// The groups (mesh-axis lists) the caller will use, the same list on
+  /// every rank: engines that must make a group's communicator collectively
+  /// over every rank (NCCL's ncclCommSplit) make them here, in this order.
+  /// The others make groups on first use and ignore it.
+  virtual void prepareGroups(const std::vector<Axes> &groups) { (void)groups; }
+  /// Throws the CommunicationError of a failure found since the calls
+  /// returned — engines that enqueue work (NCCL) learn of errors, timeouts
+  /// and other ranks' aborts later. The executor calls it once a function's
+  /// work is done; the others never have one to raise.
+  virtual void raiseAsyncError() {}
 
   /// out = reduce over the group of `in` (count elements of `type`).
   virtual void allReduce(const void *in, void *out, size_t count, DType type,

@@ -23,6 +23,16 @@
 // engines copy and return), so every stage's schedule runs as checkSchedule
 // proved it would.
 //
+// Buffers live on the communicator's device (Communicator::device(): the
+// host, or a GPU). Each function's arena is one allocation on it, made at
+// the function's first call and reused by every later one; what a program
+// needs on a device with a known capacity is checked against it when the
+// executor is made. Instructions run on the rank's compute stream, started
+// transfers on its communication stream (ordered with events), and run()
+// returns once the function's work is done. Kernels come from the device's
+// table (Device::kernelFor); an op the device has no kernel for fails when
+// the executor is made, naming the op.
+//
 // A failure on one rank stops every rank: the executor aborts its
 // communicator with a message naming the rank, the instruction (index, op,
 // source location) and the cause, and throws ExecutionError. Peers waiting in
@@ -34,6 +44,7 @@
 #define ERNIE_RUNTIME_EXECUTOR_H
 
 #include "ernie/runtime/Communicator.h"
+#include "ernie/runtime/Device.h"
 #include "ernie/runtime/HostTensor.h"
 #include "ernie/runtime/Program.h"
 
@@ -58,9 +69,23 @@ struct ExecutionError : std::runtime_error {
 struct ExecutorOptions {
   /// Fail when a result marked as the loss is NaN or infinite.
   bool checkFinite = false;
-  /// Record every instruction's start and duration (traceEvents()).
+  /// Record every instruction's start and duration (traceEvents()); on a
+  /// GPU, kernels are timed by events on the compute stream.
   bool trace = false;
 };
+
+/// An argument of Executor::runOnDevice: bytes on the host (uploaded, through
+/// pinned staging on a GPU) or a tensor already on the executor's device.
+struct Argument {
+  Argument(const HostTensor &t) : host(&t) {}
+  Argument(const DeviceTensor &t) : device(&t) {}
+  const HostTensor *host = nullptr;
+  const DeviceTensor *device = nullptr;
+};
+
+/// Device bytes one rank of `stage` needs for `program`: every function's
+/// arena plus one copy of each state argument (parameters, optimizer slots).
+uint64_t deviceBytesNeeded(const Program &program, int64_t stage);
 
 /// One instruction's interval on a rank's timeline, for a Chrome trace.
 /// A started permute's interval is its transfer, timed on the communication
@@ -96,16 +121,26 @@ public:
   /// functions there when it is missing.
   const Function &function(const std::string &name) const;
 
+  Device &device() const { return device_; }
+
   /// Runs `name` on this rank's local `inputs` (one per argument, of the
-  /// argument's local shape and type) and returns the local results.
-  /// `microBatch` (pipelined programs) tags the function's transfers.
+  /// argument's local shape and type) and returns the local results, on the
+  /// device. A result with a non-null `into[i]` of its type and shape is
+  /// copied there instead (a state updated in place: no allocation), one
+  /// with `toHost[i]` set (every one, when `toHost` is empty) is downloaded
+  /// into `(*host)[i]` when `host` is given (resized to the results), and
+  /// their entries are left empty. `microBatch` (pipelined
+  /// programs) tags the function's transfers. Returns once the function's
+  /// work is done.
+  std::vector<DeviceTensor> runOnDevice(const std::string &name,
+                                        const std::vector<Argument> &inputs,
+                                        int64_t microBatch = 0,
+                                        const std::vector<DeviceTensor *> &into = {},
+                                        std::vector<HostTensor> *host = nullptr,
+                                        const std::vector<bool> &toHost = {});
+  /// The same on host tensors, the results downloaded.
   std::vector<HostTensor> run(const std::string &name,
                               const std::vector<HostTensor> &inputs,
-                              int64_t microBatch = 0);
-  /// The same, the inputs by reference (a rank's state is not copied to
-  /// be passed).
-  std::vector<HostTensor> run(const std::string &name,
-                              const std::vector<const HostTensor *> &inputs,
                               int64_t microBatch = 0);
 
   /// The intervals recorded so far (ExecutorOptions::trace), in the order
@@ -123,6 +158,7 @@ private:
   struct Started {
     AsyncHandle handle;
     size_t instruction; // the start's index, for messages
+    Event done;         // recorded on the communication stream after it
   };
 
   void execute(const Function &fn, size_t index, Arena &arena);
@@ -132,6 +168,8 @@ private:
                    const std::vector<TensorView> &buffers);
   void runCollective(const Instruction &inst, const TensorView &in,
                      const TensorView &out);
+  /// scratch_ holding at least `bytes`.
+  uint8_t *scratch(size_t bytes);
   void insertShard(const Instruction &inst, const TensorView &dest,
                    const TensorView &piece, const TensorView &out);
   /// ernie.send, ernie.recv and the stage collectives.
@@ -140,6 +178,8 @@ private:
   int64_t peerRank(int64_t stage) const;
   void start(const Function &fn, size_t index, const TensorView &in,
              const TensorView &out);
+  /// The (ready, done) events of transfers into `buffer`, made once.
+  std::pair<Event, Event> transferEvents(uint32_t buffer);
   void wait(const Instruction &inst, std::vector<TensorView> &buffers);
   /// Waits for every started transfer, oldest first; a failure is reported
   /// at its start. They stay pending for their ernie.wait unless `forget`.
@@ -152,11 +192,26 @@ private:
 
   const Program &program_;
   Communicator &comm_;
+  Device &device_;
   ExecutorOptions options_;
   int64_t rank_, stage_;
+  /// Per function of the stage: each instruction's kernel on device_ (null
+  /// for the executor's own ops), and kernels made for it (fused bodies).
+  struct Kernels {
+    std::vector<const Kernel *> kernel;
+    std::vector<std::shared_ptr<const Kernel>> held;
+  };
+  std::map<std::string, Kernels> kernels_;
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
-  std::vector<uint8_t> scratch_; // packing for collectives on inner dims
+  Stream compute_, communication_;
+  DeviceBuffer scratch_; // packing for collectives on inner dims
+  /// Per all_reduce_start instruction (by function and index): the
+  /// bucket's packed and reduced bytes, made once.
+  std::map<std::pair<std::string, size_t>, DeviceBuffer> buckets_;
   std::map<uint32_t, Started> started_;
+  /// Per buffer a transfer writes: the events ordering it after the compute
+  /// stream's work and the compute stream's later work after it.
+  std::map<uint32_t, std::pair<Event, Event>> transferEvents_;
   int64_t microBatch_ = 0; // the run's, for transfer tags
   mutable std::mutex traceMutex_; // the communication thread records too
   std::vector<TraceEvent> trace_;

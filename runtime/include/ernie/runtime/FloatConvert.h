@@ -3,14 +3,17 @@
 // The one implementation of the narrow float formats the runtime stores:
 // f16 (IEEE half), bf16, f8E4M3FN and f8E5M2. Every code decodes exactly to
 // an f32. Encoding rounds to nearest, ties to even, with subnormals; NaN
-// stays NaN (keeping its sign). From f64 it rounds once (see
-// roundToOddFloat), never f64 -> f32 -> narrow.
+// stays NaN (f16 and bf16 keep its sign; fp8 gives NVIDIA's canonical NaN
+// 0x7F). From f64 it rounds once (see roundToOddFloat), never
+// f64 -> f32 -> narrow.
 //
 // Overflow: f16 and bf16 are IEEE and round to infinity. The fp8 formats
-// saturate finite values to their largest finite value, as Transformer
-// Engine and the OCP FP8 "saturating" conversions do: f8E4M3FN has no
-// infinity, so +-inf saturates to +-448 too; f8E5M2 keeps +-inf as +-inf but
-// saturates finite overflow to +-57344.
+// saturate to their largest finite value, infinities included — +-448 for
+// f8E4M3FN (which has no infinity), +-57344 for f8E5M2 — exactly as NVIDIA's
+// __NV_SATFINITE conversions (cuda_fp8.h, the GPU's cvt.satfinite) do, so the
+// CPU and CUDA backends give the same codes for every input
+// (Fp8NvidiaConventionTest checks every bf16 pattern and random f32s). An
+// f8E5M2 infinity code (0x7C/0xFC) still decodes to +-inf.
 //
 //===----------------------------------------------------------------------===//
 

@@ -4,7 +4,9 @@
 // global tensors; the runtime keeps each rank's pieces.
 //
 // A RankRunner is one rank: it keeps that rank's pieces of the program's
-// state (parameters and optimizer slots, by name) between calls, feeds a
+// state (parameters and optimizer slots, by name) between calls — on the
+// rank's device (Communicator::device()), where the host sees them only
+// when asked (localState, gather, Session::state, checkpoints) — feeds a
 // function's arguments by role (state, batch input, learning rate, step),
 // stores the results that update state, and can gather any result to its
 // global value through the communicator. It is what each process of a
@@ -77,8 +79,9 @@ public:
   /// Replaces the state `name` (as `fn`'s argument spec describes it).
   void setState(const std::string &fn, const std::string &name,
                 const HostTensor &global);
-  /// This rank's piece of state `name`; throws when there is none.
-  const HostTensor &localState(const std::string &name) const;
+  /// This rank's piece of state `name`, copied to the host; throws when
+  /// there is none.
+  HostTensor localState(const std::string &name) const;
   /// Replaces this rank's piece of state `name` (held already) with
   /// `piece`, of the same layout.
   void replaceLocalState(const std::string &name, HostTensor piece);
@@ -120,23 +123,27 @@ private:
     double lr = 0.0;
     int64_t step = 1;
     /// A pipeline's residuals (for a backward) or gradient sums and maxima
-    /// (for an update) by name; null outside a pipeline's schedule.
-    const std::map<std::string, HostTensor> *handOffs = nullptr;
+    /// (for an update) by name, on the device; null outside a pipeline's
+    /// schedule.
+    const std::map<std::string, DeviceTensor> *handOffs = nullptr;
   };
   /// `fn`'s arguments, each this rank's piece, in `fn`'s order: the state
   /// by reference, the rest (scalars, batch pieces) held in `owned`.
   struct Arguments {
     std::vector<HostTensor> owned;
-    std::vector<const HostTensor *> views;
+    std::vector<Argument> views;
   };
   Arguments arguments(const Function &fn, const CallSources &from);
   /// Batch inputs from micro-batch `k` of `micro` (per input, per
   /// micro-batch), which must outlive the sources.
   CallSources microBatch(const std::vector<std::vector<HostTensor>> &micro,
                          int64_t k) const;
-  /// Results of `fn` that update state replace it (moved out when `move`).
-  void keepUpdates(const Function &fn, std::vector<HostTensor> &results,
-                   bool move = false);
+  /// Where each result of `fn` that updates a state held in the same type
+  /// and shape goes: into that state, in place (null elsewhere).
+  std::vector<DeviceTensor *> updateTargets(const Function &fn);
+  /// Results of `fn` that update state replace it: those written in place
+  /// (empty in `results`) take the result's layout, the others move in.
+  void keepUpdates(const Function &fn, std::vector<DeviceTensor> &results);
   /// train_step / eval_step of a pipelined program.
   std::vector<HostTensor> callPipelined(const std::string &fn,
                                         const std::vector<HostTensor> &inputs,
@@ -167,15 +174,21 @@ private:
   /// re-laid out (gathered, re-sliced) when a function wants another.
   struct State {
     TensorSpec spec;
-    HostTensor piece;
+    DeviceTensor piece;
   };
   /// The piece of `name` in `spec`'s layout, re-laid out if needed.
-  const HostTensor &stateFor(const TensorSpec &spec);
+  const DeviceTensor &stateFor(const TensorSpec &spec);
+  Device &device() const { return executor_.device(); }
   std::map<std::string, State> state_;
 };
 
 struct SessionOptions {
   ExecutorOptions executor;
+  /// Where every rank computes: "cpu", or "cuda" / "cuda:N" — every rank a
+  /// thread on that one GPU, each with its own streams, collectives as
+  /// device-to-device copies and ordered reductions (the shared-device
+  /// engine). openDevice() says why when it cannot.
+  std::string device = "cpu";
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   /// GEMM threads per rank (setCpuBlasThreads); 0 leaves the setting alone.
   int blasThreads = 1;
@@ -184,9 +197,13 @@ struct SessionOptions {
 class Session {
 public:
   explicit Session(Program program, SessionOptions options = {});
+  /// The same on a device the caller made (options.device is ignored).
+  Session(Program program, SessionOptions options,
+          std::shared_ptr<Device> device);
   ~Session();
 
   const Program &program() const { return program_; }
+  Device &device() const { return *device_; }
   int64_t numRanks() const { return program_.mesh().numRanks(); }
 
   void initState(const std::string &fn, const StateSource &source,
@@ -234,6 +251,7 @@ private:
       const std::function<std::map<std::string, HostTensor>(int64_t)> &read);
 
   Program program_;
+  std::shared_ptr<Device> device_;
   ThreadWorld world_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<RankRunner>> ranks_;

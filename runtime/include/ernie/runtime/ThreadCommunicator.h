@@ -12,6 +12,7 @@
 #define ERNIE_RUNTIME_THREADCOMMUNICATOR_H
 
 #include "ernie/runtime/Communicator.h"
+#include "ernie/runtime/Device.h"
 
 #include <memory>
 
@@ -25,8 +26,13 @@ inline constexpr int64_t kMaxThreadRanks = 1024;
 class ThreadWorld {
 public:
   /// Throws std::invalid_argument for a mesh of more than kMaxThreadRanks.
-  ThreadWorld(Mesh mesh, std::chrono::milliseconds timeout =
-                             std::chrono::seconds(60));
+  /// On a GPU (`device` not the host) every rank's buffers are on that one
+  /// device, which must outlive the world: collectives become device copies
+  /// and ordered device reductions, each rank on its own streams (NCCL
+  /// cannot put two ranks of one communicator on one GPU).
+  ThreadWorld(Mesh mesh,
+              std::chrono::milliseconds timeout = std::chrono::seconds(60),
+              Device &device = cpuDevice());
   ~ThreadWorld();
 
   /// The communicator of `rank`, for the thread that runs that rank.

@@ -113,9 +113,11 @@ def Ernie_CastOp : Ernie_PureOp<"cast",
   let summary = "elementwise element-type conversion";
   let description = [{
     Converts every element to the result's element type: floats round to
-    nearest even (saturating to the largest finite value for the fp8 types,
-    NaN stays NaN), float to integer truncates toward zero, integer to i1 is
-    `x != 0`.
+    nearest even (for the fp8 types saturating to the largest finite value,
+    infinities included, and NaN becoming the canonical NaN 0x7F: NVIDIA's
+    `__NV_SATFINITE` conversions, which the CPU and CUDA runtimes both
+    follow; elsewhere NaN stays NaN), float to integer truncates toward
+    zero, integer to i1 is `x != 0`.
 
     ```mlir
     %y = ernie.cast %x : tensor<4x8xf32> -> tensor<4x8xbf16>

@@ -1,0 +1,320 @@
+//===- Gemm.cpp - matmul and scaled_matmul through cuBLASLt -----------------===//
+//
+// UNVERIFIED ON A GPU: compiled and linked without one; not yet run on a GPU
+// (scripts/gpu_check.sh compares it with the CPU kernels and times it beside
+// cuBLAS called directly).
+//
+// ernie's tensors are row-major; cuBLASLt is column-major, so D = op(A)
+// op(B) is computed as D^T = op(B)^T op(A)^T: the operands swap and every
+// stored matrix is read as its transpose's column-major layout. One
+// cuBLASLt handle and 32 MiB workspace per thread and device; a GEMM's
+// descriptors and the heuristic's algorithm are made once per shape and
+// kept (no heuristic query on the hot path).
+//
+// f32 computes in full f32 (CUBLAS_COMPUTE_32F, no TF32) and f64 in f64;
+// bf16 and f16 multiply on tensor cores accumulating in f32 and round once
+// into the result, as the CPU's narrow path does. Plain matmul on fp8
+// widens to f32 first. scaled_matmul is cuBLASLt's FP8 GEMM with the two
+// f32 scales as device pointers (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER),
+// f32 accumulation, f32/bf16/f16 out, wherever cuBLASLt's FP8 rules allow it
+// ("TN": the right operand given transposed, the left one not; dimensions
+// multiples of 16; 16-byte aligned; not e5m2 x e5m2); elsewhere it decodes
+// to f32, multiplies in f32 and scales once — the CPU's computation. The
+// blockwise recipe reaches here as f32/bf16 GEMMs of dequantised tiles.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaKernels.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace ernie::runtime::cuda {
+
+namespace {
+
+void checkLt(cublasStatus_t status, const char *what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw KernelError(std::string(what) + ": cuBLASLt error " +
+                      std::to_string(int(status)));
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+/// One GEMM's cuBLASLt objects, made once per shape.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a)
+      cublasLtMatrixLayoutDestroy(a);
+    if (b)
+      cublasLtMatrixLayoutDestroy(b);
+    if (d)
+      cublasLtMatrixLayoutDestroy(d);
+    if (desc)
+      cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+/// What decides a plan.
+using PlanKey = std::tuple<int, int, int, int, bool, bool, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+/// A thread's handle, workspace and plans on the current device.
+struct Context {
+  cublasLtHandle_t handle = nullptr;
+  void *workspace = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  Context() {
+    checkLt(cublasLtCreate(&handle), "cublasLtCreate");
+    check(cudaMalloc(&workspace, kWorkspaceBytes), "cuBLASLt workspace");
+  }
+  ~Context() {
+    plans.clear();
+    if (workspace)
+      cudaFree(workspace);
+    if (handle)
+      cublasLtDestroy(handle);
+  }
+};
+
+Context &context() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  thread_local std::map<int, std::unique_ptr<Context>> contexts;
+  std::unique_ptr<Context> &c = contexts[device];
+  if (!c)
+    c = std::make_unique<Context>();
+  return *c;
+}
+
+struct Types {
+  cudaDataType_t ab, d;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+};
+
+/// Row-major D[batch] (m x n) = alpha * op(A[batch]) op(B[batch]),
+/// through the column-major D^T = op(B)^T op(A)^T. Strides in elements;
+/// `scaleA` / `scaleB` (device f32 pointers) only for FP8.
+void gemm(const Types &t, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+          const void *a, int64_t strideA, const void *b, int64_t strideB,
+          void *d, int64_t strideD, int64_t batches, const void *alpha,
+          const void *beta, const float *scaleA = nullptr,
+          const float *scaleB = nullptr) {
+  if (m == 0 || n == 0 || batches == 0)
+    return;
+  Context &ctx = context();
+  const bool scaled = scaleA != nullptr;
+  PlanKey key{int(t.ab), int(t.d), int(t.compute), int(t.scale), ta, tb, m,
+              n,         k,        batches,        strideA,      strideB,
+              strideD,   scaled};
+  std::unique_ptr<Plan> &plan = ctx.plans[key];
+  if (!plan) {
+    auto p = std::make_unique<Plan>();
+    checkLt(cublasLtMatmulDescCreate(&p->desc, t.compute, t.scale),
+            "cublasLtMatmulDescCreate");
+    // cuBLASLt's A is our B, its B our A.
+    cublasOperation_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opB = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    checkLt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                           &opA, sizeof opA),
+            "TRANSA");
+    checkLt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                           &opB, sizeof opB),
+            "TRANSB");
+    // Stored shapes: B is [k, n] (or [n, k] transposed), A [m, k] (or [k, m]).
+    uint64_t aRows = tb ? k : n, aCols = tb ? n : k;
+    uint64_t bRows = ta ? m : k, bCols = ta ? k : m;
+    checkLt(cublasLtMatrixLayoutCreate(&p->a, t.ab, aRows, aCols, aRows),
+            "layout");
+    checkLt(cublasLtMatrixLayoutCreate(&p->b, t.ab, bRows, bCols, bRows),
+            "layout");
+    checkLt(cublasLtMatrixLayoutCreate(&p->d, t.d, n, m, n), "layout");
+    if (batches > 1) {
+      int32_t count = int32_t(batches);
+      for (auto [layout, stride] : {std::pair{p->a, strideB},
+                                    std::pair{p->b, strideA},
+                                    std::pair{p->d, strideD}}) {
+        checkLt(cublasLtMatrixLayoutSetAttribute(
+                    layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                    sizeof count),
+                "batch count");
+        checkLt(cublasLtMatrixLayoutSetAttribute(
+                    layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &stride, sizeof stride),
+                "batch stride");
+      }
+    }
+    if (scaled) {
+      checkLt(cublasLtMatmulDescSetAttribute(
+                  p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scaleB,
+                  sizeof scaleB),
+              "A scale");
+      checkLt(cublasLtMatmulDescSetAttribute(
+                  p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scaleA,
+                  sizeof scaleA),
+              "B scale");
+    }
+    cublasLtMatmulPreference_t pref;
+    checkLt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    size_t workspace = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+        sizeof workspace);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        ctx.handle, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0)
+      throw KernelError("cuBLASLt has no algorithm for a " + std::to_string(m) +
+                        "x" + std::to_string(k) + " by " + std::to_string(k) +
+                        "x" + std::to_string(n) + " GEMM of these types");
+    p->algo = result.algo;
+    plan = std::move(p);
+  }
+  if (scaled) {
+    // The scale pointers may move between calls (arena offsets do not,
+    // but a plan is per shape): set them each time.
+    checkLt(cublasLtMatmulDescSetAttribute(plan->desc,
+                                           CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                           &scaleB, sizeof scaleB),
+            "A scale");
+    checkLt(cublasLtMatmulDescSetAttribute(plan->desc,
+                                           CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                           &scaleA, sizeof scaleA),
+            "B scale");
+  }
+  checkLt(cublasLtMatmul(ctx.handle, plan->desc, alpha, b, plan->a, a, plan->b,
+                         beta, d, plan->d, d, plan->d, &plan->algo,
+                         ctx.workspace, kWorkspaceBytes, stream()),
+          "cublasLtMatmul");
+}
+
+/// matmul's shape, as the CPU kernel reads it.
+struct MatmulShape {
+  bool ta, tb;
+  int64_t m, n, k, batches;
+  bool sharedRhs;
+};
+
+MatmulShape shapeOf(const TensorView &a, const TensorView &b,
+                    const Attrs &attrs) {
+  MatmulShape s;
+  s.ta = attrs.getBool("transpose_a");
+  s.tb = attrs.getBool("transpose_b");
+  int64_t ra = a.rank(), rb = b.rank();
+  s.m = s.ta ? a.shape[ra - 1] : a.shape[ra - 2];
+  s.k = s.ta ? a.shape[ra - 2] : a.shape[ra - 1];
+  s.n = s.tb ? b.shape[rb - 2] : b.shape[rb - 1];
+  s.batches = s.m != 0 && s.k != 0 ? a.numElements() / (s.m * s.k) : 0;
+  s.sharedRhs = rb == 2;
+  // A shared weight on untransposed batches is one GEMM over all rows.
+  if (s.sharedRhs && !s.ta && s.batches > 1) {
+    s.m *= s.batches;
+    s.batches = 1;
+  }
+  return s;
+}
+
+/// A GEMM of f32, f64, bf16 or f16 operands and result of the same type.
+void floatGemm(DType type, const MatmulShape &s, const void *a, const void *b,
+               void *d) {
+  const int64_t sa = s.m * s.k, sb = s.sharedRhs ? 0 : s.k * s.n, sd = s.m * s.n;
+  if (type == DType::F64) {
+    const double one = 1, zero = 0;
+    return gemm({CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F}, s.ta,
+                s.tb, s.m, s.n, s.k, a, sa, b, sb, d, sd, s.batches, &one,
+                &zero);
+  }
+  const float one = 1, zero = 0;
+  cudaDataType_t t = type == DType::F32    ? CUDA_R_32F
+                     : type == DType::BF16 ? CUDA_R_16BF
+                                           : CUDA_R_16F;
+  gemm({t, t, CUBLAS_COMPUTE_32F, CUDA_R_32F}, s.ta, s.tb, s.m, s.n, s.k, a, sa,
+       b, sb, d, sd, s.batches, &one, &zero);
+}
+
+void matmul(const std::vector<TensorView> &in,
+            const std::vector<TensorView> &out, const Attrs &attrs) {
+  const TensorView &a = in[0], &b = in[1];
+  MatmulShape s = shapeOf(a, b, attrs);
+  switch (a.type) {
+  case DType::F64:
+  case DType::F32:
+  case DType::BF16:
+  case DType::F16:
+    return floatGemm(a.type, s, a.data, b.data, out[0].data);
+  case DType::I64:
+  case DType::I32:
+    return integerMatmul(a.type, s.ta, s.tb, s.m, s.n, s.k, s.batches,
+                         s.sharedRhs, a.data, b.data, out[0].data);
+  default: {
+    // fp8 operands: decoded exactly to f32, one f32 GEMM, rounded once.
+    Scratch wa(a.numElements() * 4), wb(b.numElements() * 4),
+        wd(out[0].numElements() * 4);
+    convert(a.data, a.type, wa.data(), DType::F32, a.numElements());
+    convert(b.data, b.type, wb.data(), DType::F32, b.numElements());
+    floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data());
+    convert(wd.data(), DType::F32, out[0].data, out[0].type,
+            out[0].numElements());
+  }
+  }
+}
+
+bool aligned16(const void *p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+void scaledMatmul(const std::vector<TensorView> &in,
+                  const std::vector<TensorView> &out, const Attrs &attrs) {
+  if (in[2].type != DType::F32 || in[3].type != DType::F32 ||
+      in[2].numElements() != 1 || in[3].numElements() != 1)
+    throw KernelError("ernie.scaled_matmul takes two f32 scalar scales");
+  const TensorView &a = in[0], &b = in[1], &d = out[0];
+  MatmulShape s = shapeOf(a, b, attrs);
+  const float *scaleA = in[2].as<float>(), *scaleB = in[3].as<float>();
+  auto fp8 = [](DType t) {
+    return t == DType::F8E4M3FN ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+  };
+  const bool bothFp8 = (a.type == DType::F8E4M3FN || a.type == DType::F8E5M2) &&
+                       (b.type == DType::F8E4M3FN || b.type == DType::F8E5M2);
+  const bool cublasFp8 =
+      bothFp8 && a.type == b.type && // mixed e4m3/e5m2 kept to the fallback
+      !s.ta && s.tb && s.m % 16 == 0 && s.n % 16 == 0 && s.k % 16 == 0 &&
+      aligned16(a.data) && aligned16(b.data) && aligned16(d.data) &&
+      a.type == DType::F8E4M3FN && // e5m2 x e5m2 is not supported
+      (d.type == DType::F32 || d.type == DType::BF16 || d.type == DType::F16);
+  if (cublasFp8) {
+    const float one = 1, zero = 0;
+    cudaDataType_t out = d.type == DType::F32    ? CUDA_R_32F
+                         : d.type == DType::BF16 ? CUDA_R_16BF
+                                                 : CUDA_R_16F;
+    gemm({fp8(a.type), out, CUBLAS_COMPUTE_32F, CUDA_R_32F}, s.ta, s.tb, s.m,
+         s.n, s.k, a.data, s.m * s.k, b.data, s.sharedRhs ? 0 : s.k * s.n,
+         d.data, s.m * s.n, s.batches, &one, &zero, scaleA, scaleB);
+    return;
+  }
+  // The CPU's computation: decode, f32 GEMM, scale once by the product.
+  Scratch wa(a.numElements() * 4), wb(b.numElements() * 4),
+      wd(d.numElements() * 4);
+  convert(a.data, a.type, wa.data(), DType::F32, a.numElements());
+  convert(b.data, b.type, wb.data(), DType::F32, b.numElements());
+  floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data());
+  scaleInto(wd.as<float>(), scaleA, scaleB, d.data, d.type, d.numElements());
+}
+
+} // namespace
+
+void registerGemmKernels(Registry &r) {
+  r["ernie.matmul"] = matmul;
+  r["ernie.scaled_matmul"] = scaledMatmul;
+}
+
+} // namespace ernie::runtime::cuda
