@@ -344,6 +344,16 @@ void replaceSlices(PatternRewriter &rewriter, Operation *producer,
   rewriter.eraseOp(producer);
 }
 
+/// `producer` (its attributes and marks kept) recomputed on `operands` as
+/// `slice`'s piece, in place of its slices.
+void computeSlicedProducer(PatternRewriter &rewriter, Operation *producer,
+                           ValueRange operands, ShardSliceOp slice) {
+  Operation *local = rewriter.clone(*producer);
+  local->setOperands(operands);
+  local->getResult(0).setType(slice.getType());
+  replaceSlices(rewriter, producer, local->getResult(0));
+}
+
 /// slice(f(a, b, ...)) -> f(slice(a), slice(b), ...) for an elementwise f
 /// whose result is only ever sliced this way: the same elements, computed on
 /// 1/n of the data (a norm's gradient computed whole and then cut to the
@@ -370,10 +380,7 @@ struct SliceElementwiseOperands : OpRewritePattern<ShardSliceOp> {
     SmallVector<Value> operands;
     for (Value operand : producer->getOperands())
       operands.push_back(slicedLike(rewriter, slice, operand, slice.getDim()));
-    Operation *local = rewriter.clone(*producer);
-    local->setOperands(operands);
-    local->getResult(0).setType(slice.getType());
-    replaceSlices(rewriter, producer, local->getResult(0));
+    computeSlicedProducer(rewriter, producer, operands, slice);
     return success();
   }
 };
@@ -394,10 +401,7 @@ struct SliceBroadcastInput : OpRewritePattern<ShardSliceOp> {
       if (d == static_cast<int64_t>(slice.getDim()) &&
           inputType.getDimSize(k) != 1)
         input = slicedLike(rewriter, slice, input, k);
-    Operation *local = rewriter.clone(*broadcast); // its marks too
-    local->setOperand(0, input);
-    local->getResult(0).setType(slice.getType());
-    replaceSlices(rewriter, broadcast, local->getResult(0));
+    computeSlicedProducer(rewriter, broadcast, input, slice);
     return success();
   }
 };

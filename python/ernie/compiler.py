@@ -310,7 +310,7 @@ class Program:
 
     def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                  seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False,
-                 state_values=None):
+                 state_values=None, device="cpu"):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
         # `pipeline`: None, or the pipelined program's stages, virtual_stages,
@@ -338,7 +338,7 @@ class Program:
             raise ValueError(f"parameters {valueless[:5]} have no values (the model was built "
                              f"under ernie.nn.abstract()): compile it with abstract=True, or "
                              f"build it with from_pretrained")
-        self._session = _ernie.Session(program_file, timeout, check_finite, trace)
+        self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
         if self.pipeline is not None:
             # Every stage's state, then @init.<s> (shared parameters'
             # replicas start equal): once, through train_step.
@@ -355,6 +355,12 @@ class Program:
         stage functions: train_forward.<chunk>, train_backward.<chunk>,
         eval_forward.<chunk>, train_update.<stage>, init.<stage>)."""
         return list(self._signatures)
+
+    @property
+    def device(self) -> str:
+        """Where the ranks compute: "cpu", or the CUDA device they share
+        (its name and memory)."""
+        return self._require_session().device
 
     @property
     def is_pipelined(self) -> bool:
@@ -854,7 +860,7 @@ def _check_split_points(model, mesh, pipeline, trace):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False, fp8_config=None, fuse=True) -> Program:
+            abstract=False, trace=False, fp8_config=None, fuse=True, device="cpu") -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
@@ -867,6 +873,10 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     regex}, or `config["fp8_config"]`) runs the linear layers' GEMMs in FP8
     (--ernie-fp8-lowering). `fuse=False` keeps every elementwise op its own
     loop (no --ernie-fuse; report()'s `instructions` shows the difference).
+    `device` is where every rank computes: "cpu", or "cuda" / "cuda:N" (all
+    ranks threads on that GPU, collectives as device copies; a build without
+    CUDA, or a machine without a GPU, says so when the program loads — the
+    CUDA backend has not yet run on a GPU, docs/architecture.md).
 
     A mesh with a "pp" axis of size > 1 pipelines the model (it needs an
     optimizer): split points come from `pp_config.split_spec`, a
@@ -876,6 +886,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     program runs step() and eval() on global batches."""
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
     from .distributed import parallelize
     if config is not None and (set(config) - {"recompute"} or mesh is not None or get_mesh()):
         parallelize(model, optimizer, mesh, config)
@@ -922,7 +934,7 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                           recompute=recompute))
     program = Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                       seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
-                      trace=trace, state_values=trace_state.state_values)
+                      trace=trace, state_values=trace_state.state_values, device=device)
     program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
     program._activation_bytes = activations
     return program

@@ -664,9 +664,11 @@ template <typename Fn> auto checkpointErrors(Fn fn) {
 
 class PySession {
 public:
-  PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace) {
+  PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace,
+            const std::string &device) {
     std::string bytes = file;
     rt::SessionOptions options;
+    options.device = device;
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
     options.executor.checkFinite = checkFinite;
     options.executor.trace = trace;
@@ -729,6 +731,8 @@ public:
   }
 
   int64_t numRanks() const { return session_->numRanks(); }
+  /// "cpu", or the CUDA device the ranks share ("cuda:0 (NVIDIA H100...)").
+  std::string deviceName() const { return session_->device().describe(); }
 
   /// Checkpoint.h through the session; a damaged or missing checkpoint is
   /// a ValueError (OSError for the file system's own faults). Each returns
@@ -1120,9 +1124,13 @@ PYBIND11_MODULE(_ernie, m) {
         "The cost model's step estimate (JSON text) of a compiled module");
 
   py::class_<PySession>(m, "Session")
-      .def(py::init<py::bytes, double, bool, bool>(), py::arg("program"),
-           py::arg("timeout") = 60.0, py::arg("check_finite") = false,
-           py::arg("trace") = false)
+      .def(py::init<py::bytes, double, bool, bool, std::string>(),
+           py::arg("program"), py::arg("timeout") = 60.0,
+           py::arg("check_finite") = false, py::arg("trace") = false,
+           py::arg("device") = "cpu")
+      .def_property_readonly("device", [](PySession &s) {
+        return s.deviceName();
+      })
       .def("write_trace", &PySession::writeTrace)
       .def_property_readonly("num_ranks", &PySession::numRanks)
       .def("signature", &PySession::signature)

@@ -14,8 +14,8 @@ floats) are allowed beside them and must stay under 1 % of the traffic.
 A layer's traffic is the difference between a two-layer and a one-layer
 model's training step (report()'s collectives; abstract compiles). The
 model has fewer tokens per micro-batch than its hidden size, as Megatron's
-large runs do (s * b = 128 < h = 512): see the closing note of
-`test_sequence_parallel_layer_matches_megatron` for the other regime.
+large runs do (s * b = 128 < h = 512): see the comment in
+`test_layer_traffic_is_megatrons` for the other regime.
 """
 
 import numpy as np
@@ -79,24 +79,21 @@ def _split(per_layer):
     return big, count, small
 
 
-def test_tensor_parallel_layer_matches_megatron():
-    big, count, small = _split(_per_layer(False))
-    megatron = 4 * _ring_bytes("all_reduce", ACTIVATION)
+# Megatron's layer: 4 all-reduces of the activation without SP (here the
+# residual stream stays hidden-split between layers, so each is a
+# reduce-scatter and an all-gather: the same bytes); with SP 6 all-gathers
+# (2 regathered for the weight gradients) and 4 reduce-scatters.
+@pytest.mark.parametrize("sequence_parallel,megatron,counts", [
+    (False, 4 * _ring_bytes("all_reduce", ACTIVATION), {"reduce_scatter": 4, "all_gather": 4}),
+    (True, 10 * _ring_bytes("reduce_scatter", ACTIVATION), {"reduce_scatter": 4, "all_gather": 6}),
+], ids=["tp", "tp+sp"])
+def test_layer_traffic_is_megatrons(sequence_parallel, megatron, counts):
+    big, count, small = _split(_per_layer(sequence_parallel))
     assert sum(big.values()) == pytest.approx(megatron, rel=1e-12), (big, count)
-    # The residual stream stays hidden-split between layers: each of
-    # Megatron's all-reduces is a reduce-scatter and an all-gather here.
-    assert count == {"reduce_scatter": 4, "all_gather": 4}
+    assert count == counts
     assert small < 0.01 * megatron
-
-
-def test_sequence_parallel_layer_matches_megatron():
-    big, count, small = _split(_per_layer(True))
-    megatron = 10 * _ring_bytes("reduce_scatter", ACTIVATION)
-    assert sum(big.values()) == pytest.approx(megatron, rel=1e-12), (big, count)
-    assert count == {"reduce_scatter": 4, "all_gather": 6}
-    assert small < 0.01 * megatron
-    # With more tokens than hidden units (s * b > h) propagation gathers the
-    # row-parallel weight for the attention's data gradient instead of the
-    # output gradient (a smaller gather taken alone, but the gradient is
-    # gathered for the weight gradient anyway, and an all-to-all follows):
-    # a greedy per-op choice; not asserted here.
+    # With SP and more tokens than hidden units (s * b > h) propagation
+    # gathers the row-parallel weight for the attention's data gradient
+    # instead of the output gradient (a smaller gather taken alone, but the
+    # gradient is gathered for the weight gradient anyway, and an
+    # all-to-all follows): a greedy per-op choice, not covered here.
