@@ -311,14 +311,48 @@ def _map(fn, jobs, workers):
     workers = os.cpu_count() or 1 if workers is None else workers
     try:  # a model class a fresh process cannot import is searched here
         pickle.dumps(jobs[0]) if jobs else None
+        local = jobs and jobs[0][0][0].__module__ == "__main__"
     except (pickle.PicklingError, AttributeError, TypeError):
-        workers = 1
-    if workers <= 1 or len(jobs) <= 1:
+        local = True
+    if local or workers <= 1 or len(jobs) <= 1:
         return [fn(job) for job in jobs]
     with concurrent.futures.ProcessPoolExecutor(
             max_workers=min(workers, len(jobs)),
-            mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(fn, jobs))
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
+        with _workers_skip_main():
+            results = pool.map(fn, jobs)  # starts the workers
+        return list(results)
+
+
+class _workers_skip_main:
+    """While workers start: they import ernie, never the user's script
+    (spawn re-runs `__main__` in each child, and a script calling auto_plan
+    at its top level would search again there)."""
+
+    def __enter__(self):
+        self.main = sys.modules.get("__main__")
+        self.saved = {k: getattr(self.main, k) for k in ("__file__", "__spec__")
+                      if hasattr(self.main, k)}
+        self.main.__spec__ = None
+        if hasattr(self.main, "__file__"):
+            del self.main.__file__
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.main, k, v)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In a search worker: end when the searching process is gone (killed,
+    interrupted), instead of compiling the rest of its queue for no one."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len=None,

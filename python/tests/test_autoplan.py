@@ -132,3 +132,30 @@ def test_breakdown_picture_without_matplotlib_says_what_to_install(tmp_path, mon
                           "overhead_seconds": 0.0}, True)
     with pytest.raises(ImportError, match="pip install matplotlib"):
         autoplan.plot_breakdown([plan], tmp_path / "x.png")
+
+
+def test_search_workers_never_rerun_the_users_script(tmp_path):
+    """The search spreads compiles over spawned processes: a script that
+    calls auto_plan at its top level (no `if __name__ == "__main__"`) must
+    not be run again in them (it recursed: "An attempt has been made to
+    start a new process before ... bootstrapping")."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "plan.py"
+    script.write_text(
+        "import ernie\n"
+        "from ernie import autoplan\n"
+        "from ernie.models.llama import LlamaConfig, LlamaForCausalLM\n"
+        "with ernie.nn.abstract():\n"
+        "    m = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128,\n"
+        "        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,\n"
+        "        num_key_value_heads=2, dtype='bf16'))\n"
+        "plans = autoplan.auto_plan(m, cluster='dgx_h100', global_batch=8, seq_len=128,\n"
+        "                           ranks=4, top=2, workers=2)\n"
+        "print('searched', len(plans))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "searched 2" in out.stdout
