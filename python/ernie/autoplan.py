@@ -106,11 +106,16 @@ def _layer_list(model):
 
 
 def _tp_plan(model, sequence_parallel):
-    module = sys.modules[type(model).__module__]
-    plan_fn = getattr(module, "parallelize_plan", None)
+    """The family's tensor-parallel plan: the module-level parallelize_plan()
+    beside the model's class, or beside the class it derives from (a user's
+    subclass of LlamaForCausalLM keeps Llama's plan)."""
+    plan_fn = next((getattr(sys.modules.get(cls.__module__), "parallelize_plan", None)
+                    for cls in type(model).__mro__
+                    if getattr(sys.modules.get(cls.__module__), "parallelize_plan", None)),
+                   None)
     if plan_fn is None:
-        raise ValueError(f"{type(model).__module__} has no parallelize_plan() for tensor "
-                         "parallelism")
+        raise ValueError(f"{type(model).__module__} (nor a module of {type(model).__name__}'s "
+                         "bases) has no parallelize_plan() for tensor parallelism")
     params = inspect.signature(plan_fn).parameters
     kwargs = {}
     if "tie_word_embeddings" in params:

@@ -159,3 +159,11 @@ def test_search_workers_never_rerun_the_users_script(tmp_path):
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "searched 2" in out.stdout
+
+
+def test_a_subclass_keeps_its_familys_plan():
+    class MyLlama(LlamaForCausalLM):
+        pass
+    with ernie.nn.abstract():
+        m = MyLlama(LlamaConfig(**CFG))
+    assert autoplan._tp_plan(m, True).keys() == autoplan._tp_plan(model(), True).keys()
