@@ -38,12 +38,7 @@ RankedTensorType tensorType(Value v) {
 
 /// `s` without its pending reductions (null stays null).
 ShardingAttr dropPartial(ShardingAttr s) {
-  if (!s || !s.isPartial())
-    return s;
-  SmallVector<SmallVector<StringRef>> dims;
-  for (int64_t d = 0; d < s.getRank(); ++d)
-    dims.push_back(s.getDimAxes(d));
-  return ShardingAttr::get(s.getContext(), s.getMesh(), dims);
+  return s ? s.withoutPartials() : s;
 }
 
 /// An op's operand and result shardings (null: unknown) and types.
@@ -89,14 +84,18 @@ public:
   void run() {
     for (bool guess : {false, true}) {
       guessing = guess;
-      // What a function's result is wanted as binds the returned value
-      // only once the function's own ops have had their say: else a
-      // gradient ZeRO wants split over dp would pull the activations of
-      // its weight-gradient matmul to that split (all-to-alls, gathers)
-      // instead of being reduce-scattered at the return.
-      if (guess)
-        for (auto [value, spec] : returnSpecs)
-          offer(value, spec, 0);
+      for (int64_t level : levels)
+        propagateAt(level);
+    }
+    // What a function's result is wanted as binds the returned value only
+    // once the function's own ops have had their say, and then only where
+    // they left it open: else a gradient ZeRO wants split over dp pulls
+    // its weight-gradient matmul's operands to that split (its batch-split
+    // activations gathered whole, the loss's gradient computed on the
+    // global batch) instead of being reduce-scattered at the return.
+    if (!returnSpecs.empty()) {
+      for (auto [value, spec] : returnSpecs)
+        offer(value, spec, 0);
       for (int64_t level : levels)
         propagateAt(level);
     }

@@ -55,6 +55,15 @@ ShardingAttr ShardingAttr::getReplicated(MLIRContext *context,
   return get(context, mesh, SmallVector<SmallVector<StringRef>>(rank));
 }
 
+ShardingAttr ShardingAttr::withoutPartials() const {
+  if (!isPartial())
+    return *this;
+  SmallVector<SmallVector<StringRef>> dims;
+  for (int64_t d = 0; d < getRank(); ++d)
+    dims.push_back(getDimAxes(d));
+  return get(getContext(), getMesh(), dims);
+}
+
 SmallVector<StringRef> ShardingAttr::getDimAxes(int64_t dim) const {
   SmallVector<StringRef> axes;
   for (Attribute axis : cast<ArrayAttr>(getDims()[dim]))

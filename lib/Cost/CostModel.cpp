@@ -307,6 +307,10 @@ double CostModel::computeTime(Operation *op) const {
   if (!cost)
     return 0;
   const DeviceSpec &d = cluster_.device;
+  // A reshape is a view of its operand's bytes (the memory plan gives it
+  // the same buffer): no kernel runs, nothing moves.
+  if (isa<ReshapeOp>(op))
+    return 0;
   double flops = double(cost.getFlops());
   double peak = d.vectorFlops;
   if (isGemm(op)) {

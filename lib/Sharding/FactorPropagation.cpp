@@ -245,15 +245,61 @@ OpShardings mlir::ernie::resolveShardings(
     return bytes;
   };
 
-  OpShardings best;
+  SmallVector<OpShardings> choices;
+  for (size_t seed = 0; seed < known.size(); ++seed)
+    choices.push_back(project(chooseFactors(rule, known, seed, mesh)));
+
+  // A tensor nothing has laid out yet is not free: a choice that leaves it
+  // whole where another choice splits it makes its producer compute (or
+  // gather) the whole. Charged as gathering it from the most split layout
+  // any choice gives it. (A weight gradient whose result one user wants
+  // split over dp otherwise pulled the batch-split loss gradient whole:
+  // ZeRO-3 computed the cross-entropy gradient on the global batch.)
+  auto localElements = [&](ShardingAttr s, RankedTensorType type) {
+    int64_t parts = 1;
+    for (int64_t d = 0; d < s.getRank(); ++d)
+      parts *= mesh.product(s.getDimAxes(d));
+    return type.getNumElements() / std::max<int64_t>(parts, 1);
+  };
+  auto mostSplit = [&](bool isResult, unsigned index) {
+    ShardingAttr most;
+    RankedTensorType type =
+        isResult ? resultTypes[index] : operandTypes[index];
+    for (const OpShardings &choice : choices) {
+      ShardingAttr s =
+          isResult ? choice.results[index] : choice.operands[index];
+      if (!most || localElements(s, type) < localElements(most, type))
+        most = s;
+    }
+    return most.withoutPartials();
+  };
+  auto unknownCost = [&](const OpShardings &choice) {
+    int64_t bytes = 0;
+    auto charge = [&](bool isResult, unsigned i, ShardingAttr mine,
+                      RankedTensorType type) {
+      ShardingAttr most = mostSplit(isResult, i);
+      // Only a choice that leaves it less split pays: another split of the
+      // same size is the producer's to choose.
+      if (localElements(mine, type) > localElements(most, type))
+        bytes += reshardBytes(most, mine.withoutPartials(), type, mesh);
+    };
+    for (auto [i, s] : llvm::enumerate(operands))
+      if (!s && i < choice.operands.size() && operandTypes[i])
+        charge(false, i, choice.operands[i], operandTypes[i]);
+    for (auto [i, s] : llvm::enumerate(results))
+      if (!s && i < choice.results.size() && resultTypes[i])
+        charge(true, i, choice.results[i], resultTypes[i]);
+    return bytes;
+  };
+
+  size_t best = 0;
   int64_t bestCost = std::numeric_limits<int64_t>::max();
-  for (size_t seed = 0; seed < known.size(); ++seed) {
-    OpShardings choice = project(chooseFactors(rule, known, seed, mesh));
-    int64_t c = cost(choice);
+  for (auto [i, choice] : llvm::enumerate(choices)) {
+    int64_t c = cost(choice) + (choices.size() > 1 ? unknownCost(choice) : 0);
     if (c < bestCost) {
       bestCost = c;
-      best = std::move(choice);
+      best = i;
     }
   }
-  return best;
+  return std::move(choices[best]);
 }

@@ -127,3 +127,20 @@ def test_sequence_parallel_keeps_the_batch_split_over_dp():
     sp = abstract_program(*mesh, {"dp_config": {}, "mp_config": {
         "parallelize_plan": parallelize_plan(sequence_parallel=True)}}).estimate("dgx_h100")
     assert sp["model_flops"] == pytest.approx(tp["model_flops"], rel=0.01)
+
+
+def test_zero_levels_do_not_change_the_step_flops():
+    """ZeRO moves state, not work: at every level a dp rank computes its own
+    batch. Level 3 once computed the loss gradient (and what followed it
+    back to the last layer) on the global batch on every rank: a weight
+    gradient wanted split over dp pulled its batch-split operand whole."""
+    model = dict(vocab_size=512, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=4)
+    est = {level: abstract_program([8], ["dp"], {"dp_config": {"sharding_level": level}},
+                                   batch=16, seq=64, **model).estimate("dgx_h100")
+           for level in (1, 2, 3)}
+    for level in (2, 3):
+        assert est[level]["model_flops"] == pytest.approx(est[1]["model_flops"], rel=0.005)
+        # The loss gradient (8x the work when computed on the global batch).
+        loss_grad = lambda e: e["compute_by_op"]["ernie.cross_entropy_grad"]
+        assert loss_grad(est[level]) == pytest.approx(loss_grad(est[1]), rel=0.01)

@@ -91,6 +91,8 @@ def Ernie_ShardingAttr : AttrDef<Ernie_Dialect, "Sharding"> {
     /// Partial axes with their reduce kinds.
     ::llvm::SmallVector<std::pair<::llvm::StringRef, ReduceKind>> getPartials() const;
     bool isPartial() const { return !getPartialAxes().empty(); }
+    /// The same split with nothing pending (itself when nothing is).
+    ShardingAttr withoutPartials() const;
     /// No dimension split and nothing pending.
     bool isReplicated() const;
     /// Every axis the sharding uses, dims first then partials.
