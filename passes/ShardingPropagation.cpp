@@ -187,8 +187,8 @@ private:
   /// The user's sharding for each function's results.
   llvm::DenseMap<std::pair<Operation *, unsigned>, ShardingAttr> resultSpecs;
   std::set<int64_t> levels{0};
-  /// The user's sharding of each returned value, offered in the second
-  /// round (run()).
+  /// The user's sharding of each returned value, offered after both
+  /// rounds (run()).
   SmallVector<std::pair<Value, ShardingAttr>> returnSpecs;
   /// Whether open values may take factors no known tensor determines.
   bool guessing = false;

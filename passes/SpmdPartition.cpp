@@ -761,7 +761,6 @@ LogicalResult Partitioner::partitionFunction(func::FuncOp func) {
   return success();
 }
 
-
 /// The global shape of `local` when padding makes it more than the local
 /// shape times the parts (the program file records it), else null.
 Attribute Partitioner::paddedGlobalShape(Value local) {

@@ -99,30 +99,34 @@ inline StridedView broadcastView(const std::vector<int64_t> &inShape,
       v.strides[dims[i]] = strides[i];
   return v;
 }
+/// The view of a row-major `shape` that starts at coordinates `offset`
+/// and moves `scale[d]` elements of dimension d per step.
+inline StridedView affineView(const std::vector<int64_t> &shape,
+                              const std::vector<int64_t> &offset,
+                              const std::vector<int64_t> &scale) {
+  std::vector<int64_t> strides = stridesOf(shape);
+  StridedView v;
+  for (size_t d = 0; d < strides.size(); ++d) {
+    v.base += offset[d] * strides[d];
+    v.strides.push_back(scale[d] * strides[d]);
+  }
+  return v;
+}
 /// slice: from `start`, every `step`th element.
 inline StridedView sliceView(const std::vector<int64_t> &inShape,
                              const std::vector<int64_t> &start,
                              const std::vector<int64_t> &step) {
-  std::vector<int64_t> strides = stridesOf(inShape);
-  StridedView v;
-  for (size_t d = 0; d < strides.size(); ++d) {
-    v.base += start[d] * strides[d];
-    v.strides.push_back(step[d] * strides[d]);
-  }
-  return v;
+  return affineView(inShape, start, step);
 }
 /// pad: where the input's coordinates land in the result,
 /// out[low + c * (interior + 1)].
 inline StridedView padView(const std::vector<int64_t> &outShape,
                            const std::vector<int64_t> &low,
                            const std::vector<int64_t> &interior) {
-  std::vector<int64_t> strides = stridesOf(outShape);
-  StridedView v;
-  for (size_t d = 0; d < strides.size(); ++d) {
-    v.base += low[d] * strides[d];
-    v.strides.push_back((interior[d] + 1) * strides[d]);
-  }
-  return v;
+  std::vector<int64_t> every(interior);
+  for (int64_t &e : every)
+    e += 1;
+  return affineView(outShape, low, every);
 }
 
 /// Element `i` of an i32/i64 index tensor, as int64.
