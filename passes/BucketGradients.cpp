@@ -1,14 +1,16 @@
-//===- BucketGradients.cpp - data-parallel gradients in buckets -------------===//
+//===- BucketGradients.cpp - gradients and ZeRO gathers in buckets ---------===//
 //
-// Partition leaves each data-parallel gradient's all-reduce at the return,
-// after the whole backward: one collective per gradient, none overlapped.
-// This pass groups them, in the order their gradients are ready, into
-// buckets of about `bucket-bytes` (DDP's and Megatron's scheme), starts each
-// bucket's one all-reduce (ernie.all_reduce_start) right after the last of
-// its gradients is computed, and waits for each result just before the
-// return, its one reader. The communication thread reduces a bucket while the rest
-// of the backward runs; the executor completes every started transfer
-// before a blocking collective, so nothing else talks on the wire then.
+// Partition leaves each data-parallel gradient's all-reduce (ZeRO-2/3: its
+// reduce-scatter) at the return, after the whole backward, and ZeRO-1/2's
+// gathers of the updated parameters at the end of the step: one collective
+// per tensor, none overlapped. This pass groups them, in the order their
+// inputs are ready, into buckets of about `bucket-bytes` (DDP's and
+// Megatron's scheme), starts each bucket's one collective (`ernie.*_start`)
+// right after the last of its inputs is computed, and waits for each result
+// just before the return, its one reader. The communication thread moves a
+// bucket while the rest of the step runs; the executor completes every
+// started transfer before a blocking collective, so nothing else talks on
+// the wire then.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,21 +36,40 @@ int64_t bytesOf(Value v) {
   return t.getNumElements() * getElementByteSize(t.getElementType());
 }
 
-/// An all-reduce of a gradient: a sum or mean whose result only the
-/// function's return reads, as a result marked a gradient (`ernie.grad_of`
-/// by autodiff, `ernie.gradient` by the pipeline schedule). Partition puts
-/// these at the return.
-bool reducesAGradient(AllReduceOp op, func::FuncOp fn) {
-  if (op.getKind() != ReduceKind::sum && op.getKind() != ReduceKind::avg)
-    return false;
-  Value r = op.getResult();
+/// Whether only the function's return reads `r`, and (with `gradient`) only
+/// as results marked a gradient (`ernie.grad_of` by autodiff,
+/// `ernie.gradient` by the pipeline schedule).
+bool onlyReturned(Value r, func::FuncOp fn, bool gradient) {
   return !r.use_empty() && llvm::all_of(r.getUses(), [&](OpOperand &use) {
     if (!isa<func::ReturnOp>(use.getOwner()))
       return false;
     unsigned i = use.getOperandNumber();
-    return fn.getResultAttr(i, "ernie.grad_of") ||
+    return !gradient || fn.getResultAttr(i, "ernie.grad_of") ||
            fn.getResultAttr(i, ErnieDialect::kGradientAttrName);
   });
+}
+
+bool sumsOrAverages(ReduceKind kind) {
+  return kind == ReduceKind::sum || kind == ReduceKind::avg;
+}
+
+/// A collective a bucket may take: a gradient's sum or mean (all-reduce or
+/// reduce-scatter), or a gather that only the return reads.
+bool isBucketable(Operation *op, func::FuncOp fn) {
+  if (auto reduce = dyn_cast<AllReduceOp>(op))
+    return sumsOrAverages(reduce.getKind()) &&
+           onlyReturned(reduce.getResult(), fn, /*gradient=*/true);
+  if (auto scatter = dyn_cast<ReduceScatterOp>(op))
+    return sumsOrAverages(scatter.getKind()) &&
+           onlyReturned(scatter.getResult(), fn, /*gradient=*/true);
+  if (auto gather = dyn_cast<AllGatherOp>(op))
+    return onlyReturned(gather.getResult(), fn, /*gradient=*/false);
+  return false;
+}
+
+/// The bytes of the whole tensor a collective reduces or gathers.
+int64_t wholeBytes(Operation *op) {
+  return std::max(bytesOf(op->getOperand(0)), bytesOf(op->getResult(0)));
 }
 
 struct BucketGradientsPass
@@ -75,28 +96,30 @@ struct BucketGradientsPass
 
   void bucket(func::FuncOp fn) {
     Block &block = fn.getBody().front();
-    // Candidates by what one collective may carry together: mesh, axes,
-    // kind and element type.
-    using Key = std::tuple<Attribute, Attribute, ReduceKind, Type>;
-    llvm::MapVector<Key, SmallVector<AllReduceOp>> groups;
-    for (auto op : block.getOps<AllReduceOp>())
-      if (reducesAGradient(op, fn))
-        groups[{op.getMeshAttr(), op.getAxesAttr(), op.getKind(),
-                getElementTypeOrSelf(op.getType())}]
-            .push_back(op);
+    // Candidates by what one collective may carry together: the op, mesh,
+    // axes, reduce kind and dimension (where it has them) and element type.
+    using Key = std::tuple<OperationName, Attribute, Attribute, Attribute,
+                           Attribute, Type>;
+    llvm::MapVector<Key, SmallVector<Operation *>> groups;
+    for (Operation &op : block)
+      if (isBucketable(&op, fn))
+        groups[{op.getName(), op.getAttr("mesh"), op.getAttr("axes"),
+                op.getAttr("kind"), op.getAttr("dim"),
+                getElementTypeOrSelf(op.getResult(0).getType())}]
+            .push_back(&op);
     for (auto &[key, ops] : groups) {
-      // In the order the backward computes them (arguments, defined by no
-      // op, first).
-      llvm::stable_sort(ops, [](AllReduceOp a, AllReduceOp b) {
-        Operation *x = a.getInput().getDefiningOp(),
-                  *y = b.getInput().getDefiningOp();
+      // In the order the step computes their inputs (arguments, defined by
+      // no op, first).
+      llvm::stable_sort(ops, [](Operation *a, Operation *b) {
+        Operation *x = a->getOperand(0).getDefiningOp(),
+                  *y = b->getOperand(0).getDefiningOp();
         return x != y && (!x || (y && x->isBeforeInBlock(y)));
       });
-      SmallVector<AllReduceOp> current;
+      SmallVector<Operation *> current;
       int64_t bytes = 0;
-      for (AllReduceOp op : ops) {
+      for (Operation *op : ops) {
         current.push_back(op);
-        bytes += bytesOf(op.getInput());
+        bytes += wholeBytes(op);
         if (bytes >= bucketBytes) {
           emit(block, current);
           current.clear();
@@ -108,31 +131,54 @@ struct BucketGradientsPass
     }
   }
 
-  void emit(Block &block, MutableArrayRef<AllReduceOp> bucket) {
+  /// f32 for a reduction of narrow floats under `accumulate=f32`.
+  Type accumulateType(Builder &b, Type element) {
+    return accumulate == "f32" && isa<FloatType>(element) &&
+                   !element.isF32() && !element.isF64()
+               ? b.getF32Type()
+               : Type();
+  }
+
+  void emit(Block &block, ArrayRef<Operation *> bucket) {
     // Right after the last input is computed (ops are sorted by that).
-    Operation *last = bucket.back().getInput().getDefiningOp();
+    Operation *last = bucket.back()->getOperand(0).getDefiningOp();
     OpBuilder b(&block, last ? std::next(Block::iterator(last)) : block.begin());
     SmallVector<Value> inputs;
+    SmallVector<Type> futures;
     SmallVector<Location> locs;
-    for (AllReduceOp op : bucket) {
-      inputs.push_back(op.getInput());
-      locs.push_back(op.getLoc());
+    for (Operation *op : bucket) {
+      inputs.push_back(op->getOperand(0));
+      futures.push_back(FutureType::get(
+          b.getContext(), cast<RankedTensorType>(op->getResult(0).getType())));
+      locs.push_back(op->getLoc());
     }
-    Type element = getElementTypeOrSelf(inputs.front().getType());
-    Type wide = accumulate == "f32" && isa<FloatType>(element) &&
-                        !element.isF32() && !element.isF64()
-                    ? b.getF32Type()
-                    : Type();
-    AllReduceStartOp start = AllReduceStartOp::create(
-        b, b.getFusedLoc(locs), inputs, bucket.front().getMesh(),
-        bucket.front().getAxesAttr(), bucket.front().getKind(), wide);
-    // Only the return reads a gradient: wait just before it.
+    Location loc = b.getFusedLoc(locs);
+    Type wide =
+        accumulateType(b, getElementTypeOrSelf(inputs.front().getType()));
+    Operation *start;
+    if (auto reduce = dyn_cast<AllReduceOp>(bucket.front()))
+      start = AllReduceStartOp::create(b, loc, inputs, reduce.getMesh(),
+                                       reduce.getAxesAttr(), reduce.getKind(),
+                                       wide);
+    else if (auto scatter = dyn_cast<ReduceScatterOp>(bucket.front()))
+      start = ReduceScatterStartOp::create(
+          b, loc, futures, inputs, scatter.getMeshAttr(),
+          scatter.getAxesAttr(), scatter.getDimAttr(), scatter.getKindAttr(),
+          wide ? TypeAttr::get(wide) : TypeAttr());
+    else {
+      auto gather = cast<AllGatherOp>(bucket.front());
+      start = AllGatherStartOp::create(b, loc, futures, inputs,
+                                       gather.getMeshAttr(),
+                                       gather.getAxesAttr(), gather.getDimAttr());
+    }
+    // Only the return reads a result: wait just before it.
     OpBuilder at(block.getTerminator());
-    for (auto [op, future] : llvm::zip(bucket, start.getResults())) {
-      Value reduced =
-          WaitOp::create(at, op.getLoc(), op.getType(), future).getResult();
-      op.getResult().replaceAllUsesWith(reduced);
-      op.erase();
+    for (auto [op, future] : llvm::zip(bucket, start->getResults())) {
+      Value done = WaitOp::create(at, op->getLoc(), op->getResult(0).getType(),
+                                  future)
+                       .getResult();
+      op->getResult(0).replaceAllUsesWith(done);
+      op->erase();
     }
   }
 };

@@ -40,9 +40,9 @@ struct Group {
 
 /// Ops that talk to other ranks: no region spans one.
 bool communicates(Operation *op) {
-  return isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
-             CollectivePermuteStartOp, AllReduceStartOp, WaitOp, SendOp, RecvOp,
-             StageAllReduceOp, StageBroadcastOp>(op);
+  return isStartedCollective(op) ||
+         isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, WaitOp,
+             SendOp, RecvOp, StageAllReduceOp, StageBroadcastOp>(op);
 }
 
 /// The shape an op iterates over inside a region: a reduction's input's,

@@ -63,22 +63,21 @@ void collectCollectives(ModuleOp module, func::FuncOp fn,
         collectCollectives(module, callee, out, seen);
       return;
     }
-    if (!isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
-             CollectivePermuteStartOp, AllReduceStartOp>(op))
+    if (!isStartedCollective(op) &&
+        !isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp>(op))
       return;
-    // A bucket is one all-reduce of all its inputs.
-    std::string key = (isa<AllReduceStartOp>(op)
-                           ? std::string("all_reduce")
-                           : op->getName().stripDialect().str()) +
-                      "[";
+    // A bucket is one collective of all its inputs, named as the blocking
+    // op it stands for.
+    bool bucket = isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op);
+    StringRef name = op->getName().stripDialect();
+    std::string key = (bucket ? name.drop_back(strlen("_start")) : name).str() + "[";
     auto axes = op->getAttrOfType<ArrayAttr>("axes");
     for (auto [i, a] : llvm::enumerate(axes))
       key += (i ? "," : "") + cast<StringAttr>(a).getValue().str();
     key += "]";
     auto &entry = out[key];
     entry.first += 1;
-    for (Value v : isa<AllReduceStartOp>(op) ? op->getOperands()
-                                             : op->getOperands().take_front())
+    for (Value v : bucket ? op->getOperands() : op->getOperands().take_front())
       entry.second += bytesOf(v.getType());
   });
 }

@@ -100,6 +100,8 @@ ERNIE_COLLECTIVE_COMMON(ShardSliceOp)
 ERNIE_COLLECTIVE_COMMON(ShardInsertOp)
 ERNIE_COLLECTIVE_COMMON(CollectivePermuteStartOp)
 ERNIE_COLLECTIVE_COMMON(AllReduceStartOp)
+ERNIE_COLLECTIVE_COMMON(ReduceScatterStartOp)
+ERNIE_COLLECTIVE_COMMON(AllGatherStartOp)
 ERNIE_COLLECTIVE_COMMON(PartialInitOp)
 ERNIE_COLLECTIVE_COMMON(AxisIndexOp)
 #undef ERNIE_COLLECTIVE_COMMON
@@ -170,6 +172,15 @@ static LogicalResult verifyWaitedOnce(Operation *op, Value future) {
   return success();
 }
 
+Operation *mlir::ernie::getFirstWait(Operation *start) {
+  Operation *first = nullptr;
+  for (Value future : start->getResults())
+    for (Operation *wait : future.getUsers())
+      if (!first || wait->isBeforeInBlock(first))
+        first = wait;
+  return first;
+}
+
 LogicalResult CollectivePermuteStartOp::verify() {
   return verifyWaitedOnce(*this, getResult());
 }
@@ -202,6 +213,42 @@ LogicalResult AllReduceStartOp::verify() {
     if (failed(verifyWaitedOnce(*this, future)))
       return failure();
   return success();
+}
+
+/// A bucket of scatters or gathers: one future per input, each holding
+/// what the blocking op would make of its input; every future waited once.
+template <typename OpTy>
+static LogicalResult verifyResizedBucket(OpTy op, bool gathers) {
+  if (op.getInputs().empty())
+    return op.emitOpError("starts nothing: a bucket needs at least one input");
+  if (op.getResults().size() != op.getInputs().size())
+    return op.emitOpError("needs one future per input, got ")
+           << op.getResults().size() << " for " << op.getInputs().size();
+  MeshOp mesh = meshOf(op);
+  int64_t n = mesh ? op.getGroupSize(mesh) : 0;
+  for (auto [input, future] : llvm::zip(op.getInputs(), op.getResults())) {
+    auto in = cast<ShapedType>(input.getType());
+    if (failed(checkDim(op, op.getDim(), in.getRank(), "dim")))
+      return failure();
+    if (n && failed(checkResized(op, in,
+                                 cast<FutureType>(future.getType()).getValueType(),
+                                 op.getDim(), gathers ? n : 1, gathers ? 1 : n)))
+      return failure();
+    if (failed(verifyWaitedOnce(op, future)))
+      return failure();
+  }
+  return success();
+}
+
+LogicalResult ReduceScatterStartOp::verify() {
+  if (Type acc = getAccumulate().value_or(Type()); acc && !acc.isF32())
+    return emitOpError("accumulates in f32 or in the inputs' own types, not ")
+           << acc;
+  return verifyResizedBucket(*this, /*gathers=*/false);
+}
+
+LogicalResult AllGatherStartOp::verify() {
+  return verifyResizedBucket(*this, /*gathers=*/true);
 }
 
 LogicalResult AllToAllOp::verify() {
@@ -263,6 +310,20 @@ int64_t AllReduceStartOp::getBytesAccessed() {
   for (Value v : getInputs())
     bytes += bytesOf(v.getType());
   return 2 * bytes * (n - 1) / n;
+}
+int64_t ReduceScatterStartOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
+  for (Value v : getInputs())
+    bytes += bytesOf(v.getType());
+  return bytes * (n - 1) / n;
+}
+int64_t AllGatherStartOp::getBytesAccessed() {
+  MeshOp mesh = meshOf(*this);
+  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
+  for (Value v : getInputs())
+    bytes += bytesOf(v.getType());
+  return bytes * (n - 1);
 }
 int64_t ShardSliceOp::getBytesAccessed() { return 0; }
 int64_t ShardInsertOp::getBytesAccessed() { return 0; }

@@ -642,6 +642,24 @@ static void printReduceKindKeyword(OpAsmPrinter &p, Operation *,
   p << stringifyReduceKind(kind.getValue());
 }
 
+/// A bucket's futures, written as the tensors they will hold.
+static ParseResult parseFutureTypes(OpAsmParser &parser,
+                                    SmallVectorImpl<Type> &futures) {
+  return parser.parseCommaSeparatedList([&]() -> ParseResult {
+    RankedTensorType tensor;
+    if (parser.parseType(tensor))
+      return failure();
+    futures.push_back(FutureType::get(parser.getContext(), tensor));
+    return success();
+  });
+}
+
+static void printFutureTypes(OpAsmPrinter &p, Operation *, TypeRange futures) {
+  llvm::interleaveComma(futures, p, [&](Type future) {
+    p << cast<FutureType>(future).getValueType();
+  });
+}
+
 //===----------------------------------------------------------------------===//
 // ConcatOp, SplitOp
 //===----------------------------------------------------------------------===//

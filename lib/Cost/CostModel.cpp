@@ -427,6 +427,14 @@ double CostModel::collectiveTime(Operation *op) const {
     return ring(bytesOf(op->getResult(0)));
   if (isa<ReduceScatterOp, AllToAllOp>(op))
     return ring(bytesOf(op->getOperand(0)));
+  if (isa<ReduceScatterStartOp, AllGatherStartOp>(op)) {
+    // A bucket: the blocking op's ring over all its inputs (a gather moves
+    // the whole gathered tensors).
+    double bytes = 0;
+    for (Value v : op->getOperands())
+      bytes += bytesOf(v);
+    return ring(isa<AllGatherStartOp>(op) ? bytes * n : bytes);
+  }
   if (auto permute = dyn_cast<CollectivePermuteStartOp>(op))
     return permute.getShift() % g.size != 0
                ? link.latency + bytesOf(permute.getInput()) / link.bandwidth
@@ -502,12 +510,13 @@ private:
       }
       if (isa<RecvOp>(op))
         continue;
-      if (isa<CollectivePermuteStartOp, AllReduceStartOp>(op)) {
+      if (isStartedCollective(&op)) {
         double t = model_.collectiveTime(&op);
         double start = std::max(computeClock, commClock);
         commClock = start + t;
         out.comm[groupKey(&op)] += t;
-        inFlight_[op.getResult(0)] = {commClock, groupKey(&op)};
+        for (Value future : op.getResults())
+          inFlight_[future] = {commClock, groupKey(&op)};
         continue;
       }
       if (auto wait = dyn_cast<WaitOp>(op)) {

@@ -96,18 +96,10 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   auto lastUse = [&](Value v, int64_t defined) {
     int64_t end = defined;
     for (Operation *user : v.getUsers()) {
-      // An asynchronous send reads its input until its wait; a bucket's
-      // all-reduce reads its inputs until the first of its waits.
-      if (auto start = dyn_cast<CollectivePermuteStartOp>(user))
-        user = *start->user_begin();
-      else if (auto bucket = dyn_cast<AllReduceStartOp>(user)) {
-        Operation *first = nullptr;
-        for (Value future : bucket.getResults())
-          if (Operation *wait = *future.user_begin();
-              !first || wait->isBeforeInBlock(first))
-            first = wait;
-        user = first;
-      }
+      // A started collective reads its inputs until the first of its waits.
+      if (isStartedCollective(user))
+        if (Operation *wait = getFirstWait(user))
+          user = wait;
       Operation *top = body.findAncestorOpInBlock(*user);
       int64_t at = top->hasTrait<OpTrait::IsTerminator>() ? exit : position[top];
       end = std::max(end, at);

@@ -778,8 +778,10 @@ _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_a
                          r" %\S+ over "
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
 
-# A bucket of data-parallel gradients: one all-reduce of all its inputs.
-_BUCKET = re.compile(r"ernie\.all_reduce_start [^\n]*? over @\w+\[([\w, ]+)\][^:\n]*: ([^\n]*)")
+# A bucket (--ernie-bucket-gradients): one collective of all its inputs,
+# counted as the blocking op it stands for, by its inputs' bytes.
+_BUCKET = re.compile(r"ernie\.(all_reduce|reduce_scatter|all_gather)_start [^\n]*? over "
+                     r"@\w+\[([\w, ]+)\][^:\n]*: ([^\n]*?)(?: -> [^\n]*)?$", re.M)
 _TENSOR = re.compile(r"tensor<([0-9x]*)x?(\w+)>")
 
 # Pipeline transfers: a send to another stage, a sum among a shared
@@ -826,8 +828,8 @@ def collectives_of(module_text: str, function: str | None = None):
         key = f"{kind}[{axes}]"
         counts[key] += 1
         volume[key] += int(np.prod(shape)) * _BYTES.get(dtype, 4)
-    for axes, types in _BUCKET.findall(text):
-        key = f"all_reduce[{axes}]"
+    for kind, axes, types in _BUCKET.findall(text):
+        key = f"{kind}[{axes}]"
         counts[key] += 1
         for dims, dtype in _TENSOR.findall(types):
             volume[key] += int(np.prod([int(d) for d in dims.split("x") if d])) * _BYTES.get(dtype, 4)

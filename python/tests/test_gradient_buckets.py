@@ -59,6 +59,35 @@ def test_buckets_are_bit_identical_and_fewer(zero):
     assert starts and starts[0] < last_matmul
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_collectives_are_bucketed_bit_for_bit(zero):
+    """ZeRO-2/3's gradient reduce-scatters and ZeRO-1/2's gathers of the
+    updated parameters travel in buckets too: the same weights bit for bit,
+    the same bytes in fewer messages."""
+    plain, want = run({"sharding_level": zero, "bucket_mb": 0})
+    one, got_one = run({"sharding_level": zero})
+    many, got_many = run({"sharding_level": zero, "bucket_mb": 0.004})
+    assert got_one == want and got_many == want
+    for name, value in plain.state_dict().items():
+        np.testing.assert_array_equal(one.state_dict()[name], value, err_msg=name)
+        np.testing.assert_array_equal(many.state_dict()[name], value, err_msg=name)
+    grads = len(list(plain.model.named_parameters()))
+    counts = lambda p, kind: p.report()["collectives"].get(f"{kind}[dp]", {"count": 0, "bytes": 0})
+    if zero >= 2:
+        assert counts(plain, "reduce_scatter")["count"] == grads
+        assert counts(one, "reduce_scatter")["count"] == 1
+        assert 1 < counts(many, "reduce_scatter")["count"] < grads
+    if zero <= 2:
+        # The updated shards gathered back, one bucket for the toy.
+        assert counts(plain, "all_gather")["count"] == grads
+        assert counts(one, "all_gather")["count"] == 1
+    else:
+        # ZeRO-3 gathers each parameter where it is used: not bucketed.
+        assert counts(one, "all_gather")["count"] == counts(plain, "all_gather")["count"]
+    for kind in ("reduce_scatter", "all_gather", "all_reduce"):
+        assert counts(one, kind)["bytes"] == counts(many, kind)["bytes"] == counts(plain, kind)["bytes"]
+
+
 def test_buckets_with_tensor_parallelism():
     plain, want = run({"bucket_mb": 0}, shape=(2, 2), names=("dp", "mp"), mp=True)
     bucketed, got = run({}, shape=(2, 2), names=("dp", "mp"), mp=True)

@@ -485,51 +485,99 @@ void Executor::startBucket(const Function &fn, size_t index,
     in.push_back(buffers[b]);
   for (uint32_t b : inst.results)
     out.push_back(buffers[b]);
-  // One message: the inputs packed (narrow floats widened to f32 when the
-  // bucket accumulates in f32), reduced in one collective, unpacked.
+  // One message carries the collective of every operand. Narrow floats a
+  // bucket reduces in f32 are widened first (`staged`) and rounded once.
+  const std::string blocking = bucketedCollective(inst.op);
+  const bool scatters = blocking == "ernie.reduce_scatter",
+             gathers = blocking == "ernie.all_gather";
   const DType type = in[0].type;
-  const DType wire = isNarrowFloat(type) &&
+  const DType wire = !gathers && isNarrowFloat(type) &&
                              inst.attrs.getString("accumulate", "") == "f32"
                          ? DType::F32
                          : type;
-  size_t count = 0;
+  const int64_t members =
+      static_cast<int64_t>(program_.mesh().group(rank_, inst.axes).size());
+  const int64_t dim = gathers || scatters ? inst.attrs.getInt("dim") : 0;
+  size_t count = 0; // elements this rank puts in
   for (const TensorView &v : in)
     count += v.numElements();
   const size_t unit = byteSize(wire);
-  // The packed and the reduced message, made at the bucket's first start.
+  const size_t collected = scatters  ? count / members
+                           : gathers ? count * members
+                                     : count;
+  const size_t staged = scatters && wire != type ? count : 0;
+  // [staged | packed | collected], made at the bucket's first start.
   DeviceBuffer &message = buckets_[{fn.name, index}];
-  message.reserve(device_, 2 * count * unit);
-  uint8_t *packed = static_cast<uint8_t *>(message.data());
-  uint8_t *reduced = packed + count * unit;
+  message.reserve(device_, (staged + count + collected) * unit);
+  uint8_t *widened = static_cast<uint8_t *>(message.data());
+  uint8_t *packed = widened + staged * unit;
+  uint8_t *result = packed + count * unit;
   auto [ready, done] = transferEvents(inst.results[0]);
   device_.record(ready, compute_);
-  ReduceOp kind = reduceKind(inst.attrs);
+  ReduceOp kind = gathers ? ReduceOp::Sum : reduceKind(inst.attrs);
   const Axes &axes = inst.axes;
   const std::string &op = inst.op, &function = fn.name;
   bool trace = options_.trace;
   AsyncHandle handle = comm_.start([this, in, out, type, wire, unit, count,
-                                    packed, reduced, kind, trace, &axes, &op,
+                                    members, dim, scatters, gathers, widened,
+                                    packed, result, kind, trace, &axes, &op,
                                     &function, ready = ready, done = done] {
     StreamGuard guard(communication_);
     device_.wait(communication_, ready);
     int64_t begin = trace ? nowMicros() : 0;
+    // Each operand in the wire type, back to back (into `packed`, or for a
+    // scatter into `widened` when it must widen, and as they are if not).
+    std::vector<const uint8_t *> source;
     size_t at = 0;
     for (const TensorView &v : in) {
       size_t n = v.numElements();
+      uint8_t *to = (scatters ? widened : packed) + at * unit;
       if (wire != type)
-        device_.convert(v.data, type, packed + at * unit, wire, n);
-      else
-        device_.copy(packed + at * unit, v.data, n * unit);
+        device_.convert(v.data, type, to, wire, n);
+      else if (!scatters)
+        device_.copy(to, v.data, n * unit);
+      source.push_back(wire != type || !scatters
+                           ? to
+                           : static_cast<const uint8_t *>(v.data));
       at += n;
     }
-    comm_.allReduce(packed, reduced, count, wire, kind, axes);
+    if (scatters) {
+      // By destination: member j's piece of every operand, then j + 1's.
+      at = 0;
+      for (int64_t j = 0; j < members; ++j)
+        for (size_t k = 0; k < in.size(); ++k) {
+          std::vector<int64_t> piece = out[k].shape;
+          device_.extractBlock(source[k], in[k].shape,
+                               offsetAlong(piece.size(), dim, j * piece[dim]),
+                               packed + at * unit, piece, unit);
+          at += out[k].numElements();
+        }
+      comm_.reduceScatter(packed, result, count / members, wire, kind, axes);
+    } else if (gathers) {
+      comm_.allGather(packed, result, count * unit, axes);
+    } else {
+      comm_.allReduce(packed, result, count, wire, kind, axes);
+    }
+    // This rank's part of the message, operand by operand.
     at = 0;
-    for (const TensorView &v : out) {
+    for (size_t k = 0; k < out.size(); ++k) {
+      const TensorView &v = out[k];
+      if (gathers) {
+        // Member j's copy of operand k sits at j * count + at.
+        for (int64_t j = 0; j < members; ++j)
+          device_.insertBlock(result + (j * count + at) * unit, in[k].shape,
+                              v.data, v.shape,
+                              offsetAlong(v.shape.size(), dim,
+                                          j * in[k].shape[dim]),
+                              unit);
+        at += in[k].numElements();
+        continue;
+      }
       size_t n = v.numElements();
       if (wire != type)
-        device_.convert(reduced + at * unit, wire, v.data, type, n);
+        device_.convert(result + at * unit, wire, v.data, type, n);
       else
-        device_.copy(v.data, reduced + at * unit, n * unit);
+        device_.copy(v.data, result + at * unit, n * unit);
       at += n;
     }
     device_.record(done, communication_);
@@ -619,7 +667,7 @@ void Executor::execute(const Function &fn, size_t index, Arena &arena) {
     }
   } else if (inst.op == "ernie.collective_permute_start") {
     start(fn, index, buffers[inst.operands[0]], out);
-  } else if (inst.op == "ernie.all_reduce_start") {
+  } else if (!bucketedCollective(inst.op).empty()) {
     startBucket(fn, index, buffers);
   } else if (inst.op == "ernie.wait") {
     wait(inst, buffers);

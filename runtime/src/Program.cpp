@@ -45,6 +45,8 @@ constexpr ExecutorOpSignature kExecutorOps[] = {
     {"ernie.all_to_all", 1, 1, true},
     {"ernie.collective_permute_start", 1, 1, true},
     {"ernie.all_reduce_start", kVariadic, kVariadic, true},
+    {"ernie.reduce_scatter_start", kVariadic, kVariadic, true},
+    {"ernie.all_gather_start", kVariadic, kVariadic, true},
     {"ernie.wait", 1, 1, false},
     {"ernie.shard_slice", 1, 1, true},
     {"ernie.shard_insert", 2, 1, true},
@@ -822,6 +824,14 @@ bool isExecutorOp(const std::string &op) {
   return op == "ernie.constant" || executorOpSignature(op) != nullptr;
 }
 
+std::string bucketedCollective(const std::string &op) {
+  for (const char *blocking :
+       {"ernie.all_reduce", "ernie.reduce_scatter", "ernie.all_gather"})
+    if (op == std::string(blocking) + "_start")
+      return blocking;
+  return "";
+}
+
 namespace {
 
 /// Collects the first problem found, prefixed with where it is.
@@ -1057,19 +1067,26 @@ std::string reduceKindProblem(const Attrs &attrs) {
 
 std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
                                    const Mesh &mesh) {
-  if (inst.op == "ernie.all_reduce_start") {
-    // A bucket: each result the shape of its operand, one element type.
+  if (std::string blocking = bucketedCollective(inst.op); !blocking.empty()) {
+    // A bucket: each operand and its result as the blocking collective
+    // takes them, every operand of the first's element type.
     const DType type = fn.buffers[inst.operands[0]].type;
+    Instruction one;
+    one.op = blocking;
+    one.attrs = inst.attrs;
+    one.axes = inst.axes;
     for (size_t k = 0; k < inst.operands.size(); ++k) {
-      const BufferSpec &in = fn.buffers[inst.operands[k]],
-                       &out = fn.buffers[inst.results[k]];
-      if (in.type != type || out.type != type || in.shape != out.shape)
-        return "result " + std::to_string(k) + " must have operand " +
-               std::to_string(k) + "'s shape, and every operand the first's "
-               "element type";
+      if (fn.buffers[inst.operands[k]].type != type)
+        return "operand " + std::to_string(k) +
+               " must have the first operand's element type";
+      one.operands = {inst.operands[k]};
+      one.results = {inst.results[k]};
+      if (std::string problem = collectiveShapeProblem(one, fn, mesh);
+          !problem.empty())
+        return "operand " + std::to_string(k) + ": " + problem;
     }
-    if (std::string problem = reduceKindProblem(inst.attrs); !problem.empty())
-      return problem;
+    if (blocking == "ernie.all_gather")
+      return "";
     std::string accumulate;
     try {
       accumulate = inst.attrs.getString("accumulate", "");
@@ -1231,7 +1248,7 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
   auto buffer = [](uint32_t b) { return "buffer " + std::to_string(b); };
   auto isStart = [](const std::string &op) {
     return op == "ernie.collective_permute_start" ||
-           op == "ernie.all_reduce_start";
+           !bucketedCollective(op).empty();
   };
   // A start's result -> the start's index, until the result's wait; a
   // start's operands are read until the first of its waits (the transfer is
@@ -1244,9 +1261,8 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
       auto it = inFlight.find(inst.operands[0]);
       check.require(it != inFlight.end(),
                     where(i) + ": its operand (" + buffer(inst.operands[0]) +
-                        ") is not the result of an earlier "
-                        "ernie.collective_permute_start or "
-                        "ernie.all_reduce_start awaiting its wait");
+                        ") is not the result of an earlier started "
+                        "collective (ernie.*_start) awaiting its wait");
       reading.erase(it->second);
       inFlight.erase(it); // Its result is written now: checked below.
     }

@@ -605,9 +605,9 @@ TEST(ProgramRejects, AWaitOnABufferNoStartIsFilling) {
   });
   EXPECT_THAT(message, HasSubstr("broken.ernie: function @main, instruction #2 "
                                  "(ernie.wait): its operand (buffer 2) is not "
-                                 "the result of an earlier "
-                                 "ernie.collective_permute_start or "
-                                 "ernie.all_reduce_start awaiting its wait"));
+                                 "the result of an earlier started "
+                                 "collective (ernie.*_start) awaiting its "
+                                 "wait"));
   // Nor one whose start is already waited for.
   EXPECT_THAT(
       brokenOverlap([](FunctionBuilder &f) { f.op("ernie.wait", {1}, {1}); }),
@@ -685,7 +685,7 @@ TEST(ProgramRejects, MalformedBuckets) {
   EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
                 f.instructions[0].results = {3, 2}; // futures swapped
               }),
-              HasSubstr("result 0 must have operand 0's shape"));
+              HasSubstr("(ernie.all_reduce_start): operand 0: "));
   EXPECT_THAT(brokenBucket([](FunctionBuilder &f) {
                 f.instructions[0].attrs = {{"accumulate", std::string("f16")},
                                            {"kind", std::string("sum")}};
@@ -708,6 +708,38 @@ TEST(ProgramRejects, MalformedBuckets) {
               }),
               HasSubstr("(ernie.all_reduce_start): no later ernie.wait takes "
                         "its result (buffer 3)"));
+}
+
+// Buckets of reduce-scatters and all-gathers: each operand and its future
+// as the blocking collective takes them.
+TEST(ProgramRejects, MalformedScatterAndGatherBuckets) {
+  auto bucket = [](const std::string &op, std::vector<int64_t> piece,
+                   AttrList attrs) {
+    ProgramBuilder pb({"dp"}, {2});
+    FunctionBuilder &f = pb.function("main");
+    uint32_t a = f.buffer(DType::F32, {4, 6}), b = f.buffer(DType::F32, {2}),
+             ra = f.buffer(DType::F32, piece),
+             rb = f.buffer(DType::F32, {op == "ernie.all_gather_start" ? 4 : 1});
+    f.arg(a).arg(b).op(op, {a, b}, {ra, rb}, attrs, {"dp"});
+    f.op("ernie.wait", {ra}, {ra}).op("ernie.wait", {rb}, {rb}).ret(ra).ret(rb);
+    return pb;
+  };
+  AttrList dim1 = {{"dim", int64_t(1)}, {"kind", std::string("sum")}};
+  AttrList dim0 = {{"dim", int64_t(0)}, {"kind", std::string("sum")}};
+  EXPECT_NO_THROW(bucket("ernie.reduce_scatter_start", {2, 6}, dim0).parse());
+  EXPECT_NO_THROW(bucket("ernie.all_gather_start", {8, 6}, dim0).parse());
+  EXPECT_THAT(errorOf(bucket("ernie.reduce_scatter_start", {4, 6}, dim0)),
+              HasSubstr("(ernie.reduce_scatter_start): operand 0: "));
+  // The second operand has rank 1: dim 1 is out of its range.
+  EXPECT_THAT(errorOf(bucket("ernie.reduce_scatter_start", {4, 3}, dim1)),
+              HasSubstr("operand 1: 'dim' is missing or out of range"));
+  EXPECT_THAT(errorOf(bucket("ernie.all_gather_start", {4, 6}, dim0)),
+              HasSubstr("(ernie.all_gather_start): operand 0: "));
+  EXPECT_THAT(errorOf(bucket("ernie.reduce_scatter_start", {2, 6},
+                             {{"dim", int64_t(0)},
+                              {"kind", std::string("sum")},
+                              {"accumulate", std::string("f64")}})),
+              HasSubstr("accumulates in 'f64'"));
 }
 
 TEST(ProgramRejects, AStartWithoutItsWait) {

@@ -429,22 +429,25 @@ def StepCostPass : Pass<"ernie-step-cost", "ModuleOp"> {
 }
 
 def BucketGradientsPass : Pass<"ernie-bucket-gradients", "ModuleOp"> {
-  let summary = "All-reduce data-parallel gradients in buckets, overlapped";
+  let summary = "Data-parallel gradients and ZeRO's gathers in buckets, overlapped";
   let description = [{
-    After partition: the all-reduces (sum or mean) whose results only a
-    function's return reads, as results marked gradients (`ernie.grad_of`,
-    `ernie.gradient`) — the data-parallel gradient reductions
-    partition leaves at the end of the backward — are grouped by mesh,
-    axes, kind and element type, in the order their gradients are
-    computed, into buckets of at least `bucket-bytes` (the last one
-    smaller). Each bucket becomes one `ernie.all_reduce_start` right after
-    its last gradient is computed, so the communication thread reduces it
-    while the rest of the backward runs, and one `ernie.wait` per gradient
-    before the return. With `accumulate=f32` (the default) bf16 and f16
-    gradients are reduced in f32 and rounded once (Megatron's f32 main
-    gradients); `native` reduces them in their own type. f32 results are
-    bit for bit the unbucketed ones: every element is summed over the
-    group in the same order.
+    After partition: the all-reduces and reduce-scatters (sum or mean)
+    whose results only a function's return reads, as results marked
+    gradients (`ernie.grad_of`, `ernie.gradient`) — the data-parallel and
+    ZeRO-2/3 gradient reductions partition leaves at the end of the
+    backward — and the all-gathers whose results only the return reads
+    (ZeRO-1/2's gathers of the updated parameters) are grouped by
+    collective, mesh, axes, kind, dimension and element type, in the order
+    their inputs are computed, into buckets of at least `bucket-bytes` of
+    whole tensors (the last one smaller). Each bucket becomes one
+    `ernie.all_reduce_start`, `ernie.reduce_scatter_start` or
+    `ernie.all_gather_start` right after its last input is computed, so
+    the communication thread moves it while the rest of the step runs,
+    and one `ernie.wait` per tensor before the return. With
+    `accumulate=f32` (the default) bf16 and f16 gradients are reduced in
+    f32 and rounded once (Megatron's f32 main gradients); `native` reduces
+    them in their own type. f32 results are bit for bit the unbucketed
+    ones: every element is summed over the group in the same order.
 
     ```
     ernie-opt step.mlir --ernie-auto-parallel-pipeline "--ernie-bucket-gradients=bucket-bytes=26214400"

@@ -182,3 +182,64 @@ func.func @bucket_bad_axis(%a: tensor<4xf32>) -> tensor<4xf32> {
   %x = ernie.wait %f : tensor<4xf32>
   return %x : tensor<4xf32>
 }
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @scatter_bucket_wrong_piece(%a: tensor<4x6xf32>) -> tensor<4x2xf32> {
+  // expected-error @+1 {{result dimension 1 must be 3, got 2}}
+  %f = ernie.reduce_scatter_start %a over @mesh[dp] dim = 1 sum : tensor<4x6xf32> -> tensor<4x2xf32>
+  %x = ernie.wait %f : tensor<4x2xf32>
+  return %x : tensor<4x2xf32>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 4)
+func.func @scatter_bucket_uneven(%a: tensor<8xf32>, %b: tensor<6xf32>) -> (tensor<2xf32>, tensor<1xf32>) {
+  // expected-error @+1 {{dimension 0 of size 6 does not divide over 4 ranks}}
+  %f:2 = ernie.reduce_scatter_start %a, %b over @mesh[dp] dim = 0 sum : tensor<8xf32>, tensor<6xf32> -> tensor<2xf32>, tensor<1xf32>
+  %x = ernie.wait %f#0 : tensor<2xf32>
+  %y = ernie.wait %f#1 : tensor<1xf32>
+  return %x, %y : tensor<2xf32>, tensor<1xf32>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @scatter_bucket_accumulates_in_f16(%a: tensor<4xbf16>) -> tensor<2xbf16> {
+  // expected-error @+1 {{accumulates in f32 or in the inputs' own types, not 'f16'}}
+  %f = ernie.reduce_scatter_start %a over @mesh[dp] dim = 0 sum {accumulate = f16} : tensor<4xbf16> -> tensor<2xbf16>
+  %x = ernie.wait %f : tensor<2xbf16>
+  return %x : tensor<2xbf16>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @gather_bucket_dim_out_of_range(%a: tensor<4xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{dim 1 is out of range for rank 1}}
+  %f = ernie.all_gather_start %a over @mesh[dp] dim = 1 : tensor<4xf32> -> tensor<8xf32>
+  %x = ernie.wait %f : tensor<8xf32>
+  return %x : tensor<8xf32>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @gather_bucket_not_waited(%a: tensor<4xf32>, %b: tensor<2xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{result must be waited for exactly once, found 0 uses}}
+  %f:2 = ernie.all_gather_start %a, %b over @mesh[dp] dim = 0 : tensor<4xf32>, tensor<2xf32> -> tensor<8xf32>, tensor<4xf32>
+  %x = ernie.wait %f#0 : tensor<8xf32>
+  return %x : tensor<8xf32>
+}
+
+// -----
+
+ernie.mesh @mesh(dp = 2)
+func.func @gather_bucket_too_few_futures(%a: tensor<4xf32>, %b: tensor<2xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{needs one future per input, got 1 for 2}}
+  %f = ernie.all_gather_start %a, %b over @mesh[dp] dim = 0 : tensor<4xf32>, tensor<2xf32> -> tensor<8xf32>
+  %x = ernie.wait %f : tensor<8xf32>
+  return %x : tensor<8xf32>
+}

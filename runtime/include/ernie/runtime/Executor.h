@@ -162,8 +162,9 @@ private:
   };
 
   void execute(const Function &fn, size_t index, Arena &arena);
-  /// ernie.all_reduce_start: the bucket's one all-reduce, on the
-  /// communication thread; each result is started_ with the same handle.
+  /// ernie.{all_reduce,reduce_scatter,all_gather}_start: the bucket's one
+  /// collective, on the communication thread; each result is started_ with
+  /// the same handle.
   void startBucket(const Function &fn, size_t index,
                    const std::vector<TensorView> &buffers);
   void runCollective(const Instruction &inst, const TensorView &in,
@@ -205,8 +206,8 @@ private:
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
   Stream compute_, communication_;
   DeviceBuffer scratch_; // packing for collectives on inner dims
-  /// Per all_reduce_start instruction (by function and index): the
-  /// bucket's packed and reduced bytes, made once.
+  /// Per bucket instruction (by function and index): its message's
+  /// packed and collected bytes, made once.
   std::map<std::pair<std::string, size_t>, DeviceBuffer> buckets_;
   std::map<uint32_t, Started> started_;
   /// Per buffer a transfer writes: the events ordering it after the compute

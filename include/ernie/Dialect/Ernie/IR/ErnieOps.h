@@ -112,4 +112,18 @@ LogicalResult verifyInferredShapeRules(OpTy op) {
 #define GET_OP_CLASSES
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h.inc"
 
+namespace mlir::ernie {
+/// An asynchronous collective (`ernie.*_start`): its results are futures,
+/// each waited for once later in the block, and it reads its inputs until
+/// the first of those waits.
+inline bool isStartedCollective(Operation *op) {
+  return isa<CollectivePermuteStartOp, AllReduceStartOp, ReduceScatterStartOp,
+             AllGatherStartOp>(op);
+}
+
+/// The earliest wait on one of a started collective's futures: where its
+/// transfer is known to be over.
+Operation *getFirstWait(Operation *start);
+} // namespace mlir::ernie
+
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_H

@@ -1237,6 +1237,64 @@ def Ernie_AllReduceStartOp : Ernie_CollectiveOp<"all_reduce_start",
   ];
 }
 
+def Ernie_ReduceScatterStartOp : Ernie_CollectiveOp<"reduce_scatter_start"> {
+  let summary = "start one reduce-scatter of a bucket of tensors";
+  let description = [{
+    `ernie.reduce_scatter` of every input along `dim`, as one message on
+    the communication thread: each member packs its inputs' pieces by
+    destination (piece `j` of every input, then piece `j + 1`), so one
+    reduce-scatter of the message leaves each member its own piece of
+    every input, summed in group order as the blocking op sums it. Each
+    result is a future of that piece which exactly one `ernie.wait` later
+    in the block turns into a tensor; the inputs stay untouched until the
+    first wait. `accumulate = f32` reduces narrow floats in f32 and rounds
+    once. What `--ernie-bucket-gradients` makes of ZeRO-2/3's gradient
+    reduce-scatters.
+
+    ```mlir
+    %f:2 = ernie.reduce_scatter_start %a, %b over @mesh[dp] dim = 0 sum : tensor<64xf32>, tensor<8x8xf32> -> tensor<32xf32>, tensor<4x8xf32>
+    %ra = ernie.wait %f#0 : tensor<32xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Ernie_Tensor>:$inputs, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim,
+                       Ernie_ReduceKindAttr:$kind,
+                       OptionalAttr<TypeAttr>:$accumulate);
+  let results = (outs Variadic<Ernie_FutureType>:$results);
+  let assemblyFormat = [{
+    $inputs `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim
+    custom<ReduceKindKeyword>($kind) attr-dict `:` type($inputs) `->`
+    custom<FutureTypes>(type($results))
+  }];
+}
+
+def Ernie_AllGatherStartOp : Ernie_CollectiveOp<"all_gather_start"> {
+  let summary = "start one all-gather of a bucket of tensors";
+  let description = [{
+    `ernie.all_gather` of every input along `dim`, as one message on the
+    communication thread: each member sends its inputs back to back, and
+    each result is a future of one input's gathered tensor. Exactly one
+    `ernie.wait` later in the block turns a future into its tensor; the
+    inputs stay untouched until the first wait. What
+    `--ernie-bucket-gradients` makes of ZeRO's parameter gathers after the
+    optimizer step.
+
+    ```mlir
+    %f:2 = ernie.all_gather_start %a, %b over @mesh[dp] dim = 0 : tensor<32xf32>, tensor<4x8xf32> -> tensor<64xf32>, tensor<8x8xf32>
+    %a2 = ernie.wait %f#0 : tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Ernie_Tensor>:$inputs, FlatSymbolRefAttr:$mesh,
+                       StrArrayAttr:$axes,
+                       ConfinedAttr<I64Attr, [IntNonNegative]>:$dim);
+  let results = (outs Variadic<Ernie_FutureType>:$results);
+  let assemblyFormat = [{
+    $inputs `over` custom<MeshAxes>($mesh, $axes) `dim` `=` $dim attr-dict
+    `:` type($inputs) `->` custom<FutureTypes>(type($results))
+  }];
+}
+
 def Ernie_WaitOp : Ernie_Op<"wait", [
     TypesMatchWith<"the future holds the result's type", "result", "future",
                    "::mlir::ernie::FutureType::get($_self.getContext(), "
