@@ -100,13 +100,18 @@ struct BucketGradientsPass
     // axes, reduce kind and dimension (where it has them) and element type.
     using Key = std::tuple<OperationName, Attribute, Attribute, Attribute,
                            Attribute, Type>;
-    llvm::MapVector<Key, SmallVector<Operation *>> groups;
-    for (Operation &op : block)
+    llvm::MapVector<Key, SmallVector<Operation *>> groups, prefetched;
+    for (Operation &op : block) {
+      Key key{op.getName(), op.getAttr("mesh"), op.getAttr("axes"),
+              op.getAttr("kind"), op.getAttr("dim"),
+              op.getNumResults() ? getElementTypeOrSelf(op.getResult(0).getType())
+                                 : Type()};
       if (isBucketable(&op, fn))
-        groups[{op.getName(), op.getAttr("mesh"), op.getAttr("axes"),
-                op.getAttr("kind"), op.getAttr("dim"),
-                getElementTypeOrSelf(op.getResult(0).getType())}]
-            .push_back(&op);
+        groups[key].push_back(&op);
+      else if (auto gather = dyn_cast<AllGatherOp>(op);
+               gather && isa<BlockArgument>(gather.getInput()))
+        prefetched[key].push_back(&op);
+    }
     for (auto &[key, ops] : groups) {
       // In the order the step computes their inputs (arguments, defined by
       // no op, first).
@@ -115,20 +120,47 @@ struct BucketGradientsPass
                   *y = b->getOperand(0).getDefiningOp();
         return x != y && (!x || (y && x->isBeforeInBlock(y)));
       });
-      SmallVector<Operation *> current;
-      int64_t bytes = 0;
-      for (Operation *op : ops) {
-        current.push_back(op);
-        bytes += wholeBytes(op);
-        if (bytes >= bucketBytes) {
-          emit(block, current);
-          current.clear();
-          bytes = 0;
-        }
+      for (ArrayRef<Operation *> bucket : cut(ops)) {
+        // Started right after its last input is computed; only the return
+        // reads a result, so each is waited for just before it.
+        Operation *last = bucket.back()->getOperand(0).getDefiningOp();
+        OpBuilder b(&block,
+                    last ? std::next(Block::iterator(last)) : block.begin());
+        Operation *start = startBucket(b, bucket);
+        waitAt(start, bucket, [&](Operation *) { return block.getTerminator(); });
       }
-      if (!current.empty())
-        emit(block, current);
     }
+    // ZeRO-3's gathers of parameter shards (arguments, so ready from the
+    // start) where each parameter is used, in the forward and again in the
+    // backward: DeepSpeed's prefetch. In program order, bucket i is started
+    // where bucket i - 1's first gathered tensor is needed, so it moves
+    // while that bucket's layer computes; each gather becomes a wait in its
+    // place. The price is up to one bucket of gathered parameters held
+    // early.
+    for (auto &[key, ops] : prefetched) {
+      Operation *startBefore = ops.front();
+      for (ArrayRef<Operation *> bucket : cut(ops)) {
+        OpBuilder b(startBefore);
+        Operation *start = startBucket(b, bucket);
+        startBefore = waitAt(start, bucket, [](Operation *op) { return op; });
+      }
+    }
+  }
+
+  /// `ops` in buckets of at least `bucket-bytes` of whole tensors, in order
+  /// (the last one smaller).
+  SmallVector<SmallVector<Operation *>> cut(ArrayRef<Operation *> ops) {
+    SmallVector<SmallVector<Operation *>> buckets(1);
+    int64_t bytes = 0;
+    for (Operation *op : ops) {
+      if (bytes >= bucketBytes) {
+        buckets.emplace_back();
+        bytes = 0;
+      }
+      buckets.back().push_back(op);
+      bytes += wholeBytes(op);
+    }
+    return buckets;
   }
 
   /// f32 for a reduction of narrow floats under `accumulate=f32`.
@@ -139,10 +171,8 @@ struct BucketGradientsPass
                : Type();
   }
 
-  void emit(Block &block, ArrayRef<Operation *> bucket) {
-    // Right after the last input is computed (ops are sorted by that).
-    Operation *last = bucket.back()->getOperand(0).getDefiningOp();
-    OpBuilder b(&block, last ? std::next(Block::iterator(last)) : block.begin());
+  /// The one `*_start` of `bucket`'s collectives at `b`.
+  Operation *startBucket(OpBuilder &b, ArrayRef<Operation *> bucket) {
     SmallVector<Value> inputs;
     SmallVector<Type> futures;
     SmallVector<Location> locs;
@@ -155,31 +185,36 @@ struct BucketGradientsPass
     Location loc = b.getFusedLoc(locs);
     Type wide =
         accumulateType(b, getElementTypeOrSelf(inputs.front().getType()));
-    Operation *start;
     if (auto reduce = dyn_cast<AllReduceOp>(bucket.front()))
-      start = AllReduceStartOp::create(b, loc, inputs, reduce.getMesh(),
-                                       reduce.getAxesAttr(), reduce.getKind(),
-                                       wide);
-    else if (auto scatter = dyn_cast<ReduceScatterOp>(bucket.front()))
-      start = ReduceScatterStartOp::create(
+      return AllReduceStartOp::create(b, loc, inputs, reduce.getMesh(),
+                                      reduce.getAxesAttr(), reduce.getKind(),
+                                      wide);
+    if (auto scatter = dyn_cast<ReduceScatterOp>(bucket.front()))
+      return ReduceScatterStartOp::create(
           b, loc, futures, inputs, scatter.getMeshAttr(),
           scatter.getAxesAttr(), scatter.getDimAttr(), scatter.getKindAttr(),
           wide ? TypeAttr::get(wide) : TypeAttr());
-    else {
-      auto gather = cast<AllGatherOp>(bucket.front());
-      start = AllGatherStartOp::create(b, loc, futures, inputs,
-                                       gather.getMeshAttr(),
-                                       gather.getAxesAttr(), gather.getDimAttr());
-    }
-    // Only the return reads a result: wait just before it.
-    OpBuilder at(block.getTerminator());
+    auto gather = cast<AllGatherOp>(bucket.front());
+    return AllGatherStartOp::create(b, loc, futures, inputs,
+                                    gather.getMeshAttr(), gather.getAxesAttr(),
+                                    gather.getDimAttr());
+  }
+
+  /// Replaces each collective of `bucket` by a wait on its future of
+  /// `start`, placed before `where(collective)`; returns the first wait.
+  template <typename Where>
+  Operation *waitAt(Operation *start, ArrayRef<Operation *> bucket,
+                    Where where) {
+    Operation *first = nullptr;
     for (auto [op, future] : llvm::zip(bucket, start->getResults())) {
-      Value done = WaitOp::create(at, op->getLoc(), op->getResult(0).getType(),
-                                  future)
-                       .getResult();
-      op->getResult(0).replaceAllUsesWith(done);
+      OpBuilder b(where(op));
+      auto wait =
+          WaitOp::create(b, op->getLoc(), op->getResult(0).getType(), future);
+      first = first ? first : wait.getOperation();
+      op->getResult(0).replaceAllUsesWith(wait.getResult());
       op->erase();
     }
+    return first;
   }
 };
 

@@ -61,9 +61,10 @@ def test_buckets_are_bit_identical_and_fewer(zero):
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_zero_collectives_are_bucketed_bit_for_bit(zero):
-    """ZeRO-2/3's gradient reduce-scatters and ZeRO-1/2's gathers of the
-    updated parameters travel in buckets too: the same weights bit for bit,
-    the same bytes in fewer messages."""
+    """ZeRO-2/3's gradient reduce-scatters, ZeRO-1/2's gathers of the
+    updated parameters and ZeRO-3's gathers of the parameters where they are
+    used travel in buckets too: the same weights bit for bit, the same bytes
+    in fewer messages."""
     plain, want = run({"sharding_level": zero, "bucket_mb": 0})
     one, got_one = run({"sharding_level": zero})
     many, got_many = run({"sharding_level": zero, "bucket_mb": 0.004})
@@ -80,10 +81,12 @@ def test_zero_collectives_are_bucketed_bit_for_bit(zero):
     if zero <= 2:
         # The updated shards gathered back, one bucket for the toy.
         assert counts(plain, "all_gather")["count"] == grads
-        assert counts(one, "all_gather")["count"] == 1
     else:
-        # ZeRO-3 gathers each parameter where it is used: not bucketed.
-        assert counts(one, "all_gather")["count"] == counts(plain, "all_gather")["count"]
+        # ZeRO-3 gathers each parameter where it is used, forward and
+        # backward; buckets prefetch them in that order.
+        assert counts(plain, "all_gather")["count"] > grads
+    assert counts(one, "all_gather")["count"] == 1
+    assert 1 < counts(many, "all_gather")["count"] < counts(plain, "all_gather")["count"]
     for kind in ("reduce_scatter", "all_gather", "all_reduce"):
         assert counts(one, kind)["bytes"] == counts(many, kind)["bytes"] == counts(plain, kind)["bytes"]
 

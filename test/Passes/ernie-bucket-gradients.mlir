@@ -1,6 +1,7 @@
 // RUN: ernie-opt %s --split-input-file "--ernie-bucket-gradients=bucket-bytes=1024" | FileCheck %s
 // RUN: ernie-opt %s --split-input-file "--ernie-bucket-gradients=bucket-bytes=1024 accumulate=native" | FileCheck %s --check-prefix=NATIVE
 // RUN: not ernie-opt %s --split-input-file "--ernie-bucket-gradients=accumulate=f16" 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: ernie-opt %s --split-input-file "--ernie-bucket-gradients=bucket-bytes=2048" | FileCheck %s --check-prefix=ZERO3
 
 // Three gradients of 1 KiB, 512 B and 512 B, ready in the order c, a, b:
 // c fills a bucket of its own, started right after it is computed; a and b
@@ -68,3 +69,39 @@ func.func @types(%a: tensor<8xbf16>, %b: tensor<8xf32>, %c: tensor<8xf32>)
 }
 
 // BAD: --ernie-bucket-gradients: accumulate must be 'f32' or 'native', not 'f16'
+
+// -----
+
+// ZeRO-3: each parameter shard (an argument) gathered where it is used.
+// Buckets of 2 KiB (two gathered tensors) in program order: {w1, w2} and
+// {w3, w1 again}; the
+// first starts where w1 is needed, the second where the first's first
+// gathered tensor is needed (a prefetch: it moves while w1 and w2 are used),
+// and each gather becomes a wait in its place. A gather of a computed value
+// is left alone.
+ernie.mesh @mesh(dp = 2)
+// ZERO3-LABEL: func.func @zero3
+// ZERO3-NEXT: %[[F1:.+]]:2 = ernie.all_gather_start %arg1, %arg2 over @mesh[dp] dim = 0 : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<16x16xf32>, tensor<16x16xf32>
+// ZERO3-NEXT: %[[F2:.+]]:2 = ernie.all_gather_start %arg3, %arg1 over @mesh[dp] dim = 0 : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<16x16xf32>, tensor<16x16xf32>
+// ZERO3-NEXT: %[[W1:.+]] = ernie.wait %[[F1]]#0 : tensor<16x16xf32>
+// ZERO3-NEXT: %[[H1:.+]] = ernie.matmul %arg0, %[[W1]]
+// ZERO3-NEXT: %[[W2:.+]] = ernie.wait %[[F1]]#1
+// ZERO3-NEXT: %[[H2:.+]] = ernie.matmul %[[H1]], %[[W2]]
+// ZERO3-NEXT: %[[W3:.+]] = ernie.wait %[[F2]]#0
+// ZERO3-NEXT: %[[H3:.+]] = ernie.matmul %[[H2]], %[[W3]]
+// ZERO3-NEXT: %[[W1B:.+]] = ernie.wait %[[F2]]#1
+// ZERO3-NEXT: %[[H4:.+]] = ernie.matmul %[[H3]], %[[W1B]]
+// ZERO3-NEXT: ernie.all_gather %[[H4]] over @mesh[dp] dim = 0
+func.func @zero3(%x: tensor<4x16xf32>, %w1: tensor<8x16xf32>, %w2: tensor<8x16xf32>, %w3: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %g1 = ernie.all_gather %w1 over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<16x16xf32>
+  %h1 = ernie.matmul %x, %g1 : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  %g2 = ernie.all_gather %w2 over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<16x16xf32>
+  %h2 = ernie.matmul %h1, %g2 : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  %g3 = ernie.all_gather %w3 over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<16x16xf32>
+  %h3 = ernie.matmul %h2, %g3 : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  %g4 = ernie.all_gather %w1 over @mesh[dp] dim = 0 : tensor<8x16xf32> -> tensor<16x16xf32>
+  %h4 = ernie.matmul %h3, %g4 : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  %y = ernie.all_gather %h4 over @mesh[dp] dim = 0 : tensor<4x16xf32> -> tensor<8x16xf32>
+  %z = ernie.neg %y : tensor<8x16xf32>
+  return %z : tensor<8x16xf32>
+}

@@ -49,7 +49,8 @@ namespace ernie::runtime {
 struct ThreadWorld::State {
   State(Mesh mesh, std::chrono::milliseconds timeout, Device &device)
       : mesh(std::move(mesh)), timeout(timeout), device(device),
-        host(device.hostAddressable()) {}
+        host(device.hostAddressable()),
+        wake(new std::condition_variable[this->mesh.numRanks()]) {}
 
   /// What the members posted. `copies[i]` holds member i's input when
   /// its output overlaps it; `finished[k]`: members done with phase k.
@@ -77,21 +78,36 @@ struct ThreadWorld::State {
   Device &device;
   const bool host; // buffers are host memory
   std::mutex mutex;
-  std::condition_variable changed;
+  /// One per rank, which its threads (the executor's and the communication
+  /// thread) wait on: a change wakes only the ranks it concerns. With one
+  /// shared variable every send and every arrival woke every blocked rank,
+  /// which on 8 ranks over 2 cores is most of a pipeline's waiting time.
+  std::unique_ptr<std::condition_variable[]> wake;
   std::map<std::string, Rendezvous> rendezvous;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::deque<Message>> mailbox;
   bool aborted = false;
   std::string abortReason;
 
-  /// Waits for `ready` under the lock, failing on abort or deadline.
+  void notify(int64_t rank) { wake[rank].notify_all(); }
+  void notify(const std::vector<int64_t> &ranks) {
+    for (int64_t r : ranks)
+      wake[r].notify_all();
+  }
+  void notifyEveryone() {
+    for (int64_t r = 0; r < mesh.numRanks(); ++r)
+      wake[r].notify_all();
+  }
+
+  /// Waits (as `rank`) for `ready` under the lock, failing on abort or
+  /// deadline.
   template <typename Pred>
-  void waitFor(std::unique_lock<std::mutex> &lock, Pred ready,
+  void waitFor(std::unique_lock<std::mutex> &lock, int64_t rank, Pred ready,
                const std::string &what) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!ready()) {
       if (aborted)
         throw CommunicationError(what + ": aborted: " + abortReason);
-      if (changed.wait_until(lock, deadline) == std::cv_status::timeout &&
+      if (wake[rank].wait_until(lock, deadline) == std::cv_status::timeout &&
           !ready()) {
         if (aborted)
           throw CommunicationError(what + ": aborted: " + abortReason);
@@ -221,7 +237,7 @@ public:
     std::lock_guard<std::mutex> lock(state_->mutex);
     failIfAborted("send");
     state_->mailbox[{rank_, peer, tag}].push_back(std::move(message));
-    state_->changed.notify_all();
+    state_->notify(peer);
   }
 
   void recv(void *data, size_t bytes, int64_t peer, int64_t tag) override {
@@ -230,7 +246,7 @@ public:
     failIfAborted("recv");
     auto key = std::make_tuple(peer, rank_, tag);
     state_->waitFor(
-        lock, [&] { return !state_->mailbox[key].empty(); },
+        lock, rank_, [&] { return !state_->mailbox[key].empty(); },
         "rank " + std::to_string(rank_) + ": recv from rank " +
             std::to_string(peer) + " (tag " + std::to_string(tag) + ")");
     ThreadWorld::State::Message message =
@@ -257,7 +273,7 @@ public:
       state_->aborted = true;
       state_->abortReason = "rank " + std::to_string(rank_) + ": " + reason;
     }
-    state_->changed.notify_all();
+    state_->notifyEveryone();
   }
 
 private:
@@ -321,11 +337,13 @@ private:
                   const std::vector<Phase> &phases) {
     int64_t n, me;
     std::string id;
+    const std::vector<int64_t> *ranks;
     {
       std::lock_guard<std::mutex> lock(groupsMutex_);
       Group &g = groupOf(axes);
       n = g.members;
       me = g.index;
+      ranks = &g.ranks; // std::map nodes do not move
       id = g.key + kind + '#' + std::to_string(g.sequences[kind]++);
     }
 
@@ -373,7 +391,7 @@ private:
     slot.inputs[me] = in;
     slot.outputs[me] = out;
     ++slot.arrived;
-    state_->changed.notify_all();
+    state_->notify(*ranks);
     const bool spin = n <= cores();
     if (spin) {
       lock.unlock();
@@ -382,7 +400,7 @@ private:
     }
     try {
       state_->waitFor(
-          lock, [&] { return slot.arrived == n || slot.cancelled; },
+          lock, rank_, [&] { return slot.arrived == n || slot.cancelled; },
           "rank " + std::to_string(rank_) + ": " + kind + " over " +
               describeAxes(axes));
       if (slot.cancelled && state_->aborted)
@@ -394,7 +412,7 @@ private:
     } catch (...) {
       // Nobody has read anything yet: everyone still waiting fails too.
       slot.cancelled = true;
-      state_->changed.notify_all();
+      state_->notify(*ranks);
       leave(id, slot);
       throw;
     }
@@ -415,13 +433,14 @@ private:
       }
       lock.lock();
       ++slot.finished[k];
-      state_->changed.notify_all();
+      state_->notify(*ranks);
       if (spin && slot.finished[k].load() != n) {
         lock.unlock();
         spinUntil([&] { return slot.finished[k].load() == n; });
         lock.lock();
       }
-      state_->changed.wait(lock, [&] { return slot.finished[k].load() == n; });
+      state_->wake[rank_].wait(lock,
+                               [&] { return slot.finished[k].load() == n; });
     }
     leave(id, slot);
     if (error)
@@ -459,6 +478,7 @@ private:
   /// computed once per axes.
   struct Group {
     int64_t members = 0, index = 0;
+    std::vector<int64_t> ranks;
     std::string key;
     std::map<std::string, uint64_t> sequences;
   };
@@ -467,6 +487,7 @@ private:
     if (inserted) {
       std::vector<int64_t> group = state_->mesh.group(rank_, axes);
       it->second.members = group.size();
+      it->second.ranks = group;
       it->second.index = state_->mesh.indexInGroup(rank_, axes);
       std::ostringstream key;
       for (int64_t r : group)
