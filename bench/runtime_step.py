@@ -177,7 +177,7 @@ def compile_program(c, mode, tmp, tools, fuse=True):
     text = part.read_text()
     grad = text.split("func.func @forward_grad", 1)[-1].split("func.func @", 1)[0]
     collectives = len(re.findall(
-        r"ernie\.(all_reduce|all_reduce_start|all_gather|reduce_scatter|all_to_all)\b", grad))
+        r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all)(_start)?\b", grad))
     return prog, collectives
 
 
