@@ -18,7 +18,8 @@
 //
 // A wake-up through the condition variable costs more than a small
 // collective's work, so a member first spins briefly on the counters it
-// waits for — only where every member of the group can have a core.
+// waits for — only where every rank of the world can have a core: a group
+// of 2 among 8 ranks on 2 cores would burn the cores the other ranks need.
 //
 // On a GPU (the shared-device engine: every rank a thread on one device,
 // each with its own streams) the same rendezvous moves device memory: the
@@ -392,7 +393,7 @@ private:
     slot.outputs[me] = out;
     ++slot.arrived;
     state_->notify(*ranks);
-    const bool spin = n <= cores();
+    const bool spin = state_->mesh.numRanks() <= cores();
     if (spin) {
       lock.unlock();
       spinUntil([&] { return slot.arrived.load() == n; });
