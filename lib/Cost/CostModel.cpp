@@ -591,7 +591,7 @@ double mfuPeak(const DeviceSpec &d,
 
 } // namespace
 
-/// One estimate with the model's compute slowdown as it is.
+/// The step's estimate under `model`.
 static FailureOr<StepCost> estimateWith(ModuleOp module,
                                         const ClusterSpec &cluster,
                                         const CostModel &model, MeshOp mesh) {
@@ -652,6 +652,18 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
                             backward[c].sendBytes});
     }
     costs.transfer = model.transferTime(sendBytes, info.axis);
+    // Ranks time-sliced onto shared processors (this machine's CPU): the
+    // costs are those of every rank busy; while some stages idle in the
+    // bubble the busy ones take their share of the processors.
+    const double slowdown = model.computeSlowdown();
+    if (slowdown > 1 && cluster.sharedProcessors > 0) {
+      double perStage = double(step.ranks / shape.stages);
+      double capacity =
+          double(cluster.sharedProcessors) * cluster.sharingEfficiency;
+      costs.speedup = [=](int64_t busy) {
+        return slowdown / std::max(1.0, double(busy) * perStage / capacity);
+      };
+    }
     rt::ScheduleTimeline timeline;
     if (std::string err =
             rt::simulateSchedule(schedule, shape, costs, timeline);
@@ -681,11 +693,19 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
     step.modelFlops = flops * double(step.ranks / shape.stages);
     step.recomputeFlops = recomputed * double(step.ranks / shape.stages);
     double m = double(shape.microBatches);
+    // The critical rank's steps as they ran: faster than their costs where
+    // shared processors sped them up.
+    double costed = 0, ran = 0;
+    for (int64_t c = critical; c < chunks; c += shape.stages)
+      costed += (forward[c].seconds + backward[c].seconds) * m;
+    for (const rt::TimedStep &t : timeline.ranks[critical])
+      ran += t.end - t.start;
+    double speed = costed > 0 && ran > 0 ? ran / costed : 1;
     double span = update[critical].seconds; // the critical rank's own time
     for (int64_t c = critical; c < chunks; c += shape.stages) {
-      accumulate(step, forward[c], m, gemmFlops);
-      accumulate(step, backward[c], m, gemmFlops);
-      span += (forward[c].seconds + backward[c].seconds) * m;
+      accumulate(step, forward[c], m * speed, gemmFlops);
+      accumulate(step, backward[c], m * speed, gemmFlops);
+      span += (forward[c].seconds + backward[c].seconds) * m * speed;
     }
     accumulate(step, update[critical], 1, gemmFlops);
     // Each forward but the last chunk's sends its activations on, each
@@ -717,17 +737,7 @@ FailureOr<StepCost> cost::estimateStep(ModuleOp module,
            << "the program has " << ranks << " ranks but the cluster '"
            << cluster.name << "' only " << cluster.numDevices() << " devices";
   CostModel model(cluster, mesh);
-  FailureOr<StepCost> step = estimateWith(module, cluster, model, mesh);
-  // Shared processors in a pipeline: the ranks idle in the bubble leave
-  // their processors to the others, so on average only the busy share of
-  // the ranks divides them. One refinement of that fixed point.
-  if (succeeded(step) && model.computeSlowdown() > 1 &&
-      step->bubbleSeconds > 0 && step->stepSeconds > 0) {
-    double busy = 1 - step->bubbleSeconds / step->stepSeconds;
-    model.setComputeSlowdown(std::max(1.0, model.computeSlowdown() * busy));
-    step = estimateWith(module, cluster, model, mesh);
-  }
-  return step;
+  return estimateWith(module, cluster, model, mesh);
 }
 
 llvm::json::Value cost::toJSON(const StepCost &cost) {

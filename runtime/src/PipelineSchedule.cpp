@@ -268,6 +268,75 @@ std::string runSchedule(const PipelineSchedule &schedule,
   return "";
 }
 
+/// runSchedule's timeline again, event by event, for steps whose speed
+/// depends on how many ranks are running (costs.speedup). The schedule
+/// has passed runSchedule: it is valid and does not deadlock.
+void runShared(const PipelineSchedule &schedule, const PipelineShape &shape,
+               const StepCosts &costs, ScheduleTimeline &timeline) {
+  const StepIds ids{shape.chunks(), shape.microBatches};
+  const int64_t p = shape.stages;
+  std::vector<double> end(ids.size());
+  std::vector<bool> done(ids.size());
+  std::vector<size_t> next(p, 0);
+  std::vector<double> remaining(p, -1), started(p, 0);
+  timeline = ScheduleTimeline();
+  timeline.ranks.resize(p);
+  double now = 0;
+  for (;;) {
+    // Start every step whose inputs have arrived; note the next arrival.
+    double arrival = INFINITY;
+    int64_t busy = 0;
+    for (int64_t r = 0; r < p; ++r) {
+      if (remaining[r] < 0 && next[r] < schedule[r].size()) {
+        const PipelineStep &s = schedule[r][next[r]];
+        double ready =
+            timeline.ranks[r].empty() ? 0 : timeline.ranks[r].back().end;
+        bool met = true;
+        for (const PipelineStep &d : dependencies(s, shape.chunks())) {
+          met = met && done[ids(d)];
+          if (met)
+            ready = std::max(ready, end[ids(d)] + (d.chunk % p != r
+                                                       ? costs.transfer
+                                                       : 0.0));
+        }
+        if (met && ready <= now) {
+          remaining[r] = s.action == PipelineAction::Forward
+                             ? costs.forward[s.chunk]
+                             : costs.backward[s.chunk];
+          started[r] = now;
+        } else if (met) {
+          arrival = std::min(arrival, ready);
+        }
+      }
+      busy += remaining[r] >= 0;
+    }
+    if (busy == 0 && arrival == INFINITY)
+      break;
+    const double speed = busy ? std::max(costs.speedup(busy), 1e-12) : 1;
+    double step = arrival - now;
+    for (int64_t r = 0; r < p; ++r)
+      if (remaining[r] >= 0)
+        step = std::min(step, remaining[r] / speed);
+    now += step;
+    for (int64_t r = 0; r < p; ++r) {
+      if (remaining[r] < 0)
+        continue;
+      remaining[r] -= step * speed;
+      if (remaining[r] > 1e-12 * (1 + now))
+        continue;
+      const PipelineStep &s = schedule[r][next[r]++];
+      timeline.ranks[r].push_back({s, started[r], now});
+      timeline.busy += now - started[r];
+      end[ids(s)] = now;
+      done[ids(s)] = true;
+      remaining[r] = -1;
+    }
+  }
+  timeline.makespan = now;
+  if (now > 0)
+    timeline.bubbleFraction = 1 - timeline.busy / (double(p) * now);
+}
+
 } // namespace
 
 std::string buildSchedule(ScheduleKind kind, const PipelineShape &shape,
@@ -319,7 +388,11 @@ std::string simulateSchedule(const PipelineSchedule &schedule,
       !std::all_of(costs.backward.begin(), costs.backward.end(), good) ||
       !good(costs.transfer))
     return "step costs must be finite and non-negative";
-  return runSchedule(schedule, shape, costs, timeline);
+  if (std::string err = runSchedule(schedule, shape, costs, timeline);
+      !err.empty() || !costs.speedup)
+    return err;
+  runShared(schedule, shape, costs, timeline);
+  return "";
 }
 
 std::string simulateSchedule(const PipelineSchedule &schedule,

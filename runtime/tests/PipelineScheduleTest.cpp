@@ -243,6 +243,39 @@ TEST(ScheduleSimulation, TransfersDelayCrossRankDependencies) {
   EXPECT_EQ(t.makespan, 10);
 }
 
+// Ranks on shared processors (StepCosts::speedup): a step runs twice as
+// fast while the other rank idles. 1F1B, p = 2, m = 2, forward 1, backward
+// 2, no transfer, by hand: F0:0 alone [0, 0.5]; F0:1 and F1:0 together
+// [0.5, 1.5]; B1:0 alone [1.5, 2.5]; B0:0 [2.5, 4.5] beside F1:1
+// [2.5, 3.5] and half of B1:1, whose other half runs alone [4.5, 5];
+// B0:1 alone [5, 6]. A speed-up of 1 is the plain simulation.
+TEST(ScheduleSimulation, SharedProcessorsSpeedUpStepsWhileOthersIdle) {
+  PipelineShape shape{2, 1, 2};
+  PipelineSchedule schedule;
+  ASSERT_EQ(buildSchedule(ScheduleKind::OneFOneB, shape, schedule), "");
+  ScheduleTimeline plain, same, shared;
+  StepCosts costs{{1, 1}, {2, 2}, 0.5};
+  ASSERT_EQ(simulateSchedule(schedule, shape, costs, plain), "");
+  costs.speedup = [](int64_t) { return 1.0; };
+  ASSERT_EQ(simulateSchedule(schedule, shape, costs, same), "");
+  EXPECT_DOUBLE_EQ(same.makespan, plain.makespan);
+  EXPECT_DOUBLE_EQ(same.busy, plain.busy);
+
+  costs = StepCosts{{1, 1}, {2, 2}, 0};
+  costs.speedup = [](int64_t busy) { return busy == 1 ? 2.0 : 1.0; };
+  ASSERT_EQ(simulateSchedule(schedule, shape, costs, shared), "");
+  auto spans = [&](int64_t r) {
+    std::vector<std::pair<double, double>> out;
+    for (const TimedStep &s : shared.ranks[r])
+      out.emplace_back(s.start, s.end);
+    return out;
+  };
+  using Spans = std::vector<std::pair<double, double>>;
+  EXPECT_EQ(spans(0), (Spans{{0, 0.5}, {0.5, 1.5}, {2.5, 4.5}, {5, 6}}));
+  EXPECT_EQ(spans(1), (Spans{{0.5, 1.5}, {1.5, 2.5}, {2.5, 3.5}, {3.5, 5}}));
+  EXPECT_DOUBLE_EQ(shared.makespan, 6);
+}
+
 // Chunks of different costs (the last stage's head and loss): the slower
 // chunk sets the steady state. FThenB, p = 2, m = 3, chunk 1 twice chunk 0.
 TEST(ScheduleSimulation, PerChunkCosts) {

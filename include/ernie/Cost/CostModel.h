@@ -113,7 +113,6 @@ public:
   /// How much slower each rank computes than alone: ranks over the shared
   /// processors they are time-sliced onto (1 on dedicated devices).
   double computeSlowdown() const { return computeSlowdown_; }
-  void setComputeSlowdown(double slowdown) { computeSlowdown_ = slowdown; }
 
   GroupPlacement placement(llvm::ArrayRef<std::string> axes) const;
   /// Seconds for one collective over `axes`: `bytes` is the whole tensor

@@ -22,6 +22,7 @@
 #define ERNIE_RUNTIME_PIPELINESCHEDULE_H
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,13 @@ std::string simulateSchedule(const PipelineSchedule &schedule,
 struct StepCosts {
   std::vector<double> forward, backward; // indexed by chunk
   double transfer = 0;
+  /// Optional: how much faster than its cost a step runs while `busy`
+  /// pipeline ranks (1..stages) are running steps — ranks time-sliced onto
+  /// shared processors take the idle ranks' share (costs are then those
+  /// of every rank busy, and the speed-up of `stages` is 1). The
+  /// simulation is then event by event: each running step advances at the
+  /// speed-up of the moment.
+  std::function<double(int64_t busy)> speedup;
 };
 
 /// simulateSchedule with per-chunk costs and transfers: what the cost model
