@@ -430,6 +430,44 @@ struct ReduceScatterSlicedAllReduce : OpRewritePattern<ShardSliceOp> {
 };
 } // namespace
 
+namespace {
+/// all_reduce(cast(r)) with r a reduction's wider float result, narrowed by
+/// the cast -> cast(all_reduce(r)): the ranks' partial sums are added in
+/// the reduction's own precision and rounded once (Megatron's f32 loss and
+/// norm statistics), instead of each partial being rounded first. Only for
+/// sums and means of reductions: their results are small (a loss, per-row
+/// statistics), so the wider message costs nothing; a narrowed gradient is
+/// left to the bucket's `accumulate`.
+struct SumReductionsBeforeNarrowing : OpRewritePattern<AllReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(AllReduceOp reduce,
+                                PatternRewriter &rewriter) const override {
+    auto cast = reduce.getInput().getDefiningOp<CastOp>();
+    if (!cast || (reduce.getKind() != ReduceKind::sum &&
+                  reduce.getKind() != ReduceKind::avg))
+      return failure();
+    Value wide = cast.getOperand();
+    auto from = dyn_cast<FloatType>(getElementTypeOrSelf(wide.getType()));
+    auto to = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getType()));
+    if (!from || !to || to.getWidth() >= from.getWidth() ||
+        !isa_and_nonnull<ReduceSumOp, ReduceMeanOp>(wide.getDefiningOp()))
+      return failure();
+    Value summed = AllReduceOp::create(rewriter, reduce.getLoc(),
+                                       wide.getType(), wide,
+                                       reduce.getMeshAttr(),
+                                       reduce.getAxesAttr(),
+                                       reduce.getKindAttr());
+    rewriter.replaceOpWithNewOp<CastOp>(reduce, reduce.getType(), summed);
+    return success();
+  }
+};
+} // namespace
+
+void AllReduceOp::getCanonicalizationPatterns(RewritePatternSet &results,
+                                              MLIRContext *context) {
+  results.add<SumReductionsBeforeNarrowing>(context);
+}
+
 void ShardSliceOp::getCanonicalizationPatterns(RewritePatternSet &results,
                                                MLIRContext *context) {
   results.add<SliceElementwiseOperands, SliceBroadcastInput,

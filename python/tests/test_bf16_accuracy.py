@@ -98,3 +98,24 @@ def test_bf16_is_at_least_as_accurate_as_torch_autocast(tmp_path):
     assert np.mean(list(ours.values())) <= np.mean(list(theirs.values())), (ours, theirs)
     worse = {n: (ours[n], theirs[n]) for n in want if ours[n] > theirs[n]}
     assert not worse, worse
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_reductions_cross_ranks_in_f32(sequence_parallel):
+    """Under mp a bf16 model's partial reductions — the vocab-parallel
+    loss's max, sum of exponentials and loss sum, the norms' statistics
+    under sequence parallelism — are all-reduced in f32 and rounded once
+    after (Megatron and Transformer Engine do the same)."""
+    import re
+
+    import ernie.distributed as dist
+    from ernie.models.llama import parallelize_plan
+
+    mesh = dist.ProcessMesh(np.arange(2), ["mp"])
+    plan = parallelize_plan(sequence_parallel=True) if sequence_parallel else parallelize_plan()
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, dtype="bf16"))
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-3), [IDS, LABELS], mesh=mesh,
+                         config={"mp_config": {"parallelize_plan": plan}})
+    forward = prog.mlir.split("func.func @forward(", 1)[1].split("func.func @", 1)[0]
+    reduced = re.findall(r"ernie\.all_reduce %\S+ over @\w+\[mp\] \w+ : tensor<([^>]*)>", forward)
+    assert reduced and all(t.endswith("f32") for t in reduced), reduced

@@ -82,3 +82,40 @@ func.func @kept(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<2x8xf32>, tenso
   %4 = ernie.shard_slice %e over @mesh[mp] dim = 1 : tensor<8x8xf32> -> tensor<8x2xf32>
   return %r, %0, %1, %2, %3, %4 : tensor<8x8xf32>, tensor<2x8xf32>, tensor<8x2xf32>, tensor<2x8xf32>, tensor<2x8xf32>, tensor<8x2xf32>
 }
+
+// -----
+
+ernie.mesh @mesh(mp = 4)
+
+// A bf16 loss's partial sum, computed in f32 and rounded to bf16, is summed
+// over the ranks in f32 and rounded once. A narrowed value that no
+// reduction computed (a gradient), a max, and a widening cast are left
+// alone.
+// CHECK-LABEL: func.func @partial_loss
+// CHECK-SAME: (%[[X:.+]]: tensor<4x16xf32>, %[[G:.+]]: tensor<4x16xf32>, %[[H:.+]]: tensor<4xbf16>)
+// CHECK-NEXT: %[[S:.+]] = ernie.reduce_sum %[[X]] axes = [0, 1] : tensor<4x16xf32> -> tensor<f32>
+// CHECK-NEXT: %[[R:.+]] = ernie.all_reduce %[[S]] over @mesh[mp] sum : tensor<f32>
+// CHECK-NEXT: %[[L:.+]] = ernie.cast %[[R]] : tensor<f32> -> tensor<bf16>
+// CHECK-NEXT: %[[M:.+]] = ernie.reduce_mean %[[X]] axes = [1] : tensor<4x16xf32> -> tensor<4xf32>
+// CHECK-NEXT: %[[MB:.+]] = ernie.cast %[[M]] : tensor<4xf32> -> tensor<4xbf16>
+// CHECK-NEXT: ernie.all_reduce %[[MB]] over @mesh[mp] max : tensor<4xbf16>
+// CHECK-NEXT: %[[GB:.+]] = ernie.cast %[[G]] : tensor<4x16xf32> -> tensor<4x16xbf16>
+// CHECK-NEXT: ernie.all_reduce %[[GB]] over @mesh[mp] sum : tensor<4x16xbf16>
+// CHECK-NEXT: %[[HS:.+]] = ernie.reduce_sum %[[H]] axes = [0] : tensor<4xbf16> -> tensor<bf16>
+// CHECK-NEXT: %[[HW:.+]] = ernie.cast %[[HS]] : tensor<bf16> -> tensor<f32>
+// CHECK-NEXT: ernie.all_reduce %[[HW]] over @mesh[mp] sum : tensor<f32>
+func.func @partial_loss(%x: tensor<4x16xf32>, %g: tensor<4x16xf32>, %h: tensor<4xbf16>)
+    -> (tensor<bf16>, tensor<4xbf16>, tensor<4x16xbf16>, tensor<f32>) {
+  %s = ernie.reduce_sum %x axes = [0, 1] : tensor<4x16xf32> -> tensor<f32>
+  %sb = ernie.cast %s : tensor<f32> -> tensor<bf16>
+  %l = ernie.all_reduce %sb over @mesh[mp] sum : tensor<bf16>
+  %m = ernie.reduce_mean %x axes = [1] : tensor<4x16xf32> -> tensor<4xf32>
+  %mb = ernie.cast %m : tensor<4xf32> -> tensor<4xbf16>
+  %mx = ernie.all_reduce %mb over @mesh[mp] max : tensor<4xbf16>
+  %gb = ernie.cast %g : tensor<4x16xf32> -> tensor<4x16xbf16>
+  %gr = ernie.all_reduce %gb over @mesh[mp] sum : tensor<4x16xbf16>
+  %hs = ernie.reduce_sum %h axes = [0] : tensor<4xbf16> -> tensor<bf16>
+  %hw = ernie.cast %hs : tensor<bf16> -> tensor<f32>
+  %hr = ernie.all_reduce %hw over @mesh[mp] sum : tensor<f32>
+  return %l, %mx, %gr, %hr : tensor<bf16>, tensor<4xbf16>, tensor<4x16xbf16>, tensor<f32>
+}

@@ -1053,7 +1053,14 @@ def Ernie_AllReduceOp : Ernie_CollectiveOp<"all_reduce",
     ```mlir
     %y = ernie.all_reduce %x over @mesh[mp] sum : tensor<8x16xf32>
     ```
+
+    Canonicalization: the partial sum of a reduction computed in f32 and
+    rounded to a narrow float is summed across ranks in f32 and rounded
+    once after (`all_reduce(cast(reduce_sum(x)))` becomes
+    `cast(all_reduce(reduce_sum(x)))`), as Megatron and PyTorch keep
+    losses and norm statistics in f32.
   }];
+  let hasCanonicalizer = 1;
   let arguments = (ins Ernie_Tensor:$input, FlatSymbolRefAttr:$mesh,
                        StrArrayAttr:$axes, Ernie_ReduceKindAttr:$kind);
   let results = (outs Ernie_Tensor:$result);
