@@ -46,10 +46,17 @@ protected:
     std::string path = GetParam() == Kind::File ? std::string(dir) : "";
     std::string address = GetParam() == Kind::Tcp ? freeAddress() : "";
     std::vector<std::thread> threads;
+    std::atomic<int> finished{0};
     for (int r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
         RendezvousStore store(r, path, address, timeout);
         body(r, store);
+        // Rank 0's store serves the others over TCP: no store closes before
+        // every rank is done with its reads (a rank 0 leaving first made
+        // the others' reads throw on their threads).
+        ++finished;
+        while (finished.load() < n)
+          std::this_thread::yield();
       });
     for (auto &t : threads)
       t.join();
