@@ -101,16 +101,17 @@ struct BucketGradientsPass
     using Key = std::tuple<OperationName, Attribute, Attribute, Attribute,
                            Attribute, Type>;
     llvm::MapVector<Key, SmallVector<Operation *>> groups, prefetched;
+    auto keyOf = [](Operation &op) {
+      return Key{op.getName(), op.getAttr("mesh"), op.getAttr("axes"),
+                 op.getAttr("kind"), op.getAttr("dim"),
+                 getElementTypeOrSelf(op.getResult(0).getType())};
+    };
     for (Operation &op : block) {
-      Key key{op.getName(), op.getAttr("mesh"), op.getAttr("axes"),
-              op.getAttr("kind"), op.getAttr("dim"),
-              op.getNumResults() ? getElementTypeOrSelf(op.getResult(0).getType())
-                                 : Type()};
       if (isBucketable(&op, fn))
-        groups[key].push_back(&op);
+        groups[keyOf(op)].push_back(&op);
       else if (auto gather = dyn_cast<AllGatherOp>(op);
                gather && isa<BlockArgument>(gather.getInput()))
-        prefetched[key].push_back(&op);
+        prefetched[keyOf(op)].push_back(&op);
     }
     for (auto &[key, ops] : groups) {
       // In the order the step computes their inputs (arguments, defined by
@@ -150,10 +151,10 @@ struct BucketGradientsPass
   /// `ops` in buckets of at least `bucket-bytes` of whole tensors, in order
   /// (the last one smaller).
   SmallVector<SmallVector<Operation *>> cut(ArrayRef<Operation *> ops) {
-    SmallVector<SmallVector<Operation *>> buckets(1);
+    SmallVector<SmallVector<Operation *>> buckets;
     int64_t bytes = 0;
     for (Operation *op : ops) {
-      if (bytes >= bucketBytes) {
+      if (buckets.empty() || bytes >= bucketBytes) {
         buckets.emplace_back();
         bytes = 0;
       }
