@@ -700,12 +700,12 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
       costed += (forward[c].seconds + backward[c].seconds) * m;
     for (const rt::TimedStep &t : timeline.ranks[critical])
       ran += t.end - t.start;
-    double speed = costed > 0 && ran > 0 ? ran / costed : 1;
+    double asRan = costed > 0 && ran > 0 ? ran / costed : 1; // <= 1
     double span = update[critical].seconds; // the critical rank's own time
     for (int64_t c = critical; c < chunks; c += shape.stages) {
-      accumulate(step, forward[c], m * speed, gemmFlops);
-      accumulate(step, backward[c], m * speed, gemmFlops);
-      span += (forward[c].seconds + backward[c].seconds) * m * speed;
+      accumulate(step, forward[c], m * asRan, gemmFlops);
+      accumulate(step, backward[c], m * asRan, gemmFlops);
+      span += (forward[c].seconds + backward[c].seconds) * m * asRan;
     }
     accumulate(step, update[critical], 1, gemmFlops);
     // Each forward but the last chunk's sends its activations on, each
