@@ -144,3 +144,21 @@ def test_zero_levels_do_not_change_the_step_flops():
         # The loss gradient (8x the work when computed on the global batch).
         loss_grad = lambda e: e["compute_by_op"]["ernie.cross_entropy_grad"]
         assert loss_grad(est[level]) == pytest.approx(loss_grad(est[1]), rel=0.01)
+
+
+def test_shared_processors_in_a_pipeline():
+    """Two pipeline ranks time-sliced onto one processor: every step costs
+    twice its own time while both stages run, its own time while the other
+    idles (warm-up and cool-down). The step lies strictly between the
+    unshared step and twice it, and its parts still add up to it."""
+    from ernie.autoplan import breakdown
+
+    prog = abstract_program([2], ["pp"], {"pp_config": {"split_spec": "llama.layers",
+                                                        "accumulate_steps": 4}})
+    alone = prog.estimate(cost.make_cluster("h100_sxm", devices_per_node=2))
+    shared = prog.estimate(cost.make_cluster("h100_sxm", devices_per_node=2, shared_processors=1))
+    assert alone["step_seconds"] < shared["step_seconds"] < 2 * alone["step_seconds"]
+    # Without the idle stages' share it would be twice the compute-bound step.
+    assert shared["step_seconds"] < 2 * alone["step_seconds"] - 0.5 * alone["bubble_seconds"]
+    parts = sum(s for _, s in breakdown(shared))
+    assert parts == pytest.approx(shared["step_seconds"], rel=1e-9)
