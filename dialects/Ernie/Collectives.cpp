@@ -51,6 +51,14 @@ int64_t bytesOf(Type type) {
          getElementByteSize(shaped.getElementType());
 }
 
+/// A bucket's inputs, together.
+int64_t bytesOf(ValueRange values) {
+  int64_t bytes = 0;
+  for (Value v : values)
+    bytes += bytesOf(v.getType());
+  return bytes;
+}
+
 LogicalResult checkDim(Operation *op, int64_t dim, int64_t rank,
                        StringRef name) {
   if (dim >= rank)
@@ -306,24 +314,18 @@ int64_t CollectivePermuteStartOp::getBytesAccessed() {
 }
 int64_t AllReduceStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
-  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
-  for (Value v : getInputs())
-    bytes += bytesOf(v.getType());
-  return 2 * bytes * (n - 1) / n;
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return 2 * bytesOf(getInputs()) * (n - 1) / n;
 }
 int64_t ReduceScatterStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
-  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
-  for (Value v : getInputs())
-    bytes += bytesOf(v.getType());
-  return bytes * (n - 1) / n;
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return bytesOf(getInputs()) * (n - 1) / n;
 }
 int64_t AllGatherStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
-  int64_t n = mesh ? getGroupSize(mesh) : 1, bytes = 0;
-  for (Value v : getInputs())
-    bytes += bytesOf(v.getType());
-  return bytes * (n - 1);
+  int64_t n = mesh ? getGroupSize(mesh) : 1;
+  return bytesOf(getInputs()) * (n - 1);
 }
 int64_t ShardSliceOp::getBytesAccessed() { return 0; }
 int64_t ShardInsertOp::getBytesAccessed() { return 0; }

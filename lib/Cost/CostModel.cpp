@@ -417,22 +417,18 @@ double CostModel::collectiveTime(Operation *op) const {
   };
   if (isa<AllReduceOp>(op))
     return allReduceTime(bytesOf(op->getOperand(0)), g, link, cluster_);
-  if (isa<AllReduceStartOp>(op)) {
-    double bytes = 0;
-    for (Value v : op->getOperands())
-      bytes += bytesOf(v);
-    return allReduceTime(bytes, g, link, cluster_);
-  }
   if (isa<AllGatherOp>(op))
     return ring(bytesOf(op->getResult(0)));
   if (isa<ReduceScatterOp, AllToAllOp>(op))
     return ring(bytesOf(op->getOperand(0)));
-  if (isa<ReduceScatterStartOp, AllGatherStartOp>(op)) {
-    // A bucket: the blocking op's ring over all its inputs (a gather moves
-    // the whole gathered tensors).
+  if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
+    // A bucket: the blocking op's algorithm over all its inputs (a gather
+    // moves the whole gathered tensors).
     double bytes = 0;
     for (Value v : op->getOperands())
       bytes += bytesOf(v);
+    if (isa<AllReduceStartOp>(op))
+      return allReduceTime(bytes, g, link, cluster_);
     return ring(isa<AllGatherStartOp>(op) ? bytes * n : bytes);
   }
   if (auto permute = dyn_cast<CollectivePermuteStartOp>(op))

@@ -487,7 +487,7 @@ void Executor::startBucket(const Function &fn, size_t index,
     out.push_back(buffers[b]);
   // One message carries the collective of every operand. Narrow floats a
   // bucket reduces in f32 are widened first (`staged`) and rounded once.
-  const std::string blocking = bucketedCollective(inst.op);
+  const std::string blocking = bucketedCollective(inst.op); // a bucket op
   const bool scatters = blocking == "ernie.reduce_scatter",
              gathers = blocking == "ernie.all_gather";
   const DType type = in[0].type;
@@ -667,7 +667,7 @@ void Executor::execute(const Function &fn, size_t index, Arena &arena) {
     }
   } else if (inst.op == "ernie.collective_permute_start") {
     start(fn, index, buffers[inst.operands[0]], out);
-  } else if (!bucketedCollective(inst.op).empty()) {
+  } else if (bucketedCollective(inst.op)) {
     startBucket(fn, index, buffers);
   } else if (inst.op == "ernie.wait") {
     wait(inst, buffers);

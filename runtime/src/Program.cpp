@@ -824,12 +824,15 @@ bool isExecutorOp(const std::string &op) {
   return op == "ernie.constant" || executorOpSignature(op) != nullptr;
 }
 
-std::string bucketedCollective(const std::string &op) {
-  for (const char *blocking :
-       {"ernie.all_reduce", "ernie.reduce_scatter", "ernie.all_gather"})
-    if (op == std::string(blocking) + "_start")
+const char *bucketedCollective(const std::string &op) {
+  static constexpr const char *kBuckets[][2] = {
+      {"ernie.all_reduce_start", "ernie.all_reduce"},
+      {"ernie.reduce_scatter_start", "ernie.reduce_scatter"},
+      {"ernie.all_gather_start", "ernie.all_gather"}};
+  for (const auto &[start, blocking] : kBuckets)
+    if (op == start)
       return blocking;
-  return "";
+  return nullptr;
 }
 
 namespace {
@@ -1067,7 +1070,8 @@ std::string reduceKindProblem(const Attrs &attrs) {
 
 std::string collectiveShapeProblem(const Instruction &inst, const Function &fn,
                                    const Mesh &mesh) {
-  if (std::string blocking = bucketedCollective(inst.op); !blocking.empty()) {
+  if (const char *bucketOf = bucketedCollective(inst.op)) {
+    const std::string blocking = bucketOf;
     // A bucket: each operand and its result as the blocking collective
     // takes them, every operand of the first's element type.
     const DType type = fn.buffers[inst.operands[0]].type;
@@ -1248,7 +1252,7 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
   auto buffer = [](uint32_t b) { return "buffer " + std::to_string(b); };
   auto isStart = [](const std::string &op) {
     return op == "ernie.collective_permute_start" ||
-           !bucketedCollective(op).empty();
+           bucketedCollective(op) != nullptr;
   };
   // A start's result -> the start's index, until the result's wait; a
   // start's operands are read until the first of its waits (the transfer is

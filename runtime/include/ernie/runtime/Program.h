@@ -179,8 +179,9 @@ bool isExecutorOp(const std::string &op);
 
 /// The blocking collective a bucket op stands for ("ernie.all_reduce" for
 /// "ernie.all_reduce_start", likewise reduce_scatter and all_gather: one
-/// message carrying that collective of every operand), or "" for any other op.
-std::string bucketedCollective(const std::string &op);
+/// message carrying that collective of every operand), or null for any
+/// other op. No allocation: the executor asks it per instruction.
+const char *bucketedCollective(const std::string &op);
 
 /// Why the CPU kernel of `inst` could not run on its buffers in `fn` (the
 /// operand and result counts, element types and shapes its op's rule
