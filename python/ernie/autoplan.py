@@ -11,9 +11,13 @@ So a candidate costs two small compiles whatever the model's depth. Per
 structure (dp, mp, pp, vpp, sp, micro-batch size) the memory knobs are
 tried from the fastest (no ZeRO, no recomputation) on, stopping at the
 first that fits: a higher ZeRO level or more recomputation never makes a
-step faster, only smaller. The best `top` plans are then compiled at full
-depth: the table's memory is the abstract compile's report of the real
-program, exact, and its time that program's estimate.
+step faster, only smaller. Where full recomputation fits and keeping every
+activation did not, only as many layers per stage are recomputed as that
+takes (Megatron's --recompute-num-layers; each layer trades the same
+memory for the same time, so the guess lies between the two compiles).
+The best `top` plans are then compiled at full depth: the table's memory
+is the abstract compile's report of the real program, exact, and its time
+that program's estimate.
 
     python -m ernie.autoplan --cluster dgx_h100 --global-batch 64 --seq 2048 \\
         --llama hidden_size=4096,num_hidden_layers=32,num_attention_heads=32,...
@@ -27,7 +31,9 @@ import dataclasses
 import inspect
 import itertools
 import json
+import math
 import os
+import re
 import sys
 import time
 
@@ -49,6 +55,9 @@ class Candidate:
     sequence_parallel: bool = False
     zero: int = 0
     recompute: str = "none"
+    # With recompute "full": how many layers of each pipeline stage are
+    # recomputed (Megatron's --recompute-num-layers); 0: all of them.
+    recompute_layers: int = 0
     micro_batch_size: int = 1
     micro_batches: int = 1
 
@@ -62,7 +71,8 @@ class Candidate:
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}")
+            parts.append(f"rc-{self.recompute}" +
+                         (f":{self.recompute_layers}" if self.recompute_layers else ""))
         if self.pp > 1:
             parts.append(f"m{self.micro_batches}x{self.micro_batch_size}")
         return " ".join(parts)
@@ -149,9 +159,27 @@ def _mesh_and_config(model, c: Candidate):
     if c.pp > 1:
         config["pp_config"] = {"split_spec": _layer_list(model),
                                "accumulate_steps": c.micro_batches, "vpp_degree": c.vpp}
-    if c.recompute != "none":
+    if c.recompute_layers:
+        name = _layer_list(model)
+        config["recompute"] = {"granularity": c.recompute,
+                               "layers": [re.escape(f"{name}.{i}")
+                                          for i in _recomputed_layers(c, model.config.num_hidden_layers)]}
+    elif c.recompute != "none":
         config["recompute"] = c.recompute
     return mesh, config
+
+
+def _recomputed_layers(c: Candidate, layers):
+    """The layers `c.recompute_layers` names: that many of each pipeline
+    stage's, taken round-robin over the stage's chunks (chunk v of stage s
+    is chunk v * pp + s, as the interleaved schedule places them) from each
+    chunk's first layer on, so every chunk gives up its share."""
+    per_chunk = layers // (c.pp * c.vpp)
+    chosen = []
+    for stage in range(c.pp):
+        order = [(v * c.pp + stage) * per_chunk + j for j in range(per_chunk) for v in range(c.vpp)]
+        chosen += order[:c.recompute_layers]
+    return sorted(chosen)
 
 
 # ---------------------------------------------------------------------------
@@ -185,28 +213,57 @@ def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
             "stage_bytes": stages, "state_bytes": state, "comm_bytes": comm, "estimate": est}
 
 
-def _extrapolate(one, two, per_chunk):
-    """Affine in the layers per chunk: one at 1, two at 2, wanted at k."""
-    k = per_chunk
+def _between(a, b, t):
+    """a + t (b - a), through the nested results of _evaluate."""
+    if isinstance(a, dict):
+        return {key: _between(a.get(key, 0), b.get(key, 0), t) for key in set(a) | set(b)}
+    if isinstance(a, list):
+        return [_between(x, y, t) for x, y in zip(a, b)]
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return a + t * (b - a)
+    return b
 
-    def line(a, b):
-        if isinstance(a, dict):
-            return {key: line(a.get(key, 0), b.get(key, 0)) for key in set(a) | set(b)}
-        if isinstance(a, list):
-            return [line(x, y) for x, y in zip(a, b)]
-        if isinstance(a, (int, float)) and not isinstance(a, bool):
-            return a + (k - 1) * (b - a)
-        return b
-    out = line(one, two)
+
+def _derived(out, like):
+    """Sets what is not affine in the layers from what is: the fullest
+    stage's memory (the fullest stage can change), MFU and HFU (ratios);
+    `like` gives the peak FLOP/s and the ranks."""
     out["memory_bytes"] = max(out["stage_bytes"])
-    out["state_bytes"] = max(out["state_bytes"])
-    # FLOPs and time are affine in the depth; their ratios are not.
+    out["state_bytes"] = max(out["state_bytes"]) if isinstance(out["state_bytes"], list) \
+        else out["state_bytes"]
     e = out["estimate"]
-    capacity = e["step_seconds"] * two["estimate"]["peak_flops"] * two["estimate"]["ranks"]
-    e["peak_flops"], e["ranks"] = two["estimate"]["peak_flops"], two["estimate"]["ranks"]
+    e["peak_flops"], e["ranks"] = like["estimate"]["peak_flops"], like["estimate"]["ranks"]
+    capacity = e["step_seconds"] * e["peak_flops"] * e["ranks"]
     e["mfu"] = e["model_flops"] / capacity if capacity > 0 else 0.0
     e["hfu"] = (e["model_flops"] + e["recompute_flops"]) / capacity if capacity > 0 else 0.0
     return out
+
+
+def _extrapolate(one, two, per_chunk):
+    """Affine in the layers per chunk: one at 1, two at 2, wanted at
+    per_chunk."""
+    return _derived(_between(one, two, per_chunk - 1), two)
+
+
+def _partial_recompute(c: Candidate, kept, recomputed, limit, stage_layers):
+    """Between keeping every layer's activations (`kept`, too big) and
+    recomputing every layer (`recomputed`, fits): the fewest layers per
+    stage to recompute so that every stage fits, as (candidate, guess), or
+    None when that is all of them. Each recomputed layer trades the same
+    memory for the same time, so the guess is the two ends' mix by the
+    share of layers recomputed."""
+    share = 0.0
+    for full_kept, full_recomputed in zip(kept["stage_bytes"], recomputed["stage_bytes"]):
+        if full_kept > limit:
+            saved = full_kept - full_recomputed
+            if saved <= 0:
+                return None
+            share = max(share, (full_kept - limit) / saved)
+    layers = max(1, math.ceil(share * stage_layers - 1e-9))
+    if layers >= stage_layers:
+        return None
+    guess = _derived(_between(kept, recomputed, layers / stage_layers), recomputed)
+    return dataclasses.replace(c, recompute_layers=layers), guess
 
 
 def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max_vpp,
@@ -237,7 +294,7 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                     if pp > 1 and (m < pp or (vpp > 1 and m % pp)):
                         continue
                     for sp in ((False, True) if mp > 1 and has_sp else (False,)):
-                        c = Candidate(dp, mp, pp, vpp, sp, 0, "none", mbs, m)
+                        c = Candidate(dp, mp, pp, vpp, sp, micro_batch_size=mbs, micro_batches=m)
                         if all(allowed(k, getattr(c, k)) for k in
                                ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size")):
                             yield c
@@ -288,6 +345,16 @@ def _search_structure(job):
             lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
                          f"{guess['memory_bytes'] / 2**30:.1f} GiB")
         if guess["memory_bytes"] <= limit:
+            # Full recomputation fits where keeping everything did not:
+            # recompute only as many layers as that takes.
+            kept = tried.get((c.zero, "none"))
+            partial = _partial_recompute(c, kept, guess, limit, per_chunk * base.vpp) \
+                if c.recompute == "full" and kept is not None else None
+            if partial is not None:
+                c, guess = partial
+                if verbose:
+                    lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
+                                 f"{guess['memory_bytes'] / 2**30:.1f} GiB")
             return (guess["step_seconds"], c, guess), closest, compiles, lines
         # Its state alone does not fit: no recomputation at this ZeRO level
         # will. A recomputation that saved nothing (fused attention keeps no
@@ -296,9 +363,9 @@ def _search_structure(job):
             hopeless_zero.add(c.zero)
         previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
             if c.recompute != "none" else None
-        if previous is not None and guess["memory_bytes"] >= previous:
+        if previous is not None and guess["memory_bytes"] >= previous["memory_bytes"]:
             useless.add(c.recompute)
-        tried[(c.zero, c.recompute)] = guess["memory_bytes"]
+        tried[(c.zero, c.recompute)] = guess
     return None, closest, compiles, lines
 
 
@@ -434,7 +501,17 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     compiles += len(finalists)
     plans = []
     for c, e in zip(finalists, exact):
-        if e["memory_bytes"] > limit or len(plans) == top:
+        if len(plans) == top:
+            break
+        # A partial recomputation guessed a little short: one more layer
+        # per stage until the real program fits (all of them is "full").
+        stage_layers = layers // c.pp
+        while e["memory_bytes"] > limit and 0 < c.recompute_layers < stage_layers:
+            more = c.recompute_layers + 1
+            c = dataclasses.replace(c, recompute_layers=0 if more == stage_layers else more)
+            e = _evaluate(family, c, layers, global_batch, seq_len, spec, optimizer)
+            compiles += 1
+        if e["memory_bytes"] > limit:
             continue
         mesh, config = _mesh_and_config(model, c)
         est = e["estimate"]

@@ -4,6 +4,8 @@ the table is ordered by the cost model's time, the depth extrapolation it
 searches with is the full compile's, and a cluster on which nothing fits
 says how much memory the closest plan needed."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,45 @@ def test_depth_extrapolation_is_the_full_compile(candidate):
     assert guess["step_seconds"] == pytest.approx(full["step_seconds"], rel=0.03)
     # MFU is a ratio of two affine quantities, not itself affine.
     assert guess["estimate"]["mfu"] == pytest.approx(full["estimate"]["mfu"], rel=0.03)
+
+
+def test_partial_recomputation_recomputes_only_what_it_must():
+    """Where keeping every activation does not fit and recomputing every
+    layer does, the plan recomputes the fewest layers per stage that fit
+    (Megatron's --recompute-num-layers): one layer fewer would not fit, and
+    its step is faster than full recomputation's."""
+    m = model(num_hidden_layers=8)
+    spec = cost.load_cluster(cluster())
+    opt = ernie.optimizer.AdamW(1e-4)
+    family = (type(m), m.config)
+    base = autoplan.Candidate(dp=1, mp=1, pp=2, micro_batches=BATCH)
+    measure = lambda c: autoplan._evaluate(family, c, 8, BATCH, SEQ, spec, opt)
+    kept, full = measure(base), measure(dataclasses.replace(base, recompute="full"))
+    # Between 1 and 2 of each stage's 4 layers' savings: 2 must be recomputed.
+    limit = kept["memory_bytes"] - 0.4 * (kept["memory_bytes"] - full["memory_bytes"])
+    plans = dist.auto_plan(m, global_batch=BATCH, seq_len=SEQ, ranks=2, top=1,
+                           cluster=cluster(gib=limit / 0.9 / 2**30), micro_batch_sizes=(1,),
+                           choices={"pp": [2], "vpp": [1]}, workers=1)
+    best = plans[0].candidate
+    assert best.recompute == "full" and best.recompute_layers == 2, best.name
+    assert f"rc-full:{best.recompute_layers}" in best.name
+    report, est = direct_report(m, plans[0])
+    assert plans[0].memory_bytes == report["peak_bytes_per_rank"] <= limit
+    assert report["recompute"]["layers"] == \
+        [f"llama.layers.{i}" for i in autoplan._recomputed_layers(best, 8)]
+    fewer = measure(dataclasses.replace(best, recompute_layers=best.recompute_layers - 1)
+                    if best.recompute_layers > 1 else base)
+    assert fewer["memory_bytes"] > limit
+    assert kept["step_seconds"] < plans[0].step_seconds < full["step_seconds"]
+
+
+def test_partial_recomputation_takes_every_chunk_of_a_stage_in_turn():
+    """k layers of each stage, round-robin over the stage's chunks (chunk v
+    of stage s is v * pp + s), each chunk from its first layer on."""
+    c = autoplan.Candidate(dp=1, mp=1, pp=2, vpp=2, recompute="full", recompute_layers=3)
+    # 16 layers, 4 per chunk: stage 0 holds chunks 0 and 2, stage 1 chunks 1 and 3.
+    assert autoplan._recomputed_layers(c, 16) == [0, 1, 4, 5, 8, 12]
+    assert autoplan._recomputed_layers(dataclasses.replace(c, pp=1, vpp=1), 4) == [0, 1, 2]
 
 
 def test_nothing_fits_says_the_smallest_memory_and_plan():
