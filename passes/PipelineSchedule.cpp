@@ -31,6 +31,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringExtras.h"
@@ -91,9 +92,10 @@ struct StageFunction {
 
 class Cutter {
 public:
-  Cutter(ModuleOp module, int64_t stages, int64_t chunks, int64_t &channel)
+  Cutter(ModuleOp module, int64_t stages, int64_t chunks, int64_t &channel,
+         bool reduceInF32 = true)
       : module_(module), b_(module.getContext()), stages_(stages),
-        chunks_(chunks), channel_(channel) {}
+        chunks_(chunks), channel_(channel), reduceInF32_(reduceInF32) {}
 
   /// Cuts `step` into stage functions named `<prefix>_forward.<c>` (and, for
   /// training, `_backward.<c>`, `_update.<r>`), in front of `step`.
@@ -118,12 +120,14 @@ private:
                  StageFunction &to, const Place &toPlace, Value local,
                  Value original);
   void addResult(StageFunction &fn, Value v, NamedAttrList attrs);
+  Value reduceWide(StageFunction &fn, AllReduceOp reduce);
   void finish(StageFunction &fn);
 
   ModuleOp module_;
   OpBuilder b_;
   int64_t stages_, chunks_;
   int64_t &channel_;
+  bool reduceInF32_;
   func::FuncOp step_;
   std::string prefix_;
   llvm::DenseMap<Operation *, Place> places_;
@@ -536,6 +540,12 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
         return failure();
     OpBuilder::InsertionGuard guard(b_);
     b_.setInsertionPointToEnd(fn.body);
+    if (auto reduce = dyn_cast<AllReduceOp>(op);
+        reduce && where.phase == Phase::Update && reduceInF32_)
+      if (Value narrowed = reduceWide(fn, reduce)) {
+        fn.map.map(reduce.getResult(), narrowed);
+        continue;
+      }
     Operation *copy = b_.clone(*op, fn.map);
     copy->removeAttr(ErnieDialect::kStageAttrName);
     copy->removeAttr(ErnieDialect::kBackwardAttrName);
@@ -575,7 +585,43 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
   }
   for (StageFunction *fn : order_)
     finish(*fn);
+  // A gradient sum only whose shard the update reads (ZeRO-1) becomes a
+  // reduce-scatter: slice(cast(all_reduce)) -> cast(reduce_scatter).
+  RewritePatternSet patterns(module_.getContext());
+  ShardSliceOp::getCanonicalizationPatterns(patterns, module_.getContext());
+  SmallVector<Operation *> slices;
+  for (auto &[key, fn] : functions_)
+    if (key.first == int(Phase::Update))
+      fn.fn.walk([&](ShardSliceOp slice) { slices.push_back(slice); });
+  // Only the slices and what they create; nothing else is folded here.
+  GreedyRewriteConfig config;
+  config.setStrictness(GreedyRewriteStrictness::ExistingAndNewOps)
+      .enableFolding(false)
+      .enableConstantCSE(false);
+  (void)applyOpPatternsGreedily(slices, std::move(patterns), config);
   return success();
+}
+
+/// A data-parallel sum of a gradient the runtime accumulated in f32 and
+/// the update narrowed: the sum of the f32 means instead, narrowed once
+/// (Megatron's f32 main grads, reduced in f32). Null where the input is
+/// not such a narrowing.
+Value Cutter::reduceWide(StageFunction &fn, AllReduceOp reduce) {
+  auto narrow = fn.map.lookupOrNull(reduce.getInput()).getDefiningOp<CastOp>();
+  if (!narrow || (reduce.getKind() != ReduceKind::sum &&
+                  reduce.getKind() != ReduceKind::avg))
+    return {};
+  Value wide = narrow.getOperand();
+  auto from = dyn_cast<FloatType>(getElementTypeOrSelf(wide.getType()));
+  auto to = dyn_cast<FloatType>(getElementTypeOrSelf(narrow.getType()));
+  if (!from || !to || !from.isF32() || to.getWidth() >= 32 ||
+      !wide.getParentBlock() || wide.getParentBlock() != fn.body)
+    return {};
+  Location loc = reduce.getLoc();
+  Value summed =
+      AllReduceOp::create(b_, loc, wide.getType(), wide, reduce.getMeshAttr(),
+                          reduce.getAxesAttr(), reduce.getKindAttr());
+  return CastOp::create(b_, loc, reduce.getType(), summed);
 }
 
 StringRef paramName(func::FuncOp fn, unsigned i) {
@@ -601,6 +647,11 @@ struct PipelineSchedulePass
       module.emitError() << "a pipeline needs micro-batches >= 1 and <= "
                          << MeshOp::kMaxRanks << ", not "
                          << int64_t(microBatches);
+      return signalPassFailure();
+    }
+    if (gradReduce != "f32" && gradReduce != "native") {
+      module.emitError() << "grad-reduce is f32 or native, not '" << gradReduce
+                         << "'";
       return signalPassFailure();
     }
     // What this pass will record, checked (the schedule's size included)
@@ -640,7 +691,8 @@ struct PipelineSchedulePass
     inline_.addPass(createInlinerPass({}, [](OpPassManager &) {}));
     if (failed(runPipeline(inline_, module)))
       return signalPassFailure();
-    if (failed(Cutter(module, shape.stages, shape.chunks(), channel)
+    if (failed(Cutter(module, shape.stages, shape.chunks(), channel,
+                      gradReduce == "f32")
                    .cut(train, "train", update, microBatches)))
       return signalPassFailure();
     if (eval && failed(Cutter(module, shape.stages, shape.chunks(), channel)

@@ -194,12 +194,12 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         passes.append("ernie-auto-parallel-pipeline")
         if overlap:
             passes.append("ernie-sequence-parallel-overlap")
+        buckets = buckets or {}
+        accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
         if pipeline is not None:
             passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
-                          f"schedule={pipeline['schedule']}}}")
-        buckets = buckets or {}
+                          f"schedule={pipeline['schedule']} grad-reduce={accumulate}}}")
         if buckets.get("bucket_mb", 25) > 0:
-            accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
             passes.append(f"ernie-bucket-gradients{{bucket-bytes="
                           f"{int(buckets.get('bucket_mb', 25) * 2**20)} accumulate={accumulate}}}")
     elif passes:

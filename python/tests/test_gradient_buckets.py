@@ -19,11 +19,13 @@ IDS = RNG.integers(0, TINY["vocab_size"], size=(4, 16))
 LABELS = np.roll(IDS, -1, axis=1)
 
 
-def run(dp_config, shape=(2,), names=("dp",), dtype="f32", steps=3, mp=False):
+def run(dp_config, shape=(2,), names=("dp",), dtype="f32", steps=3, mp=False, pp=None):
     mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape), list(names))
     config = {"dp_config": dp_config}
     if mp:
         config["mp_config"] = {"parallelize_plan": parallelize_plan()}
+    if pp:
+        config["pp_config"] = pp
     model = LlamaForCausalLM(LlamaConfig(**TINY, dtype=dtype))
     prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
                          config=config)
@@ -104,6 +106,27 @@ def test_bf16_gradients_reduce_in_f32_by_default():
     assert re.search(r"all_reduce_start .*\{accumulate = f32\} : tensor<.*bf16>", f32.mlir)
     assert "accumulate" not in native.mlir
     # Both train; they part only by the roundings of the reduced gradients.
+    np.testing.assert_allclose(losses, native_losses, rtol=2e-2)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_pipelined_bf16_gradients_reduce_in_f32_by_default(zero):
+    """Under a pipeline the dp sum runs once, in the update, on the
+    micro-batches' f32 mean (Megatron's main grads), not on its bf16
+    rounding; ZeRO-1's update, reading only its shard, reduce-scatters it."""
+    def pipelined(reduce_dtype):
+        dp = {"sharding_level": zero, "grad_reduce_dtype": reduce_dtype}
+        return run(dp, shape=(2, 2), names=("pp", "dp"), dtype="bf16", steps=2,
+                   pp={"split_spec": "llama.layers", "accumulate_steps": 2})
+    (f32, losses), (native, native_losses) = pipelined("float32"), pipelined("native")
+    def sums(prog):
+        update = prog.mlir.split("func.func @train_update.0", 1)[1].split("func.func @", 1)[0]
+        found = re.findall(r"ernie\.(all_reduce|reduce_scatter) %\S+ over @mesh\[dp\][^:]*: "
+                           r"tensor<[0-9x]+(\w+)>", update)
+        return {kind for kind, _ in found}, {dtype for _, dtype in found}
+    kinds = {"reduce_scatter"} if zero else {"all_reduce"}
+    assert sums(f32) == (kinds, {"f32"})
+    assert sums(native) == (kinds, {"bf16"})
     np.testing.assert_allclose(losses, native_losses, rtol=2e-2)
 
 

@@ -573,7 +573,10 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
     (`ernie.gradient`) and divided by their count in the update. A
     gradient's trailing sum collectives (all-reduce, reduce-scatter over
     data parallelism) move to the update: they run once per step, not once
-    per micro-batch. The schedule (`FThenB`, `1F1B`, `interleaved`, or
+    per micro-batch; a narrow (bf16) gradient's sum there adds the f32
+    means the runtime accumulated (`grad-reduce=f32`, the default; `native`
+    adds them narrowed), and one whose shard alone the update reads
+    (ZeRO-1) is a reduce-scatter. The schedule (`FThenB`, `1F1B`, `interleaved`, or
     `custom`: the module's own `ernie.pipeline_schedule`) is built, checked
     for deadlocks by simulating every rank, and recorded on the module.
   }];
@@ -582,6 +585,10 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
            "Micro-batches per step (gradient accumulation)">,
     Option<"schedule", "schedule", "std::string", "\"1F1B\"",
            "FThenB, 1F1B, interleaved or custom">,
+    Option<"gradReduce", "grad-reduce", "std::string", "\"f32\"",
+           "f32: a narrow gradient's data-parallel sum in the update adds "
+           "the f32 micro-batch means (Megatron's main grads); native: the "
+           "narrowed ones">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect",
                            "::mlir::func::FuncDialect"];
