@@ -17,6 +17,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <deque>
 
@@ -95,11 +97,13 @@ public:
     // global batch) instead of being reduce-scattered at the return.
     if (!returnSpecs.empty()) {
       for (auto [value, spec] : returnSpecs)
-        offer(value, spec, 0);
+        if (!settlePendingReturn(value, spec))
+          offer(value, spec, 0);
       for (int64_t level : levels)
         propagateAt(level);
     }
     replicateTheRest();
+    decideSettledSums();
   }
 
   LogicalResult materialize();
@@ -113,6 +117,27 @@ private:
     if (!sharding || !tensorType(v) || known.count(v))
       return false;
     known[v] = {sharding, level};
+    enqueueNeighbours(v);
+    return true;
+  }
+
+  /// A pending sum read only by the return or a constraint (a gradient,
+  /// which autodiff constrains to its parameter's layout) takes what that
+  /// reader wants, so propagation around it sees that layout; once every
+  /// value is known, decideSettledSums weighs making it directly against
+  /// reducing the pending sum where it is read. An embedding's table
+  /// gradient, a [vocabulary, hidden] sum over the split tokens, is then
+  /// made hidden-split from the tokens' gradient exchanged all-to-all
+  /// instead of summed whole and reduce-scattered.
+  bool settlePendingReturn(Value v, ShardingAttr wanted) {
+    auto it = known.find(v);
+    if (!wanted || wanted.isPartial() || it == known.end() ||
+        !it->second.first.isPartial() || !v.hasOneUse() ||
+        !isa<func::ReturnOp, ShardingConstraintOp>(*v.getUsers().begin()) ||
+        !v.getDefiningOp<ShardingRuleOpInterface>())
+      return false;
+    settled[v] = it->second.first;
+    it->second.first = wanted;
     enqueueNeighbours(v);
     return true;
   }
@@ -172,6 +197,7 @@ private:
     }
   }
   void replicateTheRest();
+  void decideSettledSums();
   /// What `op` needs of its operands and yields, given every value's
   /// sharding.
   OpPlan planOp(Operation *op);
@@ -192,6 +218,9 @@ private:
   SmallVector<std::pair<Value, ShardingAttr>> returnSpecs;
   /// Whether open values may take factors no known tensor determines.
   bool guessing = false;
+  /// Pending sums given what their one reader wants (settlePendingReturn),
+  /// with the sharding they had as pending sums.
+  llvm::MapVector<Value, ShardingAttr> settled;
 };
 
 /// The sharding of an `add` whose operands are all the same pending sum:
@@ -351,12 +380,15 @@ bool Propagator::visit(Operation *op, int64_t level) {
         // (or reduce-scattered) at the return, rather than its operands
         // gathered to make it whole.
         if (ShardingAttr s = lookup(result, level); s && guessing)
-          changed |= offerDerived(value, s, level);
+          changed |= settlePendingReturn(value, dropPartial(s)) ||
+                     offerDerived(value, s, level);
       }
     });
     return changed;
   }
   if (auto constraint = dyn_cast<ShardingConstraintOp>(op)) {
+    changed |= settlePendingReturn(constraint.getInput(),
+                                   lookup(constraint.getResult(), level));
     changed |= offerDerived(constraint.getResult(), lookup(constraint.getInput(), level), level);
     changed |= offerDerived(constraint.getInput(), lookup(constraint.getResult(), level), level);
     return changed;
@@ -404,6 +436,85 @@ void Propagator::replicateTheRest() {
     for (Value result : op->getResults())
       replicate(result);
   });
+}
+
+/// How much fewer bytes another way of running an op must move before it
+/// replaces the established one (a pending sum reduced where it is read;
+/// operands brought to what the results' factors say). Bytes are the
+/// whole of the cost the propagation sees: a reduction at the return
+/// overlaps the backward, a gathered weight is prefetched, a toy's shapes
+/// say little about a model's; only a clear win moves the plan.
+constexpr int64_t kClearlyCheaper = 4;
+
+/// A settled pending sum (settlePendingReturn) stays one — reduced where
+/// it is read, by a collective buckets overlap with the backward — unless
+/// its producer can make the wanted layout directly (its operands
+/// resharded, on the critical path) moving clearly fewer bytes and
+/// computing no more per rank: a weight gradient wanted whole is not made
+/// from gathered activations. Some pending axes may stay pending: a
+/// data-parallel sum is not the producer's to avoid (its batch is split),
+/// so the embedding's gradient is made hidden-split over mp and still
+/// all-reduced over dp. The bytes compared are those up to that layout;
+/// what remains pending costs both ways the same.
+void Propagator::decideSettledSums() {
+  for (auto [v, pending] : settled) {
+    auto result = cast<OpResult>(v);
+    Operation *op = result.getOwner();
+    unsigned index = result.getResultNumber();
+    OpState state = stateOf(op, [&](Value x) { return get(x); });
+    OpShardingRule rule = cast<ShardingRuleOpInterface>(op).getShardingRule();
+    ShardingAttr wanted = state.results[index];
+    SmallVector<SmallVector<StringRef>> dims;
+    llvm::StringSet<> splitting;
+    for (int64_t d = 0; d < wanted.getRank(); ++d) {
+      dims.push_back(wanted.getDimAxes(d));
+      for (StringRef axis : dims.back())
+        splitting.insert(axis);
+    }
+    auto partials = pending.getPartials();
+    // What an op with result `index` laid out as `layout` moves: each known
+    // operand resharded to `choice`, and the result from `choice` to
+    // `layout`.
+    auto withResult = [&](ShardingAttr layout) {
+      SmallVector<ShardingAttr> results = state.results;
+      results[index] = layout;
+      return results;
+    };
+    auto bytesTo = [&](const OpShardings &choice, ShardingAttr layout) {
+      return movedBytes(choice, state.operands, withResult(layout),
+                        state.operandTypes, state.resultTypes, mesh);
+    };
+    // The way it is now: the pending sum.
+    OpShardings reduce = resolveShardings(
+        op->getContext(), rule, state.operands, withResult(pending),
+        state.operandTypes, state.resultTypes, mesh);
+    ShardingAttr best;
+    // Every subset of the pending axes kept pending but the whole (the
+    // pending sum itself), as a bit mask.
+    for (unsigned keep = 0; keep + 1 < (1u << partials.size()); ++keep) {
+      SmallVector<std::pair<StringRef, ReduceKind>> kept;
+      for (auto [i, p] : llvm::enumerate(partials))
+        if (keep & (1u << i))
+          kept.push_back(p);
+      if (llvm::any_of(kept,
+                       [&](auto p) { return splitting.contains(p.first); }))
+        continue;
+      ShardingAttr target =
+          ShardingAttr::get(op->getContext(), mesh.name, dims, kept);
+      OpShardings direct = resolveShardings(
+          op->getContext(), rule, state.operands, withResult(target),
+          state.operandTypes, state.resultTypes, mesh);
+      if (direct.results[index] == target &&
+          localIterations(rule, direct.factorAxes, mesh) <=
+              localIterations(rule, reduce.factorAxes, mesh) &&
+          kClearlyCheaper * bytesTo(direct, target) <=
+              bytesTo(reduce, target)) {
+        best = target;
+        break;
+      }
+    }
+    known[v].first = best ? best : pending;
+  }
 }
 
 OpPlan Propagator::planOp(Operation *op) {
@@ -470,17 +581,27 @@ OpPlan Propagator::planOp(Operation *op) {
   OpShardings joint = resolveShardings(op->getContext(), rule, state.operands,
                                        state.results, state.operandTypes,
                                        state.resultTypes, mesh);
+  auto moved = [&](const OpShardings &choice) {
+    return movedBytes(choice, state.operands, state.results,
+                      state.operandTypes, state.resultTypes, mesh);
+  };
   if (joint.results == state.results) {
     plan.operands = joint.operands;
     return plan;
   }
   // Else bring the operands to what the results' factors say, if that yields
-  // the results' shardings.
+  // the results' shardings and moves no more bytes than resharding the
+  // joint choice's results after the op (an embedding whose output is wanted
+  // split by sequence: its ids split and the whole table gathered, against
+  // the hidden-split lookup's output exchanged all-to-all).
   SmallVector<ShardingAttr> noOperands(op->getNumOperands());
   OpShardings fromResults =
       resolveShardings(op->getContext(), rule, noOperands, state.results,
                        state.operandTypes, state.resultTypes, mesh);
-  if (fromResults.results == state.results) {
+  // Resharding the operands stays the default unless resharding the
+  // results after moves clearly fewer bytes (kClearlyCheaper).
+  if (fromResults.results == state.results &&
+      kClearlyCheaper * moved(joint) > moved(fromResults)) {
     plan.operands = fromResults.operands;
     return plan;
   }

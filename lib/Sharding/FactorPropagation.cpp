@@ -6,6 +6,8 @@
 #include "ernie/Sharding/Resharding.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::ernie;
 
@@ -112,6 +114,34 @@ int64_t mlir::ernie::reshardBytes(ShardingAttr from, ShardingAttr to,
   }
   (*mesh.costCache)[key] = bytes;
   return bytes;
+}
+
+int64_t mlir::ernie::movedBytes(const OpShardings &choice,
+                                ArrayRef<ShardingAttr> operands,
+                                ArrayRef<ShardingAttr> results,
+                                ArrayRef<RankedTensorType> operandTypes,
+                                ArrayRef<RankedTensorType> resultTypes,
+                                const MeshShape &mesh) {
+  int64_t bytes = 0;
+  for (auto [i, have] : llvm::enumerate(operands))
+    if (have && i < choice.operands.size())
+      bytes += reshardBytes(have, choice.operands[i], operandTypes[i], mesh);
+  // A result's known sharding is what its users want: reshard after.
+  for (auto [i, want] : llvm::enumerate(results))
+    if (want && i < choice.results.size())
+      bytes += reshardBytes(choice.results[i], want, resultTypes[i], mesh);
+  return bytes;
+}
+
+double mlir::ernie::localIterations(const OpShardingRule &rule,
+                                    const FactorAxes &axes,
+                                    const MeshShape &mesh) {
+  double points = 1;
+  for (auto [id, factor] : llvm::enumerate(rule.factors)) {
+    SmallVector<StringRef> names(axes[id].begin(), axes[id].end());
+    points *= std::ceil(double(factor.size) / double(mesh.product(names)));
+  }
+  return points;
 }
 
 /// Blocks of a dimension made of several factors line up with a minor
@@ -223,17 +253,8 @@ OpShardings mlir::ernie::resolveShardings(
   // The cost of a choice: bytes to bring every known tensor to it, plus the
   // all-reduce a Partial result will need.
   auto cost = [&](const OpShardings &choice) {
-    int64_t bytes = 0;
-    for (auto [isResult, index] : knownTensor) {
-      ShardingAttr have = isResult ? results[index] : operands[index];
-      ShardingAttr want =
-          isResult ? choice.results[index] : choice.operands[index];
-      RankedTensorType type =
-          isResult ? resultTypes[index] : operandTypes[index];
-      // A result's known sharding is what its users want: reshard after.
-      bytes += isResult ? reshardBytes(want, have, type, mesh)
-                        : reshardBytes(have, want, type, mesh);
-    }
+    int64_t bytes = movedBytes(choice, operands, results, operandTypes,
+                               resultTypes, mesh);
     for (auto [index, sharding] : llvm::enumerate(choice.results))
       if (sharding.isPartial() && !results[index])
         bytes += reshardBytes(

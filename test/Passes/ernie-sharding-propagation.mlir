@@ -220,3 +220,59 @@ func.func @zero2_weight_gradient(%x: tensor<8x16xf32> {ernie.sharding = #ernie.s
   %0 = ernie.matmul %x, %dy {transpose_a} : tensor<8x16xf32>, tensor<8x16xf32> -> tensor<16x16xf32>
   return %0 : tensor<16x16xf32>
 }
+
+// -----
+
+// Megatron's sequence-parallel embedding: the table split over hidden, the
+// output wanted split over the sequence. Each rank looks up every token in
+// its hidden slice and the output is exchanged all-to-all (s x h), rather
+// than the tokens split and the whole [vocabulary, hidden] table gathered.
+ernie.mesh @mesh(mp = 2)
+// CHECK-LABEL: func.func @sequence_parallel_embedding
+// CHECK-NOT: ernie.reshard %arg1
+// CHECK: %[[E:.+]] = ernie.embedding %arg0, %arg1 {ernie.shardings = [#ernie.sharding<@mesh, [{}, {}, {mp}]>]}
+// CHECK-NEXT: %[[S:.+]] = ernie.reshard %[[E]] <@mesh, [{}, {mp}, {}]>
+// CHECK-NEXT: return %[[S]]
+func.func @sequence_parallel_embedding(%ids: tensor<1x128xi64>, %w: tensor<4096x256xbf16> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}) -> tensor<1x128x256xbf16> {
+  %0 = ernie.embedding %ids, %w : tensor<1x128xi64>, tensor<4096x256xbf16> -> tensor<1x128x256xbf16>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}, {mp}, {}]> {priority = 1 : i64} : tensor<1x128x256xbf16>
+  return %1 : tensor<1x128x256xbf16>
+}
+
+// -----
+
+// Its gradient: the sequence-split output gradient summed into the table
+// by token would leave a whole [vocabulary, hidden] pending sum to
+// reduce-scatter; the table's gradient is wanted hidden-split (autodiff's
+// constraint), so the output gradient is exchanged all-to-all instead and
+// each rank sums into its own hidden slice.
+ernie.mesh @mesh(mp = 2)
+// CHECK-LABEL: func.func @sequence_parallel_embedding_gradient
+// CHECK: %[[G:.+]] = ernie.reshard %arg2 <@mesh, [{}, {}, {mp}]>
+// CHECK: ernie.index_add %{{.+}}, %{{.+}}, %[[G]] axis = 0 {ernie.shardings = [#ernie.sharding<@mesh, [{}, {mp}]>]}
+// CHECK-NOT: partial
+// CHECK: return
+func.func @sequence_parallel_embedding_gradient(%ids: tensor<1x128xi64>, %w: tensor<4096x256xbf16> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}, %dy: tensor<1x128x256xbf16> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}, {}]>}) -> tensor<4096x256xbf16> {
+  %z = ernie.full 0.000000e+00 : tensor<4096x256xbf16>
+  %0 = ernie.index_add %z, %ids, %dy axis = 0 : tensor<4096x256xbf16>, tensor<1x128xi64>, tensor<1x128x256xbf16> -> tensor<4096x256xbf16>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}, {mp}]> {priority = 1 : i64} : tensor<4096x256xbf16>
+  return %1 : tensor<4096x256xbf16>
+}
+
+// -----
+
+// The same under data parallelism: the batch's sum over dp is not the
+// producer's to avoid, so it stays pending (all-reduced over dp as every
+// gradient is) while the sum over mp's sequence pieces is avoided.
+ernie.mesh @mesh(dp = 2, mp = 2)
+// CHECK-LABEL: func.func @sequence_parallel_embedding_gradient_dp
+// CHECK: %[[G:.+]] = ernie.reshard %arg2 <@mesh, [{dp}, {}, {mp}]>
+// CHECK: %[[T:.+]] = ernie.index_add %{{.+}}, %{{.+}}, %[[G]] axis = 0 {ernie.shardings = [#ernie.sharding<@mesh, [{}, {mp}], partial = {dp = sum}>]}
+// CHECK-NEXT: %[[R:.+]] = ernie.reshard %[[T]] <@mesh, [{}, {mp}]>
+// CHECK-NEXT: return %[[R]]
+func.func @sequence_parallel_embedding_gradient_dp(%ids: tensor<2x128xi64> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>}, %w: tensor<4096x256xbf16> {ernie.sharding = #ernie.sharding<@mesh, [{}, {mp}]>}, %dy: tensor<2x128x256xbf16> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {mp}, {}]>}) -> tensor<4096x256xbf16> {
+  %z = ernie.full 0.000000e+00 : tensor<4096x256xbf16>
+  %0 = ernie.index_add %z, %ids, %dy axis = 0 : tensor<4096x256xbf16>, tensor<2x128xi64>, tensor<2x128x256xbf16> -> tensor<4096x256xbf16>
+  %1 = ernie.sharding_constraint %0 <@mesh, [{}, {mp}]> {priority = 1 : i64} : tensor<4096x256xbf16>
+  return %1 : tensor<4096x256xbf16>
+}

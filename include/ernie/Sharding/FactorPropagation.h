@@ -74,6 +74,22 @@ ShardingAttr projectSharding(MLIRContext *context, const OpShardingRule &rule,
 int64_t reshardBytes(ShardingAttr from, ShardingAttr to, RankedTensorType type,
                      const MeshShape &mesh);
 
+/// Bytes one rank sends to run an op as `choice` says where its operands
+/// are `operands` and its users want `results` (null: open, free): each
+/// known operand resharded to the choice's, each choice's result resharded
+/// to the known one.
+int64_t movedBytes(const OpShardings &choice, ArrayRef<ShardingAttr> operands,
+                   ArrayRef<ShardingAttr> results,
+                   ArrayRef<RankedTensorType> operandTypes,
+                   ArrayRef<RankedTensorType> resultTypes,
+                   const MeshShape &mesh);
+
+/// The points of an op's iteration space (the product of its factors) one
+/// rank computes under `axes`: what splitting saves, and what a choice
+/// that leaves factors whole makes every rank compute again.
+double localIterations(const OpShardingRule &rule, const FactorAxes &axes,
+                       const MeshShape &mesh);
+
 /// Decides the factor axes of `rule` from the known shardings (null entries
 /// are open) and projects them onto every operand and result. Each known
 /// tensor in turn seeds the choice (its axes first, then the others' in
