@@ -51,11 +51,19 @@ int64_t bytesOf(Type type) {
          getElementByteSize(shaped.getElementType());
 }
 
-/// A bucket's inputs, together.
-int64_t bytesOf(ValueRange values) {
+/// A bucket's inputs, together, as the message carries them: narrow floats
+/// a bucket accumulates in f32 travel widened (Executor::startBucket).
+int64_t bytesOf(ValueRange values, std::optional<Type> accumulate = {}) {
   int64_t bytes = 0;
-  for (Value v : values)
-    bytes += bytesOf(v.getType());
+  for (Value v : values) {
+    auto shaped = cast<ShapedType>(v.getType());
+    Type element = shaped.getElementType();
+    bool widened = accumulate && *accumulate && isa<FloatType>(element) &&
+                   element.getIntOrFloatBitWidth() <
+                       accumulate->getIntOrFloatBitWidth();
+    bytes += shaped.getNumElements() *
+             getElementByteSize(widened ? *accumulate : element);
+  }
   return bytes;
 }
 
@@ -315,12 +323,12 @@ int64_t CollectivePermuteStartOp::getBytesAccessed() {
 int64_t AllReduceStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
-  return 2 * bytesOf(getInputs()) * (n - 1) / n;
+  return 2 * bytesOf(getInputs(), getAccumulate()) * (n - 1) / n;
 }
 int64_t ReduceScatterStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
-  return bytesOf(getInputs()) * (n - 1) / n;
+  return bytesOf(getInputs(), getAccumulate()) * (n - 1) / n;
 }
 int64_t AllGatherStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);

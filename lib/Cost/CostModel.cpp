@@ -423,10 +423,20 @@ double CostModel::collectiveTime(Operation *op) const {
     return ring(bytesOf(op->getOperand(0)));
   if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
     // A bucket: the blocking op's algorithm over all its inputs (a gather
-    // moves the whole gathered tensors).
+    // moves the whole gathered tensors), narrow floats it accumulates in
+    // f32 widened as the executor sends them.
+    auto accumulate = op->getAttrOfType<TypeAttr>("accumulate");
     double bytes = 0;
-    for (Value v : op->getOperands())
-      bytes += bytesOf(v);
+    for (Value v : op->getOperands()) {
+      auto type = cast<ShapedType>(v.getType());
+      Type element = type.getElementType();
+      bool widened = accumulate && isa<FloatType>(element) &&
+                     element.getIntOrFloatBitWidth() <
+                         accumulate.getValue().getIntOrFloatBitWidth();
+      bytes += widened ? double(type.getNumElements()) *
+                             double(getElementByteSize(accumulate.getValue()))
+                       : bytesOf(v);
+    }
     if (isa<AllReduceStartOp>(op))
       return allReduceTime(bytes, g, link, cluster_);
     return ring(isa<AllGatherStartOp>(op) ? bytes * n : bytes);

@@ -781,7 +781,7 @@ _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_a
 # A bucket (--ernie-bucket-gradients): one collective of all its inputs,
 # counted as the blocking op it stands for, by its inputs' bytes.
 _BUCKET = re.compile(r"ernie\.(all_reduce|reduce_scatter|all_gather)_start [^\n]*? over "
-                     r"@\w+\[([\w, ]+)\][^:\n]*: ([^\n]*?)(?: -> [^\n]*)?$", re.M)
+                     r"@\w+\[([\w, ]+)\]([^:\n]*): ([^\n]*?)(?: -> [^\n]*)?$", re.M)
 _TENSOR = re.compile(r"tensor<([0-9x]*)x?(\w+)>")
 
 # Pipeline transfers: a send to another stage, a sum among a shared
@@ -828,11 +828,14 @@ def collectives_of(module_text: str, function: str | None = None):
         key = f"{kind}[{axes}]"
         counts[key] += 1
         volume[key] += int(np.prod(shape)) * _BYTES.get(dtype, 4)
-    for kind, axes, types in _BUCKET.findall(text):
+    for kind, axes, attrs, types in _BUCKET.findall(text):
         key = f"{kind}[{axes}]"
         counts[key] += 1
+        # Narrow floats a bucket accumulates in f32 travel widened.
+        widened = "accumulate = f32" in attrs
         for dims, dtype in _TENSOR.findall(types):
-            volume[key] += int(np.prod([int(d) for d in dims.split("x") if d])) * _BYTES.get(dtype, 4)
+            width = 4 if widened and dtype in ("bf16", "f16") else _BYTES.get(dtype, 4)
+            volume[key] += int(np.prod([int(d) for d in dims.split("x") if d])) * width
     return {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)}
 
 

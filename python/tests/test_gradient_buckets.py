@@ -105,6 +105,15 @@ def test_bf16_gradients_reduce_in_f32_by_default():
     native, native_losses = run({"grad_reduce_dtype": "native"}, dtype="bf16")
     assert re.search(r"all_reduce_start .*\{accumulate = f32\} : tensor<.*bf16>", f32.mlir)
     assert "accumulate" not in native.mlir
+    # The f32 message is twice the bf16 one, in the report and the cost model.
+    reduced = lambda p: p.report()["collectives"]["all_reduce[dp]"]["bytes"]
+    bf16_bucketed = sum(2 * int(np.prod([int(d) for d in dims.split("x")]))
+                        for line in re.findall(r"all_reduce_start .*", native.mlir)
+                        for dims in re.findall(r"tensor<([0-9x]+)xbf16>", line.split(" : ")[1]))
+    assert bf16_bucketed > 0
+    assert reduced(f32) - reduced(native) == bf16_bucketed
+    comm = lambda p: p.estimate("dgx_h100")["comm_seconds"]["dp"]
+    assert comm(f32) > comm(native)
     # Both train; they part only by the roundings of the reduced gradients.
     np.testing.assert_allclose(losses, native_losses, rtol=2e-2)
 
