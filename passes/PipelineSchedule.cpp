@@ -510,6 +510,14 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
+  auto gatheredWhole = [](Operation *user) {
+    if (isa<AllGatherOp>(user))
+      return true;
+    auto ar = dyn_cast<AllReduceOp>(user);
+    return ar && ar.getKind() == ReduceKind::sum && !ar->use_empty() &&
+           llvm::all_of(ar->getUsers(),
+                        [](Operation *u) { return isa<AllGatherOp>(u); });
+  };
   for (Operation *op : llvm::reverse(ops)) {
     Place &p = places_[op];
     if (p.phase != Phase::Backward)
@@ -519,6 +527,21 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
     bool linear = isa<AllGatherOp, TransposeOp, ReshapeOp>(op);
     if (auto ar = dyn_cast<AllReduceOp>(op))
       linear = ar.getKind() == ReduceKind::sum;
+    // A sum reduce-scatter that is only gathered whole again, directly or
+    // after an all-reduce over other axes: an all-reduce in pieces (the
+    // planner's for a sum pending over two axes, a sequence-parallel
+    // norm's weight gradient over mp and dp). Moved, it holds no more
+    // than the gather it feeds did, and runs once per step instead of
+    // once per micro-batch.
+    if (auto rs = dyn_cast<ReduceScatterOp>(op))
+      linear = rs.getKind() == ReduceKind::sum &&
+               llvm::all_of(rs->getUsers(), gatheredWhole);
+    // A float cast (a norm's f32 weight gradient rounded to its bf16
+    // parameter): moved, the micro-batches are summed before the rounding,
+    // as the runtime sums them in f32 anyway, instead of each rounded.
+    if (auto cast = dyn_cast<CastOp>(op))
+      linear = isa<FloatType>(getElementTypeOrSelf(cast.getOperand().getType())) &&
+               isa<FloatType>(getElementTypeOrSelf(cast.getType()));
     if (!linear || op->use_empty() ||
         !llvm::all_of(op->getUsers(), [&](Operation *user) {
           return places_.lookup(user).phase == Phase::Update;

@@ -135,7 +135,10 @@ def test_pipelined_bf16_gradients_reduce_in_f32_by_default(zero):
         return {kind for kind, _ in found}, {dtype for _, dtype in found}
     kinds = {"reduce_scatter"} if zero else {"all_reduce"}
     assert sums(f32) == (kinds, {"f32"})
-    assert sums(native) == (kinds, {"bf16"})
+    # Native: the matmuls' bf16 gradients as they are (the norms' are made
+    # in f32, and their rounding to bf16 now follows the sum).
+    native_kinds, native_types = sums(native)
+    assert native_kinds == kinds and "bf16" in native_types
     np.testing.assert_allclose(losses, native_losses, rtol=2e-2)
 
 

@@ -117,6 +117,13 @@ COMBINED = {
                                                        "mp_config": {"parallelize_plan": parallelize_plan(
                                                            sequence_parallel=True,
                                                            tie_word_embeddings=True)}}),
+    # ZeRO-1 with sp: the norms' weight gradients, pending over dp and mp,
+    # are made whole once per step in the update (reduce-scatter, all-reduce,
+    # all-gather), the other gradients reduce-scattered there.
+    "zero1-sp-dp2xmp2xpp2": (dict(dp=2, pp=2, mp=2), {"dp_config": {"sharding_level": 1},
+                                                       "mp_config": {"parallelize_plan": parallelize_plan(
+                                                           sequence_parallel=True,
+                                                           tie_word_embeddings=True)}}),
     "sp-mp2xpp2": (dict(pp=2, mp=2), {"mp_config": {
         "parallelize_plan": parallelize_plan(sequence_parallel=True, tie_word_embeddings=True)}}),
     "sp-overlap-mp2xpp2": (dict(pp=2, mp=2), {"mp_config": {
