@@ -326,6 +326,12 @@ double CostModel::computeTime(Operation *op) const {
           (scale != d.opScale.end() ? scale->second : 1) * roofline);
 }
 
+double CostModel::memoryTime(double bytes) const {
+  const DeviceSpec &d = cluster_.device;
+  return computeSlowdown_ *
+         (d.launchOverhead + bytes / (d.memoryBandwidth * d.memoryEfficiency));
+}
+
 GroupPlacement CostModel::placement(llvm::ArrayRef<std::string> axes) const {
   // Rank 0's group: every coordinate combination of `axes`, the others 0.
   std::vector<int64_t> members{0};
@@ -580,6 +586,28 @@ void accumulate(StepCost &step, const FunctionCost &f, double times,
     step.computeByOp[k] += v * times;
 }
 
+/// What the runtime does after each call of a pipeline chunk's function:
+/// it sums the call's gradients (and keeps the larger of its fp8 maxima)
+/// into the step's running values, reading both and writing one, on every
+/// micro-batch but the first (which it keeps as it is). Counted as the
+/// function's compute, under its own name.
+void addHandOffSums(const CostModel &model, func::FuncOp fn, FunctionCost &f,
+                    int64_t microBatches) {
+  double share = double(microBatches - 1) / double(microBatches);
+  for (unsigned i = 0; i < fn.getNumResults(); ++i) {
+    if (!fn.getResultAttr(i, ErnieDialect::kGradientAttrName) &&
+        !fn.getResultAttr(i, ErnieDialect::kMicroBatchMaxAttrName))
+      continue;
+    auto type = cast<ShapedType>(fn.getResultTypes()[i]);
+    double bytes = double(type.getNumElements()) *
+                   double(getElementByteSize(type.getElementType()));
+    double t = share * model.memoryTime(3 * bytes);
+    f.seconds += t;
+    f.compute += t;
+    f.byOp["runtime.sum_micro_batches"] += t;
+  }
+}
+
 /// MFU's peak: the device's for the type most GEMM FLOPs use (fp8 GEMMs are
 /// measured against the bf16 peak, as published MFUs are).
 double mfuPeak(const DeviceSpec &d,
@@ -652,6 +680,8 @@ static FailureOr<StepCost> estimateWith(ModuleOp module,
                << " or train_backward." << c;
       forward[c] = coster.cost(fwd);
       backward[c] = coster.cost(bwd);
+      addHandOffSums(model, fwd, forward[c], shape.microBatches);
+      addHandOffSums(model, bwd, backward[c], shape.microBatches);
       costs.forward.push_back(forward[c].seconds);
       costs.backward.push_back(backward[c].seconds);
       sendBytes = std::max({sendBytes, forward[c].sendBytes,

@@ -270,13 +270,20 @@ def _profile(cluster: dict, ranks: int, repeats: int) -> tuple[dict, float, floa
         events = [e for e in _read(Path(path))["traceEvents"] if e.get("ph") == "X"]
     events.sort(key=lambda e: e["ts"])
     per_step = len(events) // steps
-    measured: dict[str, float] = {}
+    per_step_times: dict[str, list[float]] = {}
     spans = []
     for k in range(1, steps):  # the first step warms up
         chunk = events[k * per_step:(k + 1) * per_step]
         spans.append((chunk[-1]["ts"] + chunk[-1]["dur"] - chunk[0]["ts"]) * 1e-6)
+        this_step: dict[str, float] = {}
         for e in chunk:
-            measured[e["name"]] = measured.get(e["name"], 0.0) + e["dur"] * 1e-6 / (steps - 1)
+            this_step[e["name"]] = this_step.get(e["name"], 0.0) + e["dur"] * 1e-6
+        for name, seconds in this_step.items():
+            per_step_times.setdefault(name, []).append(seconds)
+    # Per op kind, its median step: a step the machine stalled in (this
+    # 2-core VM drifts by tens of percent) does not scale every later
+    # prediction.
+    measured = {name: float(np.median(times)) for name, times in per_step_times.items()}
     predicted = program.estimate(cluster)["compute_by_op"]
     total = sum(measured.values())
     scales = {}

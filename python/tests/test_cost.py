@@ -4,6 +4,8 @@ field. Hand-computed rooflines and alpha-beta times are in the lit test
 test/Passes/ernie-step-cost.mlir; the calibration against measured steps
 is bench/cost_calibration.py (a table, not a timed test)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,33 @@ def test_pipeline_bubble_is_near_1f1b():
                                                         "accumulate_steps": 4}})
     est = prog.estimate("dgx_h100")
     assert 0.5 * 0.2 <= est["bubble_seconds"] / est["step_seconds"] <= 1.6 * 0.2
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_pipelines_pay_for_summing_micro_batch_gradients(micro_batches):
+    """After each backward call but a chunk's first, the runtime adds the
+    call's gradients into the step's (reads both, writes one): per chunk
+    (m - 1) x (launch + 3 x its gradient bytes over the memory bandwidth),
+    on the stage the step's time is charged to."""
+    prog = abstract_program([2], ["pp"], {"pp_config": {"split_spec": "llama.layers",
+                                                        "accumulate_steps": micro_batches}},
+                            batch=8)
+    cluster = cost.load_cluster("dgx_h100")
+    d = cluster["device"]
+    est = prog.estimate(cluster)
+    summed = est["compute_by_op"].get("runtime.sum_micro_batches", 0.0)
+    per_stage = []
+    for stage in range(2):
+        head = prog.mlir.split(f"func.func @train_backward.{stage}(", 1)[1].split("{\n", 1)[0]
+        grads = re.findall(r"tensor<([0-9x]+)x(\w+)> \{ernie.gradient", head.split("->", 1)[1])
+        seconds = sum(d["launch_overhead"] + 3 * int(np.prod([int(n) for n in dims.split("x")])) *
+                      {"f32": 4, "bf16": 2}[dtype] /
+                      (d["memory_bandwidth"] * d.get("memory_efficiency", 1.0))
+                      for dims, dtype in grads)
+        per_stage.append((micro_batches - 1) * seconds)
+    assert summed == pytest.approx(per_stage[0], rel=1e-6) or \
+        summed == pytest.approx(per_stage[1], rel=1e-6)
+    assert (summed > 0) == (micro_batches > 1)
 
 
 def test_recomputation_is_counted_apart_from_model_flops():

@@ -109,6 +109,10 @@ public:
   /// The roofline time of a compute instruction: launch overhead plus the
   /// larger of its FLOPs over the peak and its bytes over the bandwidth.
   double computeTime(Operation *op) const;
+  /// A memory-bound pass the runtime makes between instructions (summing a
+  /// micro-batch's gradients into the step's): launch overhead plus
+  /// `bytes` read and written over the bandwidth.
+  double memoryTime(double bytes) const;
 
   /// How much slower each rank computes than alone: ranks over the shared
   /// processors they are time-sliced onto (1 on dedicated devices).
