@@ -51,21 +51,6 @@ int64_t bytesOf(Type type) {
          getElementByteSize(shaped.getElementType());
 }
 
-/// A bucket's inputs, together, as the message carries them: narrow floats
-/// a bucket accumulates in f32 travel widened (Executor::startBucket).
-int64_t bytesOf(ValueRange values, std::optional<Type> accumulate = {}) {
-  int64_t bytes = 0;
-  for (Value v : values) {
-    auto shaped = cast<ShapedType>(v.getType());
-    Type element = shaped.getElementType();
-    bool widened = accumulate && *accumulate && isa<FloatType>(element) &&
-                   element.getIntOrFloatBitWidth() <
-                       accumulate->getIntOrFloatBitWidth();
-    bytes += shaped.getNumElements() *
-             getElementByteSize(widened ? *accumulate : element);
-  }
-  return bytes;
-}
 
 LogicalResult checkDim(Operation *op, int64_t dim, int64_t rank,
                        StringRef name) {
@@ -186,6 +171,21 @@ static LogicalResult verifyWaitedOnce(Operation *op, Value future) {
     return op->emitOpError("result must be used by an 'ernie.wait' in the "
                            "same block");
   return success();
+}
+
+int64_t mlir::ernie::getBucketBytes(Operation *start) {
+  auto accumulate = start->getAttrOfType<TypeAttr>("accumulate");
+  int64_t bytes = 0;
+  for (Value v : start->getOperands()) {
+    auto shaped = cast<ShapedType>(v.getType());
+    Type element = shaped.getElementType();
+    bool widened = accumulate && isa<FloatType>(element) &&
+                   element.getIntOrFloatBitWidth() <
+                       accumulate.getValue().getIntOrFloatBitWidth();
+    bytes += shaped.getNumElements() *
+             getElementByteSize(widened ? accumulate.getValue() : element);
+  }
+  return bytes;
 }
 
 Operation *mlir::ernie::getFirstWait(Operation *start) {
@@ -323,17 +323,17 @@ int64_t CollectivePermuteStartOp::getBytesAccessed() {
 int64_t AllReduceStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
-  return 2 * bytesOf(getInputs(), getAccumulate()) * (n - 1) / n;
+  return 2 * getBucketBytes(*this) * (n - 1) / n;
 }
 int64_t ReduceScatterStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
-  return bytesOf(getInputs(), getAccumulate()) * (n - 1) / n;
+  return getBucketBytes(*this) * (n - 1) / n;
 }
 int64_t AllGatherStartOp::getBytesAccessed() {
   MeshOp mesh = meshOf(*this);
   int64_t n = mesh ? getGroupSize(mesh) : 1;
-  return bytesOf(getInputs()) * (n - 1);
+  return getBucketBytes(*this) * (n - 1);
 }
 int64_t ShardSliceOp::getBytesAccessed() { return 0; }
 int64_t ShardInsertOp::getBytesAccessed() { return 0; }

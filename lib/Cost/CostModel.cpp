@@ -428,21 +428,9 @@ double CostModel::collectiveTime(Operation *op) const {
   if (isa<ReduceScatterOp, AllToAllOp>(op))
     return ring(bytesOf(op->getOperand(0)));
   if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
-    // A bucket: the blocking op's algorithm over all its inputs (a gather
-    // moves the whole gathered tensors), narrow floats it accumulates in
-    // f32 widened as the executor sends them.
-    auto accumulate = op->getAttrOfType<TypeAttr>("accumulate");
-    double bytes = 0;
-    for (Value v : op->getOperands()) {
-      auto type = cast<ShapedType>(v.getType());
-      Type element = type.getElementType();
-      bool widened = accumulate && isa<FloatType>(element) &&
-                     element.getIntOrFloatBitWidth() <
-                         accumulate.getValue().getIntOrFloatBitWidth();
-      bytes += widened ? double(type.getNumElements()) *
-                             double(getElementByteSize(accumulate.getValue()))
-                       : bytesOf(v);
-    }
+    // A bucket: the blocking op's algorithm over its one message (a gather
+    // moves the whole gathered tensors).
+    double bytes = double(getBucketBytes(op));
     if (isa<AllReduceStartOp>(op))
       return allReduceTime(bytes, g, link, cluster_);
     return ring(isa<AllGatherStartOp>(op) ? bytes * n : bytes);

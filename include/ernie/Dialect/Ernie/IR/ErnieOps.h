@@ -124,6 +124,11 @@ inline bool isStartedCollective(Operation *op) {
 /// The earliest wait on one of a started collective's futures: where its
 /// transfer is known to be over.
 Operation *getFirstWait(Operation *start);
+
+/// The bytes of a bucket's inputs (`ernie.{all_reduce,reduce_scatter,
+/// all_gather}_start`) as its one message carries them: narrow floats it
+/// accumulates in f32 travel widened (Executor::startBucket).
+int64_t getBucketBytes(Operation *start);
 } // namespace mlir::ernie
 
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEOPS_H
