@@ -18,7 +18,6 @@
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
-#include "llvm/ADT/StringSet.h"
 
 #include <deque>
 
@@ -465,12 +464,9 @@ void Propagator::decideSettledSums() {
     OpShardingRule rule = cast<ShardingRuleOpInterface>(op).getShardingRule();
     ShardingAttr wanted = state.results[index];
     SmallVector<SmallVector<StringRef>> dims;
-    llvm::StringSet<> splitting;
-    for (int64_t d = 0; d < wanted.getRank(); ++d) {
+    for (int64_t d = 0; d < wanted.getRank(); ++d)
       dims.push_back(wanted.getDimAxes(d));
-      for (StringRef axis : dims.back())
-        splitting.insert(axis);
-    }
+    SmallVector<StringRef> splitting = wanted.getUsedAxes();
     auto partials = pending.getPartials();
     // What an op with result `index` laid out as `layout` moves: each known
     // operand resharded to `choice`, and the result from `choice` to
@@ -496,8 +492,9 @@ void Propagator::decideSettledSums() {
       for (auto [i, p] : llvm::enumerate(partials))
         if (keep & (1u << i))
           kept.push_back(p);
-      if (llvm::any_of(kept,
-                       [&](auto p) { return splitting.contains(p.first); }))
+      if (llvm::any_of(kept, [&](auto p) {
+            return llvm::is_contained(splitting, p.first);
+          }))
         continue;
       ShardingAttr target =
           ShardingAttr::get(op->getContext(), mesh.name, dims, kept);
