@@ -630,15 +630,13 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
 /// (Megatron's f32 main grads, reduced in f32). Null where the input is
 /// not such a narrowing.
 Value Cutter::reduceWide(StageFunction &fn, AllReduceOp reduce) {
-  auto narrow = fn.map.lookupOrNull(reduce.getInput()).getDefiningOp<CastOp>();
+  CastOp narrow = getNarrowingCast(fn.map.lookupOrNull(reduce.getInput()));
   if (!narrow || (reduce.getKind() != ReduceKind::sum &&
                   reduce.getKind() != ReduceKind::avg))
     return {};
   Value wide = narrow.getOperand();
-  auto from = dyn_cast<FloatType>(getElementTypeOrSelf(wide.getType()));
-  auto to = dyn_cast<FloatType>(getElementTypeOrSelf(narrow.getType()));
-  if (!from || !to || !from.isF32() || to.getWidth() >= 32 ||
-      !wide.getParentBlock() || wide.getParentBlock() != fn.body)
+  if (!getElementTypeOrSelf(wide.getType()).isF32() ||
+      wide.getParentBlock() != fn.body)
     return {};
   Location loc = reduce.getLoc();
   Value summed =

@@ -442,15 +442,12 @@ struct SumReductionsBeforeNarrowing : OpRewritePattern<AllReduceOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(AllReduceOp reduce,
                                 PatternRewriter &rewriter) const override {
-    auto cast = reduce.getInput().getDefiningOp<CastOp>();
+    CastOp cast = getNarrowingCast(reduce.getInput());
     if (!cast || (reduce.getKind() != ReduceKind::sum &&
                   reduce.getKind() != ReduceKind::avg))
       return failure();
     Value wide = cast.getOperand();
-    auto from = dyn_cast<FloatType>(getElementTypeOrSelf(wide.getType()));
-    auto to = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getType()));
-    if (!from || !to || to.getWidth() >= from.getWidth() ||
-        !isa_and_nonnull<ReduceSumOp, ReduceMeanOp>(wide.getDefiningOp()))
+    if (!isa_and_nonnull<ReduceSumOp, ReduceMeanOp>(wide.getDefiningOp()))
       return failure();
     Value summed = AllReduceOp::create(rewriter, reduce.getLoc(),
                                        wide.getType(), wide,

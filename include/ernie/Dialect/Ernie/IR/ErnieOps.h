@@ -125,6 +125,17 @@ inline bool isStartedCollective(Operation *op) {
 /// transfer is known to be over.
 Operation *getFirstWait(Operation *start);
 
+/// `v` as a cast rounding a float to a narrower float (an f32 sum to bf16,
+/// say): the cast, else null.
+inline CastOp getNarrowingCast(Value v) {
+  auto cast = v ? v.getDefiningOp<CastOp>() : CastOp();
+  if (!cast)
+    return {};
+  auto from = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getOperand().getType()));
+  auto to = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getType()));
+  return from && to && to.getWidth() < from.getWidth() ? cast : CastOp();
+}
+
 /// The bytes of a bucket's inputs (`ernie.{all_reduce,reduce_scatter,
 /// all_gather}_start`) as its one message carries them: narrow floats it
 /// accumulates in f32 travel widened (Executor::startBucket).
