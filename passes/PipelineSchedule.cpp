@@ -645,6 +645,98 @@ Value Cutter::reduceWide(StageFunction &fn, AllReduceOp reduce) {
   return CastOp::create(b_, loc, reduce.getType(), summed);
 }
 
+/// The matmul whose product `g` is, seen through a widening float cast
+/// (bf16 -> f32: the runtime's f32 sum of a narrow gradient), when nothing
+/// reads the product or its widening any more (`g` was detached from its
+/// one reader): a GEMM that may add into the running sum itself. Null
+/// otherwise.
+MatmulOp unreadProduct(Value g) {
+  if (!g.use_empty())
+    return {};
+  Value product = g;
+  if (auto cast = g.getDefiningOp<CastOp>()) {
+    auto from = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getOperand()));
+    auto to = dyn_cast<FloatType>(getElementTypeOrSelf(cast.getType()));
+    if (!from || !to || !to.isF32() || from.getWidth() >= 32 ||
+        !cast.getOperand().hasOneUse())
+      return {};
+    product = cast.getOperand();
+  }
+  auto matmul = product.getDefiningOp<MatmulOp>();
+  if (!matmul || !isa<Float64Type, Float32Type, Float16Type, BFloat16Type>(
+                     getElementTypeOrSelf(product)))
+    return {};
+  return matmul;
+}
+
+/// Sets `b` after `op` or after `sum`'s definition, whichever is later in
+/// the block (`op` is in it; `sum` is an argument or defined in it).
+void setAfterBoth(OpBuilder &b, Operation *op, Value sum) {
+  Operation *def = sum.getDefiningOp();
+  b.setInsertionPointAfter(def && op->isBeforeInBlock(def) ? def : op);
+}
+
+/// `sum + g`, where `g` was just detached from its one reader and `before`
+/// will read the result. A GEMM's product (widened or not) that nothing
+/// else reads adds into the sum itself (`matmul_accumulate`), the terms of
+/// an add that nothing else reads each in turn (a shared weight's two
+/// GEMMs: (sum + a) + b, reassociated), anything else through an add.
+Value accumulateInto(Value sum, Value g, Operation *before) {
+  OpBuilder b(before);
+  if (MatmulOp matmul = unreadProduct(g)) {
+    setAfterBoth(b, matmul, sum);
+    Value added = MatmulAccumulateOp::create(
+        b, matmul.getLoc(), matmul.getLhs(), matmul.getRhs(), sum,
+        matmul.getTransposeAAttr(), matmul.getTransposeBAttr());
+    if (Operation *cast = g.getDefiningOp(); cast != matmul)
+      cast->erase();
+    matmul.erase();
+    return added;
+  }
+  auto add = g.getDefiningOp<AddOp>();
+  if (add && g.use_empty() && add.getType() == sum.getType() &&
+      add.getLhs() != add.getRhs()) {
+    Value lhs = add.getLhs(), rhs = add.getRhs();
+    add.erase();
+    return accumulateInto(accumulateInto(sum, lhs, before), rhs, before);
+  }
+  if (Operation *def = g.getDefiningOp())
+    setAfterBoth(b, def, sum);
+  else if (Operation *def = sum.getDefiningOp())
+    b.setInsertionPointAfter(def);
+  return AddOp::create(b, g.getLoc(), sum, g);
+}
+
+/// Each gradient `backward` returns becomes the running sum over the step's
+/// micro-batches: the function takes the sum so far (an argument named as
+/// the result, `ernie.gradient`) and returns it with this micro-batch's
+/// gradient added (accumulateInto). A weight gradient's GEMM adds into it
+/// directly (in f32 for bf16 operands: Megatron's gradient accumulation
+/// fusion), and the memory plan writes it over the sum in place. The
+/// runtime passes zeros on the first micro-batch and the result back as
+/// the sum.
+void accumulateGradients(func::FuncOp backward) {
+  Block &body = backward.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  Builder b(backward.getContext());
+  for (unsigned i = 0; i < backward.getNumResults(); ++i) {
+    auto name = backward.getResultAttrOfType<StringAttr>(
+        i, ErnieDialect::kGradientAttrName);
+    if (!name)
+      continue;
+    Value g = ret.getOperand(i);
+    unsigned at = body.getNumArguments();
+    (void)backward.insertArgument(
+        at, g.getType(),
+        b.getDictionaryAttr(
+            b.getNamedAttr(ErnieDialect::kGradientAttrName, name)),
+        g.getLoc());
+    // Detached from the return: accumulateInto sees who else reads it.
+    ret.setOperand(i, body.getArgument(at));
+    ret.setOperand(i, accumulateInto(body.getArgument(at), g, ret));
+  }
+}
+
 StringRef paramName(func::FuncOp fn, unsigned i) {
   return fn.getArgAttrOfType<StringAttr>(i, ErnieDialect::kParamAttrName)
       .getValue();
@@ -668,6 +760,11 @@ struct PipelineSchedulePass
       module.emitError() << "a pipeline needs micro-batches >= 1 and <= "
                          << MeshOp::kMaxRanks << ", not "
                          << int64_t(microBatches);
+      return signalPassFailure();
+    }
+    if (accumulate != "fused" && accumulate != "runtime") {
+      module.emitError() << "accumulate is fused or runtime, not '"
+                         << accumulate << "'";
       return signalPassFailure();
     }
     if (gradReduce != "f32" && gradReduce != "native") {
@@ -725,6 +822,11 @@ struct PipelineSchedulePass
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
       if (!fn->hasAttr(ErnieDialect::kPipelineStageAttrName))
         fn.erase();
+    if (accumulate == "fused")
+      for (int64_t c = 0; c < shape.chunks(); ++c)
+        if (auto backward = module.lookupSymbol<func::FuncOp>(
+                "train_backward." + std::to_string(c)))
+          accumulateGradients(backward);
     numberStageCollectives(module, channel);
 
     module->setAttr(ErnieDialect::kPipelineAttrName, scheduled);

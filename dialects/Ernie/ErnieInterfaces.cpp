@@ -48,6 +48,10 @@ template <typename OpTy> static int64_t matmulFlops(OpTy op) {
 }
 int64_t MatmulOp::getFlops() { return matmulFlops(*this); }
 int64_t ScaledMatmulOp::getFlops() { return matmulFlops(*this); }
+/// The product's flops and one add per result element.
+int64_t MatmulAccumulateOp::getFlops() {
+  return matmulFlops(*this) + cast<ShapedType>(getType()).getNumElements();
+}
 
 /// Attention's GEMM and softmax flops: q·kᵀ and p·v per head plus the
 /// softmax; causal masking halves the useful work but not what a dense

@@ -356,6 +356,47 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *context,
   return success();
 }
 
+LogicalResult MatmulAccumulateOp::inferReturnTypes(
+    MLIRContext *context, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto lhs = rankedOperand(loc, adaptor.getLhs(), "lhs");
+  auto rhs = rankedOperand(loc, adaptor.getRhs(), "rhs");
+  auto acc = rankedOperand(loc, adaptor.getAcc(), "acc");
+  if (failed(lhs) || failed(rhs) || failed(acc))
+    return failure();
+  Type element = lhs->getElementType();
+  if (rhs->getElementType() != element)
+    return emitOptionalError(loc, "matmul_accumulate operands have different "
+                                  "element types: ",
+                             element, " and ", rhs->getElementType());
+  if (!isa<Float64Type, Float32Type, Float16Type, BFloat16Type>(element))
+    return emitOptionalError(loc, "matmul_accumulate multiplies f64, f32, "
+                                  "f16 or bf16 operands, not ",
+                             element);
+  // The product is accumulated in the accumulator's type: the operands' own,
+  // or f32 for narrow ones (never narrower than what is multiplied).
+  Type sum = acc->getElementType();
+  if (sum != element &&
+      !(sum.isF32() && isa<Float16Type, BFloat16Type>(element)))
+    return emitOptionalError(loc, "matmul_accumulate accumulates ", element,
+                             " products in ", element,
+                             (element.isF32() || element.isF64()
+                                  ? ""
+                                  : " or f32"),
+                             ", not ", sum);
+  FailureOr<SmallVector<int64_t>> shape = matmulShape(
+      loc, *lhs, *rhs, adaptor.getTransposeA(), adaptor.getTransposeB());
+  if (failed(shape))
+    return failure();
+  if (acc->getShape() != ArrayRef<int64_t>(*shape))
+    return emitOptionalError(loc, "the accumulator must have the product's "
+                                  "shape ",
+                             shapeStr(*shape), ", got ",
+                             shapeStr(acc->getShape()));
+  inferred.push_back(*acc);
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // Reductions
 //===----------------------------------------------------------------------===//

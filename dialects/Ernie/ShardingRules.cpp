@@ -146,24 +146,36 @@ OpShardingRule IotaOp::getShardingRule() {
 /// Batch, m and n are parallel; k is a sum reduction (a k-split matmul yields
 /// partial sums). A rank-2 rhs has no batch dimensions.
 /// Operands 0 and 1 multiplied as a matmul (batch, m, n parallel; k summed).
+/// An accumulator (operand `accumulator`, if any) is split as the result.
 template <typename OpTy>
-static OpShardingRule matmulRule(OpTy op) {
+static OpShardingRule matmulRule(OpTy op,
+                                 std::optional<unsigned> accumulator = {}) {
   RuleBuilder b(op);
   int64_t ra = rankOf(op.getLhs()), rb = rankOf(op.getRhs()),
           rr = rankOf(op.getResult());
+  // The result's dimension d, and the accumulator's with it.
+  auto out = [&](int64_t d) {
+    SmallVector<DimRef> dims{result(0, d)};
+    if (accumulator)
+      dims.push_back(operand(*accumulator, d));
+    return dims;
+  };
   for (int64_t d = 0; d < ra - 2; ++d) {
-    if (rb == 2)
-      b.parallel(operand(0, d), {result(0, d)});
-    else
-      b.parallel(operand(0, d), {operand(1, d), result(0, d)});
+    SmallVector<DimRef> with = out(d);
+    if (rb != 2)
+      with.insert(with.begin(), operand(1, d));
+    b.parallel(operand(0, d), with);
   }
   int64_t mDim = op.getTransposeA() ? ra - 1 : ra - 2;
   int64_t kDimA = op.getTransposeA() ? ra - 2 : ra - 1;
   int64_t kDimB = op.getTransposeB() ? rb - 1 : rb - 2;
   int64_t nDim = op.getTransposeB() ? rb - 2 : rb - 1;
-  b.parallel(operand(0, mDim), {result(0, rr - 2)});
-  b.parallel(operand(1, nDim), {result(0, rr - 1)});
-  b.add(b.dimSize(operand(0, kDimA)), FactorKind::Reduction,
+  b.parallel(operand(0, mDim), out(rr - 2));
+  b.parallel(operand(1, nDim), out(rr - 1));
+  // Added to an accumulator, a k-split product's partial sums would each
+  // carry the accumulator: the sum over k is whole on every rank.
+  b.add(b.dimSize(operand(0, kDimA)),
+        accumulator ? FactorKind::NeedReplication : FactorKind::Reduction,
         {operand(0, kDimA), operand(1, kDimB)}, ReduceKind::sum);
   return b.take();
 }
@@ -172,6 +184,11 @@ OpShardingRule MatmulOp::getShardingRule() { return matmulRule(*this); }
 
 /// The scalar scales have no dimensions: every rank holds them whole.
 OpShardingRule ScaledMatmulOp::getShardingRule() { return matmulRule(*this); }
+
+/// `acc` is split as the result; k is never split (see matmulRule).
+OpShardingRule MatmulAccumulateOp::getShardingRule() {
+  return matmulRule(*this, /*accumulator=*/2);
+}
 
 template <typename ReduceOp>
 static OpShardingRule reduceRule(ReduceOp op, ReduceKind kind) {

@@ -7,6 +7,7 @@
 #include "ernie/runtime/PipelineSchedule.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -299,7 +300,8 @@ CostModel::CostModel(const ClusterSpec &cluster, MeshOp mesh)
 }
 
 static bool isGemm(Operation *op) {
-  return isa<MatmulOp, ScaledMatmulOp, AttentionOp, AttentionGradOp>(op);
+  return isa<MatmulOp, MatmulAccumulateOp, ScaledMatmulOp, AttentionOp,
+             AttentionGradOp>(op);
 }
 
 double CostModel::computeTime(Operation *op) const {
@@ -321,6 +323,10 @@ double CostModel::computeTime(Operation *op) const {
   double roofline =
       std::max(flops / peak, bytes / (d.memoryBandwidth * d.memoryEfficiency));
   auto scale = d.opScale.find(op->getName().getStringRef());
+  // matmul_accumulate runs matmul's GEMM (beta = 1): its measured share
+  // too, where a profile (of an unpipelined step) saw only matmul.
+  if (scale == d.opScale.end() && isa<MatmulAccumulateOp>(op))
+    scale = d.opScale.find(MatmulOp::getOperationName());
   return computeSlowdown_ *
          (d.launchOverhead +
           (scale != d.opScale.end() ? scale->second : 1) * roofline);
@@ -574,25 +580,37 @@ void accumulate(StepCost &step, const FunctionCost &f, double times,
     step.computeByOp[k] += v * times;
 }
 
-/// What the runtime does after each call of a pipeline chunk's function:
-/// it sums the call's gradients (and keeps the larger of its fp8 maxima)
-/// into the step's running values, reading both and writing one, on every
+/// What the runtime does around each call of a pipeline chunk's function.
+/// A gradient the function adds into its running sum (an `ernie.gradient`
+/// argument of the result's name) costs the sum's zeroing before the
+/// step's first micro-batch: one write, a 1/m share per call. Any other
+/// gradient (and fp8 maximum) the runtime adds into the step's running
+/// value after the call, reading both and writing one, on every
 /// micro-batch but the first (which it keeps as it is). Counted as the
-/// function's compute, under its own name.
+/// function's compute, under its own names.
 void addHandOffSums(const CostModel &model, func::FuncOp fn, FunctionCost &f,
                     int64_t microBatches) {
-  double share = double(microBatches - 1) / double(microBatches);
+  llvm::StringSet<> summedInside;
+  for (unsigned i = 0; i < fn.getNumArguments(); ++i)
+    if (auto name = fn.getArgAttrOfType<StringAttr>(
+            i, ErnieDialect::kGradientAttrName))
+      summedInside.insert(name.getValue());
   for (unsigned i = 0; i < fn.getNumResults(); ++i) {
-    if (!fn.getResultAttr(i, ErnieDialect::kGradientAttrName) &&
-        !fn.getResultAttr(i, ErnieDialect::kMicroBatchMaxAttrName))
+    auto gradient =
+        fn.getResultAttrOfType<StringAttr>(i, ErnieDialect::kGradientAttrName);
+    if (!gradient && !fn.getResultAttr(i, ErnieDialect::kMicroBatchMaxAttrName))
       continue;
     auto type = cast<ShapedType>(fn.getResultTypes()[i]);
     double bytes = double(type.getNumElements()) *
                    double(getElementByteSize(type.getElementType()));
-    double t = share * model.memoryTime(3 * bytes);
+    bool inside = gradient && summedInside.contains(gradient.getValue());
+    double t = inside ? model.memoryTime(bytes) / double(microBatches)
+                      : double(microBatches - 1) / double(microBatches) *
+                            model.memoryTime(3 * bytes);
     f.seconds += t;
     f.compute += t;
-    f.byOp["runtime.sum_micro_batches"] += t;
+    f.byOp[inside ? "runtime.zero_gradient_sums" : "runtime.sum_micro_batches"] +=
+        t;
   }
 }
 

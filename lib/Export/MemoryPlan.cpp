@@ -10,6 +10,7 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
+#include <tuple>
 
 using namespace mlir;
 using namespace mlir::ernie;
@@ -43,12 +44,14 @@ static int64_t alignUp(int64_t bytes) {
 
 /// Per result, the operands an op's kernel may write it over when they die
 /// there: any operand of an elementwise op, the tensor a shard_insert
-/// writes into, and for a fused loop any input of the result's type (the
+/// writes into, a matmul_accumulate's accumulator, and for a fused loop any input of the result's type (the
 /// loop reads a chunk of every input before it writes that chunk, and
 /// reductions are written after the last read).
 static SmallVector<SmallVector<Value>> overwritableOperands(Operation *op) {
   if (auto insert = dyn_cast<ShardInsertOp>(op))
     return {{insert.getDest()}};
+  if (auto gemm = dyn_cast<MatmulAccumulateOp>(op))
+    return {{gemm.getAcc()}}; // the GEMM adds into it (beta = 1)
   if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
       isa<ErnieDialect>(op->getDialect()))
     return {llvm::to_vector(op->getOperands())};
@@ -184,11 +187,20 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         return failure();
   }
 
-  // Greedy by size: the largest buffers take the low offsets first.
+  // Greedy by size: the largest buffers take the low offsets first. Those
+  // alive through the whole call (an argument written over and returned:
+  // a pipeline's running gradient sums) overlap every other buffer, so
+  // they go first, at the bottom, and the rest pack above them as if they
+  // were not there (largest first among them, they would split the
+  // others' packing: an arena that grew faster than the layers did).
   auto order = llvm::to_vector(llvm::seq<unsigned>(0, plan.buffers.size()));
+  auto wholeCall = [&](const PlannedBuffer &b) {
+    return b.start == 0 && b.end == exit;
+  };
   llvm::stable_sort(order, [&](unsigned a, unsigned b) {
     const PlannedBuffer &x = plan.buffers[a], &y = plan.buffers[b];
-    return std::make_pair(-x.bytes, x.start) < std::make_pair(-y.bytes, y.start);
+    return std::make_tuple(!wholeCall(x), -x.bytes, x.start) <
+           std::make_tuple(!wholeCall(y), -y.bytes, y.start);
   });
   // Each goes at the lowest offset clear of every placed buffer whose life
   // overlaps its own. The placed ones are kept in address order as they

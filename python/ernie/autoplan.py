@@ -199,18 +199,23 @@ def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
     report = prog.report()
     est = prog.estimate(cluster)
     comm = sum(v["bytes"] for v in report["collectives"].values())
-    # Per stage: each is affine in the layers, their max is not (the
-    # fullest stage can change with depth), so each is carried on its own.
-    stages = [st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
-              st["activation_bytes"] + st["arena_bytes"] for st in report["stages"]] \
-        if "stages" in report else [report["peak_bytes_per_rank"]]
+    # Per stage and function: each is affine in the layers, their max is
+    # not (the fullest stage, and the function with a stage's largest
+    # arena, can change with depth), so each is carried on its own.
+    functions = [[st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
+                  st["activation_bytes"] + arena
+                  for arena in st["arena_bytes_by_function"].values()]
+                 for st in report["stages"]] \
+        if "stages" in report else [[report["peak_bytes_per_rank"]]]
+    stages = [max(f) for f in functions]
     assert max(stages) == report["peak_bytes_per_rank"]
     # What recomputation cannot shrink: parameters, gradients, optimizer state.
     state = [st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"]
              for st in report["stages"]] if "stages" in report else \
         [report.get("model_state_bytes", 0)]
     return {"step_seconds": est["step_seconds"], "memory_bytes": max(stages),
-            "stage_bytes": stages, "state_bytes": state, "comm_bytes": comm, "estimate": est}
+            "function_bytes": functions, "stage_bytes": stages, "state_bytes": state,
+            "comm_bytes": comm, "estimate": est}
 
 
 def _between(a, b, t):
@@ -226,8 +231,10 @@ def _between(a, b, t):
 
 def _derived(out, like):
     """Sets what is not affine in the layers from what is: the fullest
-    stage's memory (the fullest stage can change), MFU and HFU (ratios);
-    `like` gives the peak FLOP/s and the ranks."""
+    stage's memory (the fullest stage, and a stage's largest arena, can
+    change), MFU and HFU (ratios); `like` gives the peak FLOP/s and the
+    ranks."""
+    out["stage_bytes"] = [max(f) for f in out["function_bytes"]]
     out["memory_bytes"] = max(out["stage_bytes"])
     out["state_bytes"] = max(out["state_bytes"]) if isinstance(out["state_bytes"], list) \
         else out["state_bytes"]

@@ -168,8 +168,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               fp8_config: dict | None = None, pipeline: dict | None = None,
               fuse: bool = True, buckets: dict | None = None, recompute: str = "none") -> str:
     """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
-    virtual_stages, accumulate_steps and schedule (FThenB, 1F1B,
-    interleaved). `fuse`: group elementwise chains into fused loops
+    virtual_stages, accumulate_steps, schedule (FThenB, 1F1B, interleaved)
+    and gradient_accumulation_fusion. `fuse`: group elementwise chains into fused loops
     (--ernie-fuse), last. `buckets` (dp_config's bucket_mb and
     grad_reduce_dtype; default 25 MiB, f32): data-parallel gradients
     all-reduced in buckets overlapping the backward
@@ -197,8 +197,10 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         buckets = buckets or {}
         accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
         if pipeline is not None:
+            fused = "fused" if pipeline.get("gradient_accumulation_fusion", True) else "runtime"
             passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
-                          f"schedule={pipeline['schedule']} grad-reduce={accumulate}}}")
+                          f"schedule={pipeline['schedule']} grad-reduce={accumulate} "
+                          f"accumulate={fused}}}")
         if buckets.get("bucket_mb", 25) > 0:
             passes.append(f"ernie-bucket-gradients{{bucket-bytes="
                           f"{int(buckets.get('bucket_mb', 25) * 2**20)} accumulate={accumulate}}}")
@@ -412,6 +414,7 @@ class Program:
                 "residual_bytes_per_micro_batch": sum(residual.values()),
                 "activation_bytes": _peak_residuals(self.pipeline["steps"][s], residual),
                 "arena_bytes": max((sig["arena_bytes"] for sig in fns.values()), default=0),
+                "arena_bytes_by_function": {f: sig["arena_bytes"] for f, sig in sorted(fns.items())},
                 "collectives": {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)},
             })
         return stages

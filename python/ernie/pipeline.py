@@ -23,11 +23,14 @@ Chunk c runs on the pipeline rank (coordinate along the mesh's "pp" axis)
 c mod pp. `pp_config` also carries `accumulate_steps` (micro-batches per
 step: the model is traced on a micro-batch, and each step's global batch is
 split along dimension 0), `schedule_mode` ("1F1B", "FThenB", "VPP" /
-"interleaved") and `vpp_degree` (chunks per pipeline rank; > 1 means the
-interleaved schedule). `global_spec` names layers whose outputs every stage
-needs (Paddle places them on the whole mesh); here it is accepted and
-checked only: any value that crosses stages is sent to the stages that read
-it, so it needs no action.
+"interleaved"), `vpp_degree` (chunks per pipeline rank; > 1 means the
+interleaved schedule) and `gradient_accumulation_fusion` (default True,
+Megatron's flag: each backward adds its micro-batch's gradients into the
+step's f32 running sums, a weight gradient's GEMM directly; False leaves
+the sum to the runtime, after each call). `global_spec` names layers whose
+outputs every stage needs (Paddle places them on the whole mesh); here it
+is accepted and checked only: any value that crosses stages is sent to the
+stages that read it, so it needs no action.
 """
 
 from __future__ import annotations
@@ -156,7 +159,8 @@ def _split_layers(model: Module, split_spec, chunks: int):
     return {matched[per * i - 1][0]: (matched[per * i - 1][1], "end") for i in range(1, chunks)}
 
 
-_PP_KEYS = {"split_spec", "global_spec", "accumulate_steps", "schedule_mode", "vpp_degree"}
+_PP_KEYS = {"split_spec", "global_spec", "accumulate_steps", "schedule_mode", "vpp_degree",
+            "gradient_accumulation_fusion"}
 
 
 def _positive_int(value, key, default):
@@ -219,6 +223,9 @@ def configure(model: Module, mesh, pp: dict | None):
     if schedule == "interleaved" and accumulate % stages:
         raise ValueError(f"the interleaved schedule needs accumulate_steps ({accumulate}) to be a "
                          f"multiple of pp ({stages})")
+    fusion = pp.get("gradient_accumulation_fusion", True)
+    if not isinstance(fusion, bool):
+        raise TypeError(f"pp_config.gradient_accumulation_fusion is a bool, not {fusion!r}")
     global_spec = pp.get("global_spec")
     if global_spec is not None:
         global_spec = [global_spec] if isinstance(global_spec, str) else list(global_spec)
@@ -236,7 +243,7 @@ def configure(model: Module, mesh, pp: dict | None):
         object.__setattr__(layer, "_ernie_split_point", point)
     return {"stages": stages, "virtual_stages": vpp, "accumulate_steps": accumulate,
             "schedule": schedule, "split_spec": split_spec, "global_spec": global_spec,
-            "split_layers": list(marks)}
+            "split_layers": list(marks), "gradient_accumulation_fusion": fusion}
 
 
 # ---------------------------------------------------------------------------

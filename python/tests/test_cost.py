@@ -85,31 +85,68 @@ def test_pipeline_bubble_is_near_1f1b():
     assert 0.5 * 0.2 <= est["bubble_seconds"] / est["step_seconds"] <= 1.6 * 0.2
 
 
+def _backward_gradients(prog, stage):
+    """(element count, bytes per element) of each gradient @train_backward.<stage> returns."""
+    head = prog.mlir.split(f"func.func @train_backward.{stage}(", 1)[1].split("{\n", 1)[0]
+    grads = re.findall(r"tensor<([0-9x]+)x(\w+)> \{ernie.gradient", head.split("->", 1)[1])
+    return [(int(np.prod([int(n) for n in dims.split("x")])), {"f32": 4, "bf16": 2}[dtype])
+            for dims, dtype in grads]
+
+
 @pytest.mark.parametrize("micro_batches", [1, 2, 4])
 def test_pipelines_pay_for_summing_micro_batch_gradients(micro_batches):
-    """After each backward call but a chunk's first, the runtime adds the
-    call's gradients into the step's (reads both, writes one): per chunk
-    (m - 1) x (launch + 3 x its gradient bytes over the memory bandwidth),
-    on the stage the step's time is charged to."""
-    prog = abstract_program([2], ["pp"], {"pp_config": {"split_spec": "llama.layers",
-                                                        "accumulate_steps": micro_batches}},
-                            batch=8)
+    """Without gradient accumulation fusion, after each backward call but a
+    chunk's first, the runtime adds the call's gradients into the step's
+    (reads both, writes one): per chunk (m - 1) x (launch + 3 x its gradient
+    bytes over the memory bandwidth), on the stage the step's time is
+    charged to. With it (the default), the backward adds into the sums it
+    takes (a weight gradient's GEMM directly): only their zeroing before
+    the first micro-batch is charged, launch + the bytes once."""
     cluster = cost.load_cluster("dgx_h100")
     d = cluster["device"]
-    est = prog.estimate(cluster)
-    summed = est["compute_by_op"].get("runtime.sum_micro_batches", 0.0)
-    per_stage = []
-    for stage in range(2):
-        head = prog.mlir.split(f"func.func @train_backward.{stage}(", 1)[1].split("{\n", 1)[0]
-        grads = re.findall(r"tensor<([0-9x]+)x(\w+)> \{ernie.gradient", head.split("->", 1)[1])
-        seconds = sum(d["launch_overhead"] + 3 * int(np.prod([int(n) for n in dims.split("x")])) *
-                      {"f32": 4, "bf16": 2}[dtype] /
-                      (d["memory_bandwidth"] * d.get("memory_efficiency", 1.0))
-                      for dims, dtype in grads)
-        per_stage.append((micro_batches - 1) * seconds)
-    assert summed == pytest.approx(per_stage[0], rel=1e-6) or \
-        summed == pytest.approx(per_stage[1], rel=1e-6)
-    assert (summed > 0) == (micro_batches > 1)
+    bandwidth = d["memory_bandwidth"] * d.get("memory_efficiency", 1.0)
+    for fusion in (False, True):
+        prog = abstract_program([2], ["pp"], {"pp_config": {
+            "split_spec": "llama.layers", "accumulate_steps": micro_batches,
+            "gradient_accumulation_fusion": fusion}}, batch=8)
+        assert ("ernie.matmul_accumulate" in prog.mlir) == fusion
+        est = prog.estimate(cluster)
+        summed = est["compute_by_op"].get("runtime.sum_micro_batches", 0.0)
+        zeroed = est["compute_by_op"].get("runtime.zero_gradient_sums", 0.0)
+        per_stage = []
+        for stage in range(2):
+            grads = _backward_gradients(prog, stage)
+            if fusion:
+                per_stage.append(sum(d["launch_overhead"] + n * size / bandwidth
+                                     for n, size in grads))
+            else:
+                per_stage.append((micro_batches - 1) * sum(
+                    d["launch_overhead"] + 3 * n * size / bandwidth for n, size in grads))
+        charged = zeroed if fusion else summed
+        assert charged == pytest.approx(per_stage[0], rel=1e-6) or \
+            charged == pytest.approx(per_stage[1], rel=1e-6)
+        assert (zeroed if not fusion else summed) == 0
+        if not fusion:
+            assert (summed > 0) == (micro_batches > 1)
+
+
+def test_gradient_accumulation_fusion_makes_weight_gradients_accumulating_gemms():
+    """The fused step runs the same FLOPs (plus one add per gradient
+    element), its weight gradients as accumulating GEMMs, and is faster:
+    the runtime's sums go, each GEMM reads its f32 sum once more."""
+    cluster = cost.load_cluster("dgx_h100")
+    ests = {}
+    for fusion in (False, True):
+        prog = abstract_program([2], ["pp"], {"pp_config": {
+            "split_spec": "llama.layers", "accumulate_steps": 4,
+            "gradient_accumulation_fusion": fusion}}, batch=8)
+        ests[fusion] = prog.estimate(cluster)
+    runtime, fused = ests[False], ests[True]
+    assert fused["model_flops"] == pytest.approx(runtime["model_flops"], rel=1e-3)
+    assert fused["compute_by_op"].get("ernie.matmul_accumulate", 0) > 0
+    assert runtime["compute_by_op"]["runtime.sum_micro_batches"] > 0
+    assert "runtime.sum_micro_batches" not in fused["compute_by_op"]
+    assert fused["step_seconds"] < runtime["step_seconds"]
 
 
 def test_recomputation_is_counted_apart_from_model_flops():

@@ -31,6 +31,10 @@ CASES = {
     "full": ([], [], {"shape": [4, 8], "dtype": F, "value": 0.5}, [[-1, -1]]),
     "iota": ([], [], {"shape": [4, 8], "dtype": I, "dimension": 1}, [[-1, -1]]),
     "matmul": ([((8, 16), F), ((32, 16), F)], [[0, 1], [-1, 1]], {"trans_y": True}, [[0, -1]]),
+    # The contraction (split here on mesh dim 1) is never split when added
+    # to an accumulator: each rank's partial product would carry it.
+    "matmul_accumulate": ([((8, 16), "bf16"), ((16, 32), "bf16"), ((8, 32), F)],
+                          [[0, 1], [1, -1], [-1, -1]], {}, [[0, -1]]),
     "scaled_matmul": ([((16, 64), "f8E4M3FN"), ((32, 64), "f8E4M3FN"), ((), F), ((), F)],
                       [[0, -1], [1, -1], [], []],
                       {"transpose_b": True, "shape": [16, 32], "dtype": F}, [[0, 1]]),

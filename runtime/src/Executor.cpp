@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 namespace ernie::runtime {
@@ -33,12 +35,15 @@ struct Executor::Arena {
     memory = DeviceBuffer(device, fn.arenaBytes);
     uint8_t *data = static_cast<uint8_t *>(memory.data());
     buffers.reserve(fn.buffers.size());
-    for (const BufferSpec &b : fn.buffers)
+    for (const BufferSpec &b : fn.buffers) {
       buffers.push_back({data + b.offset, b.type, b.shape});
+      extents.push_back({b.offset, b.offset + b.bytes});
+    }
     inputs.resize(fn.instructions.size());
     outputs.resize(fn.instructions.size());
     blocking.resize(fn.instructions.size());
     constantAt.assign(fn.instructions.size(), nullptr);
+    readers.resize(fn.buffers.size());
     size_t constantBytes = 0;
     for (size_t i = 0; i < fn.instructions.size(); ++i) {
       const Instruction &inst = fn.instructions[i];
@@ -47,10 +52,14 @@ struct Executor::Arena {
         constantBytes += roundUp(constantOf(inst, mesh, rank).size());
       if (!kernels[i])
         continue;
-      for (uint32_t b : inst.operands)
+      for (uint32_t b : inst.operands) {
+        readers[b].push_back({&inputs[i], inputs[i].size()});
         inputs[i].push_back(buffers[b]);
-      for (uint32_t b : inst.results)
+      }
+      for (uint32_t b : inst.results) {
+        readers[b].push_back({&outputs[i], outputs[i].size()});
         outputs[i].push_back(buffers[b]);
+      }
     }
     // On a GPU the constants (and this rank's axis indices) are uploaded
     // once and copied on the device each call; the host copies them from
@@ -76,6 +85,26 @@ struct Executor::Arena {
   }
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
+
+  /// Puts buffer `b` (and the views inside its bytes) at `data` instead of
+  /// its arena offset: a donated argument, whose memory the caller's tensor
+  /// is for the call. `b` must live through the whole call (an argument
+  /// that a result is written over), so any buffer sharing its bytes is a
+  /// view of it; false (nothing moved) when one only partly lies inside.
+  bool bind(uint32_t b, void *data) {
+    const std::vector<uint32_t> *views = viewsOf(b);
+    if (!views)
+      return false;
+    for (uint32_t v : *views)
+      place(v, static_cast<uint8_t *>(data) + (extents[v].first -
+                                                 extents[b].first));
+    return true;
+  }
+  /// Back to the arena (after the call that bound it).
+  void unbind(uint32_t b) {
+    for (uint32_t v : *viewsOf(b))
+      place(v, static_cast<uint8_t *>(memory.data()) + extents[v].first);
+  }
 
   static size_t roundUp(size_t n) {
     return (n + program::kBufferAlignment - 1) / program::kBufferAlignment *
@@ -105,6 +134,42 @@ struct Executor::Arena {
   /// Tracing on a device: an event before each instruction and one after
   /// the last, made on the first traced call.
   std::vector<Event> timing;
+
+private:
+  /// Per buffer, each instruction's view of it (operand or result list and
+  /// position), and its bytes' [begin, end) in the arena.
+  struct Slot {
+    std::vector<TensorView> *list;
+    size_t index;
+  };
+  std::vector<std::vector<Slot>> readers;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  /// Per bound buffer: itself and the buffers inside its bytes; null when
+  /// one overlaps them only in part. Made on first use.
+  std::map<uint32_t, std::optional<std::vector<uint32_t>>> views;
+
+  const std::vector<uint32_t> *viewsOf(uint32_t b) {
+    auto [it, fresh] = views.try_emplace(b);
+    if (fresh) {
+      std::vector<uint32_t> inside;
+      auto [begin, end] = extents[b];
+      for (uint32_t v = 0; v < extents.size(); ++v) {
+        auto [from, to] = extents[v];
+        if (to <= begin || from >= end)
+          continue;
+        if (from < begin || to > end)
+          return nullptr; // (the map keeps nullopt: never bound)
+        inside.push_back(v);
+      }
+      it->second = std::move(inside);
+    }
+    return it->second ? &*it->second : nullptr;
+  }
+  void place(uint32_t v, void *data) {
+    buffers[v].data = data;
+    for (const Slot &slot : readers[v])
+      (*slot.list)[slot.index].data = data;
+  }
 };
 
 uint64_t deviceBytesNeeded(const Program &program, int64_t stage) {
@@ -749,6 +814,34 @@ Executor::runOnDevice(const std::string &name,
                                     program_.mesh(), rank_);
   const std::vector<TensorView> &buffers = arena->buffers;
 
+  // A device tensor passed as an argument and as the target of a result
+  // written over that argument (a running gradient sum) is donated: the
+  // call computes in its memory, with no copy in or out. Bound for this
+  // call only.
+  std::vector<uint32_t> bound;
+  struct Unbind {
+    Arena &arena;
+    std::vector<uint32_t> &bound;
+    ~Unbind() {
+      for (uint32_t b : bound)
+        arena.unbind(b);
+    }
+  } unbind{*arena, bound};
+  for (size_t j = 0; j < into.size() && j < fn.results.size(); ++j) {
+    const DeviceTensor *target = into[j];
+    uint32_t b = fn.results[j].buffer;
+    for (size_t i = 0; target && i < inputs.size(); ++i)
+      if (inputs[i].device == target && fn.arguments[i].buffer == b &&
+          target->type == fn.arguments[i].type &&
+          target->shape == fn.arguments[i].localShape &&
+          &target->device() == &device_ &&
+          std::find(bound.begin(), bound.end(), b) == bound.end() &&
+          arena->bind(b, target->buffer.data())) {
+        bound.push_back(b);
+        break;
+      }
+  }
+
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorSpec &arg = fn.arguments[i];
     const Argument &input = inputs[i];
@@ -766,6 +859,8 @@ Executor::runOnDevice(const std::string &name,
       throw std::invalid_argument(os.str());
     }
     void *dst = buffers[arg.buffer].data;
+    if (input.device && dst == input.device->buffer.data())
+      continue; // donated: already there
     if (input.host)
       device_.upload(dst, input.host->bytes.data(), input.host->bytes.size());
     else
@@ -829,7 +924,8 @@ Executor::runOnDevice(const std::string &name,
         device_.download(out.bytes.data(), v.data, out.bytes.size());
         results.emplace_back();
       } else if (target) {
-        device_.copy(target->buffer.data(), v.data, bytesOf(v));
+        if (target->buffer.data() != v.data) // (donated: written in place)
+          device_.copy(target->buffer.data(), v.data, bytesOf(v));
         results.emplace_back();
       } else {
         results.emplace_back(device_, res.type, res.localShape);

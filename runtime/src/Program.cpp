@@ -246,6 +246,28 @@ void checkMatmul(OpCheck &c) {
   c.is(c.out(0), "the result", matmulShape(c, c.in(0), c.in(1)), c.in(0).type);
 }
 
+/// acc + lhs x rhs, accumulated in the accumulator's type: the operands'
+/// own, or f32 for f16 and bf16 ones.
+void checkMatmulAccumulate(OpCheck &c) {
+  c.type(c.in(0), "lhs",
+         [](DType t) {
+           return t == DType::F64 || t == DType::F32 || t == DType::F16 ||
+                  t == DType::BF16;
+         },
+         "f64, f32, f16 or bf16 (fp8 GEMMs are scaled_matmul)");
+  c.require(c.in(1).type == c.in(0).type,
+            "lhs and rhs have different element types");
+  DType sum = c.in(2).type;
+  c.require(sum == c.in(0).type ||
+                (sum == DType::F32 && (c.in(0).type == DType::BF16 ||
+                                       c.in(0).type == DType::F16)),
+            "the accumulator (" + typeString(c.in(2)) +
+                ") must have the operands' element type, or f32 for bf16 "
+                "or f16 operands");
+  c.is(c.in(2), "the accumulator", matmulShape(c, c.in(0), c.in(1)), sum);
+  c.like(c.out(0), "the result", c.in(2), "the accumulator");
+}
+
 void checkScaledMatmul(OpCheck &c) {
   auto fp8 = [](DType t) {
     return t == DType::F8E4M3FN || t == DType::F8E5M2;
@@ -742,6 +764,7 @@ const KernelSignature kKernelSignatures[] = {
      }},
     {"ernie.matmul", 2, 1, checkMatmul},
     {"ernie.scaled_matmul", 4, 1, checkScaledMatmul},
+    {"ernie.matmul_accumulate", 3, 1, checkMatmulAccumulate},
     {"ernie.reduce_sum", 1, 1, [](OpCheck &c) { checkReduce(c, false); }},
     {"ernie.reduce_mean", 1, 1, [](OpCheck &c) { checkReduce(c, true); }},
     {"ernie.reduce_max", 1, 1, [](OpCheck &c) { checkReduce(c, false); }},
@@ -1756,9 +1779,32 @@ PipelineSpec decodePipeline(const fb::Program *p,
                           res.name + "'");
       }
       argRoles(bwd, {Role::Parameter, Role::OptimizerState, Role::Input,
-                     Role::Residual});
+                     Role::Residual, Role::Gradient});
+      std::set<std::string> sums;
       for (size_t i = 0; i < bwd.arguments.size(); ++i) {
         const TensorSpec &arg = bwd.arguments[i];
+        if (arg.role == Role::Gradient) {
+          check.require(sums.insert(arg.name).second,
+                        argAt(bwd, i, "argument") +
+                            ": a second running sum of gradient '" + arg.name +
+                            "'");
+          // The running sum the backward adds its micro-batch into and
+          // returns as the result of the same name.
+          auto res = std::find_if(
+              bwd.results.begin(), bwd.results.end(), [&](const TensorSpec &r) {
+                return r.role == Role::Gradient && r.name == arg.name;
+              });
+          check.require(res != bwd.results.end(),
+                        argAt(bwd, i, "argument") + ": @" + bwd.name +
+                            " takes the running sum of gradient '" + arg.name +
+                            "' but returns no gradient of that name");
+          check.require(sameLocal(*res, arg),
+                        argAt(bwd, i, "argument") + ": the running sum '" +
+                            arg.name + "' is " + typeString(arg) +
+                            " but the gradient it sums is " +
+                            typeString(*res));
+          continue;
+        }
         if (arg.role != Role::Residual)
           continue;
         auto it = residuals.find(arg.name);

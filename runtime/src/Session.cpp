@@ -319,11 +319,13 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
       // Program::load keeps these to pipelines and matches every name to
       // a result of the function that makes it.
       const char *kind = roleName(arg.role);
-      if (!from.handOffs)
+      const std::map<std::string, DeviceTensor> *handOffs =
+          arg.role == Role::Residual ? from.residuals : from.sums;
+      if (!handOffs)
         throw std::invalid_argument("@" + fn.name + " takes a pipeline's " +
                                     kind + " '" + arg.name + "'");
-      auto it = from.handOffs->find(arg.name);
-      if (it == from.handOffs->end())
+      auto it = handOffs->find(arg.name);
+      if (it == handOffs->end())
         throw std::runtime_error("@" + fn.name + ": nothing on stage " +
                                  std::to_string(executor_.stage()) +
                                  " made its " + kind + " '" + arg.name + "'");
@@ -493,6 +495,26 @@ std::vector<double> RankRunner::trainPipelined(
   std::map<std::pair<int64_t, int64_t>, std::map<std::string, DeviceTensor>>
       kept;
   std::map<std::string, DeviceTensor> handed;
+  // A backward that adds into the running sums it takes: zeros before the
+  // first micro-batch, and each result written over its sum (in place: the
+  // executor binds the sum as the argument's and the result's memory).
+  auto sumTargets = [&](const Function &fn) {
+    std::vector<DeviceTensor *> into(fn.results.size(), nullptr);
+    for (const TensorSpec &arg : fn.arguments) {
+      if (arg.role != Role::Gradient)
+        continue;
+      auto [it, fresh] = handed.try_emplace(arg.name);
+      if (fresh) {
+        it->second = DeviceTensor(device(), arg.type, arg.localShape);
+        device().fill(it->second.buffer.data(), 0, it->second.bytes());
+      }
+      for (size_t j = 0; j < fn.results.size(); ++j)
+        if (fn.results[j].role == Role::Gradient &&
+            fn.results[j].name == arg.name)
+          into[j] = &it->second;
+    }
+    return into;
+  };
   auto hand = [&](const TensorSpec &res, DeviceTensor &value) {
     auto it = handed.find(res.name);
     if (it == handed.end()) {
@@ -524,9 +546,12 @@ std::vector<double> RankRunner::trainPipelined(
       kept.erase(it);
     }
     CallSources from = microBatch(micro, k);
-    from.handOffs = &residuals;
+    from.residuals = &residuals;
+    from.sums = &handed;
+    std::vector<DeviceTensor *> into =
+        forward ? std::vector<DeviceTensor *>{} : sumTargets(fn);
     std::vector<DeviceTensor> results =
-        executor_.runOnDevice(name, arguments(fn, from).views, k);
+        executor_.runOnDevice(name, arguments(fn, from).views, k, into);
     if (forward)
       kept[{c, k}]; // A forward may keep nothing for its backward.
     for (size_t i = 0; i < results.size(); ++i) {
@@ -535,8 +560,10 @@ std::vector<double> RankRunner::trainPipelined(
         kept[{c, k}][res.name] = std::move(results[i]);
       } else if (forward && res.role == Role::Loss && c == lastChunk) {
         losses[k] = scalarValue(results[i].download());
-      } else if (res.role == Role::MicroBatchMax ||
-                 (!forward && res.role == Role::Gradient)) {
+      } else if (!results[i].empty() &&
+                 (res.role == Role::MicroBatchMax ||
+                  (!forward && res.role == Role::Gradient))) {
+        // (A result written into its running sum is already summed.)
         hand(res, results[i]);
       }
     }
@@ -552,7 +579,7 @@ std::vector<double> RankRunner::trainPipelined(
   CallSources from = microBatch(micro, 0);
   from.lr = lr;
   from.step = step;
-  from.handOffs = &handed;
+  from.sums = &handed;
   std::vector<DeviceTensor> results = executor_.runOnDevice(
       name, arguments(fn, from).views, 0, updateTargets(fn));
   keepUpdates(fn, results);

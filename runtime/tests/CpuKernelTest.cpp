@@ -1,5 +1,6 @@
 //===- CpuKernelTest.cpp - CPU kernels against naive references -------------===//
 
+#include "ernie/runtime/FloatConvert.h"
 #include "ernie/runtime/Kernel.h"
 
 #include <gmock/gmock.h>
@@ -205,6 +206,46 @@ TEST(CpuKernels, MatmulEveryTransposeBatchedAndSharedRhs) {
       iy{std::vector<int32_t>(4), {2, 2}, DType::I32};
   run("ernie.matmul", {ia.view(), ib.view()}, {iy.view()});
   EXPECT_EQ(iy.data, (std::vector<int32_t>{19, 22, 43, 50}));
+}
+
+TEST(CpuKernels, MatmulAccumulateAddsTheUnroundedProduct) {
+  // f64: s + a x b for every transpose, batched and with a shared rhs.
+  const int64_t B = 2, m = 3, n = 4, k = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool shared : {false, true}) {
+        auto a = make<double>(ta ? std::vector<int64_t>{B, k, m}
+                                 : std::vector<int64_t>{B, m, k},
+                              DType::F64, 8);
+        std::vector<int64_t> bShape = tb ? std::vector<int64_t>{n, k}
+                                         : std::vector<int64_t>{k, n};
+        if (!shared)
+          bShape.insert(bShape.begin(), B);
+        auto b = make<double>(bShape, DType::F64, 9);
+        auto s = make<double>({B, m, n}, DType::F64, 10);
+        auto y = make<double>({B, m, n}, DType::F64);
+        Attrs attrs;
+        attrs.set("transpose_a", ta);
+        attrs.set("transpose_b", tb);
+        run("ernie.matmul_accumulate", {a.view(), b.view(), s.view()},
+            {y.view()}, attrs);
+        auto product = naiveMatmul(a, b, ta, tb, B, m, n, k, shared);
+        for (size_t i = 0; i < product.size(); ++i)
+          EXPECT_NEAR(y.data[i], s.data[i] + product[i], 1e-12)
+              << "ta=" << ta << " tb=" << tb << " shared=" << shared;
+        // In place over the sum (the memory plan's case): the same numbers.
+        run("ernie.matmul_accumulate", {a.view(), b.view(), s.view()},
+            {s.view()}, attrs);
+        EXPECT_EQ(s.data, y.data);
+      }
+  // bf16 operands, an f32 sum: (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 is kept
+  // whole; a bf16 product (8 significant bits) would round 2^-14 away.
+  uint16_t x = floatToBf16(1.0f + 0x1p-7f);
+  Owned<uint16_t> ab{{x}, {1, 1}, DType::BF16}, bb{{x}, {1, 1}, DType::BF16};
+  Owned<float> sum{{0.5f}, {1, 1}, DType::F32};
+  run("ernie.matmul_accumulate", {ab.view(), bb.view(), sum.view()},
+      {sum.view()});
+  EXPECT_EQ(sum.data[0], 0.5f + 1.0f + 0x1p-6f + 0x1p-14f);
 }
 
 TEST(CpuKernels, ReductionsSoftmaxNorms) {

@@ -265,6 +265,19 @@ std::vector<Case> cases() {
       add({n, "ernie.matmul", {{t, m.a}, {t, m.b}}, {{t, m.c}},
            {{"transpose_a", m.ta}, {"transpose_b", m.tb}}, Tol::Accumulated});
     }
+  // matmul_accumulate: bf16/f16 products into f32 sums (cuBLASLt's narrow
+  // in, F32 out), and f32/f64 into their own type.
+  for (Mm m : {Mm{{13, 7}, {13, 9}, {7, 9}, true, false},
+               {{3, 5, 17}, {3, 17, 11}, {3, 5, 11}, false, false},
+               {{64, 128}, {96, 128}, {64, 96}, false, true}})
+    for (auto [t, sum] : {std::pair{kBF16, kF32}, std::pair{kF16, kF32},
+                          std::pair{kF32, kF32}, std::pair{kF64, kF64}})
+      add({"matmul_accumulate_" + tag(t) + "_" + std::to_string(m.a[0]) + "x" +
+               std::to_string(m.a.back()) + (m.ta ? "t" : "") +
+               (m.tb ? "_bt" : "") + "_r" + std::to_string(m.a.size()),
+           "ernie.matmul_accumulate", {{t, m.a}, {t, m.b}, {sum, m.c}},
+           {{sum, m.c}}, {{"transpose_a", m.ta}, {"transpose_b", m.tb}},
+           Tol::Accumulated});
   add({"matmul_i64", "ernie.matmul",
        {{kI64, {5, 6}, Gen::Indices, 9}, {kI64, {6, 4}, Gen::Indices, 9}},
        {{kI64, {5, 4}}}, {}, Tol::Exact});

@@ -85,6 +85,7 @@ public:
   }
   void copy(void *dst, const void *src, size_t bytes) override {
     check(currentStream());
+    copied += bytes;
     cpuDevice().copy(dst, src, bytes);
   }
   void fill(void *dst, uint8_t byte, size_t bytes) override {
@@ -126,7 +127,7 @@ public:
 
   std::string missing; // an op this device pretends not to have
   uint64_t capacity = 0;
-  std::atomic<uint64_t> uploaded{0}, downloaded{0}, allocations{0},
+  std::atomic<uint64_t> uploaded{0}, downloaded{0}, copied{0}, allocations{0},
       synchronizations{0}, reductions{0}, badStreams{0};
 
 private:
@@ -405,6 +406,68 @@ TEST(DeviceExecutor, ConstantsAndAxisIndicesComeFromTheDevice) {
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i].bytes, want[i].bytes) << i;
   EXPECT_EQ(*want[3].as<int64_t>(), 1); // rank 1's axis index
+  EXPECT_EQ(device.badStreams.load(), 0u);
+}
+
+/// f(a, b, s) = s + a x b, written over s (as the memory plan places a
+/// matmul_accumulate over its dying accumulator).
+Program accumulateProgram() {
+  ProgramBuilder pb({"x"}, {1});
+  FunctionBuilder &f = pb.function("f");
+  uint32_t a = f.buffer(DType::F32, {2, 3}), b = f.buffer(DType::F32, {3, 4}),
+           s = f.buffer(DType::F32, {2, 4});
+  f.arg(a).arg(b).arg(s).op("ernie.matmul_accumulate", {a, b, s}, {s}).ret(s);
+  return pb.parse();
+}
+
+HostTensor filled(std::vector<int64_t> shape, float from) {
+  HostTensor t(DType::F32, std::move(shape));
+  for (int64_t i = 0; i < t.numElements(); ++i)
+    t.as<float>()[i] = from + float(i);
+  return t;
+}
+
+TEST(DeviceExecutor, ADonatedRunningSumIsAddedIntoWhereItIs) {
+  Program program = accumulateProgram();
+  SimulatedDevice device;
+  ThreadWorld world(program.mesh(), std::chrono::seconds(10), device);
+  auto comm = world.communicator(0);
+  Executor executor(program, *comm);
+  HostTensor a = filled({2, 3}, 1), b = filled({3, 4}, -2), s = filled({2, 4}, 5);
+  std::vector<float> want(8);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      float dot = 0;
+      for (int k = 0; k < 3; ++k)
+        dot += a.as<float>()[i * 3 + k] * b.as<float>()[k * 4 + j];
+      want[i * 4 + j] = s.as<float>()[i * 4 + j] + dot; // small integers: exact
+    }
+  auto values = [](const HostTensor &t) {
+    return std::vector<float>(t.as<float>(), t.as<float>() + t.numElements());
+  };
+
+  // Passed as the argument and as the result's target: the call adds into
+  // the caller's tensor, copying nothing in or out.
+  DeviceTensor sum = DeviceTensor::upload(device, s);
+  std::vector<DeviceTensor> results =
+      executor.runOnDevice("f", {a, b, sum}, 0, {&sum});
+  EXPECT_TRUE(results[0].empty());
+  EXPECT_EQ(values(sum.download()), want);
+  EXPECT_EQ(device.copied.load(), 0u);
+
+  // Again: it keeps adding where it is; the arena is bound for a call only.
+  executor.runOnDevice("f", {a, b, sum}, 0, {&sum});
+  HostTensor twice = sum.download();
+  for (int i = 0; i < 8; ++i)
+    EXPECT_EQ(twice.as<float>()[i], 2 * want[i] - s.as<float>()[i]) << i;
+  EXPECT_EQ(device.copied.load(), 0u);
+
+  // Not a target: the argument is copied into the arena and left as it was.
+  DeviceTensor kept = DeviceTensor::upload(device, s);
+  results = executor.runOnDevice("f", {a, b, kept}, 0);
+  EXPECT_EQ(values(results[0].download()), want);
+  EXPECT_EQ(values(kept.download()), values(s));
+  EXPECT_EQ(device.copied.load(), 2 * kept.bytes()); // in, and out
   EXPECT_EQ(device.badStreams.load(), 0u);
 }
 

@@ -744,6 +744,33 @@ TEST(PipelineLoad, PipelineFieldsAndFunctionsAreChecked) {
                                          "makes the gradient 'w9'"));
   }
   {
+    // A backward's running sum (a gradient argument) replaces a gradient
+    // result of its name and type.
+    ProgramBuilder pb = modelBuilder(model);
+    FunctionBuilder &b = pb.get("train_backward.1");
+    const Tensor *gradient = nullptr;
+    uint32_t gradientBuffer = 0;
+    for (auto &res : b.results)
+      if (res.second.role == Role::Gradient)
+        gradient = &res.second, gradientBuffer = res.first;
+    ASSERT_NE(gradient, nullptr);
+    std::string name = gradient->name;
+    uint32_t sum = b.buffer(DType::F32, {3});
+    b.arg(sum, Tensor().as(Role::Gradient).named("w9"));
+    EXPECT_THAT(loadError(pb),
+                HasSubstr("takes the running sum of gradient 'w9' but returns "
+                          "no gradient of that name"));
+    b.arguments.back().second.named(name);
+    EXPECT_THAT(loadError(pb), HasSubstr("the running sum '" + name +
+                                         "' is [3]xf32 but the gradient it "
+                                         "sums is"));
+    const BufferDesc &like = b.buffers[gradientBuffer];
+    b.arguments.back().first = b.buffer(like.type, like.shape);
+    b.arg(b.buffer(like.type, like.shape), Tensor().as(Role::Gradient).named(name));
+    EXPECT_THAT(loadError(pb),
+                HasSubstr("a second running sum of gradient '" + name + "'"));
+  }
+  {
     // A gradient taken as a maximum: the roles must agree (the runtime
     // would combine it over micro-batches by max instead of summing).
     ProgramBuilder pb = modelBuilder(model);

@@ -102,3 +102,19 @@ func.func @views(%x: tensor<4x4xf32>, %y: tensor<16xf32>) -> (tensor<16xf32>, te
   %s = ernie.add %t, %r : tensor<16xf32>
   return %s, %n : tensor<16xf32>, tensor<2x8xf32>
 }
+
+// -----
+
+// A matmul_accumulate writes its result over its dying accumulator (the
+// GEMM adds into it): the running sum an argument brings is the result the
+// function returns, in the same bytes.
+// REMARK: remark: memory plan: arena 320 bytes per rank, live peak 320, 3 buffers, 2 written in place
+// CHECK-LABEL: func.func @accumulate
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<4x8xf32> {ernie.buffer_offset = {{[0-9]+}} : i64}
+// CHECK-SAME: %{{[a-z0-9]+}}: tensor<4x8xf32> {ernie.buffer_offset = [[SUM:[0-9]+]] : i64}
+// CHECK: ernie.matmul_accumulate {{.*}}ernie.buffer_offsets = array<i64: [[SUM]]>
+func.func @accumulate(%x: tensor<4x4xf32>, %y: tensor<4x8xf32>, %sum: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %e = ernie.exp %x : tensor<4x4xf32>
+  %g = ernie.matmul_accumulate %e, %y, %sum : tensor<4x4xf32>, tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  return %g : tensor<4x8xf32>
+}

@@ -80,6 +80,19 @@ TEST_F(InferSpmdTest, RowParallelMatmulIsPartial) {
   EXPECT_TRUE(r.outputs[0].isPartial());
 }
 
+TEST_F(InferSpmdTest, AccumulatingMatmulNeverSplitsItsSum) {
+  // acc + x @ W with h split: each rank's partial product would carry acc,
+  // so the contraction is gathered whole; acc follows the result's split.
+  SpmdResult r = infer("ernie.matmul_accumulate",
+                       {f32({8, 16}), f32({16, 32}), f32({8, 32})},
+                       {s({0, 1}), s({1, -1}), s({-1, -1})});
+  EXPECT_EQ(r.inputs[0], s({0, -1}));
+  EXPECT_EQ(r.inputs[1], s({-1, -1}));
+  EXPECT_EQ(r.inputs[2], s({0, -1}));
+  EXPECT_EQ(r.outputs[0], s({0, -1}));
+  EXPECT_FALSE(r.outputs[0].isPartial());
+}
+
 TEST_F(InferSpmdTest, ElementwiseFirstInputWinsOnConflict) {
   // Equal cost: the first operand seeds the choice; the second is resharded.
   SpmdResult r =

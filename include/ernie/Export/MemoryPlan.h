@@ -6,7 +6,9 @@
 //     the start) to its last use (returned values: to the end);
 //   * in-place reuse: an elementwise op whose operand dies at it, with the
 //     result's exact type, writes its result over that operand (the CPU and
-//     CUDA elementwise kernels read element i before writing element i);
+//     CUDA elementwise kernels read element i before writing element i),
+//     and a matmul_accumulate's result over its dying accumulator (the
+//     GEMM adds into it);
 //   * offsets: buffers are placed largest first, each at the lowest aligned
 //     offset free for its whole lifetime (greedy by size, as TFLite's arena
 //     planner does), so the arena is close to the peak of live bytes;

@@ -576,7 +576,11 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
     per micro-batch; a narrow (bf16) gradient's sum there adds the f32
     means the runtime accumulated (`grad-reduce=f32`, the default; `native`
     adds them narrowed), and one whose shard alone the update reads
-    (ZeRO-1) is a reduce-scatter. The schedule (`FThenB`, `1F1B`, `interleaved`, or
+    (ZeRO-1) is a reduce-scatter. With `accumulate=fused` (the default)
+    each backward takes the running sums of its gradients (`ernie.gradient`
+    arguments named as its results) and returns them with its micro-batch
+    added, a weight gradient's GEMM adding into the f32 sum itself
+    (`matmul_accumulate`). The schedule (`FThenB`, `1F1B`, `interleaved`, or
     `custom`: the module's own `ernie.pipeline_schedule`) is built, checked
     for deadlocks by simulating every rank, and recorded on the module.
   }];
@@ -589,6 +593,11 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
            "f32: a narrow gradient's data-parallel sum in the update adds "
            "the f32 micro-batch means (Megatron's main grads); native: the "
            "narrowed ones">,
+    Option<"accumulate", "accumulate", "std::string", "\"fused\"",
+           "fused: each backward adds its gradients into the running sums "
+           "it takes, a weight gradient's GEMM directly (matmul_accumulate: "
+           "Megatron's gradient accumulation fusion); runtime: the runtime "
+           "adds the gradients each backward returns">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect",
                            "::mlir::func::FuncDialect"];

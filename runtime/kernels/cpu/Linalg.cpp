@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <unistd.h>
 #include <cstdlib>
+#include <cstring>
 
 #include <algorithm>
 #include <cctype>
@@ -22,33 +23,35 @@ namespace ernie::runtime::cpu {
 
 namespace {
 
+/// c = a x b + beta * c (beta 0: c is only written).
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
-          const float *b, float *c) {
+          const float *b, float *c, float beta = 0) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
               tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, ta ? m : k, b,
-              tb ? k : n, 0.0f, c, n);
+              tb ? k : n, beta, c, n);
 }
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double *a,
-          const double *b, double *c) {
+          const double *b, double *c, double beta = 0) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
               tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, ta ? m : k, b,
-              tb ? k : n, 0.0, c, n);
+              tb ? k : n, beta, c, n);
 }
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T *a,
-          const T *b, T *c) {
+          const T *b, T *c, T beta = 0) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       T acc = 0;
       for (int64_t p = 0; p < k; ++p)
         acc += a[ta ? p * m + i : i * k + p] * b[tb ? j * k + p : p * n + j];
-      c[i * n + j] = acc;
+      c[i * n + j] = beta ? T(acc + beta * c[i * n + j]) : acc;
     }
 }
 
-void matmul(const std::vector<TensorView> &in,
-            const std::vector<TensorView> &out, const Attrs &attrs) {
-  expectCount(in, 2, "ernie.matmul");
+/// The product `in[0] x in[1]` into `out`, plus what `out` holds when
+/// `accumulate` (GEMM's beta = 1).
+void multiply(const std::vector<TensorView> &in, const TensorView &out,
+              const Attrs &attrs, bool accumulate) {
   const TensorView &a = in[0], &b = in[1];
   bool ta = attrs.getBool("transpose_a"), tb = attrs.getBool("transpose_b");
   int64_t ra = a.rank(), rb = b.rank();
@@ -68,8 +71,33 @@ void matmul(const std::vector<TensorView> &in,
     using T = decltype(zero);
     for (int64_t i = 0; i < batches; ++i)
       gemm(ta, tb, m, n, k, a.as<T>() + i * m * k,
-           b.as<T>() + (sharedRhs ? 0 : i * k * n), out[0].as<T>() + i * m * n);
+           b.as<T>() + (sharedRhs ? 0 : i * k * n), out.as<T>() + i * m * n,
+           T(accumulate ? 1 : 0));
   });
+}
+
+void matmul(const std::vector<TensorView> &in,
+            const std::vector<TensorView> &out, const Attrs &attrs) {
+  expectCount(in, 2, "ernie.matmul");
+  multiply(in, out[0], attrs, /*accumulate=*/false);
+}
+
+/// acc + lhs x rhs. Narrow operands reach here widened to f32 (exactly) by
+/// the narrow-float wrapper, and an f32 accumulator as it is: the product
+/// is accumulated in f32 and never rounded to the operands' type. The
+/// result is usually the accumulator's own buffer (the memory plan writes
+/// it over a dying accumulator); otherwise it starts as its copy.
+void matmulAccumulate(const std::vector<TensorView> &in,
+                      const std::vector<TensorView> &out, const Attrs &attrs) {
+  expectCount(in, 3, "ernie.matmul_accumulate");
+  const TensorView &acc = in[2], &sum = out[0];
+  if (acc.type != sum.type || acc.numElements() != sum.numElements() ||
+      in[0].type != in[1].type || in[0].type != sum.type)
+    throw KernelError("ernie.matmul_accumulate: the accumulator, the "
+                      "result and the (widened) operands must share a type");
+  if (sum.data != acc.data)
+    std::memcpy(sum.data, acc.data, sum.numElements() * byteSize(sum.type));
+  multiply({in[0], in[1]}, sum, attrs, /*accumulate=*/true);
 }
 
 /// fp8 codes reach here decoded to f32 (exactly) by the narrow-float
@@ -235,6 +263,7 @@ void norm(const std::vector<TensorView> &in,
 void registerLinalgKernels(Registry &r) {
   r["ernie.matmul"] = matmul;
   r["ernie.scaled_matmul"] = scaledMatmul;
+  r["ernie.matmul_accumulate"] = matmulAccumulate;
   r["ernie.reduce_sum"] = [](auto &in, auto &out, auto &a) {
     reduce(in, out, a, Reduction::Sum);
   };

@@ -1,4 +1,4 @@
-//===- Gemm.cpp - matmul and scaled_matmul through cuBLASLt -----------------===//
+//===- Gemm.cpp - matmul, matmul_accumulate, scaled_matmul via cuBLASLt ----===//
 //
 // UNVERIFIED ON A GPU: compiled and linked without one; not yet run on a GPU
 // (scripts/gpu_check.sh compares it with the CPU kernels and times it beside
@@ -268,6 +268,48 @@ void matmul(const std::vector<TensorView> &in,
   }
 }
 
+/// acc + lhs x rhs: one GEMM with beta = 1 whose C and D are the result,
+/// started as the accumulator's copy unless it is the accumulator's own
+/// buffer (the memory plan's usual in-place case). bf16 and f16 operands
+/// accumulate into an f32 result on tensor cores (cuBLASLt's BF16/F16 in,
+/// F32 out), never rounded to the narrow type: Megatron's gradient
+/// accumulation fusion.
+void matmulAccumulate(const std::vector<TensorView> &in,
+                      const std::vector<TensorView> &out, const Attrs &attrs) {
+  const TensorView &a = in[0], &b = in[1], &acc = in[2], &d = out[0];
+  if (acc.type != d.type || acc.numElements() != d.numElements() ||
+      a.type != b.type)
+    throw KernelError("ernie.matmul_accumulate: the accumulator and the "
+                      "result must share a type, and the operands theirs");
+  if (d.data != acc.data)
+    check(cudaMemcpyAsync(d.data, acc.data, d.numElements() * byteSize(d.type),
+                          cudaMemcpyDeviceToDevice, stream()),
+          "cudaMemcpyAsync");
+  MatmulShape s = shapeOf(a, b, attrs);
+  const int64_t sa = s.m * s.k, sb = s.sharedRhs ? 0 : s.k * s.n, sd = s.m * s.n;
+  auto dataType = [](DType t) {
+    switch (t) {
+    case DType::F64: return CUDA_R_64F;
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default:
+      throw KernelError("ernie.matmul_accumulate multiplies f64, f32, f16 or "
+                        "bf16, not " + std::string(name(t)));
+    }
+  };
+  if (a.type == DType::F64) {
+    const double one = 1;
+    return gemm({CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F}, s.ta,
+                s.tb, s.m, s.n, s.k, a.data, sa, b.data, sb, d.data, sd,
+                s.batches, &one, &one);
+  }
+  const float one = 1;
+  gemm({dataType(a.type), dataType(d.type), CUBLAS_COMPUTE_32F, CUDA_R_32F},
+       s.ta, s.tb, s.m, s.n, s.k, a.data, sa, b.data, sb, d.data, sd, s.batches,
+       &one, &one);
+}
+
 bool aligned16(const void *p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -315,6 +357,7 @@ void scaledMatmul(const std::vector<TensorView> &in,
 void registerGemmKernels(Registry &r) {
   r["ernie.matmul"] = matmul;
   r["ernie.scaled_matmul"] = scaledMatmul;
+  r["ernie.matmul_accumulate"] = matmulAccumulate;
 }
 
 } // namespace ernie::runtime::cuda

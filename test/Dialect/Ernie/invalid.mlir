@@ -185,6 +185,31 @@ func.func @matmul_contraction(%a: tensor<2x3xf32>, %b: tensor<4x5xf32>) {
 
 // -----
 
+func.func @matmul_accumulate_shape(%a: tensor<2x3xbf16>, %b: tensor<3x5xbf16>, %acc: tensor<2x4xf32>) {
+  // expected-error @+1 {{the accumulator must have the product's shape [2, 5], got [2, 4]}}
+  %0 = ernie.matmul_accumulate %a, %b, %acc : tensor<2x3xbf16>, tensor<3x5xbf16>, tensor<2x4xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_accumulate_narrow_sum(%a: tensor<2x3xf32>, %b: tensor<3x5xf32>, %acc: tensor<2x5xbf16>) {
+  // expected-error @+1 {{matmul_accumulate accumulates 'f32' products in 'f32', not 'bf16'}}
+  %0 = ernie.matmul_accumulate %a, %b, %acc : tensor<2x3xf32>, tensor<3x5xf32>, tensor<2x5xbf16> -> tensor<2x5xbf16>
+  return
+}
+
+// -----
+
+func.func @matmul_accumulate_result(%a: tensor<2x3xbf16>, %b: tensor<3x5xbf16>, %acc: tensor<2x5xf32>) {
+  // expected-error @+2 {{inferred type(s) 'tensor<2x5xf32>' are incompatible with return type(s) of operation 'tensor<2x5xbf16>'}}
+  // expected-error @+1 {{failed to infer returned types}}
+  %0 = ernie.matmul_accumulate %a, %b, %acc : tensor<2x3xbf16>, tensor<3x5xbf16>, tensor<2x5xf32> -> tensor<2x5xbf16>
+  return
+}
+
+// -----
+
 func.func @matmul_transposed_contraction(%a: tensor<2x3xf32>, %b: tensor<3x5xf32>) {
   // expected-error @+1 {{matmul contraction sizes differ: lhs has 2, rhs has 3}}
   %0 = ernie.matmul %a, %b {transpose_a} : tensor<2x3xf32>, tensor<3x5xf32> -> tensor<3x5xf32>

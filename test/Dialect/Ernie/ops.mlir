@@ -132,6 +132,8 @@ func.func @linalg(%x: tensor<2x16x64xf32>, %w: tensor<128x64xf32>, %a: tensor<3x
   %0 = ernie.matmul %x, %w {transpose_b} : tensor<2x16x64xf32>, tensor<128x64xf32> -> tensor<2x16x128xf32>
   // CHECK: ernie.matmul %{{.*}}, %{{.*}} {transpose_a, transpose_b} : tensor<3x4x5xf32>, tensor<3x6x4xf32> -> tensor<3x5x6xf32>
   %1 = ernie.matmul %a, %b {transpose_a, transpose_b} : tensor<3x4x5xf32>, tensor<3x6x4xf32> -> tensor<3x5x6xf32>
+  // CHECK: ernie.matmul_accumulate %{{.*}}, %{{.*}}, %{{.*}} {transpose_a, transpose_b} : tensor<3x4x5xf32>, tensor<3x6x4xf32>, tensor<3x5x6xf32> -> tensor<3x5x6xf32>
+  %acc = ernie.matmul_accumulate %a, %b, %1 {transpose_a, transpose_b} : tensor<3x4x5xf32>, tensor<3x6x4xf32>, tensor<3x5x6xf32> -> tensor<3x5x6xf32>
   // CHECK: ernie.reduce_sum %{{.*}} axes = [1] keepdim : tensor<2x16x64xf32> -> tensor<2x1x64xf32>
   %2 = ernie.reduce_sum %x axes = [1] keepdim : tensor<2x16x64xf32> -> tensor<2x1x64xf32>
   // CHECK: ernie.reduce_mean %{{.*}} axes = [0, 2] : tensor<2x16x64xf32> -> tensor<16xf32>

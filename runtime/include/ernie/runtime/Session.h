@@ -122,10 +122,11 @@ private:
     std::function<const HostTensor &(const TensorSpec &)> input;
     double lr = 0.0;
     int64_t step = 1;
-    /// A pipeline's residuals (for a backward) or gradient sums and maxima
-    /// (for an update) by name, on the device; null outside a pipeline's
-    /// schedule.
-    const std::map<std::string, DeviceTensor> *handOffs = nullptr;
+    /// A pipeline's residuals (for a backward), and its running gradient
+    /// sums and maxima (for a backward that adds into them, and for the
+    /// update), by name, on the device; null outside a pipeline's schedule.
+    const std::map<std::string, DeviceTensor> *residuals = nullptr;
+    const std::map<std::string, DeviceTensor> *sums = nullptr;
   };
   /// `fn`'s arguments, each this rank's piece, in `fn`'s order: the state
   /// by reference, the rest (scalars, batch pieces) held in `owned`.

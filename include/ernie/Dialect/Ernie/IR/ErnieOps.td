@@ -285,6 +285,35 @@ def Ernie_MatmulOp : Ernie_InferredOp<"matmul",
   }];
 }
 
+def Ernie_MatmulAccumulateOp : Ernie_InferredOp<"matmul_accumulate",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>,
+     DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "a matrix product added to an accumulator (GEMM with beta = 1)";
+  let description = [{
+    `acc + lhs x rhs`, the product under `matmul`'s rules (`transpose_a`,
+    `transpose_b`, batches, a rank-2 `rhs` applied to every batch) and
+    accumulated in the accumulator's type, which is the operands' or, for
+    bf16 or f16 operands, f32: the product is never rounded to the narrow
+    type. The result has the accumulator's type; a kernel may write it
+    over the accumulator. What the pipeline schedule makes of a weight
+    gradient's GEMM and the micro-batch sum it feeds (Megatron's gradient
+    accumulation fusion: the weight-gradient GEMM adds into the f32 main
+    gradient). Made after autodiff: it has no gradient.
+
+    ```mlir
+    %g = ernie.matmul_accumulate %x, %dy, %acc {transpose_a} : tensor<32x16xbf16>, tensor<32x24xbf16>, tensor<16x24xf32> -> tensor<16x24xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$lhs, Ernie_FloatTensor:$rhs,
+                       Ernie_FloatTensor:$acc,
+                       UnitAttr:$transpose_a, UnitAttr:$transpose_b);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `,` $acc attr-dict `:` type($lhs) `,` type($rhs) `,`
+    type($acc) `->` type($result)
+  }];
+}
+
 def Ernie_ScaledMatmulOp : Ernie_PureOp<"scaled_matmul",
     [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops"]>,
      DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
