@@ -677,13 +677,14 @@ void setAfterBoth(OpBuilder &b, Operation *op, Value sum) {
 }
 
 /// `sum + g`, where `g` was just detached from its one reader and `before`
-/// will read the result. A GEMM's product (widened or not) that nothing
-/// else reads adds into the sum itself (`matmul_accumulate`), the terms of
-/// an add that nothing else reads each in turn (a shared weight's two
-/// GEMMs: (sum + a) + b, reassociated), anything else through an add.
-Value accumulateInto(Value sum, Value g, Operation *before) {
+/// will read the result. `intoGemms`: a GEMM's product (widened or not)
+/// that nothing else reads adds into the sum itself (`matmul_accumulate`),
+/// the terms of an add that nothing else reads each in turn (a shared
+/// weight's two GEMMs: (sum + a) + b, reassociated). Anything else, and
+/// everything without `intoGemms`, through an add.
+Value accumulateInto(Value sum, Value g, Operation *before, bool intoGemms) {
   OpBuilder b(before);
-  if (MatmulOp matmul = unreadProduct(g)) {
+  if (MatmulOp matmul = intoGemms ? unreadProduct(g) : MatmulOp()) {
     setAfterBoth(b, matmul, sum);
     Value added = MatmulAccumulateOp::create(
         b, matmul.getLoc(), matmul.getLhs(), matmul.getRhs(), sum,
@@ -694,11 +695,12 @@ Value accumulateInto(Value sum, Value g, Operation *before) {
     return added;
   }
   auto add = g.getDefiningOp<AddOp>();
-  if (add && g.use_empty() && add.getType() == sum.getType() &&
+  if (intoGemms && add && g.use_empty() && add.getType() == sum.getType() &&
       add.getLhs() != add.getRhs()) {
     Value lhs = add.getLhs(), rhs = add.getRhs();
     add.erase();
-    return accumulateInto(accumulateInto(sum, lhs, before), rhs, before);
+    return accumulateInto(accumulateInto(sum, lhs, before, true), rhs, before,
+                          true);
   }
   if (Operation *def = g.getDefiningOp())
     setAfterBoth(b, def, sum);
@@ -710,12 +712,13 @@ Value accumulateInto(Value sum, Value g, Operation *before) {
 /// Each gradient `backward` returns becomes the running sum over the step's
 /// micro-batches: the function takes the sum so far (an argument named as
 /// the result, `ernie.gradient`) and returns it with this micro-batch's
-/// gradient added (accumulateInto). A weight gradient's GEMM adds into it
-/// directly (in f32 for bf16 operands: Megatron's gradient accumulation
-/// fusion), and the memory plan writes it over the sum in place. The
-/// runtime passes zeros on the first micro-batch and the result back as
-/// the sum.
-void accumulateGradients(func::FuncOp backward) {
+/// gradient added (accumulateInto). With `intoGemms` a weight gradient's
+/// GEMM adds into it directly (in f32 for bf16 operands: Megatron's
+/// gradient accumulation fusion); without, an add does (Megatron without
+/// it: main_grad.add_(grad)). The memory plan writes either over the sum
+/// in place. The runtime passes zeros on the first micro-batch and the
+/// result back as the sum.
+void accumulateGradients(func::FuncOp backward, bool intoGemms) {
   Block &body = backward.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   Builder b(backward.getContext());
@@ -733,7 +736,8 @@ void accumulateGradients(func::FuncOp backward) {
         g.getLoc());
     // Detached from the return: accumulateInto sees who else reads it.
     ret.setOperand(i, body.getArgument(at));
-    ret.setOperand(i, accumulateInto(body.getArgument(at), g, ret));
+    ret.setOperand(i,
+                   accumulateInto(body.getArgument(at), g, ret, intoGemms));
   }
 }
 
@@ -762,8 +766,9 @@ struct PipelineSchedulePass
                          << int64_t(microBatches);
       return signalPassFailure();
     }
-    if (accumulate != "fused" && accumulate != "runtime") {
-      module.emitError() << "accumulate is fused or runtime, not '"
+    if (accumulate != "gemm" && accumulate != "add" &&
+        accumulate != "runtime") {
+      module.emitError() << "accumulate is gemm, add or runtime, not '"
                          << accumulate << "'";
       return signalPassFailure();
     }
@@ -822,11 +827,11 @@ struct PipelineSchedulePass
     for (auto fn : llvm::to_vector(module.getOps<func::FuncOp>()))
       if (!fn->hasAttr(ErnieDialect::kPipelineStageAttrName))
         fn.erase();
-    if (accumulate == "fused")
+    if (accumulate != "runtime")
       for (int64_t c = 0; c < shape.chunks(); ++c)
         if (auto backward = module.lookupSymbol<func::FuncOp>(
                 "train_backward." + std::to_string(c)))
-          accumulateGradients(backward);
+          accumulateGradients(backward, accumulate == "gemm");
     numberStageCollectives(module, channel);
 
     module->setAttr(ErnieDialect::kPipelineAttrName, scheduled);

@@ -60,6 +60,9 @@ class Candidate:
     recompute_layers: int = 0
     micro_batch_size: int = 1
     micro_batches: int = 1
+    # Under pp: weight-gradient GEMMs add into the f32 micro-batch sums
+    # (Megatron's --gradient-accumulation-fusion); False adds after them.
+    gradient_accumulation_fusion: bool = True
 
     @property
     def name(self) -> str:
@@ -75,6 +78,8 @@ class Candidate:
                          (f":{self.recompute_layers}" if self.recompute_layers else ""))
         if self.pp > 1:
             parts.append(f"m{self.micro_batches}x{self.micro_batch_size}")
+            if not self.gradient_accumulation_fusion:
+                parts.append("no-gaf")
         return " ".join(parts)
 
 
@@ -158,7 +163,8 @@ def _mesh_and_config(model, c: Candidate):
         config["mp_config"] = {"parallelize_plan": _tp_plan(model, c.sequence_parallel)}
     if c.pp > 1:
         config["pp_config"] = {"split_spec": _layer_list(model),
-                               "accumulate_steps": c.micro_batches, "vpp_degree": c.vpp}
+                               "accumulate_steps": c.micro_batches, "vpp_degree": c.vpp,
+                               "gradient_accumulation_fusion": c.gradient_accumulation_fusion}
     if c.recompute_layers:
         name = _layer_list(model)
         config["recompute"] = {"granularity": c.recompute,
@@ -300,8 +306,14 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                     m = local // mbs
                     if pp > 1 and (m < pp or (vpp > 1 and m % pp)):
                         continue
-                    for sp in ((False, True) if mp > 1 and has_sp else (False,)):
-                        c = Candidate(dp, mp, pp, vpp, sp, micro_batch_size=mbs, micro_batches=m)
+                    # Fused gradient accumulation is never slower: the
+                    # other way is searched only when asked for.
+                    fusions = choices.get("gradient_accumulation_fusion", (True,)) \
+                        if pp > 1 else (True,)
+                    for sp, fusion in itertools.product(
+                            (False, True) if mp > 1 and has_sp else (False,), fusions):
+                        c = Candidate(dp, mp, pp, vpp, sp, micro_batch_size=mbs, micro_batches=m,
+                                      gradient_accumulation_fusion=fusion)
                         if all(allowed(k, getattr(c, k)) for k in
                                ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size")):
                             yield c
@@ -451,7 +463,9 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     `memory_fraction` of the device's memory. `optimizer` is the
     optimizer to plan for (default AdamW). `choices` narrows the search:
     {"mp": [4, 8], "pp": [8, 16], "sequence_parallel": [True], ...}
-    (Candidate's fields). `workers` processes compile candidates at once
+    (Candidate's fields; "gradient_accumulation_fusion": [False] plans
+    for Megatron without it, which the search otherwise leaves out as
+    never faster). `workers` processes compile candidates at once
     (default: one per core; 1 searches in this process). Raises NothingFits
     with the smallest memory any plan needed.
 

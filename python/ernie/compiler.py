@@ -197,7 +197,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
         buckets = buckets or {}
         accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
         if pipeline is not None:
-            fused = "fused" if pipeline.get("gradient_accumulation_fusion", True) else "runtime"
+            # Megatron's flag: off, main_grad is added to after each GEMM.
+            fused = "gemm" if pipeline.get("gradient_accumulation_fusion", True) else "add"
             passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
                           f"schedule={pipeline['schedule']} grad-reduce={accumulate} "
                           f"accumulate={fused}}}")

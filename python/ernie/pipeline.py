@@ -26,8 +26,8 @@ split along dimension 0), `schedule_mode` ("1F1B", "FThenB", "VPP" /
 "interleaved"), `vpp_degree` (chunks per pipeline rank; > 1 means the
 interleaved schedule) and `gradient_accumulation_fusion` (default True,
 Megatron's flag: each backward adds its micro-batch's gradients into the
-step's f32 running sums, a weight gradient's GEMM directly; False leaves
-the sum to the runtime, after each call). `global_spec` names layers whose
+step's f32 running sums, a weight gradient's GEMM directly; False adds
+them after the GEMMs, as Megatron does without the flag). `global_spec` names layers whose
 outputs every stage needs (Paddle places them on the whole mesh); here it
 is accepted and checked only: any value that crosses stages is sent to the
 stages that read it, so it needs no action.

@@ -3,10 +3,11 @@
 // and FThenB give the same bits (each micro-batch computes the same, and
 // gradients are summed in micro-batch order by both), and so do the thread
 // engine and Gloo processes. The backwards add into the running gradient
-// sums (accumulate=fused: the weight gradients' GEMMs with beta = 1, in
-// place in the runtime's sum); leaving the sums to the runtime
-// (accumulate=runtime) adds the same terms in another order inside each
-// GEMM: equal to f32 rounding (1e-6 relative).
+// sums (accumulate=gemm: the weight gradients' GEMMs with beta = 1, in
+// place in the runtime's sum); adding after each GEMM (accumulate=add) or
+// leaving the sums to the runtime (accumulate=runtime) adds the same terms
+// in another order inside each GEMM: equal to f32 rounding (1e-6
+// relative).
 //
 // RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-shared-weight-dedup --ernie-autodiff=optimizer=adamw --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 schedule=1F1B" | ernie-translate --ernie-to-program -o %t.1f1b.ernie
 // RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-shared-weight-dedup --ernie-autodiff=optimizer=adamw --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 schedule=FThenB" | ernie-translate --ernie-to-program -o %t.gpipe.ernie
@@ -23,6 +24,10 @@
 // RUN: %allclose %t.out/threads/losses.npy %t.out/runtime/losses.npy --rtol 1e-6
 // RUN: %allclose %t.out/threads/tied.npy %t.out/runtime/tied.npy --rtol 1e-6
 // RUN: %allclose %t.out/threads/w1.npy %t.out/runtime/w1.npy --rtol 1e-6
+// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-shared-weight-dedup --ernie-autodiff=optimizer=adamw --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 schedule=1F1B accumulate=add" | ernie-translate --ernie-to-program -o %t.add.ernie
+// RUN: ernie-run %t.add.ernie --steps 3 --quiet --outputs %t.out/add
+// RUN: %allclose %t.out/threads/losses.npy %t.out/add/losses.npy --rtol 1e-6
+// RUN: %allclose %t.out/threads/w1.npy %t.out/add/w1.npy --rtol 1e-6
 // RUN: ernie-run %t.1f1b.ernie --steps 1 --quiet --function eval_step --outputs %t.out/eval
 ernie.mesh @mesh(dp = 2, pp = 2)
 func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>},

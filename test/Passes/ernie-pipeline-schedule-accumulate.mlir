@@ -1,4 +1,4 @@
-// Gradient accumulation inside the backward (accumulate=fused, the
+// Gradient accumulation inside the backward (accumulate=gemm, the
 // default): each @train_backward.c takes the running sum of every gradient
 // it returns (an ernie.gradient argument named as the result) and returns
 // it with its micro-batch added.

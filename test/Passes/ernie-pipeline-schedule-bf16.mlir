@@ -1,32 +1,40 @@
 // A bf16 model's gradients are handed from the backward to the update in
 // f32 and summed over the micro-batches there (Megatron's main grads). By
-// default (accumulate=fused) each backward takes the running f32 sums and
+// default (accumulate=gemm) each backward takes the running f32 sums and
 // its weight gradients' GEMMs add into them (matmul_accumulate: bf16
-// operands, the product never rounded to bf16); with accumulate=runtime the
-// backward widens each gradient and the runtime adds them. Either way the
-// update averages in f32 and narrows it back for the optimizer (which, with
-// multi-precision, widens it again for its f32 master weights). Values that
-// stay inside a phase keep bf16.
-// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 "--ernie-autodiff=optimizer=sgd" --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4" | FileCheck %s --check-prefixes=CHECK,FUSED
+// operands, the product never rounded to bf16); with accumulate=add it
+// widens each GEMM's bf16 gradient and adds it (Megatron without gradient
+// accumulation fusion); with accumulate=runtime it widens each gradient and
+// the runtime adds them. Either way the update averages in f32 and narrows
+// it back for the optimizer (which, with multi-precision, widens it again
+// for its f32 master weights). Values that stay inside a phase keep bf16.
+// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 "--ernie-autodiff=optimizer=sgd" --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4" | FileCheck %s --check-prefixes=CHECK,GEMM
+// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 "--ernie-autodiff=optimizer=sgd" --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 accumulate=add" | FileCheck %s --check-prefixes=CHECK,ADD
 // RUN: ernie-opt %s --ernie-pipeline-split=stages=2 "--ernie-autodiff=optimizer=sgd" --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 accumulate=runtime" | FileCheck %s --check-prefixes=CHECK,RUNTIME
 
 // CHECK-LABEL: func.func @train_forward.0
 // CHECK: ernie.send %{{.*}} to stage 1 channel [[$ACT:[0-9]+]] : tensor<8x8xbf16>
 
 // CHECK-LABEL: func.func @train_backward.1
-// FUSED-SAME: %[[SUM1:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N1:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N1]]"})
+// GEMM-SAME: %[[SUM1:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N1:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N1]]"})
+// ADD-SAME: %[[SUM1:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N1:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N1]]"})
 // RUNTIME-SAME: -> (tensor<8x8xf32> {ernie.gradient = "grad.{{[0-9]+}}"})
-// FUSED-NOT: ernie.cast %{{.*}} -> tensor<8x8xf32>
-// FUSED: %[[G1:.+]] = ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[SUM1]] {transpose_a} : tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
+// GEMM-NOT: ernie.cast %{{.*}} -> tensor<8x8xf32>
+// GEMM: %[[G1:.+]] = ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[SUM1]] {transpose_a} : tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
 // CHECK: ernie.send %{{.*}} to stage 0 channel [[$GRAD:[0-9]+]] : tensor<8x8xbf16>
+// ADD: %[[W1:.+]] = ernie.cast %{{.*}} : tensor<8x8xbf16> -> tensor<8x8xf32>
+// ADD: %[[G1:.+]] = ernie.add %[[SUM1]], %[[W1]] : tensor<8x8xf32>
 // RUNTIME: %[[G1:.+]] = ernie.cast %{{.*}} : tensor<8x8xbf16> -> tensor<8x8xf32>
 // CHECK: return %[[G1]]
 
 // CHECK-LABEL: func.func @train_backward.0
-// FUSED-SAME: %[[SUM0:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N0:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N0]]"})
+// GEMM-SAME: %[[SUM0:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N0:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N0]]"})
+// ADD-SAME: %[[SUM0:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[N0:grad\.[0-9]+]]"}) -> (tensor<8x8xf32> {ernie.gradient = "[[N0]]"})
 // RUNTIME-SAME: -> (tensor<8x8xf32> {ernie.gradient = "grad.{{[0-9]+}}"})
 // CHECK: ernie.recv from stage 1 channel [[$GRAD]] : tensor<8x8xbf16>
-// FUSED: ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[SUM0]] {transpose_a} : tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
+// GEMM: ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[SUM0]] {transpose_a} : tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
+// ADD: %[[W0:.+]] = ernie.cast %{{.*}} : tensor<8x8xbf16> -> tensor<8x8xf32>
+// ADD: ernie.add %[[SUM0]], %[[W0]] : tensor<8x8xf32>
 // RUNTIME: ernie.cast %{{.*}} : tensor<8x8xbf16> -> tensor<8x8xf32>
 
 // CHECK-LABEL: func.func @train_update.0

@@ -9,8 +9,8 @@
 // MB: error: a pipeline needs micro-batches >= 1 and <= 1048576, not 0
 // RUN: not ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=2 grad-reduce=bf16" 2>&1 | FileCheck %s --check-prefix=REDUCE
 // REDUCE: error: grad-reduce is f32 or native, not 'bf16'
-// RUN: not ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=2 accumulate=gemm" 2>&1 | FileCheck %s --check-prefix=ACCUMULATE
-// ACCUMULATE: error: accumulate is fused or runtime, not 'gemm'
+// RUN: not ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=2 accumulate=fused" 2>&1 | FileCheck %s --check-prefix=ACCUMULATE
+// ACCUMULATE: error: accumulate is gemm, add or runtime, not 'fused'
 // RUN: not ernie-opt %s --ernie-autodiff=optimizer=sgd --ernie-pipeline-schedule 2>&1 | FileCheck %s --check-prefix=UNSPLIT
 // UNSPLIT: error: no pipeline to schedule: run --ernie-pipeline-split before autodiff
 

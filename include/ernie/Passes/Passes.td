@@ -576,11 +576,11 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
     per micro-batch; a narrow (bf16) gradient's sum there adds the f32
     means the runtime accumulated (`grad-reduce=f32`, the default; `native`
     adds them narrowed), and one whose shard alone the update reads
-    (ZeRO-1) is a reduce-scatter. With `accumulate=fused` (the default)
-    each backward takes the running sums of its gradients (`ernie.gradient`
-    arguments named as its results) and returns them with its micro-batch
-    added, a weight gradient's GEMM adding into the f32 sum itself
-    (`matmul_accumulate`). The schedule (`FThenB`, `1F1B`, `interleaved`, or
+    (ZeRO-1) is a reduce-scatter. With `accumulate=gemm` (the default) or
+    `add` each backward takes the running sums of its gradients
+    (`ernie.gradient` arguments named as its results) and returns them with
+    its micro-batch added, under `gemm` a weight gradient's GEMM adding
+    into the f32 sum itself (`matmul_accumulate`). The schedule (`FThenB`, `1F1B`, `interleaved`, or
     `custom`: the module's own `ernie.pipeline_schedule`) is built, checked
     for deadlocks by simulating every rank, and recorded on the module.
   }];
@@ -593,11 +593,12 @@ def PipelineSchedulePass : Pass<"ernie-pipeline-schedule", "ModuleOp"> {
            "f32: a narrow gradient's data-parallel sum in the update adds "
            "the f32 micro-batch means (Megatron's main grads); native: the "
            "narrowed ones">,
-    Option<"accumulate", "accumulate", "std::string", "\"fused\"",
-           "fused: each backward adds its gradients into the running sums "
+    Option<"accumulate", "accumulate", "std::string", "\"gemm\"",
+           "gemm: each backward adds its gradients into the running sums "
            "it takes, a weight gradient's GEMM directly (matmul_accumulate: "
-           "Megatron's gradient accumulation fusion); runtime: the runtime "
-           "adds the gradients each backward returns">,
+           "Megatron's gradient accumulation fusion); add: by adds after "
+           "the GEMMs (Megatron without it); runtime: the runtime adds the "
+           "gradients each backward returns">,
   ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect",
                            "::mlir::func::FuncDialect"];
