@@ -61,6 +61,27 @@ struct Executor::Arena {
         outputs[i].push_back(buffers[b]);
       }
     }
+    // Views (a reshape whose result sits at its operand's offset: the
+    // memory plan's) join their operand's group; any other result is a
+    // write into its group's memory.
+    root.resize(fn.buffers.size());
+    for (uint32_t b = 0; b < root.size(); ++b)
+      root[b] = b;
+    written.assign(fn.buffers.size(), false);
+    for (const Instruction &inst : fn.instructions) {
+      bool view = inst.op == "ernie.reshape" && inst.operands.size() == 1 &&
+                  inst.results.size() == 1 &&
+                  fn.buffers[inst.results[0]].offset ==
+                      fn.buffers[inst.operands[0]].offset;
+      if (view)
+        root[inst.results[0]] = root[inst.operands[0]];
+      else
+        for (uint32_t b : inst.results)
+          written[root[b]] = true;
+    }
+    members.resize(fn.buffers.size());
+    for (uint32_t b = 0; b < root.size(); ++b)
+      members[root[b]].push_back(b);
     // On a GPU the constants (and this rank's axis indices) are uploaded
     // once and copied on the device each call; the host copies them from
     // the program.
@@ -86,25 +107,22 @@ struct Executor::Arena {
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
 
-  /// Puts buffer `b` (and the views inside its bytes) at `data` instead of
-  /// its arena offset: a donated argument, whose memory the caller's tensor
-  /// is for the call. `b` must live through the whole call (an argument
-  /// that a result is written over), so any buffer sharing its bytes is a
-  /// view of it; false (nothing moved) when one only partly lies inside.
-  bool bind(uint32_t b, void *data) {
-    const std::vector<uint32_t> *views = viewsOf(b);
-    if (!views)
-      return false;
-    for (uint32_t v : *views)
-      place(v, static_cast<uint8_t *>(data) + (extents[v].first -
-                                                 extents[b].first));
-    return true;
+  /// Puts buffer `b` and its views at `data` instead of their arena
+  /// offsets, for one call: an argument whose memory the caller's tensor
+  /// is. The caller's memory is written only where the function writes `b`
+  /// (a donated running sum); read-only arguments are bound as they are.
+  void bind(uint32_t b, const void *data) {
+    for (uint32_t v : members[root[b]])
+      place(v, const_cast<uint8_t *>(static_cast<const uint8_t *>(data)) +
+                   (extents[v].first - extents[b].first));
   }
   /// Back to the arena (after the call that bound it).
   void unbind(uint32_t b) {
-    for (uint32_t v : *viewsOf(b))
+    for (uint32_t v : members[root[b]])
       place(v, static_cast<uint8_t *>(memory.data()) + extents[v].first);
   }
+  /// Whether no instruction writes `b`'s memory (through it or a view).
+  bool readOnly(uint32_t b) const { return !written[root[b]]; }
 
   static size_t roundUp(size_t n) {
     return (n + program::kBufferAlignment - 1) / program::kBufferAlignment *
@@ -144,27 +162,12 @@ private:
   };
   std::vector<std::vector<Slot>> readers;
   std::vector<std::pair<uint64_t, uint64_t>> extents;
-  /// Per bound buffer: itself and the buffers inside its bytes; null when
-  /// one overlaps them only in part. Made on first use.
-  std::map<uint32_t, std::optional<std::vector<uint32_t>>> views;
+  /// Per buffer, the buffer whose memory it views (itself if none); per
+  /// such root, its views and whether an instruction writes them.
+  std::vector<uint32_t> root;
+  std::vector<std::vector<uint32_t>> members;
+  std::vector<bool> written;
 
-  const std::vector<uint32_t> *viewsOf(uint32_t b) {
-    auto [it, fresh] = views.try_emplace(b);
-    if (fresh) {
-      std::vector<uint32_t> inside;
-      auto [begin, end] = extents[b];
-      for (uint32_t v = 0; v < extents.size(); ++v) {
-        auto [from, to] = extents[v];
-        if (to <= begin || from >= end)
-          continue;
-        if (from < begin || to > end)
-          return nullptr; // (the map keeps nullopt: never bound)
-        inside.push_back(v);
-      }
-      it->second = std::move(inside);
-    }
-    return it->second ? &*it->second : nullptr;
-  }
   void place(uint32_t v, void *data) {
     buffers[v].data = data;
     for (const Slot &slot : readers[v])
@@ -814,10 +817,11 @@ Executor::runOnDevice(const std::string &name,
                                     program_.mesh(), rank_);
   const std::vector<TensorView> &buffers = arena->buffers;
 
-  // A device tensor passed as an argument and as the target of a result
-  // written over that argument (a running gradient sum) is donated: the
-  // call computes in its memory, with no copy in or out. Bound for this
-  // call only.
+  // Device arguments are bound where they are, for this call, when the
+  // function never writes them, or when the same tensor is the target of a
+  // result the function writes over that argument (donated: a running
+  // gradient sum). Either way nothing is copied in, and a donated result
+  // is not copied out.
   std::vector<uint32_t> bound;
   struct Unbind {
     Arena &arena;
@@ -827,19 +831,21 @@ Executor::runOnDevice(const std::string &name,
         arena.unbind(b);
     }
   } unbind{*arena, bound};
-  for (size_t j = 0; j < into.size() && j < fn.results.size(); ++j) {
-    const DeviceTensor *target = into[j];
-    uint32_t b = fn.results[j].buffer;
-    for (size_t i = 0; target && i < inputs.size(); ++i)
-      if (inputs[i].device == target && fn.arguments[i].buffer == b &&
-          target->type == fn.arguments[i].type &&
-          target->shape == fn.arguments[i].localShape &&
-          &target->device() == &device_ &&
-          std::find(bound.begin(), bound.end(), b) == bound.end() &&
-          arena->bind(b, target->buffer.data())) {
-        bound.push_back(b);
-        break;
-      }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DeviceTensor *given = inputs[i].device;
+    const TensorSpec &arg = fn.arguments[i];
+    uint32_t b = arg.buffer;
+    if (!given || given->type != arg.type || given->shape != arg.localShape ||
+        &given->device() != &device_ ||
+        std::find(bound.begin(), bound.end(), b) != bound.end())
+      continue;
+    bool donated = false;
+    for (size_t j = 0; j < into.size() && j < fn.results.size(); ++j)
+      donated |= into[j] == given && fn.results[j].buffer == b;
+    if (donated || arena->readOnly(b)) {
+      arena->bind(b, given->buffer.data());
+      bound.push_back(b);
+    }
   }
 
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -427,7 +427,7 @@ HostTensor filled(std::vector<int64_t> shape, float from) {
   return t;
 }
 
-TEST(DeviceExecutor, ADonatedRunningSumIsAddedIntoWhereItIs) {
+TEST(DeviceExecutor, ArgumentsAreReadAndDonatedSumsAddedIntoWhereTheyAre) {
   Program program = accumulateProgram();
   SimulatedDevice device;
   ThreadWorld world(program.mesh(), std::chrono::seconds(10), device);
@@ -447,24 +447,28 @@ TEST(DeviceExecutor, ADonatedRunningSumIsAddedIntoWhereItIs) {
   };
 
   // Passed as the argument and as the result's target: the call adds into
-  // the caller's tensor, copying nothing in or out.
+  // the caller's tensor, copying nothing in or out; the operands, which
+  // the function only reads, are read where they are.
   DeviceTensor sum = DeviceTensor::upload(device, s);
+  DeviceTensor da = DeviceTensor::upload(device, a),
+               db = DeviceTensor::upload(device, b);
   std::vector<DeviceTensor> results =
-      executor.runOnDevice("f", {a, b, sum}, 0, {&sum});
+      executor.runOnDevice("f", {da, db, sum}, 0, {&sum});
   EXPECT_TRUE(results[0].empty());
   EXPECT_EQ(values(sum.download()), want);
   EXPECT_EQ(device.copied.load(), 0u);
 
   // Again: it keeps adding where it is; the arena is bound for a call only.
-  executor.runOnDevice("f", {a, b, sum}, 0, {&sum});
+  executor.runOnDevice("f", {da, db, sum}, 0, {&sum});
   HostTensor twice = sum.download();
   for (int i = 0; i < 8; ++i)
     EXPECT_EQ(twice.as<float>()[i], 2 * want[i] - s.as<float>()[i]) << i;
   EXPECT_EQ(device.copied.load(), 0u);
 
-  // Not a target: the argument is copied into the arena and left as it was.
+  // Not a target: the argument the function writes over is copied into
+  // the arena and left as it was (the read-only ones still are not).
   DeviceTensor kept = DeviceTensor::upload(device, s);
-  results = executor.runOnDevice("f", {a, b, kept}, 0);
+  results = executor.runOnDevice("f", {da, db, kept}, 0);
   EXPECT_EQ(values(results[0].download()), want);
   EXPECT_EQ(values(kept.download()), values(s));
   EXPECT_EQ(device.copied.load(), 2 * kept.bytes()); // in, and out
