@@ -179,23 +179,34 @@ std::vector<T> naiveMatmul(const Owned<T> &a, const Owned<T> &b, bool ta, bool t
   return out;
 }
 
+/// f64 operands of a [B] x [m, k] by [k, n] product (transposed as asked,
+/// the rhs shared by the batches or one per batch) and its attributes.
+struct MatmulCase {
+  Owned<double> a, b;
+  Attrs attrs;
+};
+MatmulCase matmulCase(int64_t B, int64_t m, int64_t n, int64_t k, bool ta,
+                      bool tb, bool shared, uint32_t seed) {
+  std::vector<int64_t> aShape = ta ? std::vector<int64_t>{B, k, m}
+                                   : std::vector<int64_t>{B, m, k};
+  std::vector<int64_t> bShape = tb ? std::vector<int64_t>{n, k}
+                                   : std::vector<int64_t>{k, n};
+  if (!shared)
+    bShape.insert(bShape.begin(), B);
+  MatmulCase c{make<double>(aShape, DType::F64, seed),
+               make<double>(bShape, DType::F64, seed + 1), {}};
+  c.attrs.set("transpose_a", ta);
+  c.attrs.set("transpose_b", tb);
+  return c;
+}
+
 TEST(CpuKernels, MatmulEveryTransposeBatchedAndSharedRhs) {
   const int64_t B = 3, m = 4, n = 5, k = 6;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (bool shared : {false, true}) {
-        auto a = make<double>(ta ? std::vector<int64_t>{B, k, m}
-                                 : std::vector<int64_t>{B, m, k},
-                              DType::F64, 5);
-        std::vector<int64_t> bShape = tb ? std::vector<int64_t>{n, k}
-                                         : std::vector<int64_t>{k, n};
-        if (!shared)
-          bShape.insert(bShape.begin(), B);
-        auto b = make<double>(bShape, DType::F64, 6);
+        auto [a, b, attrs] = matmulCase(B, m, n, k, ta, tb, shared, 5);
         auto y = make<double>({B, m, n}, DType::F64);
-        Attrs attrs;
-        attrs.set("transpose_a", ta);
-        attrs.set("transpose_b", tb);
         run("ernie.matmul", {a.view(), b.view()}, {y.view()}, attrs);
         auto want = naiveMatmul(a, b, ta, tb, B, m, n, k, shared);
         for (size_t i = 0; i < want.size(); ++i)
@@ -214,19 +225,9 @@ TEST(CpuKernels, MatmulAccumulateAddsTheUnroundedProduct) {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (bool shared : {false, true}) {
-        auto a = make<double>(ta ? std::vector<int64_t>{B, k, m}
-                                 : std::vector<int64_t>{B, m, k},
-                              DType::F64, 8);
-        std::vector<int64_t> bShape = tb ? std::vector<int64_t>{n, k}
-                                         : std::vector<int64_t>{k, n};
-        if (!shared)
-          bShape.insert(bShape.begin(), B);
-        auto b = make<double>(bShape, DType::F64, 9);
+        auto [a, b, attrs] = matmulCase(B, m, n, k, ta, tb, shared, 8);
         auto s = make<double>({B, m, n}, DType::F64, 10);
         auto y = make<double>({B, m, n}, DType::F64);
-        Attrs attrs;
-        attrs.set("transpose_a", ta);
-        attrs.set("transpose_b", tb);
         run("ernie.matmul_accumulate", {a.view(), b.view(), s.view()},
             {y.view()}, attrs);
         auto product = naiveMatmul(a, b, ta, tb, B, m, n, k, shared);
