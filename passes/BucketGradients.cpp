@@ -41,12 +41,31 @@ int64_t bytesOf(Value v) {
 /// `ernie.gradient` by the pipeline schedule).
 bool onlyReturned(Value r, func::FuncOp fn, bool gradient) {
   return !r.use_empty() && llvm::all_of(r.getUses(), [&](OpOperand &use) {
+    // A pipelined backward's gradient is returned added to its running
+    // sum (an `ernie.gradient` argument): the add is the return's reader.
+    if (auto add = dyn_cast<AddOp>(use.getOwner()); add && gradient) {
+      auto sum = dyn_cast<BlockArgument>(add->getOperand(1 - use.getOperandNumber()));
+      return sum && fn.getArgAttr(sum.getArgNumber(),
+                                  ErnieDialect::kGradientAttrName) &&
+             onlyReturned(add.getResult(), fn, gradient);
+    }
     if (!isa<func::ReturnOp>(use.getOwner()))
       return false;
     unsigned i = use.getOperandNumber();
     return !gradient || fn.getResultAttr(i, "ernie.grad_of") ||
            fn.getResultAttr(i, ErnieDialect::kGradientAttrName);
   });
+}
+
+/// The first op of `block` that reads `v` (itself or through an op nested
+/// in it): where a wait for `v` must be at the latest.
+Operation *firstReader(Value v, Block &block) {
+  Operation *first = block.getTerminator();
+  for (Operation *user : v.getUsers())
+    if (Operation *top = block.findAncestorOpInBlock(*user);
+        top && top->isBeforeInBlock(first))
+      first = top;
+  return first;
 }
 
 bool sumsOrAverages(ReduceKind kind) {
@@ -123,12 +142,15 @@ struct BucketGradientsPass
       });
       for (ArrayRef<Operation *> bucket : cut(ops)) {
         // Started right after its last input is computed; only the return
-        // reads a result, so each is waited for just before it.
+        // (or the running sum's add just before it) reads a result, so each
+        // is waited for just before that.
         Operation *last = bucket.back()->getOperand(0).getDefiningOp();
         OpBuilder b(&block,
                     last ? std::next(Block::iterator(last)) : block.begin());
         Operation *start = startBucket(b, bucket);
-        waitAt(start, bucket, [&](Operation *) { return block.getTerminator(); });
+        waitAt(start, bucket, [&](Operation *op) {
+          return firstReader(op->getResult(0), block);
+        });
       }
     }
     // ZeRO-3's gathers of parameter shards (arguments, so ready from the

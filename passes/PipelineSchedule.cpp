@@ -702,10 +702,9 @@ Value accumulateInto(Value sum, Value g, Operation *before, bool intoGemms) {
     return accumulateInto(accumulateInto(sum, lhs, before, true), rhs, before,
                           true);
   }
-  if (Operation *def = g.getDefiningOp())
-    setAfterBoth(b, def, sum);
-  else if (Operation *def = sum.getDefiningOp())
-    b.setInsertionPointAfter(def);
+  // At the end, where the return read g: a gradient's trailing collective
+  // (one the update did not take) stays last before its reader, so that
+  // --ernie-bucket-gradients may still start it early and wait here.
   return AddOp::create(b, g.getLoc(), sum, g);
 }
 

@@ -176,6 +176,15 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         PlannedBuffer &memory = plan.buffers[rootOf(it->second)];
         if (memory.end != at)
           continue; // the operand (or a value sharing its buffer) lives on
+        // A GEMM reads its factors while it writes: neither may share the
+        // accumulator's memory (elementwise kernels read element i first).
+        if (auto gemm = dyn_cast<MatmulAccumulateOp>(op);
+            gemm && llvm::any_of(ValueRange{gemm.getLhs(), gemm.getRhs()},
+                                 [&](Value factor) {
+                                   return rootOf(plan.bufferOf.lookup(factor)) ==
+                                          rootOf(it->second);
+                                 }))
+          continue;
         memory.end = lastUse(result, at);
         plan.buffers[it->second].end = memory.end;
         plan.bufferOf[result] = it->second;

@@ -69,11 +69,7 @@ struct Executor::Arena {
       root[b] = b;
     written.assign(fn.buffers.size(), false);
     for (const Instruction &inst : fn.instructions) {
-      bool view = inst.op == "ernie.reshape" && inst.operands.size() == 1 &&
-                  inst.results.size() == 1 &&
-                  fn.buffers[inst.results[0]].offset ==
-                      fn.buffers[inst.operands[0]].offset;
-      if (view)
+      if (isView(fn, inst))
         root[inst.results[0]] = root[inst.operands[0]];
       else
         for (uint32_t b : inst.results)
@@ -123,6 +119,8 @@ struct Executor::Arena {
   }
   /// Whether no instruction writes `b`'s memory (through it or a view).
   bool readOnly(uint32_t b) const { return !written[root[b]]; }
+  /// Whether `b` is no view of another buffer (so may be bound).
+  bool isRoot(uint32_t b) const { return root[b] == b; }
 
   static size_t roundUp(size_t n) {
     return (n + program::kBufferAlignment - 1) / program::kBufferAlignment *
@@ -823,6 +821,7 @@ Executor::runOnDevice(const std::string &name,
   // gradient sum). Either way nothing is copied in, and a donated result
   // is not copied out.
   std::vector<uint32_t> bound;
+  std::vector<const DeviceTensor *> boundTensors;
   struct Unbind {
     Arena &arena;
     std::vector<uint32_t> &bound;
@@ -835,16 +834,24 @@ Executor::runOnDevice(const std::string &name,
     const DeviceTensor *given = inputs[i].device;
     const TensorSpec &arg = fn.arguments[i];
     uint32_t b = arg.buffer;
+    // (Program::load gives every argument a buffer of its own, never a
+    // view's; one tensor given twice is bound once, the rest copied.)
     if (!given || given->type != arg.type || given->shape != arg.localShape ||
-        &given->device() != &device_ ||
-        std::find(bound.begin(), bound.end(), b) != bound.end())
+        &given->device() != &device_ || !arena->isRoot(b) ||
+        std::find(boundTensors.begin(), boundTensors.end(), given) !=
+            boundTensors.end())
       continue;
-    bool donated = false;
-    for (size_t j = 0; j < into.size() && j < fn.results.size(); ++j)
+    bool donated = false, target = false;
+    for (size_t j = 0; j < into.size() && j < fn.results.size(); ++j) {
+      target |= into[j] == given;
       donated |= into[j] == given && fn.results[j].buffer == b;
-    if (donated || arena->readOnly(b)) {
+    }
+    // A read-only argument that another result overwrites at the end
+    // would be copied out after that: it stays a copy.
+    if (donated || (arena->readOnly(b) && !target)) {
       arena->bind(b, given->buffer.data());
       bound.push_back(b);
+      boundTensors.push_back(given);
     }
   }
 

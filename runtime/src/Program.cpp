@@ -1309,12 +1309,8 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
                  std::to_string(start) + ", which is in flight until its "
                  "ernie.wait");
     };
-    // A reshape into a view of its operand (the memory plan's views) moves
-    // no bytes: it writes nothing.
-    const bool view = inst.op == "ernie.reshape" && inst.operands.size() == 1 &&
-                      fn.buffers[inst.results[0]].offset ==
-                          fn.buffers[inst.operands[0]].offset;
-    const std::vector<uint32_t> none, &written = view ? none : inst.results;
+    const std::vector<uint32_t> none,
+        &written = isView(fn, inst) ? none : inst.results;
     for (const auto &[result, start] : inFlight) {
       for (uint32_t b : written)
         if (overlap(fn.buffers[b], fn.buffers[result]))
@@ -1346,8 +1342,17 @@ void checkStartsAndWaits(const Function &fn, const std::string &at,
 void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                            const Checker &check) {
   std::vector<bool> written(fn.buffers.size(), false);
-  for (const TensorSpec &arg : fn.arguments)
-    written[arg.buffer] = true;
+  // Each argument has a buffer of its own, written only in place (by an
+  // instruction reading it): the executor binds an argument's buffer to
+  // the caller's tensor, which nothing else may reach.
+  std::vector<bool> argument(fn.buffers.size(), false);
+  for (size_t i = 0; i < fn.arguments.size(); ++i) {
+    uint32_t b = fn.arguments[i].buffer;
+    check.require(!argument[b], at + ", argument " + std::to_string(i) +
+                                    ": buffer " + std::to_string(b) +
+                                    " is an earlier argument's");
+    argument[b] = written[b] = true;
+  }
   for (size_t i = 0; i < fn.instructions.size(); ++i) {
     const Instruction &inst = fn.instructions[i];
     for (uint32_t b : inst.operands)
@@ -1356,8 +1361,16 @@ void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                                     std::to_string(b) +
                                     ", which no argument or earlier "
                                     "instruction wrote");
-    for (uint32_t b : inst.results)
+    for (uint32_t b : inst.results) {
+      check.require(!argument[b] ||
+                        std::find(inst.operands.begin(), inst.operands.end(),
+                                  b) != inst.operands.end(),
+                    at + ", instruction #" + std::to_string(i) + " (" +
+                        inst.op + "): writes argument buffer " +
+                        std::to_string(b) + " without reading it (only an "
+                        "in-place result may take an argument's buffer)");
       written[b] = true;
+    }
   }
   for (size_t i = 0; i < fn.results.size(); ++i)
     check.require(written[fn.results[i].buffer],
@@ -2191,6 +2204,13 @@ int64_t Program::rankInStage(int64_t rank, int64_t stage) const {
   std::vector<int64_t> coords = mesh_.coordinates(rank);
   coords[mesh_.axisIndex(stageAxis_)] = stage;
   return mesh_.rankOf(coords);
+}
+
+bool isView(const Function &fn, const Instruction &inst) {
+  return inst.op == "ernie.reshape" && inst.operands.size() == 1 &&
+         inst.results.size() == 1 &&
+         fn.buffers[inst.results[0]].offset ==
+             fn.buffers[inst.operands[0]].offset;
 }
 
 static bool takesState(const Function &fn, const std::string &name) {

@@ -633,8 +633,12 @@ ProgramBuilder bucketProgram(bool writeAfterFirstWait = false) {
   f.arg(a).arg(b).op("ernie.all_reduce_start", {a, b}, {ra, rb},
                      {{"kind", std::string("sum")}}, {"dp"});
   f.op("ernie.wait", {ra}, {ra});
-  if (writeAfterFirstWait) // the transfer is over: a's memory is free
-    f.op("ernie.neg", {ra}, {a});
+  if (writeAfterFirstWait) { // the transfer is over: a's memory is free
+    uint32_t over = f.buffer(DType::F32, {4});
+    f.buffers[over].offset = 0; // a's bytes (a buffer of its own: a's is
+                                // an argument's, written only in place)
+    f.op("ernie.neg", {ra}, {over});
+  }
   f.op("ernie.wait", {rb}, {rb}).ret(ra).ret(rb);
   return pb;
 }

@@ -184,6 +184,29 @@ TEST(ProgramBounds, RepeatedAxesAndUnwrittenBuffers) {
                                          "wrote"));
 }
 
+// The executor binds an argument's buffer to the caller's tensor: no two
+// arguments share one, and only an in-place result (an instruction reading
+// it) may write it, or a caller's tensor could be written through another.
+TEST(ProgramBounds, ArgumentBuffersAreTheirsAlone) {
+  ProgramBuilder shared = oneOp("ernie.add", {{4}, {4}}, {{4}});
+  FunctionBuilder &f = shared.get("main");
+  f.arguments[1].first = f.arguments[0].first;
+  EXPECT_THAT(errorOf(shared), HasSubstr("argument 1: buffer 0 is an earlier "
+                                         "argument's"));
+  ProgramBuilder over = oneOp("ernie.add", {{4}, {4}}, {{4}});
+  FunctionBuilder &g = over.get("main");
+  uint32_t y = g.arguments[1].first;
+  g.op("ernie.relu", {g.arguments[0].first}, {y});
+  EXPECT_THAT(errorOf(over),
+              HasSubstr("instruction #1 (ernie.relu): writes argument buffer " +
+                        std::to_string(y) + " without reading it"));
+  // In place is fine.
+  ProgramBuilder inPlace = oneOp("ernie.add", {{4}, {4}}, {{4}});
+  FunctionBuilder &h = inPlace.get("main");
+  h.op("ernie.relu", {h.arguments[1].first}, {h.arguments[1].first});
+  EXPECT_NO_THROW(inPlace.parse("in-place.ernie"));
+}
+
 TEST(ProgramBounds, RankCountsAreBounded) {
   EXPECT_THROW((Mesh{{"a", "b"}, {int64_t(1) << 32, int64_t(1) << 32}}),
                std::invalid_argument);

@@ -4,7 +4,21 @@
 // all-reduced gradient (ZeRO-1) moves to the update instead, once per step
 // (ernie-pipeline-schedule.mlir); a reduce-scatter moved there would hold
 // the micro-batches' sum whole.
+// The backward adds each shard into its running sum (accumulate=gemm's
+// add, after the collective): the reduce-scatter is still only the sum's,
+// so --ernie-bucket-gradients starts it as soon as its input is ready and
+// waits just before the add (BUCKETS).
 // RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=adamw --ernie-zero-sharding=level=2 --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4" | FileCheck %s
+// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=adamw --ernie-zero-sharding=level=2 --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4" --ernie-bucket-gradients | FileCheck %s --check-prefix=BUCKETS
+
+// BUCKETS-LABEL: func.func @train_backward.1
+// BUCKETS-SAME: %[[SUM:[^:]+]]: tensor<4x8xf32> {ernie.gradient =
+// BUCKETS: %[[G:.+]] = ernie.matmul %{{.*}} {transpose_a}
+// BUCKETS-NEXT: %[[F:.+]] = ernie.reduce_scatter_start %[[G]] over @mesh[dp] dim = 0 sum
+// BUCKETS-NEXT: ernie.send
+// BUCKETS-NEXT: %[[W:.+]] = ernie.wait %[[F]]
+// BUCKETS-NEXT: %[[NEW:.+]] = ernie.add %[[SUM]], %[[W]] : tensor<4x8xf32>
+// BUCKETS-NEXT: return %[[NEW]]
 
 // CHECK-LABEL: func.func @train_backward.1
 // CHECK-SAME: -> (tensor<4x8xf32> {ernie.gradient = "grad.{{[0-9]+}}"}

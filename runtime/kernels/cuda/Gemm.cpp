@@ -223,22 +223,34 @@ MatmulShape shapeOf(const TensorView &a, const TensorView &b,
   return s;
 }
 
-/// A GEMM of f32, f64, bf16 or f16 operands and result of the same type.
+/// The cuBLASLt type of an f64, f32, bf16 or f16 buffer.
+cudaDataType_t floatType(DType type) {
+  switch (type) {
+  case DType::F64: return CUDA_R_64F;
+  case DType::F32: return CUDA_R_32F;
+  case DType::BF16: return CUDA_R_16BF;
+  case DType::F16: return CUDA_R_16F;
+  default:
+    throw KernelError("cuBLASLt GEMMs here take f64, f32, bf16 or f16, not " +
+                      std::string(name(type)));
+  }
+}
+
+/// d = a x b (+ d with `accumulate`) of f32, f64, bf16 or f16 operands,
+/// into a result of their type or (bf16, f16) f32; f64 computes in f64,
+/// the rest in f32.
 void floatGemm(DType type, const MatmulShape &s, const void *a, const void *b,
-               void *d) {
+               void *d, DType out, bool accumulate = false) {
   const int64_t sa = s.m * s.k, sb = s.sharedRhs ? 0 : s.k * s.n, sd = s.m * s.n;
   if (type == DType::F64) {
-    const double one = 1, zero = 0;
+    const double one = 1, beta = accumulate ? 1 : 0;
     return gemm({CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F}, s.ta,
                 s.tb, s.m, s.n, s.k, a, sa, b, sb, d, sd, s.batches, &one,
-                &zero);
+                &beta);
   }
-  const float one = 1, zero = 0;
-  cudaDataType_t t = type == DType::F32    ? CUDA_R_32F
-                     : type == DType::BF16 ? CUDA_R_16BF
-                                           : CUDA_R_16F;
-  gemm({t, t, CUBLAS_COMPUTE_32F, CUDA_R_32F}, s.ta, s.tb, s.m, s.n, s.k, a, sa,
-       b, sb, d, sd, s.batches, &one, &zero);
+  const float one = 1, beta = accumulate ? 1 : 0;
+  gemm({floatType(type), floatType(out), CUBLAS_COMPUTE_32F, CUDA_R_32F}, s.ta,
+       s.tb, s.m, s.n, s.k, a, sa, b, sb, d, sd, s.batches, &one, &beta);
 }
 
 void matmul(const std::vector<TensorView> &in,
@@ -250,7 +262,7 @@ void matmul(const std::vector<TensorView> &in,
   case DType::F32:
   case DType::BF16:
   case DType::F16:
-    return floatGemm(a.type, s, a.data, b.data, out[0].data);
+    return floatGemm(a.type, s, a.data, b.data, out[0].data, a.type);
   case DType::I64:
   case DType::I32:
     return integerMatmul(a.type, s.ta, s.tb, s.m, s.n, s.k, s.batches,
@@ -261,7 +273,7 @@ void matmul(const std::vector<TensorView> &in,
         wd(out[0].numElements() * 4);
     convert(a.data, a.type, wa.data(), DType::F32, a.numElements());
     convert(b.data, b.type, wb.data(), DType::F32, b.numElements());
-    floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data());
+    floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data(), DType::F32);
     convert(wd.data(), DType::F32, out[0].data, out[0].type,
             out[0].numElements());
   }
@@ -285,29 +297,8 @@ void matmulAccumulate(const std::vector<TensorView> &in,
     check(cudaMemcpyAsync(d.data, acc.data, d.numElements() * byteSize(d.type),
                           cudaMemcpyDeviceToDevice, stream()),
           "cudaMemcpyAsync");
-  MatmulShape s = shapeOf(a, b, attrs);
-  const int64_t sa = s.m * s.k, sb = s.sharedRhs ? 0 : s.k * s.n, sd = s.m * s.n;
-  auto dataType = [](DType t) {
-    switch (t) {
-    case DType::F64: return CUDA_R_64F;
-    case DType::F32: return CUDA_R_32F;
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F16: return CUDA_R_16F;
-    default:
-      throw KernelError("ernie.matmul_accumulate multiplies f64, f32, f16 or "
-                        "bf16, not " + std::string(name(t)));
-    }
-  };
-  if (a.type == DType::F64) {
-    const double one = 1;
-    return gemm({CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F}, s.ta,
-                s.tb, s.m, s.n, s.k, a.data, sa, b.data, sb, d.data, sd,
-                s.batches, &one, &one);
-  }
-  const float one = 1;
-  gemm({dataType(a.type), dataType(d.type), CUBLAS_COMPUTE_32F, CUDA_R_32F},
-       s.ta, s.tb, s.m, s.n, s.k, a.data, sa, b.data, sb, d.data, sd, s.batches,
-       &one, &one);
+  floatGemm(a.type, shapeOf(a, b, attrs), a.data, b.data, d.data, d.type,
+            /*accumulate=*/true);
 }
 
 bool aligned16(const void *p) {
@@ -348,7 +339,7 @@ void scaledMatmul(const std::vector<TensorView> &in,
       wd(d.numElements() * 4);
   convert(a.data, a.type, wa.data(), DType::F32, a.numElements());
   convert(b.data, b.type, wb.data(), DType::F32, b.numElements());
-  floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data());
+  floatGemm(DType::F32, s, wa.data(), wb.data(), wd.data(), DType::F32);
   scaleInto(wd.as<float>(), scaleA, scaleB, d.data, d.type, d.numElements());
 }
 

@@ -177,6 +177,11 @@ private:
 /// ernie.recv, ernie.stage_all_reduce, ernie.stage_broadcast).
 bool isExecutorOp(const std::string &op);
 
+/// Whether `inst` (of `fn`) is a reshape into a view of its operand (the
+/// memory plan's views: the result at the operand's offset), which moves
+/// no bytes: it writes nothing, and its result is its operand's memory.
+bool isView(const Function &fn, const Instruction &inst);
+
 /// The blocking collective a bucket op stands for ("ernie.all_reduce" for
 /// "ernie.all_reduce_start", likewise reduce_scatter and all_gather: one
 /// message carrying that collective of every operand), or null for any
