@@ -694,13 +694,35 @@ Value accumulateInto(Value sum, Value g, Operation *before, bool intoGemms) {
     matmul.erase();
     return added;
   }
-  auto add = g.getDefiningOp<AddOp>();
-  if (intoGemms && add && g.use_empty() && add.getType() == sum.getType() &&
-      add.getLhs() != add.getRhs()) {
-    Value lhs = add.getLhs(), rhs = add.getRhs();
+  // The terms of an add, each in turn; a narrow add under the widening
+  // cast (a bf16 shared weight's two GEMMs) is taken apart too, each term
+  // widened on its own, so its GEMMs add into the f32 sum unrounded.
+  auto widened = g.getDefiningOp<CastOp>();
+  Value terms = widened && widened.getType() == sum.getType() &&
+                        isa<FloatType>(getElementTypeOrSelf(g))
+                    ? widened.getOperand()
+                    : g;
+  auto add = terms.getDefiningOp<AddOp>();
+  if (intoGemms && add && g.use_empty() && (terms == g || terms.hasOneUse()) &&
+      add.getLhs() != add.getRhs() &&
+      getElementTypeOrSelf(add.getType()).getIntOrFloatBitWidth() <=
+          getElementTypeOrSelf(sum.getType()).getIntOrFloatBitWidth()) {
+    SmallVector<Value, 2> parts{add.getLhs(), add.getRhs()};
+    if (terms != g)
+      g.getDefiningOp()->erase();
     add.erase();
-    return accumulateInto(accumulateInto(sum, lhs, before, true), rhs, before,
-                          true);
+    for (Value &part : parts)
+      if (part.getType() != sum.getType()) {
+        OpBuilder at(before);
+        if (Operation *def = part.getDefiningOp())
+          at.setInsertionPointAfter(def);
+        else
+          at.setInsertionPointToStart(before->getBlock());
+        part = CastOp::create(at, part.getLoc(), sum.getType(), part);
+      }
+    for (Value part : parts)
+      sum = accumulateInto(sum, part, before, true);
+    return sum;
   }
   // At the end, where the return read g: a gradient's trailing collective
   // (one the update did not take) stays last before its reader, so that

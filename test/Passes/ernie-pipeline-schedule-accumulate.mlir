@@ -4,12 +4,13 @@
 // it with its micro-batch added.
 //  * a weight gradient's GEMM adds into the sum itself (matmul_accumulate);
 //  * a weight read twice on one chunk (w below: its gradient is the sum of
-//    two GEMMs) adds both GEMMs in turn, (sum + a) + b;
+//    two GEMMs) adds both GEMMs in turn, (sum + a) + b, also in bf16 (the
+//    second case), where the two are summed in bf16 and widened;
 //  * a gradient that is no GEMM's (the bias's column sum) is an add, just
 //    before the return (where a trailing collective is waited for).
 // The runtime zeroes the sums before the first micro-batch; the memory plan
 // writes each result over its sum (checked in Export/run-pipeline-accumulate).
-// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=2" | FileCheck %s
+// RUN: ernie-opt %s --split-input-file --ernie-pipeline-split=stages=2 --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=2" | FileCheck %s
 
 // CHECK-LABEL: func.func @train_backward.1
 // CHECK-SAME: %[[V:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[NV:grad\.[0-9]+]]"}
@@ -40,5 +41,31 @@ func.func @forward(%x: tensor<4x8xf32>, %y: tensor<4xi64>,
   %s = ernie.split_point %a : tensor<4x8xf32>
   %m = ernie.matmul %s, %v : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
   %loss = ernie.cross_entropy %m, %y : tensor<4x8xf32>, tensor<4xi64> -> tensor<f32>
+  return %loss : tensor<f32>
+}
+
+// -----
+
+// The same shared weight in bf16: its gradient is the bf16 sum of the two
+// GEMMs, widened once for the f32 sum. Taken apart, each GEMM adds its
+// product into the f32 sum unrounded, as a single weight's does.
+// CHECK-LABEL: func.func @train_backward.0
+// CHECK-SAME: %[[W16:[^:]+]]: tensor<8x8xf32> {ernie.gradient = "[[NW16:grad\.[0-9]+]]"}
+// CHECK-SAME: -> (tensor<8x8xf32> {ernie.gradient = "[[NW16]]"})
+// CHECK-NOT: ernie.cast
+// CHECK: %[[ONE16:.+]] = ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[W16]] {transpose_a} : tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
+// CHECK-NEXT: %[[TWO16:.+]] = ernie.matmul_accumulate %{{.*}}, %{{.*}}, %[[ONE16]] {transpose_a} : tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<8x8xf32> -> tensor<8x8xf32>
+// CHECK-NEXT: return %[[TWO16]]
+
+ernie.mesh @mesh(pp = 2)
+func.func @forward(%x: tensor<4x8xbf16>, %y: tensor<4xi64>,
+                   %w: tensor<8x8xbf16> {ernie.param = "w"},
+                   %v: tensor<8x8xbf16> {ernie.param = "v"}) -> tensor<f32> {
+  %h = ernie.matmul %x, %w : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
+  %hh = ernie.matmul %h, %w : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
+  %s = ernie.split_point %hh : tensor<4x8xbf16>
+  %m = ernie.matmul %s, %v : tensor<4x8xbf16>, tensor<8x8xbf16> -> tensor<4x8xbf16>
+  %m32 = ernie.cast %m : tensor<4x8xbf16> -> tensor<4x8xf32>
+  %loss = ernie.cross_entropy %m32, %y : tensor<4x8xf32>, tensor<4xi64> -> tensor<f32>
   return %loss : tensor<f32>
 }
