@@ -213,12 +213,15 @@ def test_pipeline_with_delayed_fp8_histories(axes):
     np.testing.assert_allclose(got, want, rtol=1e-3)
 
 
-def test_bf16_gradients_accumulate_in_f32():
+@pytest.mark.parametrize("fusion", [True, False])
+def test_bf16_gradients_accumulate_in_f32(fusion):
     """A bf16 model's gradients are summed over the micro-batches in f32
     (Megatron's main grads): each stage holds gradient buffers of twice its
     bf16 parameters' bytes, and the run follows the single-rank bf16 run
     with f32 master weights (bound: bf16's 2^-8 on losses summed per
-    micro-batch instead of over the whole batch)."""
+    micro-batch instead of over the whole batch). With gradient
+    accumulation fusion the weight-gradient GEMMs add into those sums,
+    the tied embedding's two included; without, adds after them do."""
     import dataclasses
     cfg = dataclasses.replace(config(4), dtype="bf16")
     batch = data()
@@ -227,7 +230,9 @@ def test_bf16_gradients_accumulate_in_f32():
         return ernie.optimizer.AdamW(1e-3, multi_precision=True)
     ref = ernie.compile(LlamaForCausalLM(cfg), adamw(), batch)
     prog = ernie.compile(LlamaForCausalLM(cfg), adamw(), batch, mesh=mesh_of(pp=2),
-                         config={"pp_config": dict(PP2, accumulate_steps=8)})
+                         config={"pp_config": dict(PP2, accumulate_steps=8,
+                                                   gradient_accumulation_fusion=fusion)})
+    assert ("ernie.matmul_accumulate" in prog.mlir) == fusion
     for stage in prog.report()["stages"]:
         assert stage["gradient_bytes"] == 2 * stage["parameter_bytes"]
     want = [ref.step(*batch) for _ in range(10)]
