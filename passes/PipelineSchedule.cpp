@@ -77,6 +77,14 @@ bool isMaxReduced(Value v) {
   return isa_and_nonnull<ReduceMaxOp>(def);
 }
 
+/// Appends an argument of `type` with `attrs` to `fn` and returns it.
+BlockArgument appendArgument(func::FuncOp fn, Type type, DictionaryAttr attrs,
+                             Location loc) {
+  unsigned at = fn.getNumArguments();
+  (void)fn.insertArgument(at, type, attrs, loc);
+  return fn.getArgument(at);
+}
+
 /// One function being built: its body, arguments, results.
 struct StageFunction {
   std::string name;
@@ -237,10 +245,8 @@ Value Cutter::argumentIn(StageFunction &fn, BlockArgument arg) {
   if (batchIndex_[i] >= 0)
     attrs.set(ErnieDialect::kInputAttrName,
               b_.getI64IntegerAttr(batchIndex_[i]));
-  unsigned at = fn.body->getNumArguments();
-  (void)fn.fn.insertArgument(at, arg.getType(), attrs.getDictionary(b_.getContext()),
-                       arg.getLoc());
-  Value v = fn.body->getArgument(at);
+  Value v = appendArgument(fn.fn, arg.getType(),
+                           attrs.getDictionary(b_.getContext()), arg.getLoc());
   fn.args[i] = v;
   fn.map.map(arg, v);
   return v;
@@ -280,9 +286,7 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
   auto handOff = [&](StringRef attr, std::string name) {
     NamedAttribute named = b_.getNamedAttr(attr, b_.getStringAttr(name));
     addResult(from, local, {named});
-    unsigned at = to.body->getNumArguments();
-    (void)to.fn.insertArgument(at, type, b_.getDictionaryAttr(named), loc);
-    return to.body->getArgument(at);
+    return appendArgument(to.fn, type, b_.getDictionaryAttr(named), loc);
   };
   // The chunk's own forward value read by its backward: a residual.
   if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward)
@@ -749,16 +753,14 @@ void accumulateGradients(func::FuncOp backward, bool intoGemms) {
     if (!name)
       continue;
     Value g = ret.getOperand(i);
-    unsigned at = body.getNumArguments();
-    (void)backward.insertArgument(
-        at, g.getType(),
+    BlockArgument sum = appendArgument(
+        backward, g.getType(),
         b.getDictionaryAttr(
             b.getNamedAttr(ErnieDialect::kGradientAttrName, name)),
         g.getLoc());
     // Detached from the return: accumulateInto sees who else reads it.
-    ret.setOperand(i, body.getArgument(at));
-    ret.setOperand(i,
-                   accumulateInto(body.getArgument(at), g, ret, intoGemms));
+    ret.setOperand(i, sum);
+    ret.setOperand(i, accumulateInto(sum, g, ret, intoGemms));
   }
 }
 
@@ -932,13 +934,13 @@ struct PipelineSchedulePass
       SmallVector<Value> results;
       SmallVector<DictionaryAttr> resultAttrs;
       for (unsigned i : args) {
-        unsigned at = body->getNumArguments();
-        (void)fn.insertArgument(at, train.getArgumentTypes()[i],
-                          train.getArgAttrDict(i), train.getLoc());
+        BlockArgument arg = appendArgument(fn, train.getArgumentTypes()[i],
+                                           train.getArgAttrDict(i),
+                                           train.getLoc());
         auto group = train.getArgAttrOfType<DenseI64ArrayAttr>(
             i, ErnieDialect::kSharedStagesAttrName);
         results.push_back(StageBroadcastOp::create(
-            b, train.getLoc(), body->getArgument(at), group.asArrayRef(),
+            b, train.getLoc(), arg, group.asArrayRef(),
             int64_t(std::distance(names.begin(),
                                   names.find(paramName(train, i))))));
         NamedAttrList attrs;

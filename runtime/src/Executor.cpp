@@ -37,13 +37,13 @@ struct Executor::Arena {
     buffers.reserve(fn.buffers.size());
     for (const BufferSpec &b : fn.buffers) {
       buffers.push_back({data + b.offset, b.type, b.shape});
-      extents.push_back({b.offset, b.offset + b.bytes});
+      offsets.push_back(b.offset);
     }
     inputs.resize(fn.instructions.size());
     outputs.resize(fn.instructions.size());
     blocking.resize(fn.instructions.size());
     constantAt.assign(fn.instructions.size(), nullptr);
-    readers.resize(fn.buffers.size());
+    slots.resize(fn.buffers.size());
     size_t constantBytes = 0;
     for (size_t i = 0; i < fn.instructions.size(); ++i) {
       const Instruction &inst = fn.instructions[i];
@@ -53,11 +53,11 @@ struct Executor::Arena {
       if (!kernels[i])
         continue;
       for (uint32_t b : inst.operands) {
-        readers[b].push_back({&inputs[i], inputs[i].size()});
+        slots[b].push_back({&inputs[i], inputs[i].size()});
         inputs[i].push_back(buffers[b]);
       }
       for (uint32_t b : inst.results) {
-        readers[b].push_back({&outputs[i], outputs[i].size()});
+        slots[b].push_back({&outputs[i], outputs[i].size()});
         outputs[i].push_back(buffers[b]);
       }
     }
@@ -103,19 +103,19 @@ struct Executor::Arena {
   Arena(const Arena &) = delete;
   Arena &operator=(const Arena &) = delete;
 
-  /// Puts buffer `b` and its views at `data` instead of their arena
-  /// offsets, for one call: an argument whose memory the caller's tensor
-  /// is. The caller's memory is written only where the function writes `b`
-  /// (a donated running sum); read-only arguments are bound as they are.
+  /// Puts buffer `b` and its views (which share its offset) at `data`
+  /// instead of the arena, for one call: an argument whose memory the
+  /// caller's tensor is. The caller's memory is written only where the
+  /// function writes `b` (a donated running sum or state); read-only
+  /// arguments are bound as they are.
   void bind(uint32_t b, const void *data) {
     for (uint32_t v : members[root[b]])
-      place(v, const_cast<uint8_t *>(static_cast<const uint8_t *>(data)) +
-                   (extents[v].first - extents[b].first));
+      place(v, const_cast<void *>(data));
   }
   /// Back to the arena (after the call that bound it).
   void unbind(uint32_t b) {
     for (uint32_t v : members[root[b]])
-      place(v, static_cast<uint8_t *>(memory.data()) + extents[v].first);
+      place(v, static_cast<uint8_t *>(memory.data()) + offsets[v]);
   }
   /// Whether no instruction writes `b`'s memory (through it or a view).
   bool readOnly(uint32_t b) const { return !written[root[b]]; }
@@ -153,13 +153,13 @@ struct Executor::Arena {
 
 private:
   /// Per buffer, each instruction's view of it (operand or result list and
-  /// position), and its bytes' [begin, end) in the arena.
+  /// position), and its offset in the arena.
   struct Slot {
     std::vector<TensorView> *list;
     size_t index;
   };
-  std::vector<std::vector<Slot>> readers;
-  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  std::vector<std::vector<Slot>> slots;
+  std::vector<uint64_t> offsets;
   /// Per buffer, the buffer whose memory it views (itself if none); per
   /// such root, its views and whether an instruction writes them.
   std::vector<uint32_t> root;
@@ -168,7 +168,7 @@ private:
 
   void place(uint32_t v, void *data) {
     buffers[v].data = data;
-    for (const Slot &slot : readers[v])
+    for (const Slot &slot : slots[v])
       (*slot.list)[slot.index].data = data;
   }
 };
@@ -873,7 +873,7 @@ Executor::runOnDevice(const std::string &name,
     }
     void *dst = buffers[arg.buffer].data;
     if (input.device && dst == input.device->buffer.data())
-      continue; // donated: already there
+      continue; // bound: already there
     if (input.host)
       device_.upload(dst, input.host->bytes.data(), input.host->bytes.size());
     else
