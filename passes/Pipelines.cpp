@@ -19,9 +19,9 @@ void mlir::ernie::buildAutoParallelPipeline(
     OpPassManager &pm, const AutoParallelPipelineOptions &options) {
   pm.addPass(createCheckStaticProgramPass());
   pm.addPass(createExpandMeanLossPass());
-  pm.addPass(createShardingPropagationPass());
+  pm.addPass(createShardingPropagationPass({options.cluster}));
   if (options.partition)
-    pm.addPass(createSpmdPartitionPass());
+    pm.addPass(createSpmdPartitionPass({options.cluster}));
   pm.addPass(createCanonicalizerPass());
   if (options.runCse)
     pm.addPass(createCSEPass());

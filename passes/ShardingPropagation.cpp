@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ernie/Cost/CostModel.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Passes/Passes.h"
@@ -437,23 +438,24 @@ void Propagator::replicateTheRest() {
   });
 }
 
-/// How much fewer bytes another way of running an op must move before it
-/// replaces the established one (a pending sum reduced where it is read;
-/// operands brought to what the results' factors say). Bytes are the
-/// whole of the cost the propagation sees: a reduction at the return
-/// overlaps the backward, a gathered weight is prefetched, a toy's shapes
-/// say little about a model's; only a clear win moves the plan.
-constexpr int64_t kClearlyCheaper = 4;
+/// How much cheaper (reshardCost: bytes, or a cluster's seconds) another way
+/// of running an op must be before it replaces the established one (a
+/// pending sum reduced where it is read; operands brought to what the
+/// results' factors say). The collectives' cost is the whole of what
+/// propagation sees: a reduction at the return overlaps the backward, a
+/// gathered weight is prefetched, a toy's shapes say little about a
+/// model's; only a clear win moves the plan.
+constexpr double kClearlyCheaper = 4;
 
 /// A settled pending sum (settlePendingReturn) stays one — reduced where
 /// it is read, by a collective buckets overlap with the backward — unless
 /// its producer can make the wanted layout directly (its operands
-/// resharded, on the critical path) moving clearly fewer bytes and
-/// computing no more per rank: a weight gradient wanted whole is not made
+/// resharded, on the critical path) clearly more cheaply and computing no
+/// more per rank: a weight gradient wanted whole is not made
 /// from gathered activations. Some pending axes may stay pending: a
 /// data-parallel sum is not the producer's to avoid (its batch is split),
 /// so the embedding's gradient is made hidden-split over mp and still
-/// all-reduced over dp. The bytes compared are those up to that layout;
+/// all-reduced over dp. The costs compared are those up to that layout;
 /// what remains pending costs both ways the same.
 void Propagator::decideSettledSums() {
   for (auto [v, pending] : settled) {
@@ -476,8 +478,8 @@ void Propagator::decideSettledSums() {
       results[index] = layout;
       return results;
     };
-    auto bytesTo = [&](const OpShardings &choice, ShardingAttr layout) {
-      return movedBytes(choice, state.operands, withResult(layout),
+    auto costTo = [&](const OpShardings &choice, ShardingAttr layout) {
+      return movedCost(choice, state.operands, withResult(layout),
                         state.operandTypes, state.resultTypes, mesh);
     };
     // The way it is now: the pending sum.
@@ -504,8 +506,8 @@ void Propagator::decideSettledSums() {
       if (direct.results[index] == target &&
           localIterations(rule, direct.factorAxes, mesh) <=
               localIterations(rule, reduce.factorAxes, mesh) &&
-          kClearlyCheaper * bytesTo(direct, target) <=
-              bytesTo(reduce, target)) {
+          kClearlyCheaper * costTo(direct, target) <=
+              costTo(reduce, target)) {
         best = target;
         break;
       }
@@ -579,7 +581,7 @@ OpPlan Propagator::planOp(Operation *op) {
                                        state.results, state.operandTypes,
                                        state.resultTypes, mesh);
   auto moved = [&](const OpShardings &choice) {
-    return movedBytes(choice, state.operands, state.results,
+    return movedCost(choice, state.operands, state.results,
                       state.operandTypes, state.resultTypes, mesh);
   };
   if (joint.results == state.results) {
@@ -587,8 +589,8 @@ OpPlan Propagator::planOp(Operation *op) {
     return plan;
   }
   // Else bring the operands to what the results' factors say, if that yields
-  // the results' shardings and moves no more bytes than resharding the
-  // joint choice's results after the op (an embedding whose output is wanted
+  // the results' shardings and costs no more than resharding the joint
+  // choice's results after the op (an embedding whose output is wanted
   // split by sequence: its ids split and the whole table gathered, against
   // the hidden-split lookup's output exchanged all-to-all).
   SmallVector<ShardingAttr> noOperands(op->getNumOperands());
@@ -596,7 +598,7 @@ OpPlan Propagator::planOp(Operation *op) {
       resolveShardings(op->getContext(), rule, noOperands, state.results,
                        state.operandTypes, state.resultTypes, mesh);
   // Resharding the operands stays the default unless resharding the
-  // results after moves clearly fewer bytes (kClearlyCheaper).
+  // results after is clearly cheaper (kClearlyCheaper).
   if (fromResults.results == state.results &&
       kClearlyCheaper * moved(joint) > moved(fromResults)) {
     plan.operands = fromResults.operands;
@@ -684,6 +686,8 @@ LogicalResult Propagator::materialize() {
 
 struct ShardingPropagationPass
     : ernie::impl::ShardingPropagationPassBase<ShardingPropagationPass> {
+  using ShardingPropagationPassBase::ShardingPropagationPassBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     // The mesh: the one the annotations name, else the module's only one.
@@ -711,7 +715,10 @@ struct ShardingPropagationPass
         return; // Nothing is distributed.
       mesh = *meshes.begin();
     }
-    Propagator propagator(module, MeshShape::get(mesh));
+    FailureOr<MeshShape> shape = cost::meshShapeOnCluster(mesh, cluster);
+    if (failed(shape))
+      return signalPassFailure();
+    Propagator propagator(module, *shape);
     if (failed(propagator.seed()))
       return signalPassFailure();
     propagator.run();

@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ernie/Cost/CostModel.h"
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Passes/Passes.h"
@@ -821,6 +822,8 @@ LogicalResult Partitioner::run() {
 
 struct SpmdPartitionPass
     : ernie::impl::SpmdPartitionPassBase<SpmdPartitionPass> {
+  using SpmdPartitionPassBase::SpmdPartitionPassBase;
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto meshes = module.getOps<MeshOp>();
@@ -830,7 +833,11 @@ struct SpmdPartitionPass
       module.emitError("partition supports one mesh per module");
       return signalPassFailure();
     }
-    Partitioner partitioner(module, MeshShape::get(*meshes.begin()));
+    FailureOr<MeshShape> shape =
+        cost::meshShapeOnCluster(*meshes.begin(), cluster);
+    if (failed(shape))
+      return signalPassFailure();
+    Partitioner partitioner(module, *shape);
     if (failed(partitioner.run()))
       return signalPassFailure();
     for (auto fn : module.getOps<func::FuncOp>()) {

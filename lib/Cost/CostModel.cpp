@@ -385,11 +385,12 @@ static double bytesOf(Value v) {
 
 /// NCCL's two all-reduce algorithms: a ring (2(n-1) steps, each moving
 /// 1/n of the tensor) and, across nodes, a tree (latency in log2 of the
-/// nodes, the same bandwidth term); NCCL picks the faster.
-static double allReduceTime(double bytes, const GroupPlacement &g,
+/// nodes, the same bandwidth term); NCCL picks the faster. `sent`: the bytes
+/// one rank sends, 2(n-1)/n of the tensor.
+static double allReduceTime(double sent, const GroupPlacement &g,
                             const LinkSpec &link, const ClusterSpec &c) {
   double n = double(g.size);
-  double volume = 2 * (n - 1) / n * bytes / link.bandwidth;
+  double volume = sent / link.bandwidth;
   double ring = 2 * (n - 1) * link.latency + volume;
   if (g.nodes == 1)
     return ring;
@@ -401,15 +402,42 @@ static double allReduceTime(double bytes, const GroupPlacement &g,
   return std::min(ring, tree);
 }
 
+double CostModel::collectiveTime(ReshardStep::Kind kind, double sent,
+                                 const GroupPlacement &group) const {
+  if (group.size <= 1)
+    return 0;
+  const LinkSpec &link = linkOf(group);
+  switch (kind) {
+  case ReshardStep::Kind::AllReduce:
+    return allReduceTime(sent, group, link, cluster_);
+  case ReshardStep::Kind::ReduceScatter:
+  case ReshardStep::Kind::AllGather:
+  case ReshardStep::Kind::AllToAll:
+    // Rings: n - 1 hops, each moving 1/n of the tensor.
+    return double(group.size - 1) * link.latency + sent / link.bandwidth;
+  case ReshardStep::Kind::ShardSlice:
+  case ReshardStep::Kind::PartialInit:
+    return 0;
+  }
+  llvm_unreachable("unknown reshard step");
+}
+
+double CostModel::reshardTime(const ReshardStep &step) const {
+  SmallVector<std::string> axes;
+  for (StringRef axis : step.axes)
+    axes.push_back(axis.str());
+  return collectiveTime(step.kind, double(step.bytes), placement(axes));
+}
+
 double CostModel::collectiveTime(Operation *op) const {
   std::vector<std::string> axes = axesOf(op);
   if (auto stage = dyn_cast<StageAllReduceOp>(op)) {
     // Replicas on the listed stages, along the pipeline axis.
     GroupPlacement g = placement({"pp"});
     g.size = int64_t(stage.getStages().size());
-    return g.size > 1 ? allReduceTime(bytesOf(stage.getInput()), g, linkOf(g),
-                                      cluster_)
-                      : 0;
+    double n = double(g.size);
+    return collectiveTime(ReshardStep::Kind::AllReduce,
+                          2 * (n - 1) / n * bytesOf(stage.getInput()), g);
   }
   if (auto broadcast = dyn_cast<StageBroadcastOp>(op)) {
     GroupPlacement g = placement({"pp"});
@@ -422,30 +450,64 @@ double CostModel::collectiveTime(Operation *op) const {
   GroupPlacement g = placement(axes);
   if (g.size <= 1)
     return 0;
-  const LinkSpec &link = linkOf(g);
-  double n = double(g.size);
-  auto ring = [&](double bytes) {
-    return (n - 1) * link.latency + (n - 1) / n * bytes / link.bandwidth;
-  };
+  // What one rank sends of a whole tensor of `bytes` (an all-reduce's
+  // operand, an all-gather's result, a reduce-scatter's or all-to-all's
+  // operand).
+  double share = double(g.size - 1) / double(g.size);
+  using Kind = ReshardStep::Kind;
   if (isa<AllReduceOp>(op))
-    return allReduceTime(bytesOf(op->getOperand(0)), g, link, cluster_);
+    return collectiveTime(Kind::AllReduce, 2 * share * bytesOf(op->getOperand(0)), g);
   if (isa<AllGatherOp>(op))
-    return ring(bytesOf(op->getResult(0)));
+    return collectiveTime(Kind::AllGather, share * bytesOf(op->getResult(0)), g);
   if (isa<ReduceScatterOp, AllToAllOp>(op))
-    return ring(bytesOf(op->getOperand(0)));
+    return collectiveTime(Kind::ReduceScatter, share * bytesOf(op->getOperand(0)), g);
   if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
     // A bucket: the blocking op's algorithm over its one message (a gather
     // moves the whole gathered tensors).
     double bytes = double(getBucketBytes(op));
     if (isa<AllReduceStartOp>(op))
-      return allReduceTime(bytes, g, link, cluster_);
-    return ring(isa<AllGatherStartOp>(op) ? bytes * n : bytes);
+      return collectiveTime(Kind::AllReduce, 2 * share * bytes, g);
+    return collectiveTime(Kind::AllGather,
+                          share * (isa<AllGatherStartOp>(op) ? bytes * double(g.size) : bytes),
+                          g);
   }
-  if (auto permute = dyn_cast<CollectivePermuteStartOp>(op))
+  if (auto permute = dyn_cast<CollectivePermuteStartOp>(op)) {
+    const LinkSpec &link = linkOf(g);
     return permute.getShift() % g.size != 0
                ? link.latency + bytesOf(permute.getInput()) / link.bandwidth
                : 0;
+  }
   return 0;
+}
+
+void cost::useCluster(MeshShape &mesh, const ClusterSpec &cluster,
+                      MeshOp meshOp) {
+  auto model = std::make_shared<CostModel>(cluster, meshOp);
+  mesh.stepCost = [model](const ReshardStep &step) {
+    return model->reshardTime(step);
+  };
+  // Costs planned in bytes are no longer this mesh's.
+  mesh.costCache = std::make_shared<llvm::DenseMap<MeshShape::CostKey, double>>();
+}
+
+FailureOr<MeshShape> cost::meshShapeOnCluster(MeshOp mesh,
+                                              llvm::StringRef clusterFile) {
+  MeshShape shape = MeshShape::get(mesh);
+  if (clusterFile.empty())
+    return shape;
+  llvm::Expected<ClusterSpec> spec = loadCluster(clusterFile);
+  if (!spec) {
+    mesh.emitError() << llvm::toString(spec.takeError());
+    return failure();
+  }
+  if (mesh.getNumRanks() > spec->numDevices()) {
+    mesh.emitError() << "the mesh has " << mesh.getNumRanks()
+                     << " ranks but the cluster '" << spec->name << "' only "
+                     << spec->numDevices() << " devices";
+    return failure();
+  }
+  useCluster(shape, *spec, mesh);
+  return shape;
 }
 
 double CostModel::transferTime(int64_t bytes, llvm::StringRef axis) const {

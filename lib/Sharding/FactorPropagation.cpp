@@ -28,6 +28,10 @@ int64_t MeshShape::axisSize(StringRef axis) const {
   return 1;
 }
 
+double MeshShape::costOf(const ReshardStep &step) const {
+  return stepCost ? stepCost(step) : double(step.bytes);
+}
+
 int64_t MeshShape::product(ArrayRef<StringRef> names) const {
   int64_t total = 1;
   for (StringRef axis : names)
@@ -95,42 +99,41 @@ ShardingAttr mlir::ernie::projectSharding(MLIRContext *context,
   return ShardingAttr::get(context, mesh.name, dimAxes, partial);
 }
 
-int64_t mlir::ernie::reshardBytes(ShardingAttr from, ShardingAttr to,
-                                  RankedTensorType type,
-                                  const MeshShape &mesh) {
+double mlir::ernie::reshardCost(ShardingAttr from, ShardingAttr to,
+                                RankedTensorType type, const MeshShape &mesh) {
   if (!from || !to || from == to)
     return 0;
   MeshShape::CostKey key{from, to, type};
   auto it = mesh.costCache->find(key);
   if (it != mesh.costCache->end())
     return it->second;
-  int64_t bytes = std::numeric_limits<int64_t>::max() / 4;
+  double cost = kUnreachableCost;
   if (FailureOr<SmallVector<ReshardStep>> plan =
           planReshard(from, to, type, mesh);
       succeeded(plan)) {
-    bytes = 0;
+    cost = 0;
     for (const ReshardStep &step : *plan)
-      bytes += step.bytes;
+      cost += mesh.costOf(step);
   }
-  (*mesh.costCache)[key] = bytes;
-  return bytes;
+  (*mesh.costCache)[key] = cost;
+  return cost;
 }
 
-int64_t mlir::ernie::movedBytes(const OpShardings &choice,
-                                ArrayRef<ShardingAttr> operands,
-                                ArrayRef<ShardingAttr> results,
-                                ArrayRef<RankedTensorType> operandTypes,
-                                ArrayRef<RankedTensorType> resultTypes,
-                                const MeshShape &mesh) {
-  int64_t bytes = 0;
+double mlir::ernie::movedCost(const OpShardings &choice,
+                              ArrayRef<ShardingAttr> operands,
+                              ArrayRef<ShardingAttr> results,
+                              ArrayRef<RankedTensorType> operandTypes,
+                              ArrayRef<RankedTensorType> resultTypes,
+                              const MeshShape &mesh) {
+  double cost = 0;
   for (auto [i, have] : llvm::enumerate(operands))
     if (have && i < choice.operands.size())
-      bytes += reshardBytes(have, choice.operands[i], operandTypes[i], mesh);
+      cost += reshardCost(have, choice.operands[i], operandTypes[i], mesh);
   // A result's known sharding is what its users want: reshard after.
   for (auto [i, want] : llvm::enumerate(results))
     if (want && i < choice.results.size())
-      bytes += reshardBytes(choice.results[i], want, resultTypes[i], mesh);
-  return bytes;
+      cost += reshardCost(choice.results[i], want, resultTypes[i], mesh);
+  return cost;
 }
 
 double mlir::ernie::localIterations(const OpShardingRule &rule,
@@ -250,20 +253,21 @@ OpShardings mlir::ernie::resolveShardings(
   if (known.empty())
     return project(FactorAxes(rule.factors.size()));
 
-  // The cost of a choice: bytes to bring every known tensor to it, plus the
+  // The cost of a choice: bringing every known tensor to it, plus half the
   // all-reduce a Partial result will need.
   auto cost = [&](const OpShardings &choice) {
-    int64_t bytes = movedBytes(choice, operands, results, operandTypes,
-                               resultTypes, mesh);
+    double total = movedCost(choice, operands, results, operandTypes,
+                             resultTypes, mesh);
     for (auto [index, sharding] : llvm::enumerate(choice.results))
       if (sharding.isPartial() && !results[index])
-        bytes += reshardBytes(
-            sharding,
-            ShardingAttr::get(context, mesh.name,
-                              SmallVector<SmallVector<StringRef>>(
-                                  resultTypes[index].getRank())),
-            resultTypes[index], mesh) / 2;
-    return bytes;
+        total += reshardCost(
+                     sharding,
+                     ShardingAttr::get(context, mesh.name,
+                                       SmallVector<SmallVector<StringRef>>(
+                                           resultTypes[index].getRank())),
+                     resultTypes[index], mesh) /
+                 2;
+    return total;
   };
 
   SmallVector<OpShardings> choices;
@@ -295,14 +299,14 @@ OpShardings mlir::ernie::resolveShardings(
     return most.withoutPartials();
   };
   auto unknownCost = [&](const OpShardings &choice) {
-    int64_t bytes = 0;
+    double total = 0;
     auto charge = [&](bool isResult, unsigned i, ShardingAttr mine,
                       RankedTensorType type) {
       ShardingAttr most = mostSplit(isResult, i);
       // Only a choice that leaves it less split pays: another split of the
       // same size is the producer's to choose.
       if (localElements(mine, type) > localElements(most, type))
-        bytes += reshardBytes(most, mine.withoutPartials(), type, mesh);
+        total += reshardCost(most, mine.withoutPartials(), type, mesh);
     };
     for (auto [i, s] : llvm::enumerate(operands))
       if (!s && i < choice.operands.size() && operandTypes[i])
@@ -310,13 +314,13 @@ OpShardings mlir::ernie::resolveShardings(
     for (auto [i, s] : llvm::enumerate(results))
       if (!s && i < choice.results.size() && resultTypes[i])
         charge(true, i, choice.results[i], resultTypes[i]);
-    return bytes;
+    return total;
   };
 
   size_t best = 0;
-  int64_t bestCost = std::numeric_limits<int64_t>::max();
+  double bestCost = std::numeric_limits<double>::infinity();
   for (auto [i, choice] : llvm::enumerate(choices)) {
-    int64_t c = cost(choice) + (choices.size() > 1 ? unknownCost(choice) : 0);
+    double c = cost(choice) + (choices.size() > 1 ? unknownCost(choice) : 0);
     if (c < bestCost) {
       bestCost = c;
       best = i;

@@ -1,7 +1,8 @@
 //===- Resharding.cpp - the cheapest way between two shardings --------------===//
 //
 // Dijkstra over shardings: each edge is one single-axis step (ReshardStep),
-// weighted by the bytes a rank sends. Steps only ever touch the minor-most
+// weighted by the mesh's step cost (the bytes a rank sends, or seconds on a
+// cluster). Steps only ever touch the minor-most
 // axis of a dimension, which is what makes each of them one collective with
 // a contiguous layout. The state space is tiny (a handful of axes), so the
 // search is exhaustive and the plan optimal for this step set.
@@ -149,7 +150,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
   };
 
   struct Node {
-    int64_t cost;
+    double cost;
     int64_t order; // Insertion order breaks ties deterministically.
     std::string key;
     bool operator>(const Node &o) const {
@@ -157,7 +158,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
     }
   };
   llvm::StringMap<State> states;
-  llvm::StringMap<int64_t> best;
+  llvm::StringMap<double> best;
   llvm::StringMap<std::pair<std::string, ReshardStep>> cameFrom;
   std::priority_queue<Node, std::vector<Node>, std::greater<Node>> queue;
   int64_t order = 0;
@@ -168,13 +169,13 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
   queue.push({0, order++, start.key()});
   std::string goalKey = goal.key();
 
-  auto relax = [&](const std::string &fromKey, int64_t cost, State next,
+  auto relax = [&](const std::string &fromKey, double cost, State next,
                    ReshardStep step) {
     if (localBytes(next) < 0 || !nests(states[fromKey], next))
       return;
     std::string key = next.key();
     auto it = best.find(key);
-    int64_t total = cost + step.bytes;
+    double total = cost + mesh.costOf(step);
     if (it != best.end() && it->second <= total)
       return;
     best[key] = total;

@@ -13,6 +13,7 @@
 #define ERNIE_COST_COSTMODEL_H
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
+#include "ernie/Sharding/Resharding.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringMap.h"
@@ -119,11 +120,17 @@ public:
   double computeSlowdown() const { return computeSlowdown_; }
 
   GroupPlacement placement(llvm::ArrayRef<std::string> axes) const;
-  /// Seconds for one collective over `axes`: `bytes` is the whole tensor
-  /// (an all-reduce's operand, an all-gather's result, a reduce-scatter's
-  /// operand, an all-to-all's operand). All-reduces take the faster of
-  /// NCCL's ring and tree; the rest run as rings.
+  /// Seconds for one collective of `kind` over `group` where one rank sends
+  /// `sent` bytes: the links' latency once per hop plus `sent` over their
+  /// bandwidth. All-reduces take the faster of NCCL's ring and tree; the
+  /// rest run as rings. Local steps (slices) cost nothing.
+  double collectiveTime(ReshardStep::Kind kind, double sent,
+                        const GroupPlacement &group) const;
+  /// Seconds for a collective op of the program.
   double collectiveTime(Operation *op) const;
+  /// Seconds for one step of a resharding plan (the planner's edge cost
+  /// on this cluster).
+  double reshardTime(const ReshardStep &step) const;
   /// A point-to-point transfer of `bytes` across `axis` (pipeline sends).
   double transferTime(int64_t bytes, llvm::StringRef axis) const;
 
@@ -171,6 +178,17 @@ struct StepCost {
                            : 0;
   }
 };
+
+/// Makes `mesh`'s reshard costs this cluster's seconds (MeshShape::
+/// stepCost), the mesh's ranks placed on the cluster as CostModel places
+/// them: propagation and partition then choose layouts and plans by time,
+/// latency included, instead of by bytes.
+void useCluster(MeshShape &mesh, const ClusterSpec &cluster, MeshOp meshOp);
+/// The shape of `mesh` costed on the cluster file `clusterFile` (empty: in
+/// bytes). An unreadable or malformed file, or a cluster with fewer devices
+/// than the mesh has ranks, is an error on the mesh.
+FailureOr<MeshShape> meshShapeOnCluster(MeshOp mesh,
+                                        llvm::StringRef clusterFile);
 
 /// Estimates one training step (train_step, or the pipeline's chunk and
 /// update functions under its schedule; without them forward_grad or the

@@ -23,6 +23,10 @@ struct SimplifyPipelineOptions
   Option<bool> runCse{*this, "cse",
                       llvm::cl::desc("Run common-subexpression elimination"),
                       llvm::cl::init(true)};
+  Option<std::string> cluster{
+      *this, "cluster",
+      llvm::cl::desc("Choose layouts and collectives by their time on this "
+                     "cluster (JSON file) instead of by bytes")};
 };
 
 /// Checks the program contract, then canonicalizes (folding ernie's
@@ -41,6 +45,10 @@ struct AutoParallelPipelineOptions
   Option<bool> runCse{*this, "cse",
                       llvm::cl::desc("Run common-subexpression elimination"),
                       llvm::cl::init(true)};
+  Option<std::string> cluster{
+      *this, "cluster",
+      llvm::cl::desc("Choose layouts and collectives by their time on this "
+                     "cluster (JSON file) instead of by bytes")};
 };
 
 /// The whole compiler, from a single-device module with a few placements to

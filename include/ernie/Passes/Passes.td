@@ -130,8 +130,12 @@ def ShardingPropagationPass
     sharding rule, forwards and backwards, across functions and calls, to a
     fixed point. Annotations are honoured in priority order (0 first):
     everything the strongest ones imply is settled before weaker ones speak.
-    Where an op's known operands disagree, the factor choice that moves the
-    fewest bytes wins (ties: the earliest operand).
+    Where an op's known operands disagree, the factor choice whose
+    resharding costs least wins (ties: the earliest operand). Without
+    `cluster` a collective costs the bytes one rank sends; with it, its time
+    on that cluster (the cost model's alpha-beta per collective: each hop's
+    link latency plus bytes over the bandwidth of the links its group
+    spans), so latency counts and a slow inter-node axis is avoided.
 
     Afterwards every op carries `ernie.shardings` (one per result), every
     tensor argument and result of a function carries `ernie.sharding`, and
@@ -146,6 +150,10 @@ def ShardingPropagationPass
     // every value computed from %x row by row comes out split over dp too
     ```
   }];
+  let options = [
+    Option<"cluster", "cluster", "std::string", "\"\"",
+           "Cost reshards as time on this cluster (JSON), not bytes">,
+  ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 
@@ -157,7 +165,8 @@ def SpmdPartitionPass : Pass<"ernie-spmd-partition", "ModuleOp"> {
     one rank's piece, every `ernie.reshard` becomes the cheapest sequence of
     collectives (`all_reduce`, `reduce_scatter`, `all_gather`, `all_to_all`)
     and local steps (`shard_slice`, `partial_init`) found by a shortest-path
-    search over intermediate shardings, and ops whose local form differs from
+    search over intermediate shardings (weighted by bytes, or by time on
+    `cluster`, as propagation weighed them), and ops whose local form differs from
     their global one are expanded (a vocabulary-split embedding looks up the
     rows this rank owns and zeroes the rest). Collectives name mesh axes, not
     ranks: the program is the same for every rank and its size does not
@@ -177,6 +186,10 @@ def SpmdPartitionPass : Pass<"ernie-spmd-partition", "ModuleOp"> {
     // after:  %r = ernie.all_reduce %y over @mesh[mp] sum : tensor<4x16xf32>
     ```
   }];
+  let options = [
+    Option<"cluster", "cluster", "std::string", "\"\"",
+           "Cost reshards as time on this cluster (JSON), not bytes">,
+  ];
   let dependentDialects = ["::mlir::ernie::ErnieDialect"];
 }
 

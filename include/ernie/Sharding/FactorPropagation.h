@@ -14,10 +14,13 @@
 #include "ernie/Dialect/Ernie/IR/ShardingRule.h"
 #include "llvm/ADT/DenseMap.h"
 
+#include <functional>
 #include <memory>
 #include <tuple>
 
 namespace mlir::ernie {
+
+struct ReshardStep;
 
 /// A mesh's axes and sizes, detached from the IR.
 struct MeshShape {
@@ -36,11 +39,24 @@ struct MeshShape {
   /// error (`strict-divisibility`).
   bool allowUneven = true;
 
+  /// What one collective (a reshard step) costs: the planner's edge weight
+  /// and the currency of every choice propagation makes. Unset, every link
+  /// is latency-free at one byte per unit, so a step costs the bytes one
+  /// rank sends. A cluster (cost::useCluster) makes it seconds: the latency
+  /// of the links the step's group spans, once per hop of NCCL's ring or
+  /// tree, plus its bytes over their bandwidth.
+  std::function<double(const ReshardStep &)> stepCost;
+  double costOf(const ReshardStep &step) const;
+
   /// Reshard costs already planned on this mesh, by (from, to, type).
   using CostKey = std::tuple<Attribute, Attribute, Type>;
-  std::shared_ptr<llvm::DenseMap<CostKey, int64_t>> costCache =
-      std::make_shared<llvm::DenseMap<CostKey, int64_t>>();
+  std::shared_ptr<llvm::DenseMap<CostKey, double>> costCache =
+      std::make_shared<llvm::DenseMap<CostKey, double>>();
 };
+
+/// The cost of a tensor no plan can bring to a sharding: large enough to
+/// lose every comparison, small enough to add up without overflowing.
+constexpr double kUnreachableCost = 1e30;
 
 /// For every factor of a rule, the mesh axes that shard it, major to minor.
 using FactorAxes = SmallVector<SmallVector<StringRef, 2>>;
@@ -67,22 +83,23 @@ ShardingAttr projectSharding(MLIRContext *context, const OpShardingRule &rule,
                              const FactorAxes &factorAxes,
                              const MeshShape &mesh, bool isResult);
 
-/// Bytes one rank sends to move a tensor of `type` from `from` to `to`: the
-/// total of the cheapest resharding plan (Resharding.h), i.e. the
-/// CostOpInterface bytes of the collectives partition would emit. Cached per
-/// mesh; a sharding the tensor cannot take costs "infinitely" much.
-int64_t reshardBytes(ShardingAttr from, ShardingAttr to, RankedTensorType type,
-                     const MeshShape &mesh);
-
-/// Bytes one rank sends to run an op as `choice` says where its operands
-/// are `operands` and its users want `results` (null: open, free): each
-/// known operand resharded to the choice's, each choice's result resharded
-/// to the known one.
-int64_t movedBytes(const OpShardings &choice, ArrayRef<ShardingAttr> operands,
-                   ArrayRef<ShardingAttr> results,
-                   ArrayRef<RankedTensorType> operandTypes,
-                   ArrayRef<RankedTensorType> resultTypes,
+/// What moving a tensor of `type` from `from` to `to` costs (the mesh's
+/// `stepCost`: bytes one rank sends, or seconds on a cluster): the total of
+/// the cheapest resharding plan (Resharding.h), i.e. of the collectives
+/// partition would emit. Cached per mesh; a sharding the tensor cannot take
+/// costs kUnreachableCost.
+double reshardCost(ShardingAttr from, ShardingAttr to, RankedTensorType type,
                    const MeshShape &mesh);
+
+/// What running an op as `choice` says costs where its operands are
+/// `operands` and its users want `results` (null: open, free): each known
+/// operand resharded to the choice's, each choice's result resharded to the
+/// known one.
+double movedCost(const OpShardings &choice, ArrayRef<ShardingAttr> operands,
+                 ArrayRef<ShardingAttr> results,
+                 ArrayRef<RankedTensorType> operandTypes,
+                 ArrayRef<RankedTensorType> resultTypes,
+                 const MeshShape &mesh);
 
 /// The points of an op's iteration space (the product of its factors) one
 /// rank computes under `axes`: what splitting saves, and what a choice
@@ -94,7 +111,8 @@ double localIterations(const OpShardingRule &rule, const FactorAxes &axes,
 /// are open) and projects them onto every operand and result. Each known
 /// tensor in turn seeds the choice (its axes first, then the others' in
 /// operand-then-result order where they do not collide); the seed whose
-/// projection moves the fewest bytes wins, the earliest on ties.
+/// projection costs least to move to (reshardCost) wins, the earliest on
+/// ties.
 OpShardings resolveShardings(MLIRContext *context, const OpShardingRule &rule,
                              ArrayRef<ShardingAttr> operands,
                              ArrayRef<ShardingAttr> results,

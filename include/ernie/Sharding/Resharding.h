@@ -1,10 +1,11 @@
 //===- Resharding.h - the cheapest way between two shardings -----*- C++ -*-===//
 //
 // Plans how to move a tensor from any sharding to any other on an N-D mesh
-// as a sequence of single-axis collectives and local slices, moving the
-// fewest bytes per rank. Axes may sit anywhere (several per dimension, in
-// any order, Partial with any reduce kind); a shortest-path search over the
-// intermediate shardings finds the plan, so no pattern list can run out.
+// as a sequence of single-axis collectives and local slices, at the least
+// cost (MeshShape::stepCost: bytes per rank, or a cluster's time). Axes may
+// sit anywhere (several per dimension, in any order, Partial with any
+// reduce kind); a shortest-path search over the intermediate shardings
+// finds the plan, so no pattern list can run out.
 //
 //===----------------------------------------------------------------------===//
 
