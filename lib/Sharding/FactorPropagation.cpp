@@ -318,10 +318,10 @@ OpShardings mlir::ernie::resolveShardings(
   };
 
   size_t best = 0;
-  double bestCost = std::numeric_limits<double>::infinity();
+  double bestCost = std::numeric_limits<double>::max();
   for (auto [i, choice] : llvm::enumerate(choices)) {
     double c = cost(choice) + (choices.size() > 1 ? unknownCost(choice) : 0);
-    if (c < bestCost) {
+    if (isCheaper(c, bestCost)) {
       bestCost = c;
       best = i;
     }

@@ -176,7 +176,7 @@ mlir::ernie::planReshard(ShardingAttr from, ShardingAttr to,
     std::string key = next.key();
     auto it = best.find(key);
     double total = cost + mesh.costOf(step);
-    if (it != best.end() && it->second <= total)
+    if (it != best.end() && !isCheaper(total, it->second))
       return;
     best[key] = total;
     states[key] = std::move(next);

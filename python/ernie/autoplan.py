@@ -194,16 +194,17 @@ def _recomputed_layers(c: Candidate, layers):
 
 def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
     """Compiles `c` abstractly on a `family` model `layers` deep, on the
-    global batch (a pipeline traces one micro-batch of it): its report and
+    global batch (a pipeline traces one micro-batch of it), for `cluster`
+    (propagation weighs collectives by their time there): its report and
     estimate."""
     from .compiler import compile as ernie_compile
     shallow = _shallow(family, layers)  # fresh: parallelize marks what it plans
     mesh, config = _mesh_and_config(shallow, c)
     ids = np.zeros((batch, seq), np.int64)
     prog = ernie_compile(shallow, copy.deepcopy(optimizer), [ids, ids], mesh=mesh,
-                         config=config or None, abstract=True)
+                         config=config or None, abstract=True, cluster=cluster)
     report = prog.report()
-    est = prog.estimate(cluster)
+    est = prog.estimate()
     comm = sum(v["bytes"] for v in report["collectives"].values())
     # Per stage and function: each is affine in the layers, their max is
     # not (the fullest stage, and the function with a stage's largest

@@ -16,9 +16,12 @@ runtime splits each global batch into the micro-batches itself).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import tempfile
 from collections import Counter, OrderedDict, namedtuple
 
 import numpy as np
@@ -166,7 +169,8 @@ def recompute_plan(model: Module, spec) -> tuple[str, dict]:
 def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
               zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
               fp8_config: dict | None = None, pipeline: dict | None = None,
-              fuse: bool = True, buckets: dict | None = None, recompute: str = "none") -> str:
+              fuse: bool = True, buckets: dict | None = None, recompute: str = "none",
+              cluster_file: str | None = None) -> str:
     """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
     virtual_stages, accumulate_steps, schedule (FThenB, 1F1B, interleaved)
     and gradient_accumulation_fusion. `fuse`: group elementwise chains into fused loops
@@ -174,7 +178,9 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
     grad_reduce_dtype; default 25 MiB, f32): data-parallel gradients
     all-reduced in buckets overlapping the backward
     (--ernie-bucket-gradients). `recompute`: none, selective or full
-    (--ernie-recompute, after FP8 lowering so copies are the lowered ops)."""
+    (--ernie-recompute, after FP8 lowering so copies are the lowered ops).
+    `cluster_file`: propagation and partition choose layouts and
+    collectives by their time on that cluster, not by bytes."""
     options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
     text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
     passes = []
@@ -191,7 +197,8 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
     if differentiate and recompute != "none":
         passes.append(f"ernie-recompute{{mode={recompute}}}")
     if partition:
-        passes.append("ernie-auto-parallel-pipeline")
+        passes.append(f'ernie-auto-parallel-pipeline{{cluster="{cluster_file}"}}' if cluster_file
+                      else "ernie-auto-parallel-pipeline")
         if overlap:
             passes.append("ernie-sequence-parallel-overlap")
         buckets = buckets or {}
@@ -210,6 +217,25 @@ def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
     if passes and fuse:
         passes.append("ernie-fuse")  # last: it groups the per-rank programs' elementwise chains
     return f"builtin.module({','.join(passes)})" if passes else ""
+
+
+@contextlib.contextmanager
+def _cluster_file(cluster):
+    """`cluster` (a name, file or dict) as a JSON file with its device
+    inlined, for the passes' cluster= option; None for no cluster."""
+    if cluster is None:
+        yield None
+        return
+    from . import cost
+    spec = cost.load_cluster(cluster)
+    # Named as the user named it: a bad field's error names the file.
+    name = os.path.basename(str(cluster)).removesuffix(".json") \
+        if isinstance(cluster, (str, os.PathLike)) else "cluster"
+    with tempfile.TemporaryDirectory(prefix="ernie-cluster-") as directory:
+        path = os.path.join(directory, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        yield path
 
 
 def _global_array(value) -> np.ndarray:
@@ -316,6 +342,7 @@ class Program:
                  state_values=None, device="cpu"):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
+        self.cluster = None  # what compile() chose collectives for (estimate()'s default)
         # `pipeline`: None, or the pipelined program's stages, virtual_stages,
         # micro_batches, schedule, axis, steps (per pipeline rank its
         # ("F" | "B", chunk, micro_batch) in order), inputs (micro-batch
@@ -658,14 +685,17 @@ class Program:
         with open(path, "wb") as f:
             f.write(self.program_file)
 
-    def estimate(self, cluster) -> dict:
+    def estimate(self, cluster=None) -> dict:
         """The cost model's prediction of one training step on `cluster` (a
         shipped cluster name such as "dgx_h100", a JSON file, a dict, or
-        ernie.cost.calibrate_cpu()'s measured CPU): ernie.cost.estimate's
-        breakdown (step, compute, exposed communication per axis, bubble,
-        recompute, MFU). It needs no values: abstract programs estimate
-        too."""
+        ernie.cost.calibrate_cpu()'s measured CPU; None: the cluster the
+        program was compiled for): ernie.cost.estimate's breakdown (step,
+        compute, exposed communication per axis, bubble, recompute, MFU). It
+        needs no values: abstract programs estimate too."""
         from . import cost
+        cluster = cluster if cluster is not None else self.cluster
+        if cluster is None:
+            raise ValueError("estimate() needs a cluster: this program was compiled without one")
         return cost.estimate(self.mlir, cluster)
 
     def report(self):
@@ -869,7 +899,8 @@ def _check_split_points(model, mesh, pipeline, trace):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False, fp8_config=None, fuse=True, device="cpu") -> Program:
+            abstract=False, trace=False, fp8_config=None, fuse=True, device="cpu",
+            cluster=None) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
     `optimizer` (None: gradients only), partitions it over `mesh` and loads
@@ -886,6 +917,11 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     ranks threads on that GPU, collectives as device copies; a build without
     CUDA, or a machine without a GPU, says so when the program loads — the
     CUDA backend has not yet run on a GPU, docs/architecture.md).
+    `cluster` (a shipped cluster name such as "dgx_h100", a JSON file or a
+    dict, as ernie.cost.load_cluster takes) is what the program will run
+    on: sharding propagation and partition then weigh each collective by
+    its time there (latency and the links its group crosses) instead of by
+    its bytes, and estimate() defaults to it.
 
     A mesh with a "pp" axis of size > 1 pipelines the model (it needs an
     optimizer): split points come from `pp_config.split_spec`, a
@@ -933,17 +969,19 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                                  recompute_layers=recompute_layers)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
-    compiled, program_file, activations = _ernie.compile(
-        traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
-                          overlap=bool(plan and plan.get("sequence_parallel_overlap")),
-                          fp8_config=fp8_config if fp8_config is not None
-                          else (plan.get("fp8_config") if plan else None),
-                          pipeline=pipeline, fuse=fuse,
-                          buckets=plan.get("gradient_buckets") if plan else None,
-                          recompute=recompute))
+    with _cluster_file(cluster if mesh is not None else None) as cluster_file:
+        compiled, program_file, activations = _ernie.compile(
+            traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
+                              overlap=bool(plan and plan.get("sequence_parallel_overlap")),
+                              fp8_config=fp8_config if fp8_config is not None
+                              else (plan.get("fp8_config") if plan else None),
+                              pipeline=pipeline, fuse=fuse,
+                              buckets=plan.get("gradient_buckets") if plan else None,
+                              recompute=recompute, cluster_file=cluster_file))
     program = Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                       seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
                       trace=trace, state_values=trace_state.state_values, device=device)
+    program.cluster = cluster
     program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
     program._activation_bytes = activations
     return program

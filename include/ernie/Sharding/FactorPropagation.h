@@ -14,6 +14,7 @@
 #include "ernie/Dialect/Ernie/IR/ShardingRule.h"
 #include "llvm/ADT/DenseMap.h"
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <tuple>
@@ -57,6 +58,14 @@ struct MeshShape {
 /// The cost of a tensor no plan can bring to a sharding: large enough to
 /// lose every comparison, small enough to add up without overflowing.
 constexpr double kUnreachableCost = 1e30;
+
+/// Whether cost `a` beats `b` by more than rounding. Times summed in another
+/// order differ in their last bits (a reduce-scatter and an all-gather cost
+/// what one ring all-reduce does); such ties must fall to the same
+/// deterministic order as equal byte counts, not to the noise.
+inline bool isCheaper(double a, double b) {
+  return a < b - 1e-9 * std::abs(b);
+}
 
 /// For every factor of a rule, the mesh axes that shard it, major to minor.
 using FactorAxes = SmallVector<SmallVector<StringRef, 2>>;
