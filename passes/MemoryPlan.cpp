@@ -30,6 +30,8 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
         return plan->buffers[plan->bufferOf.lookup(v)].offset;
       };
       fn->setAttr(ErnieDialect::kArenaBytesAttrName, b.getI64IntegerAttr(plan->arenaBytes));
+      fn->setAttr(ErnieDialect::kArgumentBytesAttrName,
+                  b.getI64IntegerAttr(plan->argumentBytes));
       fn->setAttr(ErnieDialect::kLivePeakBytesAttrName,
                   b.getI64IntegerAttr(plan->livePeakBytes));
       if (plan->activationBytes)
@@ -49,7 +51,9 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
         op->setAttr(ErnieDialect::kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
       });
       mlir::emitRemark(fn.getLoc()) << "memory plan: arena " << plan->arenaBytes
-                      << " bytes per rank, live peak " << plan->livePeakBytes
+                      << " bytes per rank (arguments "
+                      << plan->argumentBytes << " beside it), live peak "
+                      << plan->livePeakBytes
                       << ", " << plan->buffers.size() << " buffers, "
                       << plan->inPlaceReuses << " written in place";
     }

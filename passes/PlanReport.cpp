@@ -125,6 +125,7 @@ struct PlanReportPass : ernie::impl::PlanReportPassBase<PlanReportPass> {
           {"input_bytes", inputs},
           {"gradient_bytes", grads},
           {"arena_bytes", plan->arenaBytes},
+          {"argument_bytes", plan->argumentBytes},
           {"live_peak_bytes", plan->livePeakBytes},
           {"activation_bytes", plan->activationBytes},
           {"padding_bytes", static_cast<int64_t>(std::llround(padding))},

@@ -238,8 +238,8 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
 LogicalResult ErnieDialect::verifyOperationAttribute(Operation *op,
                                                      NamedAttribute attr) {
   StringRef name = attr.getName().strref();
-  if (name == kArenaBytesAttrName || name == kLivePeakBytesAttrName ||
-      name == kActivationBytesAttrName) {
+  if (name == kArenaBytesAttrName || name == kArgumentBytesAttrName ||
+      name == kLivePeakBytesAttrName || name == kActivationBytesAttrName) {
     if (!isa<IntegerAttr>(attr.getValue()) || !isa<FunctionOpInterface>(op))
       return op->emitError() << "'" << name
                              << "' is an integer on a function";

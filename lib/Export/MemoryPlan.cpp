@@ -44,14 +44,20 @@ static int64_t alignUp(int64_t bytes) {
 
 /// Per result, the operands an op's kernel may write it over when they die
 /// there: any operand of an elementwise op, the tensor a shard_insert
-/// writes into, a matmul_accumulate's accumulator, and for a fused loop any input of the result's type (the
-/// loop reads a chunk of every input before it writes that chunk, and
-/// reductions are written after the last read).
+/// writes into, a matmul_accumulate's accumulator, an optimizer update's
+/// parameter and state (each element read before it is written), and for a
+/// fused loop any input of the result's type (the loop reads a chunk of
+/// every input before it writes that chunk, and reductions are written
+/// after the last read).
 static SmallVector<SmallVector<Value>> overwritableOperands(Operation *op) {
   if (auto insert = dyn_cast<ShardInsertOp>(op))
     return {{insert.getDest()}};
   if (auto gemm = dyn_cast<MatmulAccumulateOp>(op))
     return {{gemm.getAcc()}}; // the GEMM adds into it (beta = 1)
+  if (auto sgd = dyn_cast<SgdUpdateOp>(op))
+    return {{sgd.getParam()}, {sgd.getMomentumBuffer()}};
+  if (auto adamw = dyn_cast<AdamWUpdateOp>(op))
+    return {{adamw.getParam()}, {adamw.getMoment1()}, {adamw.getMoment2()}};
   if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1 &&
       isa<ErnieDialect>(op->getDialect()))
     return {llvm::to_vector(op->getOperands())};
@@ -135,6 +141,12 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   for (BlockArgument arg : body.getArguments())
     if (failed(newBuffer(arg, 0)))
       return failure();
+  // An argument's buffer is the caller's tensor (bound for the call): only
+  // a value the function returns may be written over it (a state update, a
+  // running gradient sum), so that the caller can donate it. Scratch
+  // written over a dying argument would make the runtime stage a copy.
+  unsigned numArguments = body.getNumArguments();
+  auto isArgument = [&](unsigned id) { return rootOf(id) < numArguments; };
   for (Operation &op : body) {
     if (op.hasTrait<OpTrait::IsTerminator>())
       continue;
@@ -176,6 +188,8 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         PlannedBuffer &memory = plan.buffers[rootOf(it->second)];
         if (memory.end != at)
           continue; // the operand (or a value sharing its buffer) lives on
+        if (isArgument(it->second) && lastUse(result, at) != exit)
+          continue; // not returned: scratch, not the caller's new value
         // A GEMM reads its factors while it writes: neither may share the
         // accumulator's memory (elementwise kernels read element i first).
         if (auto gemm = dyn_cast<MatmulAccumulateOp>(op);
@@ -196,20 +210,16 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         return failure();
   }
 
-  // Greedy by size: the largest buffers take the low offsets first. Those
-  // alive through the whole call (an argument written over and returned:
-  // a pipeline's running gradient sums) overlap every other buffer, so
-  // they go first, at the bottom, and the rest pack above them as if they
-  // were not there (largest first among them, they would split the
-  // others' packing: an arena that grew faster than the layers did).
-  auto order = llvm::to_vector(llvm::seq<unsigned>(0, plan.buffers.size()));
-  auto wholeCall = [&](const PlannedBuffer &b) {
-    return b.start == 0 && b.end == exit;
-  };
+  // Greedy by size: the largest buffers take the low offsets first.
+  // Arguments (and what is written over them) are not in the arena: they
+  // go after it, in a region the runtime never allocates as a whole.
+  auto order = llvm::to_vector(llvm::make_filter_range(
+      llvm::seq<unsigned>(0, plan.buffers.size()),
+      [&](unsigned id) { return !isArgument(id); }));
   llvm::stable_sort(order, [&](unsigned a, unsigned b) {
     const PlannedBuffer &x = plan.buffers[a], &y = plan.buffers[b];
-    return std::make_tuple(!wholeCall(x), -x.bytes, x.start) <
-           std::make_tuple(!wholeCall(y), -y.bytes, y.start);
+    return std::make_tuple(-x.bytes, x.start) <
+           std::make_tuple(-y.bytes, y.start);
   });
   // Each goes at the lowest offset clear of every placed buffer whose life
   // overlaps its own. The placed ones are kept in address order as they
@@ -241,6 +251,12 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
                                     }),
                   id);
   }
+  int64_t next = plan.arenaBytes;
+  for (unsigned id = 0; id < numArguments; ++id) {
+    plan.buffers[id].offset = next;
+    next = alignUp(next + plan.buffers[id].bytes);
+  }
+  plan.argumentBytes = next - plan.arenaBytes;
   for (PlannedBuffer &view : plan.buffers)
     if (view.viewOf >= 0)
       view.offset = plan.buffers[view.viewOf].offset;
@@ -255,10 +271,10 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         plan.activationBytes += b.bytes;
   }
 
-  // The lower bound: most bytes live at any one position.
+  // The arena's lower bound: most bytes live at any one position.
   SmallVector<int64_t> delta(exit + 2, 0);
-  for (const PlannedBuffer &b : plan.buffers) {
-    if (b.viewOf >= 0)
+  for (auto [id, b] : llvm::enumerate(plan.buffers)) {
+    if (b.viewOf >= 0 || isArgument(id))
       continue;
     delta[b.start] += b.bytes;
     delta[b.end + 1] -= b.bytes;

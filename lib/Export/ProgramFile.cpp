@@ -430,7 +430,7 @@ Writer::writeFunction(func::FuncOp fn) {
   return fb::CreateFunction(b_, b_.CreateString(fn.getSymName().str()),
                             b_.CreateVector(arguments), b_.CreateVector(results),
                             b_.CreateVector(buffers), b_.CreateVector(instructions),
-                            plan->arenaBytes);
+                            plan->arenaBytes, plan->argumentBytes);
 }
 
 LogicalResult Writer::write(raw_ostream &os) {

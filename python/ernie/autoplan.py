@@ -210,7 +210,7 @@ def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
     # not (the fullest stage, and the function with a stage's largest
     # arena, can change with depth), so each is carried on its own.
     functions = [[st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
-                  st["activation_bytes"] + arena
+                  st["activation_bytes"] + st["staged_bytes"] + arena
                   for arena in st["arena_bytes_by_function"].values()]
                  for st in report["stages"]] \
         if "stages" in report else [[report["peak_bytes_per_rank"]]]

@@ -238,6 +238,16 @@ def _cluster_file(cluster):
         yield path
 
 
+def _staged_bytes(signature, size) -> int:
+    """What the runtime copies in beside a function's arena and keeps: its
+    arguments that are not device tensors it holds (the batch, the learning
+    rate and step), which it cannot bind in place. Parameters, optimizer
+    state, residuals and gradient sums are bound to the runtime's tensors
+    (docs/architecture.md, the executor)."""
+    return sum(size(a) for a in signature["arguments"]
+               if a["role"] in ("input", "learning_rate", "step", "micro_batch_max"))
+
+
 def _global_array(value) -> np.ndarray:
     """The global value of an example input or batch element."""
     return np.asarray(value.value if isinstance(value, DistTensor) else value)
@@ -436,6 +446,7 @@ class Program:
                     counts[kind] += c["count"] * calls
                     volume[kind] += c["bytes"] * calls
             stages.append({
+                "staged_bytes": sum(_staged_bytes(sig, size) for sig in fns.values()),
                 "parameter_bytes": role_bytes("parameter"),
                 "optimizer_state_bytes": role_bytes("optimizer_state"),
                 "gradient_bytes": role_bytes("gradient"),
@@ -713,6 +724,7 @@ class Program:
         for fn, sig in self._signatures.items():
             local = lambda role: sum(size(a) for a in sig["arguments"] if a["role"] == role)
             out["functions"][fn] = {"arena_bytes": sig["arena_bytes"],
+                                    "staged_bytes": _staged_bytes(sig, size),
                                     "parameter_bytes": local("parameter"),
                                     "optimizer_state_bytes": local("optimizer_state"),
                                     "padding_bytes": sum(_padding(a, axis_sizes) for a in sig["arguments"]),
@@ -762,15 +774,17 @@ class Program:
             # the residuals its schedule keeps and its largest arena.
             out["peak_bytes_per_rank"] = max(
                 st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"] +
-                st["activation_bytes"] + st["arena_bytes"] for st in out["stages"])
+                st["activation_bytes"] + st["arena_bytes"] + st["staged_bytes"]
+                for st in out["stages"])
             return out
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
         out["collectives"] = collectives_of(self.mlir, step)
-        # Held state (parameters, optimizer state) and the step's planned
-        # arena (gradients and activations at their peak among them).
+        # Held state (parameters, optimizer state), the step's planned
+        # arena (gradients and activations at their peak among them) and
+        # its inputs, copied in beside it.
         fn = out["functions"][step]
         out["peak_bytes_per_rank"] = (fn["parameter_bytes"] + fn["optimizer_state_bytes"] +
-                                      fn["arena_bytes"])
+                                      fn["arena_bytes"] + fn["staged_bytes"])
         return out
 
 

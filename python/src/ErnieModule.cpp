@@ -607,6 +607,7 @@ py::dict describeFunction(const rt::Function &f) {
   d["arguments"] = args;
   d["results"] = results;
   d["arena_bytes"] = f.arenaBytes;
+  d["argument_bytes"] = f.argumentBytes;
   // What fusion did: instructions the runtime dispatches, and the ops they
   // stand for (a fused loop counts its body's steps).
   size_t ops = 0;

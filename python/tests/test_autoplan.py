@@ -60,8 +60,12 @@ def test_plans_are_ranked_and_their_memory_is_exact():
 ])
 def test_depth_extrapolation_is_the_full_compile(candidate):
     """What the search ranks by, one and two layers per chunk carried to
-    the model's depth, against the full compile: memory to 1 % (affine in
-    the layers), the step to 3 %."""
+    the model's depth, against the full compile: memory to 2 %, the step to
+    3 %. Memory is affine in the layers but for the arena's greedy packing
+    (arguments are outside it, so intermediates alone decide it): a
+    ZeRO-1 update's arena grows by 7.90 MB from one layer per chunk to two
+    and by 8.10 MB per layer after. The search compiles its finalists in
+    full, so the plans it returns carry exact memory."""
     m = model(num_hidden_layers=8)
     spec = cost.load_cluster(cluster())
     opt = ernie.optimizer.AdamW(1e-4)
@@ -71,7 +75,7 @@ def test_depth_extrapolation_is_the_full_compile(candidate):
     two = autoplan._evaluate(family, candidate, 2 * chunks, BATCH, SEQ, spec, opt)
     full = autoplan._evaluate(family, candidate, 8, BATCH, SEQ, spec, opt)
     guess = autoplan._extrapolate(one, two, 8 // chunks)
-    assert guess["memory_bytes"] == pytest.approx(full["memory_bytes"], rel=0.01)
+    assert guess["memory_bytes"] == pytest.approx(full["memory_bytes"], rel=0.02)
     assert guess["comm_bytes"] == pytest.approx(full["comm_bytes"], rel=0.01)
     assert guess["step_seconds"] == pytest.approx(full["step_seconds"], rel=0.03)
     # MFU is a ratio of two affine quantities, not itself affine.

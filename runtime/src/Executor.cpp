@@ -28,17 +28,20 @@ bool isBlockingCollective(const std::string &op);
 /// every buffer sits at a fixed offset, so the views each kernel gets never
 /// change, and running an instruction allocates nothing.
 struct Executor::Arena {
-  Arena(const Function &fn, Device &device,
+  Arena(const Function &fn, uint8_t *base, Device &device,
         const std::vector<const Kernel *> &kernels, const Mesh &mesh,
         int64_t rank)
-      : device(device), kernels(kernels) {
-    memory = DeviceBuffer(device, fn.arenaBytes);
-    uint8_t *data = static_cast<uint8_t *>(memory.data());
+      : device(device), kernels(kernels), base(base) {
     buffers.reserve(fn.buffers.size());
-    for (const BufferSpec &b : fn.buffers) {
-      buffers.push_back({data + b.offset, b.type, b.shape});
-      offsets.push_back(b.offset);
+    for (uint32_t b = 0; b < fn.buffers.size(); ++b) {
+      const BufferSpec &spec = fn.buffers[b];
+      // The arguments' region has no memory until a call binds it.
+      external.push_back(fn.inArgumentRegion(b));
+      buffers.push_back(
+          {external.back() ? nullptr : base + spec.offset, spec.type, spec.shape});
+      offsets.push_back(spec.offset);
     }
+    staging.resize(fn.buffers.size());
     inputs.resize(fn.instructions.size());
     outputs.resize(fn.instructions.size());
     blocking.resize(fn.instructions.size());
@@ -112,10 +115,21 @@ struct Executor::Arena {
     for (uint32_t v : members[root[b]])
       place(v, const_cast<void *>(data));
   }
-  /// Back to the arena (after the call that bound it).
+  /// Back to the arena (after the call that bound it); the arguments'
+  /// region back to no memory.
   void unbind(uint32_t b) {
     for (uint32_t v : members[root[b]])
-      place(v, static_cast<uint8_t *>(memory.data()) + offsets[v]);
+      place(v, external[v] ? nullptr : base + offsets[v]);
+  }
+  /// Whether `b` lies in the arguments' region: bound, or staged, per call.
+  bool isExternal(uint32_t b) const { return external[b]; }
+  /// Binds `b`'s group to a copy of its own, made on first use and kept
+  /// (an argument given from the host, or one the call may not write).
+  void stage(uint32_t b) {
+    DeviceBuffer &copy = staging[root[b]];
+    const TensorView &v = buffers[root[b]];
+    copy.reserve(device, v.numElements() * byteSize(v.type));
+    bind(b, copy.data());
   }
   /// Whether no instruction writes `b`'s memory (through it or a view).
   bool readOnly(uint32_t b) const { return !written[root[b]]; }
@@ -138,7 +152,7 @@ struct Executor::Arena {
   }
 
   Device &device;
-  DeviceBuffer memory, constants;
+  DeviceBuffer constants;
   std::vector<TensorView> buffers;
   /// Per instruction: its kernel on the device (null: the executor's op),
   /// a kernel's operand and result views, whether it is a blocking
@@ -159,7 +173,13 @@ private:
     size_t index;
   };
   std::vector<std::vector<Slot>> slots;
+  /// The rank's arena (shared by its functions: one runs at a time), each
+  /// buffer's offset in it, and which buffers lie in the arguments' region
+  /// instead, with the copies staged for them.
+  uint8_t *base;
   std::vector<uint64_t> offsets;
+  std::vector<bool> external;
+  std::vector<DeviceBuffer> staging;
   /// Per buffer, the buffer whose memory it views (itself if none); per
   /// such root, its views and whether an instruction writes them.
   std::vector<uint32_t> root;
@@ -173,11 +193,17 @@ private:
   }
 };
 
-uint64_t deviceBytesNeeded(const Program &program, int64_t stage) {
+uint64_t largestArena(const Program &program, int64_t stage) {
   uint64_t bytes = 0;
+  for (const Function &fn : program.functions(stage))
+    bytes = std::max(bytes, fn.arenaBytes);
+  return bytes;
+}
+
+uint64_t deviceBytesNeeded(const Program &program, int64_t stage) {
+  uint64_t bytes = largestArena(program, stage);
   std::map<std::string, uint64_t> state;
   for (const Function &fn : program.functions(stage)) {
-    bytes += fn.arenaBytes;
     for (const TensorSpec &arg : fn.arguments)
       if (arg.role == Role::Parameter || arg.role == Role::OptimizerState) {
         uint64_t b = elementCount(arg.localShape) * byteSize(arg.type);
@@ -810,9 +836,15 @@ Executor::runOnDevice(const std::string &name,
                                 std::to_string(inputs.size()));
   StreamGuard guard(compute_);
   std::unique_ptr<Arena> &arena = arenas_[name];
-  if (!arena)
-    arena = std::make_unique<Arena>(fn, device_, kernels_.at(name).kernel,
-                                    program_.mesh(), rank_);
+  if (!arena) {
+    // One arena for all of the rank's functions, as large as the largest:
+    // they run one at a time, and no transfer outlives its call.
+    if (!arenaMemory_.data())
+      arenaMemory_ = DeviceBuffer(device_, largestArena(program_, stage_));
+    arena = std::make_unique<Arena>(
+        fn, static_cast<uint8_t *>(arenaMemory_.data()), device_,
+        kernels_.at(name).kernel, program_.mesh(), rank_);
+  }
   const std::vector<TensorView> &buffers = arena->buffers;
 
   // Device arguments are bound where they are, for this call, when the
@@ -870,6 +902,12 @@ Executor::runOnDevice(const std::string &name,
          << arg.localShape.size() << " dimensions matching the program"
          << (input.device ? " on " + device_.describe() : "");
       throw std::invalid_argument(os.str());
+    }
+    // An argument in the arguments' region that is not bound gets a copy.
+    if (arena->isExternal(arg.buffer) &&
+        std::find(bound.begin(), bound.end(), arg.buffer) == bound.end()) {
+      arena->stage(arg.buffer);
+      bound.push_back(arg.buffer);
     }
     void *dst = buffers[arg.buffer].data;
     if (input.device && dst == input.device->buffer.data())

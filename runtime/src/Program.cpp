@@ -1379,6 +1379,28 @@ void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                       " is not an argument's and no instruction writes it");
 }
 
+/// Every buffer in the arguments' region is an argument's, or a view of
+/// one: the executor gives that region no memory of its own, only the
+/// caller's tensors (or staged copies) bound per call, so a buffer there
+/// that no argument binds would have no memory at all.
+void checkArgumentRegion(const Function &fn, const std::string &at,
+                         const Checker &check) {
+  std::vector<uint32_t> root(fn.buffers.size());
+  for (uint32_t b = 0; b < root.size(); ++b)
+    root[b] = b;
+  for (const Instruction &inst : fn.instructions)
+    if (isView(fn, inst))
+      root[inst.results[0]] = root[inst.operands[0]];
+  std::vector<bool> argument(fn.buffers.size(), false);
+  for (const TensorSpec &arg : fn.arguments)
+    argument[arg.buffer] = true;
+  for (uint32_t b = 0; b < fn.buffers.size(); ++b)
+    check.require(!fn.inArgumentRegion(b) || argument[root[b]],
+                  at + ", buffer " + std::to_string(b) +
+                      " lies in the arguments' region but is no argument's "
+                      "buffer nor a view of one");
+}
+
 /// An "ernie.fused" instruction's body, compiled into its kernel; its
 /// operand and result buffers must hold the body's inputs and yields.
 void decodeFused(const fb::Instruction *i, Instruction &inst,
@@ -1445,6 +1467,7 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   Function fn;
   fn.name = f->name()->str();
   fn.arenaBytes = f->arena_bytes();
+  fn.argumentBytes = f->argument_bytes();
   const std::string at = "function @" + fn.name;
   // Far past any machine, and small enough that rounding it up to the
   // buffer alignment cannot wrap.
@@ -1452,6 +1475,11 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   check.require(fn.arenaBytes <= kMaxArenaBytes,
                 at + ": an arena of " + std::to_string(fn.arenaBytes) +
                     " bytes is past the limit of 2^48");
+  check.require(fn.argumentBytes <= kMaxArenaBytes,
+                at + ": an arguments' region of " +
+                    std::to_string(fn.argumentBytes) +
+                    " bytes is past the limit of 2^48");
+  const uint64_t addressable = fn.arenaBytes + fn.argumentBytes;
   if (f->buffers())
     for (const fb::Buffer *b : *f->buffers()) {
       BufferSpec spec{decode(b->dtype(), check), ints(b->shape()), b->offset(),
@@ -1467,10 +1495,12 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
                         std::string(name(spec.type)));
       check.require(spec.offset % program::kBufferAlignment == 0,
                     where + ": offset is not aligned");
-      check.require(spec.offset <= fn.arenaBytes &&
-                        spec.bytes <= fn.arenaBytes - spec.offset,
+      check.require(spec.offset <= addressable &&
+                        spec.bytes <= addressable - spec.offset,
                     where + ": lies outside the arena of " +
-                        std::to_string(fn.arenaBytes) + " bytes");
+                        std::to_string(fn.arenaBytes) +
+                        " bytes and the arguments' region of " +
+                        std::to_string(fn.argumentBytes));
       fn.buffers.push_back(std::move(spec));
     }
   if (f->arguments())
@@ -1554,6 +1584,7 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
   // Waits first: their message names the missing start.
   checkStartsAndWaits(fn, at, check);
   checkDefinedBeforeUse(fn, at, check);
+  checkArgumentRegion(fn, at, check);
   return fn;
 }
 

@@ -169,6 +169,7 @@ public:
   std::vector<std::pair<uint32_t, Tensor>> arguments, results;
   std::vector<InstDesc> instructions;
   std::optional<uint64_t> arenaBytes; // absent: the end of the last buffer
+  uint64_t argumentBytes = 0;         // the arguments' region after the arena
 };
 
 class ProgramBuilder {
@@ -414,7 +415,8 @@ private:
     return fbs::CreateFunction(b, b.CreateString(fn.name), b.CreateVector(args),
                                b.CreateVector(results), b.CreateVector(buffers),
                                b.CreateVector(insts),
-                               fn.arenaBytes ? *fn.arenaBytes : end);
+                               fn.arenaBytes ? *fn.arenaBytes : end,
+                               fn.argumentBytes);
   }
 
   std::vector<std::string> axes_;

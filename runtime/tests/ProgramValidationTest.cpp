@@ -207,6 +207,38 @@ TEST(ProgramBounds, ArgumentBuffersAreTheirsAlone) {
   EXPECT_NO_THROW(inPlace.parse("in-place.ernie"));
 }
 
+// The arguments' region (after the arena) has no memory of its own: every
+// buffer there must be an argument's, or a view of one, which a call binds.
+TEST(ProgramBounds, TheArgumentsRegionHoldsOnlyArguments) {
+  auto build = [](bool stray) {
+    ProgramBuilder pb({"world"}, {1});
+    FunctionBuilder &f = pb.function("main");
+    uint32_t a = f.buffer(DType::F32, {16}), v = f.buffer(DType::F32, {4, 4}),
+             r = f.buffer(DType::F32, {4, 4});
+    f.buffers[a].offset = 64; // the region: [64, 128)
+    f.buffers[v].offset = 64; // a's view
+    f.buffers[r].offset = stray ? 64 : 0;
+    f.arenaBytes = 64;
+    f.argumentBytes = 64;
+    f.arg(a)
+        .op("ernie.reshape", {a}, {v})
+        .op("ernie.relu", {v}, {r})
+        .ret(r);
+    return pb;
+  };
+  ProgramBuilder good = build(false);
+  EXPECT_NO_THROW(good.parse("region.ernie"));
+  ProgramBuilder stray = build(true);
+  // The relu's result sits at the argument's offset without being its view.
+  EXPECT_THAT(errorOf(stray), HasSubstr("buffer 2 lies in the arguments' region "
+                                        "but is no argument's buffer nor a view "
+                                        "of one"));
+  ProgramBuilder outside = build(false);
+  outside.get("main").argumentBytes = 32;
+  EXPECT_THAT(errorOf(outside), HasSubstr("buffer 0: lies outside the arena of 64 "
+                                          "bytes and the arguments' region of 32"));
+}
+
 TEST(ProgramBounds, RankCountsAreBounded) {
   EXPECT_THROW((Mesh{{"a", "b"}, {int64_t(1) << 32, int64_t(1) << 32}}),
                std::invalid_argument);

@@ -7,8 +7,14 @@
 //   * in-place reuse: an elementwise op whose operand dies at it, with the
 //     result's exact type, writes its result over that operand (the CPU and
 //     CUDA elementwise kernels read element i before writing element i),
-//     and a matmul_accumulate's result over its dying accumulator (the
-//     GEMM adds into it);
+//     a matmul_accumulate's result over its dying accumulator (the GEMM
+//     adds into it), an optimizer update's over its parameter and state;
+//     over an argument only a returned result (a state update, a running
+//     sum: what a caller donates);
+//   * arguments: not in the arena. Each is the caller's tensor, bound for
+//     the call (or a copy the runtime stages when it cannot bind it); the
+//     plan gives them offsets after the arena (`argumentBytes`), so that
+//     every buffer still has an address of its own;
 //   * offsets: buffers are placed largest first, each at the lowest aligned
 //     offset free for its whole lifetime (greedy by size, as TFLite's arena
 //     planner does), so the arena is close to the peak of live bytes;
@@ -46,9 +52,14 @@ struct MemoryPlan {
   SmallVector<PlannedBuffer> buffers;
   /// Every argument and op result, to its buffer.
   llvm::DenseMap<Value, unsigned> bufferOf;
-  /// The arena: every buffer fits below it.
+  /// The arena: every buffer but the arguments' fits below it.
   int64_t arenaBytes = 0;
-  /// The most bytes live at one position: no plan can use less.
+  /// The arguments' region, from `arenaBytes` on: each argument's buffer
+  /// (and its views, and what is written over it) at an offset of its own.
+  /// The runtime binds each to the caller's tensor, or stages a copy.
+  int64_t argumentBytes = 0;
+  /// The most bytes live at one position in the arena (arguments aside):
+  /// no plan can use less.
   int64_t livePeakBytes = 0;
   /// Results written over a dying operand.
   int64_t inPlaceReuses = 0;

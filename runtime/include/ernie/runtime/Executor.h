@@ -83,8 +83,12 @@ struct Argument {
   const DeviceTensor *device = nullptr;
 };
 
-/// Device bytes one rank of `stage` needs for `program`: every function's
-/// arena plus one copy of each state argument (parameters, optimizer slots).
+/// The arena one rank of `stage` allocates: its largest function's (the
+/// functions share it).
+uint64_t largestArena(const Program &program, int64_t stage);
+
+/// Device bytes one rank of `stage` needs for `program`: its arena plus one
+/// copy of each state argument (parameters, optimizer slots).
 uint64_t deviceBytesNeeded(const Program &program, int64_t stage);
 
 /// One instruction's interval on a rank's timeline, for a Chrome trace.
@@ -203,6 +207,9 @@ private:
     std::vector<std::shared_ptr<const Kernel>> held;
   };
   std::map<std::string, Kernels> kernels_;
+  /// The arena all of this rank's functions share (the largest one's
+  /// bytes, made on the first call), and each function's view of it.
+  DeviceBuffer arenaMemory_;
   std::map<std::string, std::unique_ptr<Arena>> arenas_;
   Stream compute_, communication_;
   DeviceBuffer scratch_; // packing for collectives on inner dims

@@ -95,7 +95,21 @@ struct Function {
   std::vector<TensorSpec> arguments, results;
   std::vector<BufferSpec> buffers;
   std::vector<Instruction> instructions;
+  /// What the runtime allocates per rank: every buffer lies below it but
+  /// those in the arguments' region.
   uint64_t arenaBytes = 0;
+  /// The arguments' region, [arenaBytes, arenaBytes + argumentBytes): each
+  /// argument's buffer and its views, bound per call to the caller's tensor
+  /// or to a copy staged for it, never allocated as a whole. 0 in files
+  /// that plan arguments inside the arena.
+  uint64_t argumentBytes = 0;
+
+  /// Whether buffer `b` lies in the arguments' region (zero-byte buffers
+  /// are nowhere: they are never read).
+  bool inArgumentRegion(uint32_t b) const {
+    return argumentBytes > 0 && buffers[b].bytes > 0 &&
+           buffers[b].offset >= arenaBytes;
+  }
 };
 
 /// A pipelined program (the file's Pipeline table): C = stages x

@@ -98,6 +98,7 @@ def Ernie_Dialect : Dialect {
 
     // The memory plan, recorded by --ernie-memory-plan for inspection.
     static constexpr ::llvm::StringLiteral kArenaBytesAttrName = "ernie.arena_bytes";
+    static constexpr ::llvm::StringLiteral kArgumentBytesAttrName = "ernie.argument_bytes";
     static constexpr ::llvm::StringLiteral kLivePeakBytesAttrName = "ernie.live_peak_bytes";
     static constexpr ::llvm::StringLiteral kActivationBytesAttrName = "ernie.activation_bytes";
     static constexpr ::llvm::StringLiteral kBufferOffsetAttrName = "ernie.buffer_offset";
