@@ -338,14 +338,21 @@ def _search_structure(job):
     """One structure (dp, mp, pp, vpp, sp, micro-batch size): its memory
     knobs from the fastest on, until one fits. Returns (time, candidate,
     extrapolated result) of the first that fits or None, (candidate,
-    memory) of the smallest tried, the compiles made and verbose lines."""
+    memory) of the smallest tried, the compiles made and verbose lines.
+    Full recomputation is partial (as few layers as memory needs), so once
+    it fits the other ZeRO levels' are tried too and the fastest kept: a
+    ZeRO level up can leave memory for a layer's activations, which is
+    worth more than the optimizer step's gather it costs."""
     family, base, batch, seq, spec, optimizer, limit, verbose = job
     config = family[1]
     chunks = base.pp * base.vpp
     hopeless_zero, useless = set(), set()  # what cannot help this structure
     tried, closest, compiles, lines = {}, None, 0, []
+    best = None
     for c in _memory_knobs(base):
         if c.zero in hopeless_zero or c.recompute in useless:
+            continue
+        if best is not None and c.recompute != "full":
             continue
         per_chunk = config.num_hidden_layers // chunks
         try:
@@ -375,7 +382,12 @@ def _search_structure(job):
                 if verbose:
                     lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
                                  f"{guess['memory_bytes'] / 2**30:.1f} GiB")
-            return (guess["step_seconds"], c, guess), closest, compiles, lines
+            found = (guess["step_seconds"], c, guess)
+            if c.recompute != "full":
+                return found, closest, compiles, lines
+            if best is None or found[0] < best[0]:
+                best = found
+            continue
         # Its state alone does not fit: no recomputation at this ZeRO level
         # will. A recomputation that saved nothing (fused attention keeps no
         # softmax for selective to drop) is not tried again.
@@ -386,7 +398,7 @@ def _search_structure(job):
         if previous is not None and guess["memory_bytes"] >= previous["memory_bytes"]:
             useless.add(c.recompute)
         tried[(c.zero, c.recompute)] = guess
-    return None, closest, compiles, lines
+    return best, closest, compiles, lines
 
 
 def _evaluate_job(job):

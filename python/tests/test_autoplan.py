@@ -212,3 +212,32 @@ def test_a_subclass_keeps_its_familys_plan():
     with ernie.nn.abstract():
         m = MyLlama(LlamaConfig(**CFG))
     assert autoplan._tp_plan(m, True).keys() == autoplan._tp_plan(model(), True).keys()
+
+
+def test_full_recomputation_tries_every_zero_level(monkeypatch):
+    """Full recomputation is partial (as few layers as memory needs), so a
+    ZeRO level up that leaves room for one more layer's activations can be
+    faster than the first ZeRO level that fits. A structure of two stages of
+    four layers, a 60-byte device: ZeRO-0's state (40) fits with three
+    layers recomputed (13 s), ZeRO-1's (30, its optimizer step 0.5 s
+    slower) with two (12.5 s): the search takes ZeRO-1."""
+    state, activation = {0: 40, 1: 30}, {"none": 10, "selective": 10, "full": 1}
+
+    def evaluate(family, c, layers, batch, seq, cluster, optimizer):
+        per_stage = layers // 2
+        memory = state[c.zero] + activation[c.recompute] * per_stage
+        seconds = 10 + 0.5 * c.zero + (per_stage if c.recompute == "full" else 0)
+        return {"step_seconds": seconds, "memory_bytes": memory, "function_bytes": [[memory]] * 2,
+                "stage_bytes": [memory] * 2, "state_bytes": [state[c.zero]] * 2, "comm_bytes": 0,
+                "estimate": {"step_seconds": seconds, "model_flops": 1.0, "recompute_flops": 0.0,
+                             "peak_flops": 1.0, "ranks": 1}}
+
+    monkeypatch.setattr(autoplan, "_evaluate", evaluate)
+    config = dataclasses.make_dataclass("Config", [("num_hidden_layers", int)])(8)
+    base = autoplan.Candidate(dp=2, mp=1, pp=2, micro_batches=2)
+    found, _, _, _ = autoplan._search_structure(
+        ((object, config), base, 8, 16, None, None, 60, False))
+    seconds, chosen, guess = found
+    assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 2)
+    assert seconds == pytest.approx(12.5)
+    assert guess["memory_bytes"] <= 60
