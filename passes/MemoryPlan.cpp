@@ -50,12 +50,12 @@ struct MemoryPlanPass : ernie::impl::MemoryPlanPassBase<MemoryPlanPass> {
           offsets.push_back(offsetOf(r));
         op->setAttr(ErnieDialect::kBufferOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
       });
-      mlir::emitRemark(fn.getLoc()) << "memory plan: arena " << plan->arenaBytes
-                      << " bytes per rank (arguments "
-                      << plan->argumentBytes << " beside it), live peak "
-                      << plan->livePeakBytes
-                      << ", " << plan->buffers.size() << " buffers, "
-                      << plan->inPlaceReuses << " written in place";
+      mlir::emitRemark(fn.getLoc())
+          << "memory plan: arena " << plan->arenaBytes
+          << " bytes per rank (arguments " << plan->argumentBytes
+          << " beside it), live peak " << plan->livePeakBytes << ", "
+          << plan->buffers.size() << " buffers, " << plan->inPlaceReuses
+          << " written in place";
     }
   }
 };

@@ -480,7 +480,7 @@ void Propagator::decideSettledSums() {
     };
     auto costTo = [&](const OpShardings &choice, ShardingAttr layout) {
       return movedCost(choice, state.operands, withResult(layout),
-                        state.operandTypes, state.resultTypes, mesh);
+                       state.operandTypes, state.resultTypes, mesh);
     };
     // The way it is now: the pending sum.
     OpShardings reduce = resolveShardings(
@@ -506,8 +506,7 @@ void Propagator::decideSettledSums() {
       if (direct.results[index] == target &&
           localIterations(rule, direct.factorAxes, mesh) <=
               localIterations(rule, reduce.factorAxes, mesh) &&
-          kClearlyCheaper * costTo(direct, target) <=
-              costTo(reduce, target)) {
+          kClearlyCheaper * costTo(direct, target) <= costTo(reduce, target)) {
         best = target;
         break;
       }
@@ -581,8 +580,8 @@ OpPlan Propagator::planOp(Operation *op) {
                                        state.results, state.operandTypes,
                                        state.resultTypes, mesh);
   auto moved = [&](const OpShardings &choice) {
-    return movedCost(choice, state.operands, state.results,
-                      state.operandTypes, state.resultTypes, mesh);
+    return movedCost(choice, state.operands, state.results, state.operandTypes,
+                     state.resultTypes, mesh);
   };
   if (joint.results == state.results) {
     plan.operands = joint.operands;

@@ -456,20 +456,24 @@ double CostModel::collectiveTime(Operation *op) const {
   double share = double(g.size - 1) / double(g.size);
   using Kind = ReshardStep::Kind;
   if (isa<AllReduceOp>(op))
-    return collectiveTime(Kind::AllReduce, 2 * share * bytesOf(op->getOperand(0)), g);
+    return collectiveTime(Kind::AllReduce,
+                          2 * share * bytesOf(op->getOperand(0)), g);
   if (isa<AllGatherOp>(op))
-    return collectiveTime(Kind::AllGather, share * bytesOf(op->getResult(0)), g);
+    return collectiveTime(Kind::AllGather, share * bytesOf(op->getResult(0)),
+                          g);
   if (isa<ReduceScatterOp, AllToAllOp>(op))
-    return collectiveTime(Kind::ReduceScatter, share * bytesOf(op->getOperand(0)), g);
+    return collectiveTime(Kind::ReduceScatter,
+                          share * bytesOf(op->getOperand(0)), g);
   if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
     // A bucket: the blocking op's algorithm over its one message (a gather
     // moves the whole gathered tensors).
     double bytes = double(getBucketBytes(op));
     if (isa<AllReduceStartOp>(op))
       return collectiveTime(Kind::AllReduce, 2 * share * bytes, g);
-    return collectiveTime(Kind::AllGather,
-                          share * (isa<AllGatherStartOp>(op) ? bytes * double(g.size) : bytes),
-                          g);
+    return collectiveTime(
+        Kind::AllGather,
+        share * (isa<AllGatherStartOp>(op) ? bytes * double(g.size) : bytes),
+        g);
   }
   if (auto permute = dyn_cast<CollectivePermuteStartOp>(op)) {
     const LinkSpec &link = linkOf(g);
@@ -487,7 +491,8 @@ void cost::useCluster(MeshShape &mesh, const ClusterSpec &cluster,
     return model->reshardTime(step);
   };
   // Costs planned in bytes are no longer this mesh's.
-  mesh.costCache = std::make_shared<llvm::DenseMap<MeshShape::CostKey, double>>();
+  mesh.costCache =
+      std::make_shared<llvm::DenseMap<MeshShape::CostKey, double>>();
 }
 
 FailureOr<MeshShape> cost::meshShapeOnCluster(MeshOp mesh,

@@ -213,9 +213,9 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   // Greedy by size: the largest buffers take the low offsets first.
   // Arguments (and what is written over them) are not in the arena: they
   // go after it, in a region the runtime never allocates as a whole.
-  auto order = llvm::to_vector(llvm::make_filter_range(
-      llvm::seq<unsigned>(0, plan.buffers.size()),
-      [&](unsigned id) { return !isArgument(id); }));
+  auto order = llvm::to_vector(
+      llvm::make_filter_range(llvm::seq<unsigned>(0, plan.buffers.size()),
+                              [&](unsigned id) { return !isArgument(id); }));
   llvm::stable_sort(order, [&](unsigned a, unsigned b) {
     const PlannedBuffer &x = plan.buffers[a], &y = plan.buffers[b];
     return std::make_tuple(-x.bytes, x.start) <

@@ -256,17 +256,17 @@ OpShardings mlir::ernie::resolveShardings(
   // The cost of a choice: bringing every known tensor to it, plus half the
   // all-reduce a Partial result will need.
   auto cost = [&](const OpShardings &choice) {
-    double total = movedCost(choice, operands, results, operandTypes,
-                             resultTypes, mesh);
+    double total =
+        movedCost(choice, operands, results, operandTypes, resultTypes, mesh);
     for (auto [index, sharding] : llvm::enumerate(choice.results))
       if (sharding.isPartial() && !results[index])
-        total += reshardCost(
-                     sharding,
-                     ShardingAttr::get(context, mesh.name,
-                                       SmallVector<SmallVector<StringRef>>(
-                                           resultTypes[index].getRank())),
-                     resultTypes[index], mesh) /
-                 2;
+        total +=
+            reshardCost(sharding,
+                        ShardingAttr::get(context, mesh.name,
+                                          SmallVector<SmallVector<StringRef>>(
+                                              resultTypes[index].getRank())),
+                        resultTypes[index], mesh) /
+            2;
     return total;
   };
 

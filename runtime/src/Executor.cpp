@@ -37,8 +37,8 @@ struct Executor::Arena {
       const BufferSpec &spec = fn.buffers[b];
       // The arguments' region has no memory until a call binds it.
       external.push_back(fn.inArgumentRegion(b));
-      buffers.push_back(
-          {external.back() ? nullptr : base + spec.offset, spec.type, spec.shape});
+      buffers.push_back({external.back() ? nullptr : base + spec.offset,
+                         spec.type, spec.shape});
       offsets.push_back(spec.offset);
     }
     staging.resize(fn.buffers.size());

@@ -63,9 +63,7 @@ constexpr double kUnreachableCost = 1e30;
 /// order differ in their last bits (a reduce-scatter and an all-gather cost
 /// what one ring all-reduce does); such ties must fall to the same
 /// deterministic order as equal byte counts, not to the noise.
-inline bool isCheaper(double a, double b) {
-  return a < b - 1e-9 * std::abs(b);
-}
+inline bool isCheaper(double a, double b) { return a < b - 1e-9 * std::abs(b); }
 
 /// For every factor of a rule, the mesh axes that shard it, major to minor.
 using FactorAxes = SmallVector<SmallVector<StringRef, 2>>;
@@ -107,8 +105,7 @@ double reshardCost(ShardingAttr from, ShardingAttr to, RankedTensorType type,
 double movedCost(const OpShardings &choice, ArrayRef<ShardingAttr> operands,
                  ArrayRef<ShardingAttr> results,
                  ArrayRef<RankedTensorType> operandTypes,
-                 ArrayRef<RankedTensorType> resultTypes,
-                 const MeshShape &mesh);
+                 ArrayRef<RankedTensorType> resultTypes, const MeshShape &mesh);
 
 /// The points of an op's iteration space (the product of its factors) one
 /// rank computes under `axes`: what splitting saves, and what a choice
