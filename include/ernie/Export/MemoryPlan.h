@@ -1,7 +1,8 @@
 //===- MemoryPlan.h - where every value of a function lives -------*- C++ -*-===//
 //
-// The runtime gives each function one arena per rank. The plan decides, ahead
-// of time, which bytes of it hold which value:
+// The runtime gives each rank one arena, as large as its largest function's
+// plan (its functions run one at a time). The plan decides, ahead of time,
+// which bytes of it hold which value of a function:
 //   * liveness: a value is live from the op that defines it (arguments: from
 //     the start) to its last use (returned values: to the end);
 //   * in-place reuse: an elementwise op whose operand dies at it, with the
