@@ -144,9 +144,37 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   // An argument's buffer is the caller's tensor (bound for the call): only
   // a value the function returns may be written over it (a state update, a
   // running gradient sum), so that the caller can donate it. Scratch
-  // written over a dying argument would make the runtime stage a copy.
+  // written over a dying argument would make the runtime stage a copy;
+  // a pipeline's gradient sums are the exception: the call consumes them
+  // (the runtime refills them before the next step reads them).
   unsigned numArguments = body.getNumArguments();
   auto isArgument = [&](unsigned id) { return rootOf(id) < numArguments; };
+  auto isConsumed = [&](unsigned id) {
+    return fn.getArgAttr(rootOf(id), ErnieDialect::kGradientAttrName) != nullptr;
+  };
+  // The argument each returned value replaces (the state it `updates`): a
+  // value made after that argument is dead is made in its buffer, which the
+  // caller donates (ZeRO-1's gathered parameters), instead of in the arena
+  // and copied out. A future's value is its wait's.
+  llvm::DenseMap<Value, unsigned> replaces;
+  Operation *terminator = body.getTerminator();
+  for (auto [i, value] : llvm::enumerate(terminator->getOperands())) {
+    auto name = fn.getResultAttrOfType<StringAttr>(i, ErnieDialect::kUpdatesAttrName);
+    for (unsigned a = 0; name && a < numArguments; ++a)
+      if (fn.getArgAttr(a, ErnieDialect::kParamAttrName) == name ||
+          fn.getArgAttr(a, ErnieDialect::kOptStateAttrName) == name)
+        replaces[value] = a;
+  }
+  auto replacedArgument = [&](Value result) -> std::optional<unsigned> {
+    if (isa<FutureType>(result.getType()))
+      for (Operation *user : result.getUsers())
+        if (auto wait = dyn_cast<WaitOp>(user))
+          result = wait.getResult();
+    auto it = replaces.find(result);
+    if (it == replaces.end())
+      return std::nullopt;
+    return it->second;
+  };
   for (Operation &op : body) {
     if (op.hasTrait<OpTrait::IsTerminator>())
       continue;
@@ -188,7 +216,8 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         PlannedBuffer &memory = plan.buffers[rootOf(it->second)];
         if (memory.end != at)
           continue; // the operand (or a value sharing its buffer) lives on
-        if (isArgument(it->second) && lastUse(result, at) != exit)
+        if (isArgument(it->second) && !isConsumed(it->second) &&
+            lastUse(result, at) != exit)
           continue; // not returned: scratch, not the caller's new value
         // A GEMM reads its factors while it writes: neither may share the
         // accumulator's memory (elementwise kernels read element i first).
@@ -205,9 +234,21 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
         ++plan.inPlaceReuses;
         break;
       }
-    for (Value result : op.getResults())
-      if (!plan.bufferOf.count(result) && failed(newBuffer(result, at)))
+    for (Value result : op.getResults()) {
+      if (plan.bufferOf.count(result))
+        continue;
+      if (std::optional<unsigned> arg = replacedArgument(result)) {
+        PlannedBuffer &memory = plan.buffers[*arg];
+        if (memory.end < at && memory.type == storageType(result.getType())) {
+          memory.end = lastUse(result, at);
+          plan.bufferOf[result] = *arg;
+          ++plan.inPlaceReuses;
+          continue;
+        }
+      }
+      if (failed(newBuffer(result, at)))
         return failure();
+    }
   }
 
   // Greedy by size: the largest buffers take the low offsets first.

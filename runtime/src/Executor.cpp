@@ -879,8 +879,11 @@ Executor::runOnDevice(const std::string &name,
       donated |= into[j] == given && fn.results[j].buffer == b;
     }
     // A read-only argument that another result overwrites at the end
-    // would be copied out after that: it stays a copy.
-    if (donated || (arena->readOnly(b) && !target)) {
+    // would be copied out after that: it stays a copy. A pipeline's
+    // gradient sum is consumed by the call that takes it (Role::Gradient):
+    // bound even where the call writes scratch over it.
+    if (donated || arg.role == Role::Gradient ||
+        (arena->readOnly(b) && !target)) {
       arena->bind(b, given->buffer.data());
       bound.push_back(b);
       boundTensors.push_back(given);

@@ -1343,9 +1343,13 @@ void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                            const Checker &check) {
   std::vector<bool> written(fn.buffers.size(), false);
   // Each argument has a buffer of its own, written only in place (by an
-  // instruction reading it): the executor binds an argument's buffer to
-  // the caller's tensor, which nothing else may reach.
-  std::vector<bool> argument(fn.buffers.size(), false);
+  // instruction reading it) or with a value the function returns there (a
+  // state it replaces): the executor binds an argument's buffer to the
+  // caller's tensor, which nothing else may reach.
+  std::vector<bool> argument(fn.buffers.size(), false), returned(fn.buffers.size(), false);
+  for (const TensorSpec &res : fn.results)
+    if (res.buffer < returned.size())
+      returned[res.buffer] = true;
   for (size_t i = 0; i < fn.arguments.size(); ++i) {
     uint32_t b = fn.arguments[i].buffer;
     check.require(!argument[b], at + ", argument " + std::to_string(i) +
@@ -1362,13 +1366,14 @@ void checkDefinedBeforeUse(const Function &fn, const std::string &at,
                                     ", which no argument or earlier "
                                     "instruction wrote");
     for (uint32_t b : inst.results) {
-      check.require(!argument[b] ||
+      check.require(!argument[b] || returned[b] ||
                         std::find(inst.operands.begin(), inst.operands.end(),
                                   b) != inst.operands.end(),
                     at + ", instruction #" + std::to_string(i) + " (" +
                         inst.op + "): writes argument buffer " +
                         std::to_string(b) + " without reading it (only an "
-                        "in-place result may take an argument's buffer)");
+                        "in-place result, or a value the function returns "
+                        "there, may take an argument's buffer)");
       written[b] = true;
     }
   }

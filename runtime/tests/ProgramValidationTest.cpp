@@ -205,6 +205,13 @@ TEST(ProgramBounds, ArgumentBuffersAreTheirsAlone) {
   FunctionBuilder &h = inPlace.get("main");
   h.op("ernie.relu", {h.arguments[1].first}, {h.arguments[1].first});
   EXPECT_NO_THROW(inPlace.parse("in-place.ernie"));
+  // So is a value the function returns in the argument's place (the state
+  // it replaces, which a caller donates).
+  ProgramBuilder replaced = oneOp("ernie.add", {{4}, {4}}, {{4}});
+  FunctionBuilder &k = replaced.get("main");
+  k.op("ernie.relu", {k.results[0].first}, {k.arguments[1].first})
+      .ret(k.arguments[1].first);
+  EXPECT_NO_THROW(replaced.parse("replaced.ernie"));
 }
 
 // The arguments' region (after the arena) has no memory of its own: every

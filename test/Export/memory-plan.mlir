@@ -170,3 +170,27 @@ func.func @update_parameter_only(%p: tensor<64xf32>, %g: tensor<64xf32>, %m: ten
   %p2, %m2, %v2 = ernie.adamw_update %p, %g, %m, %v, %lr, %t : tensor<64xf32>, tensor<64xf32>, tensor<f32>, tensor<i64>
   return %p2 : tensor<64xf32>
 }
+
+// -----
+
+// A value returned in place of a state (`ernie.updates`) is made in that
+// state's argument buffer once the argument is dead: ZeRO-1's gathered
+// parameter lands in the parameter the caller donates, not in the arena.
+// And a pipeline's gradient sum (`ernie.gradient`) is consumed by the call
+// that takes it: scratch may be written over it.
+ernie.mesh @mesh(dp = 2)
+// REMARK: remark: memory plan: arena 128 bytes per rank (arguments 256 beside it), live peak 128, 4 buffers, 3 written in place
+// CHECK-LABEL: func.func @zero1_update
+// CHECK-SAME: {ernie.buffer_offset = [[P:[0-9]+]] : i64, ernie.param = "w"}
+// CHECK-SAME: {ernie.buffer_offset = [[G:[0-9]+]] : i64, ernie.gradient = "grad.0"}
+// CHECK: ernie.exp {{.*}}ernie.buffer_offsets = array<i64: [[G]]>
+// CHECK: ernie.all_gather {{.*}}ernie.buffer_offsets = array<i64: [[P]]>
+func.func @zero1_update(%p: tensor<8x4xf32> {ernie.param = "w"}, %g: tensor<8x4xf32> {ernie.gradient = "grad.0"})
+    -> (tensor<8x4xf32> {ernie.updates = "w"}) {
+  %s = ernie.exp %g : tensor<8x4xf32>
+  %r = ernie.reduce_scatter %s over @mesh[dp] dim = 0 sum : tensor<8x4xf32> -> tensor<4x4xf32>
+  %shard = ernie.shard_slice %p over @mesh[dp] dim = 0 : tensor<8x4xf32> -> tensor<4x4xf32>
+  %new = ernie.sub %shard, %r : tensor<4x4xf32>
+  %full = ernie.all_gather %new over @mesh[dp] dim = 0 : tensor<4x4xf32> -> tensor<8x4xf32>
+  return %full : tensor<8x4xf32>
+}

@@ -13,7 +13,7 @@
 // RUN: not ernie-run %S/Inputs/repro/program-R5-all-reduce-result-retargeted.ernie --steps 2 --timeout 5 2>&1 | FileCheck %s --check-prefix=R5
 // (Its all-reduce writes argument 0's buffer: refused before the read of
 // the buffer it no longer writes is.)
-// R5: function @f, instruction #2 (ernie.all_reduce): writes argument buffer 0 without reading it (only an in-place result may take an argument's buffer)
+// R5: function @f, instruction #2 (ernie.all_reduce): writes argument buffer 0 without reading it (only an in-place result, or a value the function returns there, may take an argument's buffer)
 //
 // RUN: not ernie-run %S/Inputs/repro/program-R6b-mesh-ranks-overflow-to-0.ernie --steps 2 --timeout 5 2>&1 | FileCheck %s --check-prefix=R6
 // R6: the mesh has more than 1048576 ranks (axis 'x' of size 4294967296 takes it past the limit)

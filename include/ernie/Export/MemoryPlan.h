@@ -11,7 +11,11 @@
 //     a matmul_accumulate's result over its dying accumulator (the GEMM
 //     adds into it), an optimizer update's over its parameter and state;
 //     over an argument only a returned result (a state update, a running
-//     sum: what a caller donates);
+//     sum: what a caller donates), or anything over a pipeline's gradient
+//     sum (`ernie.gradient`: the call consumes it);
+//   * a value returned in place of a state (`ernie.updates`) made after
+//     that state's argument is dead is made in its buffer (ZeRO-1's
+//     gathered parameters), so the caller's donated tensor receives it;
 //   * arguments: not in the arena. Each is the caller's tensor, bound for
 //     the call (or a copy the runtime stages when it cannot bind it); the
 //     plan gives them offsets after the arena (`argumentBytes`), so that

@@ -51,7 +51,9 @@ enum class Role {
   Step,
   Loss,
   Residual, // pipeline: a chunk's forward result kept for its backward
-  Gradient, // pipeline: a parameter's gradient (backward result, update arg)
+  Gradient, // pipeline: a parameter's gradient (backward result, update arg;
+            // a call that takes one may write over it: the runtime refills
+            // the step's sums before they are read again)
   MicroBatchMax, // pipeline: a maximum (an fp8 amax) per micro-batch; the
                  // update takes the step's largest
 };
