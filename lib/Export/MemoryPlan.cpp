@@ -156,15 +156,18 @@ FailureOr<MemoryPlan> mlir::ernie::planMemory(func::FuncOp fn) {
   // value made after that argument is dead is made in its buffer, which the
   // caller donates (ZeRO-1's gathered parameters), instead of in the arena
   // and copied out. A future's value is its wait's.
+  llvm::DenseMap<Attribute, unsigned> stateArgument; // by state name
+  for (unsigned a = 0; a < numArguments; ++a)
+    for (StringRef kind :
+         {ErnieDialect::kParamAttrName, ErnieDialect::kOptStateAttrName})
+      if (Attribute name = fn.getArgAttr(a, kind))
+        stateArgument[name] = a;
   llvm::DenseMap<Value, unsigned> replaces;
   Operation *terminator = body.getTerminator();
-  for (auto [i, value] : llvm::enumerate(terminator->getOperands())) {
-    auto name = fn.getResultAttrOfType<StringAttr>(i, ErnieDialect::kUpdatesAttrName);
-    for (unsigned a = 0; name && a < numArguments; ++a)
-      if (fn.getArgAttr(a, ErnieDialect::kParamAttrName) == name ||
-          fn.getArgAttr(a, ErnieDialect::kOptStateAttrName) == name)
-        replaces[value] = a;
-  }
+  for (auto [i, value] : llvm::enumerate(terminator->getOperands()))
+    if (Attribute name = fn.getResultAttr(i, ErnieDialect::kUpdatesAttrName))
+      if (auto it = stateArgument.find(name); it != stateArgument.end())
+        replaces[value] = it->second;
   auto replacedArgument = [&](Value result) -> std::optional<unsigned> {
     if (isa<FutureType>(result.getType()))
       for (Operation *user : result.getUsers())
