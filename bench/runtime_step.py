@@ -6,9 +6,15 @@ cross-entropy (f32; RMSNorm, separate q/k/v projections, rotary embedding,
 grouped-query causal attention, SwiGLU MLP) as ernie IR, compiles the SGD
 training step with
 
-    ernie-opt --ernie-autodiff=optimizer=sgd --ernie-auto-parallel-pipeline
+    ernie-opt --ernie-autodiff=optimizer=sgd
+              --ernie-auto-parallel-pipeline=cluster=<this machine>
               --ernie-bucket-gradients --ernie-fuse      (--no-fuse: without)
     ernie-translate --ernie-to-program
+
+where <this machine> is ernie.cost.calibrate_cpu(ranks=2) measured at the
+start (--cluster none: by bytes, as before 2026-12-06's fifth session), so
+that propagation weighs work every mp rank would repeat (plain mp's
+replicated LM head) against the collectives that divide it.
 
 and times `ernie-run --steps K` (its printed mean step time, first step
 excluded) on 1 rank, and on 2 ranks of the thread engine: data parallel
@@ -164,13 +170,14 @@ def run(cmd, env=None):
     return result.stdout
 
 
-def compile_program(c, mode, tmp, tools, fuse=True):
+def compile_program(c, mode, tmp, tools, fuse=True, cluster=None):
     src = Path(tmp, f"{mode}.mlir")
     src.write_text(ernie_module(c, mode))
     part = Path(tmp, f"{mode}.part.mlir")
     prog = Path(tmp, f"{mode}.ernie")
+    pipeline = "--ernie-auto-parallel-pipeline" + (f"=cluster={cluster}" if cluster else "")
     run([tools["opt"], str(src), "--ernie-autodiff=optimizer=sgd",
-         "--ernie-auto-parallel-pipeline", "--ernie-bucket-gradients",
+         pipeline, "--ernie-bucket-gradients",
          *(["--ernie-fuse"] if fuse else []),
          "-o", str(part)])
     run([tools["translate"], "--ernie-to-program", str(part), "-o", str(prog)])
@@ -179,6 +186,34 @@ def compile_program(c, mode, tmp, tools, fuse=True):
     collectives = len(re.findall(
         r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all)(_start)?\b", grad))
     return prog, collectives
+
+
+def host_cluster(choice, ranks, directory):
+    """The cluster the programs are compiled for (None: by bytes). The
+    default measures this machine as `ranks` CPU thread ranks with
+    ernie.cost.calibrate_cpu (a couple of seconds, in the build's own
+    environment), so propagation weighs compute against the thread
+    engine's collectives as the runtime will run them."""
+    if choice == "none":
+        return None
+    if choice != "calibrate":
+        return choice
+    path = Path(directory, "cluster.json")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "build" / "python"))
+    python = ROOT / ".venv" / "bin" / "python"
+    run([str(python if python.exists() else sys.executable), "-c",
+         "import json, sys; from ernie import cost; "
+         f"json.dump(cost.calibrate_cpu(ranks={ranks}, profile=False), open(sys.argv[1], 'w'))",
+         str(path)], env=env)
+    return str(path)
+
+
+def describe_cluster(path):
+    spec = json.loads(Path(path).read_text())
+    d, link = spec["device"], spec["intra_node"]
+    return (f"compiled for: {spec['name']} (f32 GEMM {d['peak_flops']['f32'] / 1e9:.0f} GFLOP/s, "
+            f"memory {d['memory_bandwidth'] / 1e9:.1f} GB/s; all-reduce link "
+            f"{link['bandwidth'] / 1e9:.1f} GB/s, {link['latency'] * 1e6:.0f} us per hop)")
 
 
 def write_batch(c, directory):
@@ -448,6 +483,10 @@ def main():
                         help="comma-separated: single, dp, mp, mpv (see ernie_module)")
     parser.add_argument("--no-fuse", action="store_true",
                         help="compile without --ernie-fuse (each elementwise op its own loop)")
+    parser.add_argument("--cluster", default="calibrate",
+                        help="what the programs are compiled for: 'calibrate' (this machine, "
+                             "measured: the default), 'none' (by bytes: no compute is "
+                             "weighed against collectives) or a cluster file")
     parser.add_argument("--jax-python", default=None,
                         help="an interpreter with jax (default: build-bench/jax, then this one)")
     parser.add_argument("--torch-worker", default=None, help=argparse.SUPPRESS)
@@ -481,10 +520,13 @@ def main():
     torch_cache, jax_cache = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         batch_dir = write_batch(c, tmp)
+        cluster = host_cluster(args.cluster, 2, tmp)
+        print(describe_cluster(cluster) if cluster else "compiled by bytes (--cluster none)")
         for mode in args.modes.split(","):
             ranks = 1 if mode == "single" else 2
             try:
-                prog, collectives = compile_program(c, mode, tmp, tools, not args.no_fuse)
+                prog, collectives = compile_program(c, mode, tmp, tools, not args.no_fuse,
+                                                    cluster)
                 ms, losses = ernie_step_ms(prog, ranks, args.steps + 1, args.repeat, tools,
                                            batch_dir)
             except RuntimeError as e:

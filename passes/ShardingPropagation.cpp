@@ -19,8 +19,10 @@
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
 
 #include <deque>
+#include <optional>
 
 #define DEBUG_TYPE "ernie-sharding-propagation"
 
@@ -72,7 +74,12 @@ struct OpPlan {
 class Propagator {
 public:
   Propagator(ModuleOp module, const MeshShape &mesh)
-      : module(module), mesh(mesh) {}
+      : module(module), mesh(mesh) {
+    if (auto pipeline = module->getAttrOfType<DictionaryAttr>(
+            ErnieDialect::kPipelineAttrName))
+      if (auto axis = pipeline.getAs<StringAttr>("axis"))
+        pipelineAxis = axis.getValue();
+  }
 
   /// Two rounds over the priority levels. The first assigns a value only
   /// the sharding its op fully determines — every factor of the value
@@ -201,6 +208,9 @@ private:
   /// What `op` needs of its operands and yields, given every value's
   /// sharding.
   OpPlan planOp(Operation *op);
+  /// Divides `plan` over the mesh axes on which it repeats the same work on
+  /// every rank, where a cluster says that pays.
+  void divideRepeatedWork(Operation *op, OpPlan &plan);
 
   ModuleOp module;
   MeshShape mesh;
@@ -218,6 +228,9 @@ private:
   SmallVector<std::pair<Value, ShardingAttr>> returnSpecs;
   /// Whether open values may take factors no known tensor determines.
   bool guessing = false;
+  /// The axis pipeline stages are laid out on: ranks along it run
+  /// different ops, so no op's work is divided over it.
+  StringRef pipelineAxis;
   /// Pending sums given what their one reader wants (settlePendingReturn),
   /// with the sharding they had as pending sums.
   llvm::MapVector<Value, ShardingAttr> settled;
@@ -611,14 +624,108 @@ OpPlan Propagator::planOp(Operation *op) {
   return plan;
 }
 
+/// An op none of whose tensors is split (or pending) over a mesh axis
+/// computes the same on every rank of that axis: a replicated LM head on a
+/// tensor-parallel mesh ran the whole vocabulary's GEMMs on each mp rank.
+/// Compiled for a cluster (MeshShape::opTime), such an op is divided over
+/// the axis by one of its factors where the compute that saves is clearly
+/// more (kClearlyCheaper) than all the collectives the divided op needs:
+/// replicated
+/// operands are sliced locally (free), and the result, made split — or a
+/// pending sum, for a contraction factor — is brought back to what its
+/// users were promised (an all-gather, an all-reduce) by the reshard
+/// materialize puts after any op that produces another layout. The
+/// layouts propagation chose for the values stay as they are; each op is
+/// weighed alone, greedily, one axis at a time, like the choices above.
+/// Without a cluster bytes and FLOPs have no common measure, and nothing
+/// is divided.
+void Propagator::divideRepeatedWork(Operation *op, OpPlan &plan) {
+  auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
+  if (!mesh.opTime || !ruleOp || op->getNumResults() == 0 ||
+      isa<func::CallOp, ShardingConstraintOp, ReshardOp>(op))
+    return;
+  auto missing = [](ShardingAttr s) { return !s; };
+  if (llvm::any_of(plan.operands, missing) ||
+      llvm::any_of(plan.produced, missing) ||
+      llvm::any_of(plan.operands, [](ShardingAttr s) { return s.isPartial(); }))
+    return;
+  MLIRContext *context = op->getContext();
+  OpShardingRule rule = ruleOp.getShardingRule();
+  OpState state = stateOf(op, [&](Value v) { return get(v); });
+  OpShardings current =
+      resolveShardings(context, rule, plan.operands, plan.produced,
+                       state.operandTypes, state.resultTypes, mesh);
+  // Only a plan its rule reproduces is understood well enough to divide.
+  if (current.operands != plan.operands || current.results != plan.produced)
+    return;
+  double whole = mesh.opTime(op);
+  if (!(whole > 0))
+    return;
+  double iterations =
+      localIterations(rule, FactorAxes(rule.factors.size()), mesh);
+  auto moved = [&](const OpShardings &choice) {
+    return movedCost(choice, state.operands, state.results, state.operandTypes,
+                     state.resultTypes, mesh);
+  };
+  bool divided = false;
+  while (true) {
+    llvm::StringSet<> used;
+    for (const auto &axes : current.factorAxes)
+      for (StringRef axis : axes)
+        used.insert(axis);
+    double base = moved(current);
+    double mine = localIterations(rule, current.factorAxes, mesh);
+    std::optional<OpShardings> best;
+    double bestGain = 0;
+    for (auto [axis, size] : llvm::zip(mesh.axes, mesh.sizes)) {
+      if (size <= 1 || used.contains(axis) || axis == pipelineAxis)
+        continue;
+      for (auto [id, factor] : llvm::enumerate(rule.factors)) {
+        if (factor.kind == FactorKind::NeedReplication ||
+            factor.size % size != 0)
+          continue;
+        FactorAxes axes = current.factorAxes;
+        axes[id].push_back(axis);
+        OpShardings choice = projectFactors(context, rule, axes, mesh);
+        if (!llvm::is_contained(choice.factorAxes[id], axis))
+          continue; // Its pieces would be strided.
+        double saved = whole *
+                       (mine - localIterations(rule, choice.factorAxes, mesh)) /
+                       iterations;
+        // Everything the divided op moves, not only what it adds: an
+        // all-reduce the op needed anyway becomes a reduce-scatter and an
+        // all-gather, which the model prices the same but the runtime
+        // runs as two, for a saving a residual add's size.
+        double moves = moved(choice);
+        double added = moves - base;
+        if (saved > kClearlyCheaper * moves &&
+            isCheaper(bestGain, saved - added)) {
+          bestGain = saved - added;
+          best = std::move(choice);
+        }
+      }
+    }
+    if (!best)
+      break;
+    current = std::move(*best);
+    divided = true;
+  }
+  if (!divided)
+    return;
+  plan.operands = current.operands;
+  plan.produced = current.results;
+}
+
 LogicalResult Propagator::materialize() {
   MLIRContext *context = module.getContext();
   // Plans first, while `known` still describes every value.
   SmallVector<Operation *> ops;
   module.walk([&](Operation *op) { ops.push_back(op); });
   llvm::DenseMap<Operation *, OpPlan> plans;
-  for (Operation *op : ops)
-    plans[op] = planOp(op);
+  for (Operation *op : ops) {
+    OpPlan &plan = plans[op] = planOp(op);
+    divideRepeatedWork(op, plan);
+  }
 
   // Function signatures: arguments as known; results the user's, else the
   // returned values' without pending reductions (a returned value is
@@ -641,6 +748,11 @@ LogicalResult Propagator::materialize() {
   });
 
   OpBuilder builder(context);
+  // The reshards put after an op producing another layout than promised,
+  // with what the op produced: a user wanting that layout reads the op's
+  // own result instead of resharding the reshard back (a divided LM head's
+  // logits, gathered for the loss gradient, are split by rows for the loss).
+  llvm::DenseMap<Value, std::pair<Value, ShardingAttr>> producedBefore;
   for (Operation *op : ops) {
     if (isa<func::FuncOp, ModuleOp>(op))
       continue;
@@ -662,6 +774,7 @@ LogicalResult Propagator::materialize() {
         auto after = ReshardOp::create(builder, op->getLoc(), result, promised);
         result.replaceAllUsesExcept(after.getResult(), after);
         known[after.getResult()] = {promised, 0};
+        producedBefore[after.getResult()] = {result, produced};
       }
     }
     // Explicit reshards wherever this op needs another sharding.
@@ -670,6 +783,11 @@ LogicalResult Propagator::materialize() {
       ShardingAttr have = get(value);
       if (!want || !have || want == have)
         continue;
+      if (auto it = producedBefore.find(value);
+          it != producedBefore.end() && it->second.second == want) {
+        op->setOperand(i, it->second.first);
+        continue;
+      }
       builder.setInsertionPoint(op);
       auto reshard = ReshardOp::create(builder, op->getLoc(), value, want);
       op->setOperand(i, reshard.getResult());

@@ -490,6 +490,7 @@ void cost::useCluster(MeshShape &mesh, const ClusterSpec &cluster,
   mesh.stepCost = [model](const ReshardStep &step) {
     return model->reshardTime(step);
   };
+  mesh.opTime = [model](Operation *op) { return model->computeTime(op); };
   // Costs planned in bytes are no longer this mesh's.
   mesh.costCache =
       std::make_shared<llvm::DenseMap<MeshShape::CostKey, double>>();

@@ -189,10 +189,10 @@ static void legalizeFactorAxes(const OpShardingRule &rule, FactorAxes &axes,
   }
 }
 
-/// The factor choice seeded by tensor `seed` (an index into `known`).
+/// The factor choice seeded by tensor `seed` (an index into `known`),
+/// before legalizeFactorAxes.
 static FactorAxes chooseFactors(const OpShardingRule &rule,
-                                ArrayRef<FactorAxes> known, size_t seed,
-                                const MeshShape &mesh) {
+                                ArrayRef<FactorAxes> known, size_t seed) {
   FactorAxes chosen(rule.factors.size());
   llvm::StringSet<> used;
   auto offer = [&](const FactorAxes &candidate) {
@@ -216,8 +216,23 @@ static FactorAxes chooseFactors(const OpShardingRule &rule,
   for (auto [i, candidate] : llvm::enumerate(known))
     if (i != seed)
       offer(candidate);
-  legalizeFactorAxes(rule, chosen, mesh);
   return chosen;
+}
+
+OpShardings mlir::ernie::projectFactors(MLIRContext *context,
+                                        const OpShardingRule &rule,
+                                        FactorAxes factorAxes,
+                                        const MeshShape &mesh) {
+  legalizeFactorAxes(rule, factorAxes, mesh);
+  OpShardings out;
+  for (const TensorFactors &dims : rule.operands)
+    out.operands.push_back(projectSharding(context, rule, dims, factorAxes,
+                                           mesh, /*isResult=*/false));
+  for (const TensorFactors &dims : rule.results)
+    out.results.push_back(projectSharding(context, rule, dims, factorAxes, mesh,
+                                          /*isResult=*/true));
+  out.factorAxes = std::move(factorAxes);
+  return out;
 }
 
 OpShardings mlir::ernie::resolveShardings(
@@ -239,16 +254,8 @@ OpShardings mlir::ernie::resolveShardings(
       knownTensor.emplace_back(true, i);
     }
 
-  auto project = [&](const FactorAxes &factors) {
-    OpShardings out;
-    out.factorAxes = factors;
-    for (const TensorFactors &dims : rule.operands)
-      out.operands.push_back(projectSharding(context, rule, dims, factors,
-                                             mesh, /*isResult=*/false));
-    for (const TensorFactors &dims : rule.results)
-      out.results.push_back(projectSharding(context, rule, dims, factors,
-                                            mesh, /*isResult=*/true));
-    return out;
+  auto project = [&](FactorAxes factors) {
+    return projectFactors(context, rule, std::move(factors), mesh);
   };
   if (known.empty())
     return project(FactorAxes(rule.factors.size()));
@@ -272,7 +279,7 @@ OpShardings mlir::ernie::resolveShardings(
 
   SmallVector<OpShardings> choices;
   for (size_t seed = 0; seed < known.size(); ++seed)
-    choices.push_back(project(chooseFactors(rule, known, seed, mesh)));
+    choices.push_back(project(chooseFactors(rule, known, seed)));
 
   // A tensor nothing has laid out yet is not free: a choice that leaves it
   // whole where another choice splits it makes its producer compute (or

@@ -182,7 +182,8 @@ struct StepCost {
 /// Makes `mesh`'s reshard costs this cluster's seconds (MeshShape::
 /// stepCost), the mesh's ranks placed on the cluster as CostModel places
 /// them: propagation and partition then choose layouts and plans by time,
-/// latency included, instead of by bytes.
+/// latency included, instead of by bytes, and may weigh an op's compute
+/// (MeshShape::opTime) against the collectives that divide it.
 void useCluster(MeshShape &mesh, const ClusterSpec &cluster, MeshOp meshOp);
 /// The shape of `mesh` costed on the cluster file `clusterFile` (empty: in
 /// bytes). An unreadable or malformed file, or a cluster with fewer devices

@@ -49,6 +49,12 @@ struct MeshShape {
   std::function<double(const ReshardStep &)> stepCost;
   double costOf(const ReshardStep &step) const;
 
+  /// What running `op` whole (its global types) on one device costs, in
+  /// stepCost's currency. Only a cluster says (seconds, the step model's
+  /// roofline); unset, compute and bytes have no common measure and
+  /// propagation never trades one for the other.
+  std::function<double(Operation *)> opTime;
+
   /// Reshard costs already planned on this mesh, by (from, to, type).
   using CostKey = std::tuple<Attribute, Attribute, Type>;
   std::shared_ptr<llvm::DenseMap<CostKey, double>> costCache =
@@ -112,6 +118,12 @@ double movedCost(const OpShardings &choice, ArrayRef<ShardingAttr> operands,
 /// that leaves factors whole makes every rank compute again.
 double localIterations(const OpShardingRule &rule, const FactorAxes &axes,
                        const MeshShape &mesh);
+
+/// Every operand's and result's sharding under `factorAxes`, after dropping
+/// the axes of factors whose pieces would be strided (a minor factor of a
+/// dimension whose major factor is not fully split).
+OpShardings projectFactors(MLIRContext *context, const OpShardingRule &rule,
+                           FactorAxes factorAxes, const MeshShape &mesh);
 
 /// Decides the factor axes of `rule` from the known shardings (null entries
 /// are open) and projects them onto every operand and result. Each known
