@@ -304,6 +304,19 @@ static bool isGemm(Operation *op) {
              AttentionGradOp>(op);
 }
 
+/// An instruction's FLOPs over its peak and bytes over the bandwidth.
+static std::pair<double, double> rooflineTimes(CostOpInterface cost,
+                                               const DeviceSpec &d) {
+  double peak = d.vectorFlops;
+  if (isGemm(cost)) {
+    Type element = getElementTypeOrSelf(cost->getOperand(0).getType());
+    peak = d.matmulPeak(element) * d.matmulEfficiency;
+  }
+  return {double(cost.getFlops()) / peak,
+          double(cost.getBytesAccessed()) /
+              (d.memoryBandwidth * d.memoryEfficiency)};
+}
+
 double CostModel::computeTime(Operation *op) const {
   auto cost = dyn_cast<CostOpInterface>(op);
   if (!cost)
@@ -313,15 +326,8 @@ double CostModel::computeTime(Operation *op) const {
   // the same buffer): no kernel runs, nothing moves.
   if (isa<ReshapeOp>(op))
     return 0;
-  double flops = double(cost.getFlops());
-  double peak = d.vectorFlops;
-  if (isGemm(op)) {
-    Type element = getElementTypeOrSelf(op->getOperand(0).getType());
-    peak = d.matmulPeak(element) * d.matmulEfficiency;
-  }
-  double bytes = double(cost.getBytesAccessed());
-  double roofline =
-      std::max(flops / peak, bytes / (d.memoryBandwidth * d.memoryEfficiency));
+  auto [arithmetic, memory] = rooflineTimes(cost, d);
+  double roofline = std::max(arithmetic, memory);
   auto scale = d.opScale.find(op->getName().getStringRef());
   // matmul_accumulate runs matmul's GEMM (beta = 1): its measured share
   // too, where a profile (of an unpipelined step) saw only matmul.
@@ -330,6 +336,14 @@ double CostModel::computeTime(Operation *op) const {
   return computeSlowdown_ *
          (d.launchOverhead +
           (scale != d.opScale.end() ? scale->second : 1) * roofline);
+}
+
+double CostModel::arithmeticTime(Operation *op) const {
+  auto cost = dyn_cast<CostOpInterface>(op);
+  if (!cost || isa<ReshapeOp>(op))
+    return 0;
+  auto [arithmetic, memory] = rooflineTimes(cost, cluster_.device);
+  return arithmetic >= memory ? computeTime(op) : 0;
 }
 
 double CostModel::memoryTime(double bytes) const {
@@ -490,7 +504,7 @@ void cost::useCluster(MeshShape &mesh, const ClusterSpec &cluster,
   mesh.stepCost = [model](const ReshardStep &step) {
     return model->reshardTime(step);
   };
-  mesh.opTime = [model](Operation *op) { return model->computeTime(op); };
+  mesh.opTime = [model](Operation *op) { return model->arithmeticTime(op); };
   // Costs planned in bytes are no longer this mesh's.
   mesh.costCache =
       std::make_shared<llvm::DenseMap<MeshShape::CostKey, double>>();

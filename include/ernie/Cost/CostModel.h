@@ -110,6 +110,12 @@ public:
   /// The roofline time of a compute instruction: launch overhead plus the
   /// larger of its FLOPs over the peak and its bytes over the bandwidth.
   double computeTime(Operation *op) const;
+  /// computeTime for an instruction its FLOPs bound, 0 for one its bytes
+  /// bound: what dividing it over ranks can save. A memory-bound op's
+  /// bytes are fused away with its neighbours' later, and dividing it
+  /// moves as many (the slices, the gather over links no faster than
+  /// memory) as it saves.
+  double arithmeticTime(Operation *op) const;
   /// A memory-bound pass the runtime makes between instructions (summing a
   /// micro-batch's gradients into the step's): launch overhead plus
   /// `bytes` read and written over the bandwidth.

@@ -50,9 +50,11 @@ struct MeshShape {
   double costOf(const ReshardStep &step) const;
 
   /// What running `op` whole (its global types) on one device costs, in
-  /// stepCost's currency. Only a cluster says (seconds, the step model's
-  /// roofline); unset, compute and bytes have no common measure and
-  /// propagation never trades one for the other.
+  /// stepCost's currency, where its arithmetic bounds it; 0 where its bytes
+  /// do (they are fused away later, and dividing them moves as many as it
+  /// saves). Only a cluster says (seconds, the step model's roofline);
+  /// unset, compute and bytes have no common measure and propagation never
+  /// trades one for the other.
   std::function<double(Operation *)> opTime;
 
   /// Reshard costs already planned on this mesh, by (from, to, type).
