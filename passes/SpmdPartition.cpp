@@ -934,31 +934,51 @@ struct SpmdPartitionPass
   /// (a weight gradient reads a column-parallel matmul's input; ZeRO-3 reads
   /// a parameter) is gathered again where the backward first needs it, so
   /// the forward keeps the 1/n piece, not the whole: Megatron's sequence
-  /// parallelism and ZeRO-3 trade this communication for that memory.
+  /// parallelism and ZeRO-3 trade this communication for that memory. The
+  /// trade needs something to trade against: where what the step makes
+  /// between the forward's last reader and the backward's first is smaller
+  /// than the gathered value (a divided LM head's logits, read by the loss
+  /// and then by its gradient), keeping the value costs no more than that
+  /// and gathering again costs a collective on the critical path.
   static void regatherForBackward(func::FuncOp fn) {
     Operation *loss = getLocalLossOp(fn);
     if (!loss)
       return;
-    for (auto gather :
-         llvm::make_early_inc_range(fn.getBody().front().getOps<AllGatherOp>())) {
+    Block &body = fn.getBody().front();
+    for (auto gather : llvm::make_early_inc_range(body.getOps<AllGatherOp>())) {
       if (!gather->isBeforeInBlock(loss))
         break;
-      Operation *firstLate = nullptr;
+      Operation *firstLate = nullptr, *lastEarly = gather;
       for (Operation *user : gather->getUsers()) {
-        Operation *top = fn.getBody().front().findAncestorOpInBlock(*user);
-        if (loss->isBeforeInBlock(top) &&
-            (!firstLate || top->isBeforeInBlock(firstLate)))
+        Operation *top = body.findAncestorOpInBlock(*user);
+        if (!loss->isBeforeInBlock(top)) {
+          if (lastEarly->isBeforeInBlock(top))
+            lastEarly = top;
+        } else if (!firstLate || top->isBeforeInBlock(firstLate)) {
           firstLate = top;
+        }
       }
       if (!firstLate)
         continue;
+      auto bytes = [](RankedTensorType type) {
+        return (type.getNumElements() * type.getElementTypeBitWidth() + 7) / 8;
+      };
+      int64_t between = 0; // A reshape makes a view, not bytes.
+      for (Operation *op = lastEarly->getNextNode(); op != firstLate;
+           op = op->getNextNode())
+        for (Value result : op->getResults())
+          if (auto type = dyn_cast<RankedTensorType>(result.getType());
+              type && !isa<ReshapeOp>(op))
+            between += bytes(type);
+      if (between < bytes(cast<RankedTensorType>(gather.getType())))
+        continue;
       OpBuilder b(firstLate);
       Operation *again = b.clone(*gather);
-      gather.getResult().replaceUsesWithIf(again->getResult(0), [&](OpOperand &use) {
-        Operation *top =
-            fn.getBody().front().findAncestorOpInBlock(*use.getOwner());
-        return loss->isBeforeInBlock(top);
-      });
+      gather.getResult().replaceUsesWithIf(
+          again->getResult(0), [&](OpOperand &use) {
+            Operation *top = body.findAncestorOpInBlock(*use.getOwner());
+            return loss->isBeforeInBlock(top);
+          });
     }
   }
 };
