@@ -630,13 +630,12 @@ OpPlan Propagator::planOp(Operation *op) {
 /// Compiled for a cluster (MeshShape::opTime), such an op is divided over
 /// the axis by one of its factors where the compute that saves is clearly
 /// more (kClearlyCheaper) than all the collectives the divided op needs:
-/// replicated
-/// operands are sliced locally (free), and the result, made split — or a
-/// pending sum, for a contraction factor — is brought back to what its
-/// users were promised (an all-gather, an all-reduce) by the reshard
-/// materialize puts after any op that produces another layout. The
-/// layouts propagation chose for the values stay as they are; each op is
-/// weighed alone, greedily, one axis at a time, like the choices above.
+/// replicated operands are sliced locally (free), and the result, made
+/// split — or a pending sum, for a contraction factor — is brought back to
+/// what its users were promised (an all-gather, an all-reduce) by the
+/// reshard materialize puts after any op that produces another layout.
+/// The layouts propagation chose for the values stay as they are; each op
+/// is weighed alone, greedily, one axis at a time, like the choices above.
 /// Without a cluster bytes and FLOPs have no common measure, and nothing
 /// is divided.
 void Propagator::divideRepeatedWork(Operation *op, OpPlan &plan) {
@@ -667,7 +666,6 @@ void Propagator::divideRepeatedWork(Operation *op, OpPlan &plan) {
     return movedCost(choice, state.operands, state.results, state.operandTypes,
                      state.resultTypes, mesh);
   };
-  bool divided = false;
   while (true) {
     llvm::StringSet<> used;
     for (const auto &axes : current.factorAxes)
@@ -708,10 +706,8 @@ void Propagator::divideRepeatedWork(Operation *op, OpPlan &plan) {
     if (!best)
       break;
     current = std::move(*best);
-    divided = true;
   }
-  if (!divided)
-    return;
+  // Unchanged where nothing paid: `current` reproduces the plan.
   plan.operands = current.operands;
   plan.produced = current.results;
 }
@@ -751,7 +747,8 @@ LogicalResult Propagator::materialize() {
   // The reshards put after an op producing another layout than promised,
   // with what the op produced: a user wanting that layout reads the op's
   // own result instead of resharding the reshard back (a divided LM head's
-  // logits, gathered for the loss gradient, are split by rows for the loss).
+  // logits, gathered for the loss, are read by rows by a GEMM divided the
+  // same way).
   llvm::DenseMap<Value, std::pair<Value, ShardingAttr>> producedBefore;
   for (Operation *op : ops) {
     if (isa<func::FuncOp, ModuleOp>(op))
