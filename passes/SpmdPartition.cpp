@@ -963,14 +963,16 @@ struct SpmdPartitionPass
       auto bytes = [](RankedTensorType type) {
         return (type.getNumElements() * type.getElementTypeBitWidth() + 7) / 8;
       };
-      int64_t between = 0; // A reshape makes a view, not bytes.
-      for (Operation *op = lastEarly->getNextNode(); op != firstLate;
-           op = op->getNextNode())
+      // Up to the gathered value's bytes (a reshape makes a view, not bytes).
+      int64_t wanted = bytes(cast<RankedTensorType>(gather.getType()));
+      int64_t between = 0;
+      for (Operation *op = lastEarly->getNextNode();
+           op != firstLate && between < wanted; op = op->getNextNode())
         for (Value result : op->getResults())
           if (auto type = dyn_cast<RankedTensorType>(result.getType());
               type && !isa<ReshapeOp>(op))
             between += bytes(type);
-      if (between < bytes(cast<RankedTensorType>(gather.getType())))
+      if (between < wanted)
         continue;
       OpBuilder b(firstLate);
       Operation *again = b.clone(*gather);
