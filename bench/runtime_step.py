@@ -201,10 +201,16 @@ def host_cluster(choice, ranks, directory):
     path = Path(directory, "cluster.json")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "build" / "python"))
     python = ROOT / ".venv" / "bin" / "python"
-    run([str(python if python.exists() else sys.executable), "-c",
-         "import json, sys; from ernie import cost; "
-         f"json.dump(cost.calibrate_cpu(ranks={ranks}, profile=False), open(sys.argv[1], 'w'))",
-         str(path)], env=env)
+    try:
+        run([str(python if python.exists() else sys.executable), "-c",
+             "import json, sys; from ernie import cost; "
+             f"json.dump(cost.calibrate_cpu(ranks={ranks}, profile=False), "
+             "open(sys.argv[1], 'w'))", str(path)], env=env)
+    except RuntimeError as e:
+        lines = [l for l in str(e).splitlines() if l.strip()]
+        print(f"note: calibrating this machine failed ({lines[-1] if lines else e}); "
+              "compiling by bytes")
+        return None
     return str(path)
 
 
