@@ -581,8 +581,11 @@ void collectSeeds(StringRef path, std::vector<std::string> &files) {
 /// The pass pipeline of a lit RUN line's `ernie-opt %s --a --b=x "--c=y z"`
 /// in --pass-pipeline syntax (`a,b{x},c{y z}`), or "" when it runs none.
 /// Flags that are not passes are dropped here; whether the rest parse is
-/// checked by the caller.
-std::string pipelineOfRunLine(StringRef line) {
+/// checked by the caller. `%S` in an option is the seed file's directory
+/// (`directory`), as lit substitutes it: a pass reading a cluster file
+/// (`cluster=%S/Inputs/...`) then runs with it instead of failing to open
+/// it, so cost-driven propagation is fuzzed too.
+std::string pipelineOfRunLine(StringRef line, StringRef directory) {
   size_t at = line.find("ernie-opt %s");
   if (at == StringRef::npos)
     return "";
@@ -623,6 +626,9 @@ std::string pipelineOfRunLine(StringRef line) {
         opts.replace(t, end == std::string::npos ? std::string::npos : end - t,
                      "/dev/null");
       }
+      for (size_t d = opts.find("%S"); d != std::string::npos;
+           d = opts.find("%S", d + directory.size()))
+        opts.replace(d, 2, directory.str());
       element += "{" + opts + "}";
     }
     passes.push_back(element);
@@ -658,7 +664,9 @@ std::vector<SeedPiece> loadSeeds(std::vector<std::string> files) {
       }
       if (line.trim().starts_with("//")) {
         if (line.contains("RUN:"))
-          if (std::string p = pipelineOfRunLine(line); !p.empty())
+          if (std::string p =
+                  pipelineOfRunLine(line, llvm::sys::path::parent_path(file));
+              !p.empty())
             runs.insert(p);
         continue;
       }
