@@ -12,6 +12,7 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/RegionKindInterface.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/MathExtras.h"
@@ -61,6 +62,17 @@ LogicalResult mlir::ernie::verifyNoZeroSizeTensors(Operation *op) {
       return op->emitOpError("result #") << i << " has a zero-size dimension ("
                                          << type << "): " << kNoZeroSize;
   return success();
+}
+
+LogicalResult mlir::ernie::verifyOperandsDominate(Operation *op) {
+  Region *region = op->getParentRegion();
+  if (op->getNumOperands() == 0 || !region || !region->getParentOp() ||
+      mayHaveSSADominance(*region))
+    return success();
+  return op->emitOpError("reads values, so it belongs in a function's body, "
+                         "not in the graph region of '")
+         << region->getParentOp()->getName()
+         << "', where a value may be its own operand";
 }
 
 LogicalResult mlir::ernie::verifyMeshRankCount(Operation *op) {

@@ -795,6 +795,16 @@ func.func @ignore_index_too_wide(%l: tensor<4x16xf32>, %y: tensor<4xi32>) {
 
 // -----
 
+// An op reading values outside a function: the module's body is a graph
+// region, where a value may be its own operand (ernie-fuzz-mlir seed 42,
+// input 63378: the canonicalizer folded -(-x) to x forever). The mesh,
+// reading nothing, lives there.
+ernie.mesh @mesh(mp = 2)
+// expected-error @+1 {{'ernie.neg' op reads values, so it belongs in a function's body, not in the graph region of 'builtin.module', where a value may be its own operand}}
+%0 = ernie.neg %0 : tensor<4xf32>
+
+// -----
+
 // Ernie tensors have no zero-size dimensions: operands, results and
 // parameters say so before any shape rule reads them.
 func.func @zero_size_operand(%x: tensor<4x0xf32>, %w: tensor<0x8xf32>) {

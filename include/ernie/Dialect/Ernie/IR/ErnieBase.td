@@ -151,8 +151,17 @@ def Ernie_NoZeroSizeTensors : NativeOpTrait<"NoZeroSizeTensors"> {
   let cppNamespace = "::mlir::ernie";
 }
 
+// An ernie op that reads values lives where values are defined before
+// their uses (a function's body), not in a graph region (the module's body),
+// where a value may feed itself: no program computes that, and folding
+// chases it forever (`%0 = ernie.neg %0` hung the canonicalizer).
+def Ernie_OperandsDominate : NativeOpTrait<"OperandsDominate"> {
+  let cppNamespace = "::mlir::ernie";
+}
+
 class Ernie_Op<string mnemonic, list<Trait> traits = []>
     : Op<Ernie_Dialect, mnemonic,
-         !listconcat([Ernie_NoZeroSizeTensors], traits)>;
+         !listconcat([Ernie_NoZeroSizeTensors, Ernie_OperandsDominate],
+                     traits)>;
 
 #endif // ERNIE_DIALECT_ERNIE_IR_ERNIEBASE_TD

@@ -73,6 +73,20 @@ public:
   }
 };
 
+/// Fails on an `op` with operands whose region has no SSA dominance (a
+/// graph region, such as the module's body).
+LogicalResult verifyOperandsDominate(Operation *op);
+
+/// Every ernie op carries this trait (Ernie_Op in ErnieBase.td).
+template <typename ConcreteType>
+class OperandsDominate
+    : public OpTrait::TraitBase<ConcreteType, OperandsDominate> {
+public:
+  static LogicalResult verifyTrait(Operation *op) {
+    return verifyOperandsDominate(op);
+  }
+};
+
 /// Fails when mesh `op`'s positive axis sizes multiply (checked for
 /// overflow) to more than MeshOp::kMaxRanks ranks.
 LogicalResult verifyMeshRankCount(Operation *op);
