@@ -7,14 +7,22 @@
 // that is where its ernie.fused op goes. Communication closes every group,
 // so a region never straddles a collective or a pipeline transfer.
 //
+// Before the walk, a loss and its gradient over the same logits become one
+// ernie.cross_entropy_and_grad (one pass over the logits, each exponential
+// computed once), and a constant read by several ops gets a copy per
+// reader, so each region fills its own instead of reading another's.
+//
 //===----------------------------------------------------------------------===//
 
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Passes/Passes.h"
 
+#include "mlir/Analysis/SliceAnalysis.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/RegionUtils.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
 
@@ -52,6 +60,47 @@ ArrayRef<int64_t> iterationShapeOf(Operation *op, FusedRole role) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
 
+/// Each cross_entropy_grad whose loss the block also computes (same logits,
+/// labels and attributes) becomes, with it, one cross_entropy_and_grad where
+/// the loss was. A seed (dloss) the step computes after the loss moves up
+/// with what it is computed from — unless that reads the loss itself.
+void pairLossesWithGradients(Block &block) {
+  IRRewriter rewriter(block.getParentOp()->getContext());
+  for (auto grad :
+       llvm::make_early_inc_range(block.getOps<CrossEntropyGradOp>())) {
+    CrossEntropyOp loss;
+    for (Operation *user : grad.getLogits().getUsers())
+      if (auto ce = dyn_cast<CrossEntropyOp>(user);
+          ce && ce->getBlock() == &block && ce->isBeforeInBlock(grad) &&
+          ce.getLabels() == grad.getLabels() &&
+          ce.getIgnoreIndex() == grad.getIgnoreIndex() &&
+          ce.getReduction() == grad.getReduction())
+        loss = ce;
+    if (!loss)
+      continue;
+    BackwardSliceOptions options;
+    options.inclusive = true;
+    options.filter = [&](Operation *op) {
+      return op->getBlock() == &block && !op->isBeforeInBlock(loss);
+    };
+    SetVector<Operation *> seed;
+    if (Operation *def = grad.getDloss().getDefiningOp();
+        def && options.filter(def) &&
+        (failed(getBackwardSlice(def, &seed, options)) ||
+         seed.contains(loss.getOperation())))
+      continue;
+    if (failed(moveValueDefinitions(rewriter, grad.getDloss(), loss)))
+      continue;
+    rewriter.setInsertionPoint(loss);
+    auto both = CrossEntropyAndGradOp::create(
+        rewriter, rewriter.getFusedLoc({loss.getLoc(), grad.getLoc()}),
+        grad.getLogits(), grad.getLabels(), grad.getDloss(),
+        grad.getIgnoreIndexAttr(), grad.getReductionAttr());
+    rewriter.replaceOp(loss, both.getLoss());
+    rewriter.replaceOp(grad, both.getDlogits());
+  }
+}
+
 bool computesCompatibly(FusedCompute a, FusedCompute b) {
   return a == FusedCompute::Any || b == FusedCompute::Any || a == b;
 }
@@ -59,14 +108,47 @@ bool computesCompatibly(FusedCompute a, FusedCompute b) {
 class Fuser {
 public:
   void run(Block &block) {
+    pairLossesWithGradients(block);
+    copyConstantsPerReader(block);
     for (Operation &op : llvm::make_early_inc_range(block.without_terminator()))
       visit(&op);
     for (const std::unique_ptr<Group> &g : groups_)
       if (!g->mergedInto && g->ops.size() > 1)
         materialize(*g);
+    for (auto [copy, original] : constantCopies_) {
+      copy->replaceAllUsesWith(original);
+      copy->erase();
+    }
+    for (FullOp original : originals_)
+      if (original->use_empty())
+        original->erase();
   }
 
 private:
+  /// One constant read by several ops (CSE merges equal ones) would become
+  /// one region's result, written in full and read back by every other
+  /// region: each fusible reader gets its own copy, which its region fills
+  /// in place. Copies that end up in no region go back to the original.
+  void copyConstantsPerReader(Block &block) {
+    for (FullOp full : llvm::make_early_inc_range(block.getOps<FullOp>())) {
+      llvm::SetVector<Operation *> readers(full->user_begin(),
+                                           full->user_end());
+      if (readers.size() < 2)
+        continue;
+      originals_.push_back(full);
+      for (Operation *reader : readers) {
+        FusedRole role = getFusedRole(reader);
+        if (reader->getBlock() != &block || role == FusedRole::None ||
+            role == FusedRole::Broadcast)
+          continue;
+        OpBuilder b(reader);
+        auto copy = cast<FullOp>(b.clone(*full));
+        reader->replaceUsesOfWith(full, copy);
+        constantCopies_[copy] = full;
+      }
+    }
+  }
+
   Group *find(Group *g) {
     while (g && g->mergedInto)
       g = g->mergedInto;
@@ -88,25 +170,32 @@ private:
     FusedCompute compute =
         role == FusedRole::None ? FusedCompute::None : getFusedCompute(op);
     SmallVector<Group *> joined;
-    if (compute != FusedCompute::None) {
-      ArrayRef<int64_t> shape = iterationShapeOf(op, role);
-      // A broadcast reads its operand from memory: never from a group.
-      if (role != FusedRole::Broadcast)
-        for (Value operand : op->getOperands()) {
-          Group *g = groupOfValue(operand);
-          if (!g || !g->open || llvm::is_contained(joined, g) ||
-              ArrayRef<int64_t>(g->shape) != shape ||
-              getFusedRole(operand.getDefiningOp()) == FusedRole::Reduction)
-            continue;
-          if (!computesCompatibly(g->compute, compute))
-            continue;
-          // Every joined group must agree with the others too.
-          if (llvm::any_of(joined, [&](Group *j) {
-                return !computesCompatibly(j->compute, g->compute);
-              }))
-            continue;
-          joined.push_back(g);
-        }
+    auto consider = [&](Group *g) {
+      if (!g || !g->open || llvm::is_contained(joined, g) ||
+          ArrayRef<int64_t>(g->shape) != iterationShapeOf(op, role) ||
+          !computesCompatibly(g->compute, compute))
+        return;
+      // Every joined group must agree with the others too.
+      if (llvm::any_of(joined, [&](Group *j) {
+            return !computesCompatibly(j->compute, g->compute);
+          }))
+        return;
+      joined.push_back(g);
+    };
+    // A broadcast reads its operand from memory: never from a group.
+    if (compute != FusedCompute::None && role != FusedRole::Broadcast) {
+      for (Value operand : op->getOperands())
+        if (Operation *def = operand.getDefiningOp();
+            def && getFusedRole(def) != FusedRole::Reduction)
+          consider(groupOfValue(operand));
+      // Siblings: an open group that already reads one of the op's operands
+      // whole. One loop then reads it once for both (the gradients of a
+      // product, e.g. SwiGLU's, read the same upstream gradient).
+      for (Value operand : op->getOperands())
+        if (auto type = dyn_cast<RankedTensorType>(operand.getType());
+            type && type.getShape() == iterationShapeOf(op, role))
+          for (Group *g : readers_.lookup(operand))
+            consider(find(g));
     }
     // Whatever the op reads from a group it does not join, it reads from
     // memory: that group cannot move past it any more.
@@ -138,6 +227,8 @@ private:
       target->compute = compute;
     target->ops.push_back(op);
     groupOf_[op] = target;
+    for (Value operand : op->getOperands())
+      readers_[operand].push_back(target);
   }
 
   void materialize(Group &g) {
@@ -185,12 +276,17 @@ private:
       old.replaceUsesWithIf(now, [&](OpOperand &use) {
         return !members.contains(use.getOwner());
       });
-    for (Operation *op : llvm::reverse(g.ops))
+    for (Operation *op : llvm::reverse(g.ops)) {
+      constantCopies_.erase(op);
       op->erase();
+    }
   }
 
   SmallVector<std::unique_ptr<Group>> groups_;
   DenseMap<Operation *, Group *> groupOf_;
+  DenseMap<Value, SmallVector<Group *>> readers_; // value -> groups reading it
+  llvm::MapVector<Operation *, FullOp> constantCopies_; // copy -> original
+  SmallVector<FullOp> originals_;
 };
 
 struct FusePass : ernie::impl::FusePassBase<FusePass> {

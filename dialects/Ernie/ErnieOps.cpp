@@ -1147,18 +1147,43 @@ LogicalResult CrossEntropyOp::inferReturnTypes(
   return success();
 }
 
+/// The loss type of cross_entropy, checked against `dloss`'s (a gradient's
+/// seed has the loss's type), or an error.
+static FailureOr<RankedTensorType>
+inferCrossEntropyGradType(std::optional<Location> loc, Value logits,
+                          Value labels, Value dloss, LossReduction reduction,
+                          int64_t ignoreIndex) {
+  FailureOr<RankedTensorType> loss =
+      inferCrossEntropyType(loc, logits, labels, reduction, ignoreIndex);
+  if (failed(loss))
+    return failure();
+  if (dloss.getType() != *loss)
+    return emitOptionalError(loc, "dloss must have the loss type ", *loss,
+                             ", got ", dloss.getType());
+  return loss;
+}
+
 LogicalResult CrossEntropyGradOp::inferReturnTypes(
     MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
     SmallVectorImpl<Type> &inferred) {
-  FailureOr<RankedTensorType> loss = inferCrossEntropyType(
-      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getReduction(),
-      static_cast<int64_t>(adaptor.getIgnoreIndex()));
+  if (failed(inferCrossEntropyGradType(
+          loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getDloss(),
+          adaptor.getReduction(),
+          static_cast<int64_t>(adaptor.getIgnoreIndex()))))
+    return failure();
+  inferred.push_back(adaptor.getLogits().getType());
+  return success();
+}
+
+LogicalResult CrossEntropyAndGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  FailureOr<RankedTensorType> loss = inferCrossEntropyGradType(
+      loc, adaptor.getLogits(), adaptor.getLabels(), adaptor.getDloss(),
+      adaptor.getReduction(), static_cast<int64_t>(adaptor.getIgnoreIndex()));
   if (failed(loss))
     return failure();
-  if (adaptor.getDloss().getType() != *loss)
-    return emitOptionalError(loc, "dloss must have the loss type ", *loss,
-                             ", got ", adaptor.getDloss().getType());
-  inferred.push_back(adaptor.getLogits().getType());
+  inferred.append({*loss, adaptor.getLogits().getType()});
   return success();
 }
 

@@ -426,6 +426,10 @@ def evaluate_op(op, args):
         return [_cross_entropy(args[0], args[1], p.get("ignore_index", -100), p.get("reduction", "mean"))]
     if n == "cross_entropy_grad":
         return [_cross_entropy_grad(*args, p.get("ignore_index", -100), p.get("reduction", "mean"))]
+    if n == "cross_entropy_and_grad":
+        ignore, reduction = p.get("ignore_index", -100), p.get("reduction", "mean")
+        return [_cross_entropy(args[0], args[1], ignore, reduction),
+                _cross_entropy_grad(*args, ignore, reduction)]
     if n == "sgd_update":
         param, grad, buf, lr = args
         mom, wd = p.get("momentum", 0.0), p.get("weight_decay", 0.0)

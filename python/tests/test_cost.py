@@ -269,8 +269,9 @@ def test_zero_levels_do_not_change_the_step_flops():
            for level in (1, 2, 3)}
     for level in (2, 3):
         assert est[level]["model_flops"] == pytest.approx(est[1]["model_flops"], rel=0.005)
-        # The loss gradient (8x the work when computed on the global batch).
-        loss_grad = lambda e: e["compute_by_op"]["ernie.cross_entropy_grad"]
+        # The loss and its gradient (one fused op; 8x the work when
+        # computed on the global batch).
+        loss_grad = lambda e: e["compute_by_op"]["ernie.cross_entropy_and_grad"]
         assert loss_grad(est[level]) == pytest.approx(loss_grad(est[1]), rel=0.01)
 
 

@@ -667,6 +667,13 @@ void checkCrossEntropyGrad(OpCheck &c) {
   c.like(c.out(0), "the result", c.in(0), "the logits");
 }
 
+void checkCrossEntropyAndGrad(OpCheck &c) {
+  std::vector<int64_t> loss = lossShape(c);
+  c.is(c.in(2), "dloss", loss, c.in(0).type);
+  c.is(c.out(0), "the loss", loss, c.in(0).type);
+  c.like(c.out(1), "the gradient", c.in(0), "the logits");
+}
+
 /// An optimizer update: `states` buffers after the parameter have its
 /// shape; results are the parameter and the states, each in its own type.
 void checkOptimizer(OpCheck &c, size_t states, bool withStep) {
@@ -755,7 +762,9 @@ const KernelSignature kKernelSignatures[] = {
        c.sameShape(c.out(0), "the result", c.in(0), "the operand");
      }},
     {"ernie.stop_gradient", 1, 1,
-     [](OpCheck &c) { c.like(c.out(0), "the result", c.in(0), "the operand"); }},
+     [](OpCheck &c) {
+       c.like(c.out(0), "the result", c.in(0), "the operand");
+     }},
     {"ernie.full", 0, 1, [](OpCheck &c) { c.number("value", 0.0); }},
     {"ernie.iota", 0, 1,
      [](OpCheck &c) {
@@ -792,6 +801,7 @@ const KernelSignature kKernelSignatures[] = {
     {"ernie.attention_grad", 4, 3, checkAttentionGrad},
     {"ernie.cross_entropy", 2, 1, checkCrossEntropy},
     {"ernie.cross_entropy_grad", 3, 1, checkCrossEntropyGrad},
+    {"ernie.cross_entropy_and_grad", 3, 2, checkCrossEntropyAndGrad},
     {"ernie.sgd_update", 4, 2,
      [](OpCheck &c) {
        checkOptimizer(c, 2, false);

@@ -10,6 +10,7 @@
 #include <climits>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 using namespace ernie::runtime;
@@ -607,6 +608,45 @@ TEST(CpuKernels, CrossEntropyAndItsGradient) {
   Owned<double> out{{0}, {}, DType::F64};
   EXPECT_THROW(run("ernie.cross_entropy", {logits.view(), bad.view()}, {out.view()}),
                KernelError);
+}
+
+/// The fused loss-and-gradient computes the pair's bits (one pass shares
+/// each row's exponentials), with a token ignored, in every reduction, over
+/// a vocabulary wider than a vector (f32) and in f64.
+template <typename T> void expectLossAndGradientAsThePair(DType type) {
+  for (const char *reduction : {"mean", "sum", "none"}) {
+    auto logits = make<T>({3, 4, 37}, type, 41);
+    Owned<int64_t> labels{
+        {0, 36, 2, -100, 1, 3, 9, 35, 17, -100, 8, 20}, {3, 4}, DType::I64};
+    bool none = std::string(reduction) == "none";
+    Attrs attrs{{"reduction", std::string(reduction)}};
+    std::vector<int64_t> lossShape =
+        none ? std::vector<int64_t>{3, 4} : std::vector<int64_t>{};
+    auto dloss = make<T>(lossShape, type, 42);
+    auto loss = make<T>(lossShape, type), grad = make<T>({3, 4, 37}, type);
+    run("ernie.cross_entropy", {logits.view(), labels.view()}, {loss.view()},
+        attrs);
+    run("ernie.cross_entropy_grad",
+        {logits.view(), labels.view(), dloss.view()}, {grad.view()}, attrs);
+    auto fusedLoss = make<T>(lossShape, type),
+         fusedGrad = make<T>({3, 4, 37}, type, 7); // garbage to overwrite
+    run("ernie.cross_entropy_and_grad",
+        {logits.view(), labels.view(), dloss.view()},
+        {fusedLoss.view(), fusedGrad.view()}, attrs);
+    EXPECT_EQ(std::memcmp(loss.data.data(), fusedLoss.data.data(),
+                          loss.data.size() * sizeof(T)),
+              0)
+        << reduction;
+    EXPECT_EQ(std::memcmp(grad.data.data(), fusedGrad.data.data(),
+                          grad.data.size() * sizeof(T)),
+              0)
+        << reduction;
+  }
+}
+
+TEST(CpuKernels, CrossEntropyAndGradComputesThePairsBits) {
+  expectLossAndGradientAsThePair<float>(DType::F32);
+  expectLossAndGradientAsThePair<double>(DType::F64);
 }
 
 TEST(CpuKernels, RopeRotatesPairsAndInvertsWithNegatedPositions) {

@@ -404,6 +404,12 @@ std::vector<Case> cases() {
            {{t, {37, 1000}}, {kI64, {37}, Gen::Labels, 1000}, {t, loss}},
            {{t, {37, 1000}}}, {{"reduction", std::string(reduction)}},
            Tol::Accumulated});
+      add({"cross_entropy_and_grad_" + tag(t) + "_" + reduction,
+           "ernie.cross_entropy_and_grad",
+           {{t, {37, 1000}}, {kI64, {37}, Gen::Labels, 1000}, {t, loss}},
+           {{t, loss}, {t, {37, 1000}}},
+           {{"reduction", std::string(reduction)}},
+           Tol::Accumulated});
     }
 
   // Optimizers: mixed precision states, bit for bit (f64 arithmetic).

@@ -115,3 +115,125 @@ func.func @merge(%x: tensor<8xbf16>, %y: tensor<8xf32>) -> tensor<8xbf16> {
   %c = ernie.cast %s : tensor<8xf32> -> tensor<8xbf16>
   return %c : tensor<8xbf16>
 }
+
+// -----
+
+// Siblings: the gradients of a product read the same upstream gradient %g.
+// The lone product %a joins the region of the other chain that reads %g, so
+// %g is read once and no op is left unfused.
+// CHECK-LABEL: func.func @siblings
+// CHECK-SAME: (%[[G:.+]]: tensor<4x8xf32>, %[[X:.+]]: tensor<4x8xf32>, %[[Y:.+]]: tensor<4x8xf32>)
+// CHECK: %[[F:.+]]:2 = ernie.fused(%[[G]], %[[X]], %[[Y]])
+// CHECK: ernie.mul
+// CHECK: ernie.mul
+// CHECK: ernie.sigmoid
+// CHECK: ernie.yield
+// CHECK-NOT: ernie.mul
+// CHECK: return %[[F]]#0, %[[F]]#1
+func.func @siblings(%g: tensor<4x8xf32>, %x: tensor<4x8xf32>, %y: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %a = ernie.mul %g, %x : tensor<4x8xf32>
+  %b = ernie.mul %g, %y : tensor<4x8xf32>
+  %s = ernie.sigmoid %b : tensor<4x8xf32>
+  return %a, %s : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// A sibling region that was closed (a matmul read it) is not joined: the
+// second product would move past the matmul's read.
+// CHECK-LABEL: func.func @closed_sibling
+// CHECK: ernie.fused
+// CHECK: ernie.matmul
+// CHECK: ernie.fused
+func.func @closed_sibling(%g: tensor<4x4xf32>, %x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+  %a = ernie.mul %g, %x : tensor<4x4xf32>
+  %e = ernie.exp %a : tensor<4x4xf32>
+  %m = ernie.matmul %e, %x : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %b = ernie.mul %g, %m : tensor<4x4xf32>
+  %t = ernie.tanh %b : tensor<4x4xf32>
+  return %e, %t : tensor<4x4xf32>, tensor<4x4xf32>
+}
+
+// -----
+
+// One constant (CSE merges equal ones) read by two regions and a matmul:
+// each region fills its own copy in its loop, so no region writes the
+// constant out for the other; the matmul keeps reading the original.
+// CHECK-LABEL: func.func @shared_constant
+// CHECK: %[[ONE:.+]] = ernie.full 1.000000e+00 : tensor<4x4xf32>
+// CHECK: %[[F1:.+]] = ernie.fused(%{{.+}}) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.full 1.000000e+00
+// CHECK: ernie.sub
+// CHECK: ernie.yield %{{.+}} : tensor<4x4xf32>
+// CHECK: ernie.matmul %[[F1]], %[[ONE]]
+// CHECK: ernie.fused(%{{.+}}) : (tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.full 1.000000e+00
+// CHECK: ernie.add
+func.func @shared_constant(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %one = ernie.full 1.0 : tensor<4x4xf32>
+  %e = ernie.exp %x : tensor<4x4xf32>
+  %a = ernie.sub %one, %e : tensor<4x4xf32>
+  %m = ernie.matmul %a, %one : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %t = ernie.tanh %m : tensor<4x4xf32>
+  %b = ernie.add %t, %one : tensor<4x4xf32>
+  return %b : tensor<4x4xf32>
+}
+
+// -----
+
+// A constant's copy that no region takes goes back to the original: the
+// matmul and the widening cast (f32 to f64: no region mixes them) share
+// one constant.
+// CHECK-LABEL: func.func @constant_unfused
+// CHECK: %[[C:.+]] = ernie.full 2.000000e+00
+// CHECK-NOT: ernie.full
+// CHECK-NOT: ernie.fused
+// CHECK: ernie.matmul %{{.+}}, %[[C]]
+// CHECK: ernie.cast %[[C]]
+func.func @constant_unfused(%x: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf64>) {
+  %c = ernie.full 2.0 : tensor<4x4xf32>
+  %a = ernie.matmul %x, %c : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %d = ernie.cast %c : tensor<4x4xf32> -> tensor<4x4xf64>
+  return %a, %d : tensor<4x4xf32>, tensor<4x4xf64>
+}
+
+// -----
+
+// A loss and its gradient over the same logits become one op where the loss
+// was; the gradient's seed, computed after the loss, moves up with what it
+// is computed from (the mean's count), and the loss's reader stays after.
+// CHECK-LABEL: func.func @loss_and_gradient
+// CHECK-SAME: (%[[LOGITS:.+]]: tensor<4x16xf32>, %[[LABELS:.+]]: tensor<4xi64>, %[[N:.+]]: tensor<f32>)
+// CHECK: %[[SEED:.+]] = ernie.fused(%[[N]])
+// CHECK: %[[LOSS:.+]], %[[GRAD:.+]] = ernie.cross_entropy_and_grad %[[LOGITS]], %[[LABELS]], %[[SEED]] {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<f32>, tensor<4x16xf32>
+// CHECK-NOT: ernie.cross_entropy
+// CHECK: %[[MEAN:.+]] = ernie.div %[[LOSS]], %[[N]]
+// CHECK: return %[[MEAN]], %[[GRAD]]
+func.func @loss_and_gradient(%logits: tensor<4x16xf32>, %labels: tensor<4xi64>, %n: tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  %loss = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  %mean = ernie.div %loss, %n : tensor<f32>
+  %one = ernie.full 1.0 : tensor<f32>
+  %seed = ernie.div %one, %n : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %mean, %g : tensor<f32>, tensor<4x16xf32>
+}
+
+// -----
+
+// Not paired: a seed computed from the loss itself (it cannot move above
+// it), other labels, another reduction.
+// CHECK-LABEL: func.func @loss_and_gradient_apart
+// CHECK-NOT: cross_entropy_and_grad
+// CHECK: ernie.cross_entropy %
+// CHECK: ernie.cross_entropy_grad
+// CHECK: ernie.cross_entropy_grad
+// CHECK: ernie.cross_entropy_grad
+func.func @loss_and_gradient_apart(%logits: tensor<4x16xf32>, %labels: tensor<4xi64>, %other: tensor<4xi64>) -> (tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>) {
+  %loss = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  %seed = ernie.exp %loss : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  %one = ernie.full 1.0 : tensor<f32>
+  %h = ernie.cross_entropy_grad %logits, %other, %one {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  %k = ernie.cross_entropy_grad %logits, %labels, %one : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %g, %h, %k : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>
+}

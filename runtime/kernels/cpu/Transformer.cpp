@@ -326,12 +326,13 @@ void attention(const std::vector<TensorView> &in,
   });
 }
 
-/// The per-token losses and, for the gradient, (softmax - onehot) rows.
-void crossEntropy(const std::vector<TensorView> &in,
-                  const std::vector<TensorView> &out, const Attrs &attrs,
-                  bool backward) {
-  expectCount(in, backward ? 3 : 2,
-              backward ? "ernie.cross_entropy_grad" : "ernie.cross_entropy");
+/// The loss (into `loss`) and/or the gradient rows (softmax - onehot) *
+/// scale (into `grad`), one row at a time: a row's exponentials are
+/// computed once and serve both, so the pair of ops and the fused op
+/// compute the same bits.
+void crossEntropy(const std::vector<TensorView> &in, const TensorView *loss,
+                  const TensorView *grad, const Attrs &attrs, const char *op) {
+  expectCount(in, grad ? 3 : 2, op);
   const TensorView &logits = in[0], &labels = in[1];
   int64_t vocab = logits.shape.back(), tokens = labels.numElements();
   int64_t ignore = attrs.getInt("ignore_index", -100);
@@ -342,45 +343,47 @@ void crossEntropy(const std::vector<TensorView> &in,
     int64_t kept = 0;
     for (int64_t t = 0; t < tokens; ++t)
       kept += indexAt(labels, t) != ignore;
-    std::vector<T> loss(tokens, T(0));
-    // The forward's exponentials (the gradient keeps them in its rows).
-    std::vector<T> scratch(backward ? 0 : vocab);
+    std::vector<T> losses(loss ? tokens : 0, T(0));
+    // The exponentials of a row (the gradient keeps them in its own rows).
+    std::vector<T> scratch(grad ? 0 : vocab);
+    T scale = 0;
+    if (grad) {
+      const T *dl = in[2].as<T>();
+      scale = reduction == "mean" ? dl[0] / static_cast<T>(kept) : dl[0];
+    }
     for (int64_t t = 0; t < tokens; ++t) {
       int64_t label = indexAt(labels, t);
       const T *row = x + t * vocab;
-      T peak = rowMax(row, vocab);
-      T *g = backward ? out[0].as<T>() + t * vocab : nullptr;
+      T *g = grad ? grad->as<T>() + t * vocab : nullptr;
       if (label == ignore) {
-        if (backward)
+        if (g)
           std::fill(g, g + vocab, T(0));
         continue;
       }
+      T peak = rowMax(row, vocab);
       T total = expRow(row, peak, g ? g : scratch.data(), vocab);
       if (label < 0 || label >= vocab)
         throw KernelError("label " + std::to_string(label) +
                           " is outside the vocabulary of " + std::to_string(vocab));
-      if (!backward) {
-        loss[t] = std::log(total) + peak - row[label];
+      if (loss)
+        losses[t] = std::log(total) + peak - row[label];
+      if (!g)
         continue;
-      }
-      const T *dl = in[2].as<T>();
-      T scale = reduction == "none" ? dl[t]
-                : reduction == "mean" ? dl[0] / static_cast<T>(kept)
-                                      : dl[0];
+      const T rowScale = reduction == "none" ? in[2].as<T>()[t] : scale;
       const T inverse = T(1) / total;
       for (int64_t j = 0; j < vocab; ++j)
-        g[j] = g[j] * inverse * scale;
-      g[label] -= scale;
+        g[j] = g[j] * inverse * rowScale;
+      g[label] -= rowScale;
     }
-    if (backward)
+    if (!loss)
       return;
-    T *y = out[0].as<T>();
+    T *y = loss->as<T>();
     if (reduction == "none") {
-      std::copy(loss.begin(), loss.end(), y);
+      std::copy(losses.begin(), losses.end(), y);
       return;
     }
     T sum = 0;
-    for (T l : loss)
+    for (T l : losses)
       sum += l;
     y[0] = reduction == "mean" ? sum / static_cast<T>(kept) : sum;
   });
@@ -397,10 +400,13 @@ void registerTransformerKernels(Registry &r) {
     attention(in, out, a, true);
   };
   r["ernie.cross_entropy"] = [](auto &in, auto &out, auto &a) {
-    crossEntropy(in, out, a, false);
+    crossEntropy(in, &out.at(0), nullptr, a, "ernie.cross_entropy");
   };
   r["ernie.cross_entropy_grad"] = [](auto &in, auto &out, auto &a) {
-    crossEntropy(in, out, a, true);
+    crossEntropy(in, nullptr, &out.at(0), a, "ernie.cross_entropy_grad");
+  };
+  r["ernie.cross_entropy_and_grad"] = [](auto &in, auto &out, auto &a) {
+    crossEntropy(in, &out.at(0), &out.at(1), a, "ernie.cross_entropy_and_grad");
   };
 }
 

@@ -1526,6 +1526,12 @@ void registerTransformerKernels(Registry &r) {
   r["ernie.cross_entropy_grad"] = [](auto &in, auto &out, auto &a) {
     crossEntropy(in, out, a, true);
   };
+  // The two kernels in turn (each computes its exponentials): the same bits
+  // as the pair of ops, without the CPU's shared pass.
+  r["ernie.cross_entropy_and_grad"] = [](auto &in, auto &out, auto &a) {
+    crossEntropy({in.at(0), in.at(1)}, {out.at(0)}, a, false);
+    crossEntropy(in, {out.at(1)}, a, true);
+  };
   r["ernie.sgd_update"] = [](const std::vector<TensorView> &in,
                              const std::vector<TensorView> &out,
                              const Attrs &attrs) {

@@ -687,6 +687,14 @@ func.func @cross_entropy_result(%l: tensor<2x100xf32>, %y: tensor<2xi64>) {
 
 // -----
 
+func.func @cross_entropy_and_grad_seed(%l: tensor<2x100xf32>, %y: tensor<2xi64>, %d: tensor<2xf32>) {
+  // expected-error @+1 {{dloss must have the loss type 'tensor<f32>', got 'tensor<2xf32>'}}
+  %0, %1 = ernie.cross_entropy_and_grad %l, %y, %d : tensor<2x100xf32>, tensor<2xi64>, tensor<2xf32> -> tensor<f32>, tensor<2x100xf32>
+  return
+}
+
+// -----
+
 // expected-error @+1 {{'ernie.param' on argument #0 must be a non-empty string}}
 func.func @param_not_string(%w: tensor<4xf32> {ernie.param = 3 : i64}) {
   return

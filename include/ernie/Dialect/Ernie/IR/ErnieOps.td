@@ -874,6 +874,31 @@ def Ernie_CrossEntropyGradOp : Ernie_InferredOp<"cross_entropy_grad",
   }];
 }
 
+def Ernie_CrossEntropyAndGradOp : Ernie_InferredOp<"cross_entropy_and_grad"> {
+  let summary = "cross_entropy and its gradient over the same logits, in one pass";
+  let description = [{
+    `cross_entropy(logits, labels)` and `cross_entropy_grad(logits, labels,
+    dloss)` with the same attributes, bit for bit, reading the logits once
+    and computing each exponential once (the two ops each compute all of
+    them). `--ernie-fuse` forms it where a partitioned step computes both;
+    it has no sharding rule or gradient, as it exists only after partition.
+
+    ```mlir
+    %loss, %dl = ernie.cross_entropy_and_grad %logits, %labels, %dloss : tensor<2x16x100xf32>, tensor<2x16xi64>, tensor<f32> -> tensor<f32>, tensor<2x16x100xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$logits, Ernie_IndexTensor:$labels,
+                       Ernie_FloatTensor:$dloss,
+                       DefaultValuedAttr<I64Attr, "-100">:$ignore_index,
+                       DefaultValuedAttr<Ernie_LossReductionAttr,
+                                         "::mlir::ernie::LossReduction::mean">:$reduction);
+  let results = (outs Ernie_FloatTensor:$loss, Ernie_FloatTensor:$dlogits);
+  let assemblyFormat = [{
+    $logits `,` $labels `,` $dloss attr-dict `:` type($logits) `,`
+    type($labels) `,` type($dloss) `->` type($loss) `,` type($dlogits)
+  }];
+}
+
 def Ernie_CrossEntropyOp : Ernie_InferredOp<"cross_entropy", [DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
   let summary = "softmax cross-entropy against integer labels";
   let description = [{
