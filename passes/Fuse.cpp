@@ -1,4 +1,4 @@
-//===- Fuse.cpp - elementwise chains into ernie.fused regions ---------------===//
+//===- Fuse.cpp - elementwise chains into ernie.fused regions -------------===//
 //
 // One forward walk per function body. Each op either joins (merging) the
 // open groups its operands come from, starts a group, or — not fusible —
@@ -9,8 +9,10 @@
 //
 // Before the walk, a loss and its gradient over the same logits become one
 // ernie.cross_entropy_and_grad (one pass over the logits, each exponential
-// computed once), and a constant read by several ops gets a copy per
-// reader, so each region fills its own instead of reading another's.
+// computed once); elementwise math on broadcasts moves before the broadcast
+// (computed once per source element, not per copy); and a constant or a
+// broadcast read by several ops gets a copy per reader, so each region
+// fills or loads its own instead of reading another's, written in full.
 //
 //===----------------------------------------------------------------------===//
 
@@ -101,6 +103,66 @@ void pairLossesWithGradients(Block &block) {
   }
 }
 
+/// An elementwise op whose operands are all copies of smaller tensors —
+/// broadcasts of one source shape along the same dims, or constants —
+/// computes each value as often as it is copied: it computes on the sources
+/// instead, and its result is broadcast. The same math on the same values,
+/// so the same bits. A forward walk, so a chain (a norm's statistic scaled,
+/// shifted, rsqrt'ed) sinks below its broadcast op by op. Not for narrow
+/// floats: the sunk chain may end up in a region of its own, whose result
+/// is rounded to bf16 where the region it left kept it in f32.
+void sinkBroadcasts(Block &block) {
+  IRRewriter rewriter(block.getParentOp()->getContext());
+  auto narrow = [](Type t) {
+    Type e = getElementTypeOrSelf(t);
+    return isa<FloatType>(e) && e.getIntOrFloatBitWidth() < 32;
+  };
+  for (Operation &op : llvm::make_early_inc_range(block.without_terminator())) {
+    if (getFusedRole(&op) != FusedRole::Elementwise ||
+        op.getNumResults() != 1 || llvm::any_of(op.getOperandTypes(), narrow) ||
+        narrow(op.getResult(0).getType()))
+      continue;
+    BroadcastOp like;
+    bool copies = llvm::all_of(op.getOperands(), [&](Value v) {
+      if (auto b = v.getDefiningOp<BroadcastOp>()) {
+        if (!like)
+          like = b;
+        return b.getInput().getType().getShape() ==
+                   like.getInput().getType().getShape() &&
+               b.getDims() == like.getDims();
+      }
+      return isa_and_nonnull<FullOp>(v.getDefiningOp());
+    });
+    if (!copies || !like)
+      continue;
+    ArrayRef<int64_t> source =
+        cast<RankedTensorType>(like.getInput().getType()).getShape();
+    auto smaller = [&](Type t) {
+      return RankedTensorType::get(source, getElementTypeOrSelf(t));
+    };
+    rewriter.setInsertionPoint(&op);
+    SmallVector<Value> operands;
+    for (Value v : op.getOperands()) {
+      if (auto b = v.getDefiningOp<BroadcastOp>()) {
+        operands.push_back(b.getInput());
+        continue;
+      }
+      auto full = v.getDefiningOp<FullOp>();
+      operands.push_back(FullOp::create(rewriter, full.getLoc(),
+                                        smaller(v.getType()), full.getValue()));
+    }
+    Operation *small = rewriter.clone(op);
+    small->setOperands(operands);
+    small->getResult(0).setType(smaller(op.getResult(0).getType()));
+    rewriter.replaceOpWithNewOp<BroadcastOp>(
+        &op, op.getResult(0).getType(), small->getResult(0), like.getDims());
+  }
+  // The broadcasts and constants the sunk ops read, when nothing else does.
+  for (Operation &op : llvm::make_early_inc_range(llvm::reverse(block)))
+    if (isa<BroadcastOp, FullOp>(op) && op.use_empty())
+      op.erase();
+}
+
 bool computesCompatibly(FusedCompute a, FusedCompute b) {
   return a == FusedCompute::Any || b == FusedCompute::Any || a == b;
 }
@@ -109,42 +171,48 @@ class Fuser {
 public:
   void run(Block &block) {
     pairLossesWithGradients(block);
-    copyConstantsPerReader(block);
+    sinkBroadcasts(block);
+    copyCheapProducersPerReader(block);
     for (Operation &op : llvm::make_early_inc_range(block.without_terminator()))
       visit(&op);
     for (const std::unique_ptr<Group> &g : groups_)
       if (!g->mergedInto && g->ops.size() > 1)
         materialize(*g);
-    for (auto [copy, original] : constantCopies_) {
+    for (auto [copy, original] : copies_) {
       copy->replaceAllUsesWith(original);
       copy->erase();
     }
-    for (FullOp original : originals_)
+    for (Operation *original : originals_)
       if (original->use_empty())
         original->erase();
   }
 
 private:
-  /// One constant read by several ops (CSE merges equal ones) would become
-  /// one region's result, written in full and read back by every other
-  /// region: each fusible reader gets its own copy, which its region fills
-  /// in place. Copies that end up in no region go back to the original.
-  void copyConstantsPerReader(Block &block) {
-    for (FullOp full : llvm::make_early_inc_range(block.getOps<FullOp>())) {
-      llvm::SetVector<Operation *> readers(full->user_begin(),
-                                           full->user_end());
+  /// A constant or a broadcast read by several ops (CSE merges equal ones)
+  /// would become one region's result, written in full and read back by
+  /// every other region. Each fusible reader gets its own copy instead,
+  /// which its region computes in place (a fill, or a strided load of the
+  /// broadcast's source). Copies that end up in no region go back to the
+  /// original.
+  void copyCheapProducersPerReader(Block &block) {
+    for (Operation &producer :
+         llvm::make_early_inc_range(block.without_terminator())) {
+      if (!isa<FullOp, BroadcastOp>(producer))
+        continue;
+      llvm::SetVector<Operation *> readers(producer.user_begin(),
+                                           producer.user_end());
       if (readers.size() < 2)
         continue;
-      originals_.push_back(full);
+      originals_.push_back(&producer);
       for (Operation *reader : readers) {
         FusedRole role = getFusedRole(reader);
         if (reader->getBlock() != &block || role == FusedRole::None ||
             role == FusedRole::Broadcast)
           continue;
         OpBuilder b(reader);
-        auto copy = cast<FullOp>(b.clone(*full));
-        reader->replaceUsesOfWith(full, copy);
-        constantCopies_[copy] = full;
+        Operation *copy = b.clone(producer);
+        reader->replaceUsesOfWith(producer.getResult(0), copy->getResult(0));
+        copies_[copy] = &producer;
       }
     }
   }
@@ -277,7 +345,7 @@ private:
         return !members.contains(use.getOwner());
       });
     for (Operation *op : llvm::reverse(g.ops)) {
-      constantCopies_.erase(op);
+      copies_.erase(op);
       op->erase();
     }
   }
@@ -285,8 +353,8 @@ private:
   SmallVector<std::unique_ptr<Group>> groups_;
   DenseMap<Operation *, Group *> groupOf_;
   DenseMap<Value, SmallVector<Group *>> readers_; // value -> groups reading it
-  llvm::MapVector<Operation *, FullOp> constantCopies_; // copy -> original
-  SmallVector<FullOp> originals_;
+  llvm::MapVector<Operation *, Operation *> copies_; // copy -> original
+  SmallVector<Operation *> originals_;
 };
 
 struct FusePass : ernie::impl::FusePassBase<FusePass> {

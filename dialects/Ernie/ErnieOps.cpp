@@ -32,11 +32,12 @@ int64_t mlir::ernie::getElementByteSize(Type element) {
 }
 
 bool mlir::ernie::hasAddressableSize(ShapedType type) {
-  if (!type.hasStaticShape())
+  if (!type.hasStaticShape() || getElementByteSize(type.getElementType()) == 0)
     return false;
-  int64_t bytes = getElementByteSize(type.getElementType());
-  if (bytes == 0)
-    return false;
+  // Bytes at the widest element (8), whatever this one's: passes retype
+  // tensors (a bf16 gradient's f32 sum, f32 statistics of bf16 values, i64
+  // indices), and a retyped tensor must stay inside the bound too.
+  int64_t bytes = 8;
   for (int64_t dim : type.getShape())
     if (dim < 0 || llvm::MulOverflow(bytes, dim, bytes))
       return false;
@@ -107,7 +108,8 @@ static FailureOr<RankedTensorType> rankedOperand(std::optional<Location> loc,
   if (!type || !hasAddressableSize(type))
     return emitOptionalError(loc, "'", name,
                              "' must be a statically shaped ranked tensor of "
-                             "integers or floats");
+                             "integers or floats with fewer than 2^60 "
+                             "elements");
   if (hasZeroSizeDimension(type))
     return emitOptionalError(loc, "'", name, "' has a zero-size dimension (",
                              type, "): ", kNoZeroSize);

@@ -43,14 +43,17 @@ def test_fused_training_is_bit_identical(plan):
     for name, value in plain.state_dict().items():
         np.testing.assert_array_equal(fused.state_dict()[name], value, err_msg=name)
     before, after = plain.report()["functions"], fused.report()["functions"]
-    # Fusion only groups ops (the unfused program has more only because the
-    # memory plan gives every reader of a fill its own copy). Its
-    # intermediates need no memory, but a region placed at its last member
-    # keeps its inputs alive that long: on these toys the arenas move by a
-    # few percent either way (+3.4 % for pp2's second backward chunk; on
-    # runtime_step.py's model they are equal: the logits dominate).
+    # Fusion groups ops, and moves math on broadcasts before them, which
+    # gives each moved op with a constant operand a smaller constant of its
+    # own: the ops the regions stand for stay within 2 % of the unfused
+    # program's. Its intermediates need no memory, but a region placed at
+    # its last member keeps its inputs alive that long: on these toys the
+    # arenas move by a few percent either way (+3.4 % for pp2's second
+    # backward chunk; on runtime_step.py's model they are equal: the logits
+    # dominate).
     for fn, f in after.items():
-        assert f["instructions"] <= f["unfused_instructions"] <= before[fn]["instructions"], fn
+        assert f["instructions"] <= f["unfused_instructions"], fn
+        assert f["unfused_instructions"] <= 1.02 * before[fn]["instructions"], fn
         assert f["arena_bytes"] <= 1.05 * before[fn]["arena_bytes"], fn
     # The backward's elementwise chains are where it pays.
     grad = [fn for fn in after if fn.startswith(("forward_grad", "train_backward"))]

@@ -237,3 +237,67 @@ func.func @loss_and_gradient_apart(%logits: tensor<4x16xf32>, %labels: tensor<4x
   %k = ernie.cross_entropy_grad %logits, %labels, %one : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
   return %g, %h, %k : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>
 }
+
+// -----
+
+// Math on broadcasts moves before the broadcast: a norm's statistic is
+// scaled and rsqrt'ed once per row, not once per element, in a region of
+// the row shape; the full-size region reads the row values through a
+// broadcast of its own.
+// CHECK-LABEL: func.func @sink_broadcasts
+// CHECK-SAME: (%[[S:.+]]: tensor<4x1xf32>, %[[X:.+]]: tensor<4x8xf32>)
+// CHECK: %[[R:.+]] = ernie.fused(%[[S]]) : (tensor<4x1xf32>) -> tensor<4x1xf32> {
+// CHECK: ernie.full 2.000000e+00 : tensor<4x1xf32>
+// CHECK: ernie.mul
+// CHECK: ernie.rsqrt %{{.+}} : tensor<4x1xf32>
+// CHECK: %[[Y:.+]] = ernie.fused(%[[R]], %[[X]]) : (tensor<4x1xf32>, tensor<4x8xf32>) -> tensor<4x8xf32> {
+// CHECK: ernie.broadcast %{{.+}}, dims = [0, 1] : tensor<4x1xf32> -> tensor<4x8xf32>
+// CHECK: ernie.mul
+// CHECK: return %[[Y]]
+func.func @sink_broadcasts(%s: tensor<4x1xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %b = ernie.broadcast %s, dims = [0, 1] : tensor<4x1xf32> -> tensor<4x8xf32>
+  %c = ernie.full 2.0 : tensor<4x8xf32>
+  %m = ernie.mul %b, %c : tensor<4x8xf32>
+  %r = ernie.rsqrt %m : tensor<4x8xf32>
+  %y = ernie.mul %x, %r : tensor<4x8xf32>
+  return %y : tensor<4x8xf32>
+}
+
+// -----
+
+// Broadcasts along different dims, or of different shapes, stay where
+// they are: the op needs every element.
+// CHECK-LABEL: func.func @sink_broadcasts_apart
+// CHECK: ernie.fused(%{{.+}}, %{{.+}}) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.broadcast %{{.+}}, dims = [0]
+// CHECK: ernie.broadcast %{{.+}}, dims = [1]
+// CHECK: ernie.add %{{.+}} : tensor<4x4xf32>
+func.func @sink_broadcasts_apart(%u: tensor<4xf32>, %v: tensor<4xf32>) -> tensor<4x4xf32> {
+  %a = ernie.broadcast %u, dims = [0] : tensor<4xf32> -> tensor<4x4xf32>
+  %b = ernie.broadcast %v, dims = [1] : tensor<4xf32> -> tensor<4x4xf32>
+  %s = ernie.add %a, %b : tensor<4x4xf32>
+  %e = ernie.exp %s : tensor<4x4xf32>
+  return %e : tensor<4x4xf32>
+}
+
+// -----
+
+// A broadcast read by two regions (a matmul between them) is loaded by
+// each from its source: neither writes the full-size copy out.
+// CHECK-LABEL: func.func @shared_broadcast
+// CHECK-SAME: (%[[S:.+]]: tensor<4x1xf32>, %[[X:.+]]: tensor<4x4xf32>)
+// CHECK-NOT: ernie.broadcast
+// CHECK: %[[A:.+]] = ernie.fused(%[[X]], %[[S]]) : (tensor<4x4xf32>, tensor<4x1xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.broadcast %{{.+}}, dims = [0, 1]
+// CHECK: %[[M:.+]] = ernie.matmul %[[A]], %[[X]]
+// CHECK: ernie.fused(%[[M]], %[[S]]) : (tensor<4x4xf32>, tensor<4x1xf32>) -> tensor<4x4xf32>
+// CHECK: ernie.broadcast %{{.+}}, dims = [0, 1]
+func.func @shared_broadcast(%s: tensor<4x1xf32>, %x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %b = ernie.broadcast %s, dims = [0, 1] : tensor<4x1xf32> -> tensor<4x4xf32>
+  %e = ernie.exp %x : tensor<4x4xf32>
+  %a = ernie.mul %e, %b : tensor<4x4xf32>
+  %m = ernie.matmul %a, %x : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %t = ernie.tanh %m : tensor<4x4xf32>
+  %c = ernie.add %t, %b : tensor<4x4xf32>
+  return %c : tensor<4x4xf32>
+}

@@ -122,12 +122,14 @@ def Ernie_Element : AnyTypeOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2,
                                I64, I32, I1], "ernie element">;
 
 // Shapes are static (a distributed program plans every buffer ahead of time)
-// and small enough that their byte size fits in an int64.
+// and small enough that their byte size fits in an int64 in any element type
+// (8 bytes an element: passes widen bf16 to f32 and indices to i64).
 class Ernie_TensorOf<list<Type> allowedTypes>
     : Type<And<[StaticShapeTensorOf<allowedTypes>.predicate,
                 CPred<"::mlir::ernie::hasAddressableSize("
                       "::llvm::cast<::mlir::ShapedType>($_self))">]>,
-           StaticShapeTensorOf<allowedTypes>.summary,
+           StaticShapeTensorOf<allowedTypes>.summary #
+               " with fewer than 2^60 elements",
            "::mlir::TensorType">;
 
 def Ernie_Tensor : Ernie_TensorOf<[F64, F32, F16, BF16, F8E4M3FN, F8E5M2,

@@ -18,8 +18,9 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace mlir::ernie {
-/// True when the shape's byte size fits in an int64: the bound every buffer
-/// the runtime allocates must respect.
+/// True when the shape's byte size at 8 bytes an element fits in an int64:
+/// the bound every buffer the runtime allocates must respect, with room for
+/// any element type a pass gives the same shape.
 bool hasAddressableSize(ShapedType type);
 /// Bytes one element of `element` occupies in a buffer (i1 takes a byte);
 /// 0 for types that are not integers or floats.
