@@ -577,6 +577,7 @@ TEST_P(SeedPrograms, TrainOnADeviceAsOnTheHostBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SeedPrograms,
                          ::testing::Values("llama_block_train.ernie",
+                                           "llama_block_train_fused.ernie",
                                            "transformer_block_dp_mp.ernie",
                                            "pipeline_1f1b.ernie",
                                            "ernie_moe_ep2_train.ernie"));
@@ -738,6 +739,7 @@ TEST_P(GpuSeedPrograms, TrainOnTheGpuAsOnTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, GpuSeedPrograms,
                          ::testing::Values("llama_block_train.ernie",
+                                           "llama_block_train_fused.ernie",
                                            "transformer_block_dp_mp.ernie",
                                            "pipeline_1f1b.ernie",
                                            "ernie_moe_ep2_train.ernie"));
