@@ -4,6 +4,8 @@ its kernel's arithmetic in the same order), on one rank and partitioned, with
 fewer instructions and no larger arenas; bf16 regions round once, so they
 are at least as close to an f64 run as the op-by-op program."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -84,3 +86,40 @@ def test_bf16_regions_round_once():
             err.append(np.linalg.norm(got - g) / np.linalg.norm(g))
         errors[fuse] = float(np.mean(err))
     assert errors[True] <= errors[False], errors
+
+
+def _regions(ir):
+    """(body lines, yielded names) of every ernie.fused region in `ir`."""
+    regions, body = [], None
+    for line in ir.splitlines():
+        if "= ernie.fused(" in line:
+            body = []
+        elif body is not None and "ernie.yield" in line:
+            yielded = re.findall(r"%[\w#]+", line.split(":")[0])
+            regions.append((body, yielded))
+            body = None
+        elif body is not None:
+            body.append(line)
+    return regions
+
+
+def test_fused_llama_step_leaves_no_full_size_copies():
+    """What the fusion refinements leave in a Llama step: the loss and its
+    gradient are one op; no region writes out a constant or a broadcast
+    (each region fills or loads its own); RMSNorm's rsqrt runs at the row
+    shape, not once per element; and SwiGLU's gradients leave no lone
+    elementwise kernel outside a region."""
+    prog, _ = compiled("1 rank", fuse=True, steps=0)
+    ir = prog.mlir
+    assert "ernie.cross_entropy_and_grad" in ir and "ernie.cross_entropy_grad" not in ir
+    for body, yielded in _regions(ir):
+        copies = {m.group(1) for line in body
+                  if (m := re.match(r"\s*(%\w+) = ernie\.(?:full|broadcast) ", line))}
+        assert not copies & set(yielded), body
+    rsqrts = re.findall(r"ernie\.rsqrt %\w+ : (tensor<[^>]*>)", ir)
+    assert rsqrts and all(t.endswith("x1xf32>") for t in rsqrts), rsqrts
+    grad = ir[ir.index("func.func @forward_grad"):]
+    grad = grad[:grad.index("\n  }\n")]
+    # The function's own ops are indented 4 spaces, a region's body 6.
+    lone = re.findall(r"^    %\w+ = ernie\.(?:mul|sub|sigmoid|silu|rsqrt) .*$", grad, re.M)
+    assert not lone, lone
