@@ -65,7 +65,11 @@ ArrayRef<int64_t> iterationShapeOf(Operation *op, FusedRole role) {
 /// Each cross_entropy_grad whose loss the block also computes (same logits,
 /// labels and attributes) becomes, with it, one cross_entropy_and_grad where
 /// the loss was. A seed (dloss) the step computes after the loss moves up
-/// with what it is computed from — unless that reads the loss itself.
+/// with what it is computed from — unless that reads the loss itself, or
+/// talks to another pipeline stage. A collective within a group (pure) may
+/// move: every member runs this same function and moves it alike. A send,
+/// receive or cross-stage collective has effects, which moveValueDefinitions
+/// does not move past: the other stage's function would not move its side.
 void pairLossesWithGradients(Block &block) {
   IRRewriter rewriter(block.getParentOp()->getContext());
   for (auto grad :

@@ -301,3 +301,29 @@ func.func @shared_broadcast(%s: tensor<4x1xf32>, %x: tensor<4x4xf32>) -> tensor<
   %c = ernie.add %t, %b : tensor<4x4xf32>
   return %c : tensor<4x4xf32>
 }
+
+// -----
+
+// A seed received from another pipeline stage after the loss stays where
+// it is (that stage's function does not move its send), so the two ops
+// stay apart; a seed all-reduced within a group moves up with it.
+ernie.mesh @mesh(pp = 2, dp = 2)
+// CHECK-LABEL: func.func @seed_from_another_stage
+// CHECK: ernie.cross_entropy %
+// CHECK: ernie.recv from stage 0 channel 3
+// CHECK: ernie.cross_entropy_grad
+func.func @seed_from_another_stage(%logits: tensor<4x16xf32>, %labels: tensor<4xi64>) -> (tensor<f32>, tensor<4x16xf32>) {
+  %loss = ernie.cross_entropy %logits, %labels : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  %seed = ernie.recv from stage 0 channel 3 : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %loss, %g : tensor<f32>, tensor<4x16xf32>
+}
+// CHECK-LABEL: func.func @seed_all_reduced
+// CHECK: %[[N:.+]] = ernie.all_reduce
+// CHECK: ernie.cross_entropy_and_grad %{{.+}}, %{{.+}}, %[[N]]
+func.func @seed_all_reduced(%logits: tensor<4x16xf32>, %labels: tensor<4xi64>, %n: tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  %loss = ernie.cross_entropy %logits, %labels : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  %seed = ernie.all_reduce %n over @mesh[dp] sum : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %loss, %g : tensor<f32>, tensor<4x16xf32>
+}
