@@ -19,7 +19,6 @@
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Passes/Passes.h"
 
-#include "mlir/Analysis/SliceAnalysis.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -84,17 +83,8 @@ void pairLossesWithGradients(Block &block) {
         loss = ce;
     if (!loss)
       continue;
-    BackwardSliceOptions options;
-    options.inclusive = true;
-    options.filter = [&](Operation *op) {
-      return op->getBlock() == &block && !op->isBeforeInBlock(loss);
-    };
-    SetVector<Operation *> seed;
-    if (Operation *def = grad.getDloss().getDefiningOp();
-        def && options.filter(def) &&
-        (failed(getBackwardSlice(def, &seed, options)) ||
-         seed.contains(loss.getOperation())))
-      continue;
+    // Fails, moving nothing, when the seed's definition reads the loss or
+    // has effects.
     if (failed(moveValueDefinitions(rewriter, grad.getDloss(), loss)))
       continue;
     rewriter.setInsertionPoint(loss);
@@ -161,7 +151,11 @@ void sinkBroadcasts(Block &block) {
     rewriter.replaceOpWithNewOp<BroadcastOp>(
         &op, op.getResult(0).getType(), small->getResult(0), like.getDims());
   }
-  // The broadcasts and constants the sunk ops read, when nothing else does.
+}
+
+/// Erases the constants and broadcasts nothing reads: those the sunk ops
+/// read, and originals whose readers all took copies into their regions.
+void eraseUnreadCopies(Block &block) {
   for (Operation &op : llvm::make_early_inc_range(llvm::reverse(block)))
     if (isa<BroadcastOp, FullOp>(op) && op.use_empty())
       op.erase();
@@ -176,6 +170,8 @@ public:
   void run(Block &block) {
     pairLossesWithGradients(block);
     sinkBroadcasts(block);
+    // Before the walk: an unread broadcast of a group's value would close it.
+    eraseUnreadCopies(block);
     copyCheapProducersPerReader(block);
     for (Operation &op : llvm::make_early_inc_range(block.without_terminator()))
       visit(&op);
@@ -186,9 +182,7 @@ public:
       copy->replaceAllUsesWith(original);
       copy->erase();
     }
-    for (Operation *original : originals_)
-      if (original->use_empty())
-        original->erase();
+    eraseUnreadCopies(block);
   }
 
 private:
@@ -207,7 +201,6 @@ private:
                                            producer.user_end());
       if (readers.size() < 2)
         continue;
-      originals_.push_back(&producer);
       for (Operation *reader : readers) {
         FusedRole role = getFusedRole(reader);
         if (reader->getBlock() != &block || role == FusedRole::None ||
@@ -358,7 +351,6 @@ private:
   DenseMap<Operation *, Group *> groupOf_;
   DenseMap<Value, SmallVector<Group *>> readers_; // value -> groups reading it
   llvm::MapVector<Operation *, Operation *> copies_; // copy -> original
-  SmallVector<Operation *> originals_;
 };
 
 struct FusePass : ernie::impl::FusePassBase<FusePass> {
