@@ -13,7 +13,9 @@
 // runtime keeps per micro-batch), a later backward chunk (send and receive),
 // a backward read by the update (a gradient the runtime sums over
 // micro-batches), a whole tensor's maximum read by the update (an fp8 amax
-// the runtime combines over micro-batches by max). Data only flows as a
+// the runtime combines over micro-batches by max), a sum over the batch
+// read by the update (MoE routing's usage, combined by sum). Data only
+// flows as a
 // pipeline allows — forward values up the chunks, gradients down — which
 // the pass checks, so the schedule's dependencies are exactly those the
 // schedule library simulates.
@@ -24,6 +26,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/PipelineInfo.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
+#include "ernie/Dialect/Ernie/IR/ShardingRule.h"
 #include "ernie/Passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -34,6 +37,7 @@
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallBitVector.h"
 #include "llvm/ADT/StringExtras.h"
 
 #include <map>
@@ -77,6 +81,10 @@ bool isMaxReduced(Value v) {
   return isa_and_nonnull<ReduceMaxOp>(def);
 }
 
+/// How the step combines a value each micro-batch makes, for the update
+/// to read: not at all (it stays in its micro-batch), by max or by sum.
+enum class Combined { None, Max, Sum };
+
 /// Appends an argument of `type` with `attrs` to `fn` and returns it.
 BlockArgument appendArgument(func::FuncOp fn, Type type, DictionaryAttr attrs,
                              Location loc) {
@@ -119,6 +127,8 @@ private:
     return p.phase == Phase::Update ? p.index : p.index % stages_;
   }
   void sinkGathersToReaders(ArrayRef<Operation *> ops);
+  void findBatchDims(func::FuncOp step);
+  Combined combinedOver(Value v) const;
   LogicalResult updateStateOncePerStep(func::FuncOp step);
   StageFunction &functionFor(const Place &p);
   FailureOr<Value> valueIn(StageFunction &fn, const Place &where, Value v);
@@ -142,7 +152,9 @@ private:
   std::map<std::pair<int, int64_t>, StageFunction> functions_;
   std::vector<StageFunction *> order_; // creation order, for output order
   SmallVector<int64_t> batchIndex_;    // per step argument, -1: not batch
-  int64_t residuals_ = 0, gradients_ = 0, maxima_ = 0;
+  /// Per value, which of its dimensions run over the batch's data.
+  llvm::DenseMap<Value, llvm::SmallBitVector> batchDims_;
+  int64_t residuals_ = 0, gradients_ = 0, maxima_ = 0, sums_ = 0;
   int64_t microBatches_ = 1;
 };
 
@@ -150,6 +162,115 @@ Place Cutter::placeOf(Value v) const {
   if (auto res = dyn_cast<OpResult>(v))
     return places_.lookup(res.getOwner());
   return Place{}; // Arguments: imported wherever read.
+}
+
+/// Marks the dimensions of every value that run over the batch's data: every
+/// dimension of a batch input (its samples and their tokens), and whatever
+/// the ops' factor maps carry them into — the one table propagation and
+/// partition read. A factor of a marked dimension that reaches no result
+/// and is not a reduction (a misaligned reshape, an op whose rule leaves a
+/// dimension unrelated), or an op with no rule, marks every dimension of its
+/// results: too many marks only refuse a combination, never allow a wrong
+/// one. Collectives keep their operand's marks (an all-to-all moves them to
+/// its concatenated dimension too).
+void Cutter::findBatchDims(func::FuncOp step) {
+  auto marks = [&](Value v) {
+    auto it = batchDims_.find(v);
+    if (it != batchDims_.end())
+      return it->second;
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    return llvm::SmallBitVector(type ? type.getRank() : 0);
+  };
+  for (BlockArgument arg : step.getArguments())
+    if (auto type = dyn_cast<RankedTensorType>(arg.getType());
+        type && batchIndex_[arg.getArgNumber()] >= 0)
+      batchDims_[arg] = llvm::SmallBitVector(type.getRank(), true);
+  step.walk([&](Operation *op) {
+    if (op->getNumResults() == 0 ||
+        llvm::none_of(op->getOperands(),
+                      [&](Value v) { return marks(v).any(); }))
+      return;
+    auto markAll = [&] {
+      for (Value r : op->getResults())
+        if (auto type = dyn_cast<RankedTensorType>(r.getType()))
+          batchDims_[r] = llvm::SmallBitVector(type.getRank(), true);
+    };
+    if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
+            ShardSliceOp>(op)) {
+      llvm::SmallBitVector m = marks(op->getOperand(0));
+      if (m.size() != marks(op->getResult(0)).size())
+        return markAll();
+      if (auto a2a = dyn_cast<AllToAllOp>(op); a2a && m.any())
+        m.set(a2a.getConcatDim()).set(a2a.getSplitDim());
+      batchDims_[op->getResult(0)] = m;
+      return;
+    }
+    auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
+    if (!ruleOp)
+      return markAll();
+    OpShardingRule rule = ruleOp.getShardingRule();
+    if (rule.operands.size() != op->getNumOperands() ||
+        rule.results.size() != op->getNumResults())
+      return markAll();
+    llvm::SmallBitVector batchFactor(rule.factors.size()),
+        inResults(rule.factors.size());
+    for (const TensorFactors &result : rule.results)
+      for (const DimFactors &dim : result)
+        for (int64_t f : dim)
+          inResults.set(f);
+    for (auto [operand, factors] :
+         llvm::zip(op->getOperands(), rule.operands)) {
+      llvm::SmallBitVector m = marks(operand);
+      for (int d : m.set_bits()) {
+        if (size_t(d) >= factors.size())
+          return markAll();
+        for (int64_t f : factors[d]) {
+          if (!inResults.test(f) &&
+              rule.factors[f].kind != FactorKind::Reduction)
+            return markAll(); // Carried somewhere the map does not say.
+          batchFactor.set(f);
+        }
+      }
+    }
+    for (auto [result, factors] : llvm::zip(op->getResults(), rule.results)) {
+      llvm::SmallBitVector m = marks(result);
+      for (auto [d, dim] : llvm::enumerate(factors))
+        for (int64_t f : dim)
+          if (d < m.size() && batchFactor.test(f))
+            m.set(d);
+      batchDims_[result] = m;
+    }
+  });
+}
+
+/// Whether `v` is a value the step can combine over its micro-batches:
+/// the maximum of a whole tensor (an fp8 amax: a scalar reduce_max over
+/// every axis, or a max all-reduce of one), or a forward's sum over every
+/// dimension that runs over the batch's data (MoE routing's count of
+/// choices per expert: a reduce_sum whose input runs over the batch and
+/// whose result does not, or a sum all-reduce of one). Over a step these
+/// are the maximum, and the sum, of the micro-batches' values in any
+/// order. (A max over some axes keeps a row per sample: the micro-batches'
+/// rows are other rows, not values to take the maximum of; likewise a sum
+/// that keeps a dimension of the batch.)
+Combined Cutter::combinedOver(Value v) const {
+  Operation *def = v.getDefiningOp();
+  if (auto ar = dyn_cast_or_null<AllReduceOp>(def)) {
+    Combined in = combinedOver(ar.getInput());
+    bool same = (in == Combined::Max && ar.getKind() == ReduceKind::max) ||
+                (in == Combined::Sum && ar.getKind() == ReduceKind::sum);
+    return same ? in : Combined::None;
+  }
+  if (isMaxReduced(v))
+    return Combined::Max;
+  // A sum in a backward is a gradient's: averaged over the micro-batches,
+  // as every gradient is.
+  auto sum = dyn_cast_or_null<ReduceSumOp>(def);
+  if (!sum || placeOf(v).phase != Phase::Forward)
+    return Combined::None;
+  auto dims = [&](Value x) { return batchDims_.lookup(x); };
+  return dims(sum.getInput()).any() && dims(v).none() ? Combined::Sum
+                                                      : Combined::None;
 }
 
 LogicalResult Cutter::classify(func::FuncOp step,
@@ -292,17 +413,11 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
   if (fromPlace.phase == Phase::Forward && toPlace.phase == Phase::Backward)
     return handOff(ErnieDialect::kResidualAttrName,
                    "residual." + std::to_string(residuals_++));
-  // A maximum the update reads (an fp8 amax): the runtime keeps the largest
-  // of the step's micro-batches.
-  if (fromPlace.phase != Phase::Update && toPlace.phase == Phase::Update &&
-      isMaxReduced(original))
-    return handOff(ErnieDialect::kMicroBatchMaxAttrName,
-                   "max." + std::to_string(maxima_++));
-  // A backward value the update reads: summed over micro-batches by the
-  // runtime, averaged here. A gradient narrower than f32 is summed in f32
-  // (Megatron's main grads): m bf16 partial sums would each round away
-  // the small micro-batches' contributions.
-  if (fromPlace.phase == Phase::Backward && toPlace.phase == Phase::Update) {
+  // A sum over the micro-batches the update reads, handed over in f32 where
+  // the type is narrower (Megatron's main grads: m bf16 partial sums would
+  // each round away the small micro-batches' contributions) and rounded
+  // once after `perStep` turned the step's sum into what the update reads.
+  auto summed = [&](StringRef attr, std::string name, auto perStep) {
     auto tensor = cast<RankedTensorType>(type);
     auto element = dyn_cast<FloatType>(tensor.getElementType());
     bool widen = element && element.getWidth() < 32;
@@ -311,15 +426,38 @@ Value Cutter::transfer(StageFunction &from, const Place &fromPlace,
       type = tensor.clone(b_.getF32Type());
       local = CastOp::create(b_, loc, type, local);
     }
-    Value sum = handOff(ErnieDialect::kGradientAttrName,
-                        "grad." + std::to_string(gradients_++));
+    Value sum = handOff(attr, std::move(name));
     b_.setInsertionPointToEnd(to.body);
-    Value mean = DivOp::create(
-        b_, loc, sum,
-        FullOp::create(b_, loc, cast<RankedTensorType>(type),
-                       static_cast<double>(microBatches_)));
-    return widen ? CastOp::create(b_, loc, tensor, mean) : mean;
-  }
+    Value step = perStep(sum);
+    return widen ? CastOp::create(b_, loc, tensor, step) : step;
+  };
+  Combined combined =
+      fromPlace.phase != Phase::Update && toPlace.phase == Phase::Update
+          ? combinedOver(original)
+          : Combined::None;
+  // A maximum the update reads (an fp8 amax): the runtime keeps the largest
+  // of the step's micro-batches.
+  if (combined == Combined::Max)
+    return handOff(ErnieDialect::kMicroBatchMaxAttrName,
+                   "max." + std::to_string(maxima_++));
+  // A forward's sum over the batch (MoE routing's usage): the step's is
+  // the micro-batches' sum.
+  if (combined == Combined::Sum)
+    return summed(ErnieDialect::kMicroBatchSumAttrName,
+                  "sum." + std::to_string(sums_++),
+                  [](Value sum) { return sum; });
+  // A backward value the update reads (a gradient): summed over
+  // micro-batches by the runtime, averaged here.
+  if (fromPlace.phase == Phase::Backward && toPlace.phase == Phase::Update)
+    return summed(
+        ErnieDialect::kGradientAttrName, "grad." + std::to_string(gradients_++),
+        [&](Value sum) {
+          return DivOp::create(
+                     b_, loc, sum,
+                     FullOp::create(b_, loc, cast<RankedTensorType>(type),
+                                    static_cast<double>(microBatches_)))
+              .getResult();
+        });
   // Anything else crosses ranks: a send at the producer, a receive here.
   int64_t channel = channel_++;
   int64_t toChunk = toPlace.phase == Phase::Update ? to.rank : toPlace.index;
@@ -347,7 +485,7 @@ FailureOr<Value> Cutter::valueIn(StageFunction &fn, const Place &where,
     allowed = (where.phase == Phase::Forward && from.index <= where.index) ||
               where.phase == Phase::Backward ||
               (where.phase == Phase::Update && rankOf(from) == where.index &&
-               isMaxReduced(v));
+               combinedOver(v) != Combined::None);
     break;
   case Phase::Backward:
     allowed = (where.phase == Phase::Backward && from.index >= where.index) ||
@@ -454,14 +592,15 @@ LogicalResult Cutter::updateStateOncePerStep(func::FuncOp step) {
         if (batchIndex_[arg.getArgNumber()] >= 0)
           return ret.emitError()
                  << "pipeline split: state '" << name.getValue()
-                 << "' is updated from the batch by more than a maximum; a "
-                    "pipeline sees the batch one micro-batch at a time and "
-                    "combines only gradients (summed) and maxima over them";
+                 << "' is updated from the batch by more than a maximum or "
+                    "a sum over it; a pipeline sees the batch one micro-batch "
+                    "at a time and combines only gradients (averaged), "
+                    "maxima and sums over the batch's data";
         continue;
       }
       Place p = placeOf(v);
       if (p.phase == Phase::Leaf || p.phase == Phase::Update ||
-          isMaxReduced(v))
+          combinedOver(v) != Combined::None)
         continue; // Rebuilt, already there, or handed over.
       Operation *def = v.getDefiningOp();
       if (!moved.insert(def))
@@ -503,6 +642,7 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
   }
   if (failed(classify(step, update)))
     return failure();
+  findBatchDims(step);
 
   // Sums over data parallelism at the end of a gradient commute with the
   // runtime's sum over micro-batches: they run once, in the update, instead
@@ -581,9 +721,19 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
   // The step's results: the loss from the last chunk, new state from the
   // updates.
   auto ret = cast<func::ReturnOp>(body.getTerminator());
+  // An update takes every state it replaces, read or not (a count of this
+  // step's dropped tokens is not): that is where the runtime holds it, and
+  // where init creates it.
+  auto holdState = [&](StageFunction &fn, Attribute name) {
+    for (BlockArgument arg : step.getArguments())
+      if (step.getArgAttr(arg.getArgNumber(),
+                          ErnieDialect::kOptStateAttrName) == name)
+        argumentIn(fn, arg);
+  };
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Place p = placeOf(v);
     NamedAttrList attrs(step.getResultAttrDict(i));
+    Attribute updates = attrs.get(ErnieDialect::kUpdatesAttrName);
     if (p.phase == Phase::Leaf)
       return ret.emitError() << "pipeline split: result #" << i
                              << " is computed on no stage";
@@ -591,16 +741,15 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
         (p.phase != Phase::Forward || p.index != chunks_ - 1))
       return ret.emitError("pipeline split: the loss is not computed on the "
                            "last chunk's forward");
-    if (attrs.get(ErnieDialect::kUpdatesAttrName) &&
-        (p.phase == Phase::Forward || p.phase == Phase::Backward)) {
-      // New state that is itself a micro-batch's maximum: the update takes
-      // the step's (updateStateOncePerStep moved everything else).
-      if (!isMaxReduced(v))
-        return ret.emitError() << "pipeline split: state '"
-                               << attrs.get(ErnieDialect::kUpdatesAttrName)
+    if (updates && (p.phase == Phase::Forward || p.phase == Phase::Backward)) {
+      // New state that is itself a micro-batch's maximum or sum: the update
+      // takes the step's (updateStateOncePerStep moved everything else).
+      if (combinedOver(v) == Combined::None)
+        return ret.emitError() << "pipeline split: state '" << updates
                                << "' would be updated once per micro-batch";
       Place update{Phase::Update, rankOf(p)};
       StageFunction &fn = functionFor(update);
+      holdState(fn, updates);
       FailureOr<Value> there = valueIn(fn, update, v);
       if (failed(there))
         return failure();
@@ -608,6 +757,8 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
       continue;
     }
     StageFunction &fn = functionFor(p);
+    if (updates)
+      holdState(fn, updates);
     addResult(fn, fn.map.lookup(v), attrs);
   }
   for (StageFunction *fn : order_)

@@ -123,7 +123,15 @@ struct PipelineSplitPass
     }
     // Backward over the rest: each goes to the stage that reads it, with a
     // copy per further stage (a tied weight's transpose on the last stage, a
-    // mask every stage needs), so no stage waits on another for it.
+    // mask every stage needs), so no stage waits on another for it. The
+    // loss is read on the last chunk; new state (MoE routing's bias, from
+    // the layer's own routing) is read nowhere in particular: it stays with
+    // what it is computed from, and the schedule updates it on that stage.
+    auto updatesState = [&](OpOperand &use) {
+      return isa<func::ReturnOp>(use.getOwner()) &&
+             fn.getResultAttr(use.getOperandNumber(),
+                              ErnieDialect::kUpdatesAttrName);
+    };
     auto userStage = [&](OpOperand &use) -> int64_t {
       Operation *user = use.getOwner();
       if (isa<func::ReturnOp>(user))
@@ -137,7 +145,8 @@ struct PipelineSplitPass
       std::map<int64_t, SmallVector<OpOperand *>> uses;
       for (Value r : op->getResults())
         for (OpOperand &use : r.getUses())
-          uses[userStage(use)].push_back(&use);
+          if (!updatesState(use))
+            uses[userStage(use)].push_back(&use);
       if (uses.empty()) {
         op->setAttr(ErnieDialect::kStageAttrName, IntegerAttr::get(i64, 0));
         continue;
@@ -166,8 +175,9 @@ struct PipelineSplitPass
                               << " stages x " << int64_t(virtualStages)
                               << " virtual stages";
     Operation *ret = body.getTerminator();
-    for (Value v : ret->getOperands())
-      if (auto def = v.getDefiningOp())
+    for (OpOperand &result : ret->getOpOperands())
+      if (auto def = result.get().getDefiningOp();
+          def && !updatesState(result))
         if (int64_t stage = cast<IntegerAttr>(def->getAttr(
                                 ErnieDialect::kStageAttrName))
                                 .getInt();

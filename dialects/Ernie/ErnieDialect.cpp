@@ -105,7 +105,7 @@ LogicalResult ErnieDialect::verifyRegionArgAttribute(Operation *op,
     return success();
   }
   if (name == kResidualAttrName || name == kGradientAttrName ||
-      name == kMicroBatchMaxAttrName) {
+      name == kMicroBatchMaxAttrName || name == kMicroBatchSumAttrName) {
     auto value = dyn_cast<StringAttr>(attr.getValue());
     if (!value || value.getValue().empty())
       return op->emitError() << "'" << name << "' on argument #" << argIndex

@@ -204,7 +204,8 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
   if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName ||
       attr.getName() == kResidualAttrName ||
       attr.getName() == kGradientAttrName ||
-      attr.getName() == kMicroBatchMaxAttrName) {
+      attr.getName() == kMicroBatchMaxAttrName ||
+      attr.getName() == kMicroBatchSumAttrName) {
     auto name = dyn_cast<StringAttr>(attr.getValue());
     if (!name || name.getValue().empty())
       return op->emitError() << "'" << attr.getName().strref()

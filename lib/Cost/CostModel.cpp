@@ -680,7 +680,9 @@ void addHandOffSums(const CostModel &model, func::FuncOp fn, FunctionCost &f,
   for (unsigned i = 0; i < fn.getNumResults(); ++i) {
     auto gradient =
         fn.getResultAttrOfType<StringAttr>(i, ErnieDialect::kGradientAttrName);
-    if (!gradient && !fn.getResultAttr(i, ErnieDialect::kMicroBatchMaxAttrName))
+    if (!gradient &&
+        !fn.getResultAttr(i, ErnieDialect::kMicroBatchMaxAttrName) &&
+        !fn.getResultAttr(i, ErnieDialect::kMicroBatchSumAttrName))
       continue;
     auto type = cast<ShapedType>(fn.getResultTypes()[i]);
     double bytes = double(type.getNumElements()) *

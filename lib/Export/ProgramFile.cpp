@@ -196,7 +196,12 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
                    ErnieDialect::kMicroBatchMaxAttrName)) {
       name = m.getValue().str();
       role = fb::Role::MicroBatchMax;
-    } else if (auto k = attrs.getAs<IntegerAttr>(ErnieDialect::kInputAttrName)) {
+    } else if (auto m = attrs.getAs<StringAttr>(
+                   ErnieDialect::kMicroBatchSumAttrName)) {
+      name = m.getValue().str();
+      role = fb::Role::MicroBatchSum;
+    } else if (auto k =
+                   attrs.getAs<IntegerAttr>(ErnieDialect::kInputAttrName)) {
       name = "input." + std::to_string(k.getInt());
     }
     if (auto u = attrs.getAs<StringAttr>(ErnieDialect::kUpdatesAttrName))
@@ -204,7 +209,8 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
     if (isResult && attrs.get(ErnieDialect::kLossAttrName))
       role = fb::Role::Loss;
     if (isResult && role != fb::Role::Loss && role != fb::Role::Residual &&
-        role != fb::Role::Gradient && role != fb::Role::MicroBatchMax)
+        role != fb::Role::Gradient && role != fb::Role::MicroBatchMax &&
+        role != fb::Role::MicroBatchSum)
       role = fb::Role::Input;
   }
   std::vector<int64_t> local(type.getShape()), global = local;

@@ -245,7 +245,8 @@ def _staged_bytes(signature, size) -> int:
     state, residuals and gradient sums are bound to the runtime's tensors
     (docs/architecture.md, the executor)."""
     return sum(size(a) for a in signature["arguments"]
-               if a["role"] in ("input", "learning_rate", "step", "micro_batch_max"))
+               if a["role"] in ("input", "learning_rate", "step", "micro_batch_max",
+                                  "micro_batch_sum"))
 
 
 def _global_array(value) -> np.ndarray:
@@ -332,10 +333,6 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
         loss = out[0] if isinstance(out, (tuple, list)) else out
         if not isinstance(loss, Tensor):
             raise TypeError(f"the model must return a traced Tensor, not {type(loss).__name__}")
-        if trace.state_updates and split_points:
-            raise NotImplementedError(
-                "state updated by the model's own rule (such as MoE aux-free balancing: "
-                f"'{trace.state_updates[0][0]}') is not supported in a pipelined program yet")
         trace.tracer.finish([loss.handle] + [t.handle for _, t in trace.state_updates],
                             [name for name, _ in trace.state_updates])
     finally:

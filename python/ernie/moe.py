@@ -178,11 +178,10 @@ class MoELayer(Module):
             self._update_bias(h.trace, bias, usage)
         slots = F.moe_route(experts, e, c)
         self.last_dropped = _count(F.compare(slots, -1, "eq"), dtype="i64")
-        if (cfg.capacity_factor is not None and h.trace.updates_state
-                and not h.trace.split_points):
+        if cfg.capacity_factor is not None and h.trace.updates_state:
             # The step's dropped choices, observable as state
-            # (`<layer>.mlp.gate.weight:dropped`, in state_dict(); not yet
-            # in a pipelined program, whose stages carry no such state).
+            # (`<layer>.mlp.gate.weight:dropped`, in state_dict(); in a
+            # pipelined program the micro-batches' sum).
             name = self.bias_name().rsplit(":", 1)[0] + ":dropped"
             h.trace.state(name, np.zeros((), np.float32))
             h.trace.update_state(name, F.cast(self.last_dropped, "f32"))

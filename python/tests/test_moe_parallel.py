@@ -101,8 +101,7 @@ def test_expert_parallel_training_matches_single_rank(single_rank, plan):
     want, want_dropped = single_rank
     np.testing.assert_allclose(losses, want, rtol=1e-5)
     assert losses[-1] < losses[0]
-    if "pp" not in names:  # a pipelined program keeps no drop counts yet
-        assert dropped(prog) == want_dropped  # the same choices dropped, per layer
+    assert dropped(prog) == want_dropped  # the same choices dropped, per layer
     kinds = prog.report()["collectives"]
     assert any(k.startswith("all_to_all[") for k in kinds), kinds
 
@@ -199,12 +198,6 @@ def test_moe_config_sets_every_layer_and_refuses_what_is_not_built():
     from ernie.moe import moe_layers
     cfgs = [m.cfg for _, m in moe_layers(model)]
     assert [(c.capacity_factor, c.z_loss_coef) for c in cfgs] == [(2.0, 0.5)] * 3
-    # Aux-free balancing's state is not carried through pipeline stages yet.
-    pp_model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY, moe_aux_free_rate=1e-3))
-    with pytest.raises(NotImplementedError, match="not supported in a pipelined program"):
-        ernie.compile(pp_model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS],
-                      mesh=dist.ProcessMesh([0, 1], ["pp"]),
-                      config={"pp_config": {"split_spec": "model.layers"}})
     with pytest.raises(ValueError, match=r"unknown moe_config keys \['capacity'\]"):
         dist.parallelize(model, None, mesh, {"moe_config": {"capacity": 2}})
     with pytest.raises(ValueError, match=r"ep_config.degree = 4, but the expert axes ep have 2"):
@@ -270,6 +263,47 @@ def test_aux_free_balancing_under_expert_parallelism_matches_single_rank():
                                                 "moe_config": {"aux_free_rate": 1e-3}})
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_array_equal(got_bias, bias)
+
+
+@pytest.mark.parametrize("plan", ["pp2", "pp2xep2"])
+def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan):
+    """A pipeline sees the batch one micro-batch at a time: each hands its
+    count of choices per expert (and of dropped choices) to the update,
+    which adds them up. Under pp 2 with 2 micro-batches, each routed in
+    groups of two sequences as the single rank routes its batch, the bias
+    moves and the drops are counted exactly as on one rank (counts are
+    integers), and the losses follow (1e-5, as above). The aux loss is off:
+    a pipeline computes it per micro-batch from that micro-batch's usage
+    (as Megatron does), which is another number than the whole batch's."""
+    name = "model.layers.1.mlp.gate.weight:e_score_correction_bias"
+    cfg = {**TOY, "router_aux_loss_coef": 0.0, "moe_aux_free_rate": 1e-3}
+
+    def run(shape=None, names=None, config=None, groups=GROUPS):
+        model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**cfg))
+        set_token_groups(model, groups)
+        mesh = None
+        if shape:
+            mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
+        prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
+                             config=config)
+        losses = [prog.step(IDS, LABELS) for _ in range(6)]
+        return prog, losses
+
+    one, want = run()
+    pp = {"split_spec": "model.layers", "accumulate_steps": 2}
+    if plan == "pp2":
+        prog, got = run([2], ["pp"], {"pp_config": pp}, groups=GROUPS // 2)
+    else:
+        prog, got = run([2, 2], ["pp", "ep"], {"pp_config": pp, "ep_config": {"axis": "ep"}},
+                        groups=GROUPS // 2)
+    assert prog.pipeline["micro_batches"] == 2
+    assert "ernie.micro_batch_sum" in prog.mlir, "the counts are handed to the update"
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    bias = one.state_dict()[name]
+    assert np.any(bias != 0)
+    np.testing.assert_array_equal(prog.state_dict()[name], bias)
+    assert sum(dropped(one).values()) > 0
+    assert dropped(prog) == dropped(one)
 
 
 def test_checkpoint_from_ep2_resumes_on_ep4(tmp_path):

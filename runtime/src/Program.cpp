@@ -922,6 +922,8 @@ Role decode(fb::Role r, const Checker &check) {
   case fb::Role::Residual: return Role::Residual;
   case fb::Role::Gradient: return Role::Gradient;
   case fb::Role::MicroBatchMax: return Role::MicroBatchMax;
+  case fb::Role::MicroBatchSum:
+    return Role::MicroBatchSum;
   }
   check.fail("unknown role code " + std::to_string(int(r)));
 }
@@ -1627,7 +1629,7 @@ void checkNotPipelined(const std::vector<std::vector<Function>> &stages,
         for (size_t i = 0; i < specs.size(); ++i)
           check.require(specs[i].role != Role::Residual &&
                             specs[i].role != Role::Gradient &&
-                            specs[i].role != Role::MicroBatchMax,
+                            !isMicroBatchReduced(specs[i].role),
                         at + ", " + what + " " + std::to_string(i) +
                             ": the role " + roleName(specs[i].role) +
                             " belongs to pipelined programs (this one has "
@@ -1728,7 +1730,7 @@ PipelineSpec decodePipeline(const fb::Program *p,
         requireRole(fn, i, arg, allowed, "argument");
         if (arg.role == Role::Parameter || arg.role == Role::OptimizerState ||
             arg.role == Role::Residual || arg.role == Role::Gradient ||
-            arg.role == Role::MicroBatchMax)
+            isMicroBatchReduced(arg.role))
           check.require(!arg.name.empty(), argAt(fn, i, "argument") +
                                                ": a " + roleName(arg.role) +
                                                " needs a name");
@@ -1784,7 +1786,7 @@ PipelineSpec decodePipeline(const fb::Program *p,
     };
 
     // What this stage's forwards and backwards hand to its update: gradients
-    // (summed over micro-batches) and maxima, by name.
+    // (summed over micro-batches), maxima and batch sums, by name.
     std::map<std::string, const TensorSpec *> handed;
     auto hand = [&](const Function &fn, size_t i,
                     std::set<std::string> &own) {
@@ -1812,10 +1814,11 @@ PipelineSpec decodePipeline(const fb::Program *p,
       // State the chunks read (fp8 amax histories) is updated once per
       // step, by the update.
       argRoles(fwd, {Role::Parameter, Role::OptimizerState, Role::Input});
-      onlyResults(fwd, {Role::Residual, Role::Loss, Role::MicroBatchMax});
+      onlyResults(fwd, {Role::Residual, Role::Loss, Role::MicroBatchMax,
+                        Role::MicroBatchSum});
       std::set<std::string> fwdOwn;
       for (size_t i = 0; i < fwd.results.size(); ++i)
-        if (fwd.results[i].role == Role::MicroBatchMax)
+        if (isMicroBatchReduced(fwd.results[i].role))
           hand(fwd, i, fwdOwn);
       int64_t losses = countResults(fwd, Role::Loss);
       if (last)
@@ -1875,11 +1878,13 @@ PipelineSpec decodePipeline(const fb::Program *p,
                           "' is " + typeString(arg) + " here but @" + fwd.name +
                           " makes it " + typeString(*it->second));
       }
-      onlyResults(bwd, {Role::Gradient, Role::MicroBatchMax});
+      onlyResults(bwd,
+                  {Role::Gradient, Role::MicroBatchMax, Role::MicroBatchSum});
       std::set<std::string> bwdOwn;
       for (size_t i = 0; i < bwd.results.size(); ++i)
         hand(bwd, i, bwdOwn);
-      argRoles(ev, {Role::Parameter, Role::Input});
+      // It reads state too (MoE routing's selection bias), updating none.
+      argRoles(ev, {Role::Parameter, Role::OptimizerState, Role::Input});
       int64_t evalLosses = countResults(ev, Role::Loss);
       if (last)
         check.require(evalLosses == 1, at(ev) + ": the last chunk's eval "
@@ -1889,10 +1894,11 @@ PipelineSpec decodePipeline(const fb::Program *p,
     }
     const Function &update = need(pipelineFunction("train_update", s));
     argRoles(update, {Role::Parameter, Role::Gradient, Role::MicroBatchMax,
-                      Role::OptimizerState, Role::LearningRate, Role::Step});
+                      Role::MicroBatchSum, Role::OptimizerState,
+                      Role::LearningRate, Role::Step});
     for (size_t i = 0; i < update.arguments.size(); ++i) {
       const TensorSpec &arg = update.arguments[i];
-      if (arg.role != Role::Gradient && arg.role != Role::MicroBatchMax)
+      if (arg.role != Role::Gradient && !isMicroBatchReduced(arg.role))
         continue;
       auto it = handed.find(arg.name);
       check.require(it != handed.end() && it->second->role == arg.role,
@@ -2119,6 +2125,8 @@ const char *roleName(Role role) {
   case Role::Residual: return "residual";
   case Role::Gradient: return "gradient";
   case Role::MicroBatchMax: return "micro-batch max";
+  case Role::MicroBatchSum:
+    return "micro-batch sum";
   }
   return "?";
 }

@@ -315,7 +315,8 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
       break;
     case Role::Residual:
     case Role::Gradient:
-    case Role::MicroBatchMax: {
+    case Role::MicroBatchMax:
+    case Role::MicroBatchSum: {
       // Program::load keeps these to pipelines and matches every name to
       // a result of the function that makes it.
       const char *kind = roleName(arg.role);
@@ -561,7 +562,7 @@ std::vector<double> RankRunner::trainPipelined(
       } else if (forward && res.role == Role::Loss && c == lastChunk) {
         losses[k] = scalarValue(results[i].download());
       } else if (!results[i].empty() &&
-                 (res.role == Role::MicroBatchMax ||
+                 (isMicroBatchReduced(res.role) ||
                   (!forward && res.role == Role::Gradient))) {
         // (A result written into its running sum is already summed.)
         hand(res, results[i]);

@@ -1,6 +1,7 @@
 // State that is itself a micro-batch's maximum (a whole tensor's amax) is
 // taken by the update as the step's maximum, not returned by the forward
-// once per micro-batch.
+// once per micro-batch. The update holds the state it replaces, though it
+// does not read it.
 // RUN: ernie-opt %s "--ernie-pipeline-schedule=micro-batches=2" | FileCheck %s
 
 // CHECK-LABEL: func.func @train_forward.0
@@ -8,7 +9,7 @@
 // CHECK: %[[M:.+]] = ernie.reduce_max %{{.*}} axes = [0, 1] : tensor<4x8xf32> -> tensor<f32>
 // CHECK: return %[[M]]
 // CHECK-LABEL: func.func @train_update.0
-// CHECK-SAME: (%[[STEP:[^:]+]]: tensor<f32> {ernie.micro_batch_max = "[[$MAX]]"}) -> (tensor<f32> {ernie.updates = "w0:amax"})
+// CHECK-SAME: (%{{[^:]+}}: tensor<f32> {ernie.opt_state = "w0:amax"}, %[[STEP:[^:]+]]: tensor<f32> {ernie.micro_batch_max = "[[$MAX]]"}) -> (tensor<f32> {ernie.updates = "w0:amax"})
 // CHECK: return %[[STEP]]
 
 module attributes {ernie.pipeline = {axis = "pp", stages = 2 : i64, virtual_stages = 1 : i64}} {

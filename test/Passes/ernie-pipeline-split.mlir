@@ -75,3 +75,30 @@ func.func @forward(%x: tensor<4x8xf32>, %y: tensor<4xi64>,
   %loss = ernie.cross_entropy %g2, %y : tensor<4x8xf32>, tensor<4xi64> -> tensor<f32>
   return %loss : tensor<f32>
 }
+
+// -----
+
+// New state computed from the first chunk's routing (a count of choices per
+// expert and the bias it moves) stays on that chunk with the routing: it is
+// not copied to the last chunk, which only the loss must come from.
+ernie.mesh @mesh(pp = 2)
+// CHECK: {ernie.opt_state = "l0.router:bias"}
+// CHECK: %[[C:.+]] = ernie.matmul {{.*}} {ernie.stage = 0 : i64}
+// CHECK: %[[U:.+]] = ernie.reduce_sum %[[C]] axes = [0] {ernie.stage = 0 : i64}
+// CHECK: %[[N:.+]] = ernie.add %{{.*}}, %[[U]] {ernie.stage = 0 : i64}
+// CHECK-NOT: ernie.reduce_sum
+// CHECK: ernie.cross_entropy {{.*}} {ernie.stage = 1 : i64}
+// CHECK: return %{{.*}}, %[[N]]
+func.func @forward(%x: tensor<4x8xf32>, %labels: tensor<4xi64>,
+                   %router: tensor<8x8xf32> {ernie.param = "l0.router"},
+                   %w1: tensor<8x8xf32> {ernie.param = "l1.weight"},
+                   %bias: tensor<8xf32> {ernie.opt_state = "l0.router:bias"})
+    -> (tensor<f32>, tensor<8xf32> {ernie.updates = "l0.router:bias"}) {
+  %c = ernie.matmul %x, %router : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %usage = ernie.reduce_sum %c axes = [0] : tensor<4x8xf32> -> tensor<8xf32>
+  %moved = ernie.add %bias, %usage : tensor<8xf32>
+  %s = ernie.split_point %c : tensor<4x8xf32>
+  %h = ernie.matmul %s, %w1 : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %loss = ernie.cross_entropy %h, %labels : tensor<4x8xf32>, tensor<4xi64> -> tensor<f32>
+  return %loss, %moved : tensor<f32>, tensor<8xf32>
+}

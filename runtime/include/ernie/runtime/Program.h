@@ -56,10 +56,18 @@ enum class Role {
             // the step's sums before they are read again)
   MicroBatchMax, // pipeline: a maximum (an fp8 amax) per micro-batch; the
                  // update takes the step's largest
+  MicroBatchSum, // pipeline: a sum over the batch (MoE routing's usage) per
+                 // micro-batch; the update takes the step's sum
 };
 
 /// The role's name in messages ("optimizer state", "micro-batch max").
 const char *roleName(Role role);
+
+/// Whether each micro-batch makes a value of this role that the runtime
+/// combines over the step (by max or by sum) and hands to the update.
+inline bool isMicroBatchReduced(Role role) {
+  return role == Role::MicroBatchMax || role == Role::MicroBatchSum;
+}
 
 /// A function argument or result: one rank's piece of a global tensor.
 struct TensorSpec {

@@ -90,6 +90,9 @@ def Ernie_Dialect : Dialect {
     /// statistic (an fp8 amax) each micro-batch makes, combined over the
     /// step's micro-batches by max (string).
     static constexpr ::llvm::StringLiteral kMicroBatchMaxAttrName = "ernie.micro_batch_max";
+    /// Likewise a sum over the batch (MoE routing's usage per expert),
+    /// combined over the step's micro-batches by sum (string).
+    static constexpr ::llvm::StringLiteral kMicroBatchSumAttrName = "ernie.micro_batch_sum";
 
     /// On the reshape that cuts a blockwise-fp8 operand into tiles: the tile
     /// (rows, columns) over its last two dimensions, which partition checks
