@@ -266,7 +266,7 @@ def test_aux_free_balancing_under_expert_parallelism_matches_single_rank():
 
 
 @pytest.mark.parametrize("plan", ["pp2", "pp2xep2"])
-def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan):
+def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan, tmp_path):
     """A pipeline sees the batch one micro-batch at a time: each hands its
     count of choices per expert (and of dropped choices) to the update,
     which adds them up. Under pp 2 with 2 micro-batches, each routed in
@@ -274,7 +274,8 @@ def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan):
     moves and the drops are counted exactly as on one rank (counts are
     integers), and the losses follow (1e-5, as above). The aux loss is off:
     a pipeline computes it per micro-batch from that micro-batch's usage
-    (as Megatron does), which is another number than the whole batch's."""
+    (as Megatron does), which is another number than the whole batch's.
+    The pipeline's checkpoint loads into the single rank unchanged."""
     name = "model.layers.1.mlp.gate.weight:e_score_correction_bias"
     cfg = {**TOY, "router_aux_loss_coef": 0.0, "moe_aux_free_rate": 1e-3}
 
@@ -304,6 +305,14 @@ def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan):
     np.testing.assert_array_equal(prog.state_dict()[name], bias)
     assert sum(dropped(one).values()) > 0
     assert dropped(prog) == dropped(one)
+    # The pipeline's checkpoint holds the same state, and the single rank
+    # resumes from it.
+    prog.save_checkpoint(tmp_path / "ckpt")
+    one.load_checkpoint(tmp_path / "ckpt")
+    mine, theirs = prog.state_dict(), one.state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        np.testing.assert_array_equal(mine[k], theirs[k], err_msg=k)
 
 
 def test_checkpoint_from_ep2_resumes_on_ep4(tmp_path):

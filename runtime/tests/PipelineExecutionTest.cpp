@@ -786,6 +786,22 @@ TEST(PipelineLoad, PipelineFieldsAndFunctionsAreChecked) {
                           "micro-batch max '" + name + "'"));
   }
   {
+    // Likewise a gradient taken as a micro-batch sum (it would be added up
+    // but not averaged).
+    ProgramBuilder pb = modelBuilder(model);
+    FunctionBuilder &u = pb.get("train_update.1");
+    std::string name;
+    for (auto &arg : u.arguments)
+      if (arg.second.role == Role::Gradient) {
+        arg.second.role = Role::MicroBatchSum;
+        name = arg.second.name;
+      }
+    EXPECT_THAT(loadError(pb),
+                HasSubstr("no forward or backward of stage 1 makes the "
+                          "micro-batch sum '" +
+                          name + "'"));
+  }
+  {
     // A loss anywhere but the last chunk's forward.
     ProgramBuilder pb = modelBuilder(model);
     FunctionBuilder &f = pb.get("train_forward.0");

@@ -327,6 +327,19 @@ TEST(ProgramRejects, BytesNotMatchingShapeAndType) {
   EXPECT_THAT(message, HasSubstr("buffer 0: 24 bytes do not hold [2, 3]xbf16"));
 }
 
+TEST(ProgramRejects, PipelineRolesWithoutAPipeline) {
+  // What the runtime combines over micro-batches (gradients, maxima, sums)
+  // has no meaning in a program that has none.
+  for (Role role : {Role::Gradient, Role::MicroBatchMax, Role::MicroBatchSum}) {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.get("main");
+    f.arg(f.buffer(DType::F32, {3}), Tensor().as(role).named("sum.0"));
+    EXPECT_THAT(errorOf(pb), HasSubstr("function @main, argument 1: the role " +
+                                       std::string(roleName(role)) +
+                                       " belongs to pipelined programs"));
+  }
+}
+
 TEST(ProgramRejects, AnOpWithoutACpuKernel) {
   ProgramBuilder pb = validProgram();
   FunctionBuilder &f = pb.function("bad");
