@@ -305,6 +305,8 @@ def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan, tmp
     np.testing.assert_array_equal(prog.state_dict()[name], bias)
     assert sum(dropped(one).values()) > 0
     assert dropped(prog) == dropped(one)
+    # Evaluation routes with the moved bias on the stage that holds it.
+    assert prog.eval(IDS, LABELS) == pytest.approx(one.eval(IDS, LABELS), rel=1e-5)
     # The pipeline's checkpoint holds the same state, and the single rank
     # resumes from it.
     prog.save_checkpoint(tmp_path / "ckpt")
