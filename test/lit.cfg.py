@@ -22,6 +22,8 @@ config.substitutions.append(("%ernie_src_root", config.ernie_src_root))
 config.substitutions.append(
     ("%allclose", f"{config.python_executable or sys.executable} "
                   f"{config.test_source_root}/Inputs/allclose.py"))
+# %python: the interpreter the build found (with numpy), to write inputs.
+config.substitutions.append(("%python", config.python_executable or sys.executable))
 
 llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)

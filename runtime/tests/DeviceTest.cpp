@@ -580,6 +580,7 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SeedPrograms,
                                            "llama_block_train_fused.ernie",
                                            "transformer_block_dp_mp.ernie",
                                            "pipeline_1f1b.ernie",
+                                           "pipeline_batch_sum.ernie",
                                            "ernie_moe_ep2_train.ernie"));
 
 TEST(DeviceSession, StateStaysOnTheDeviceBetweenSteps) {
@@ -742,4 +743,5 @@ INSTANTIATE_TEST_SUITE_P(Seeds, GpuSeedPrograms,
                                            "llama_block_train_fused.ernie",
                                            "transformer_block_dp_mp.ernie",
                                            "pipeline_1f1b.ernie",
+                                           "pipeline_batch_sum.ernie",
                                            "ernie_moe_ep2_train.ernie"));
