@@ -13,12 +13,11 @@
 // runtime keeps per micro-batch), a later backward chunk (send and receive),
 // a backward read by the update (a gradient the runtime sums over
 // micro-batches), a whole tensor's maximum read by the update (an fp8 amax
-// the runtime combines over micro-batches by max), a sum over the batch
-// read by the update (MoE routing's usage, combined by sum). Data only
-// flows as a
-// pipeline allows — forward values up the chunks, gradients down — which
-// the pass checks, so the schedule's dependencies are exactly those the
-// schedule library simulates.
+// the runtime combines over micro-batches by max), a forward's sum over
+// the batch read by the update (MoE routing's usage, combined by sum).
+// Data only flows as a pipeline allows — forward values up the chunks,
+// gradients down — which the pass checks, so the schedule's dependencies
+// are exactly those the schedule library simulates.
 //
 //===----------------------------------------------------------------------===//
 
@@ -64,22 +63,6 @@ struct Place {
     return phase == o.phase && index == o.index;
   }
 };
-
-/// Whether `v` is the maximum of a whole tensor (an fp8 amax): a scalar
-/// reduce_max over every axis, or a max all-reduce of one. Over a step it
-/// is the maximum of its micro-batches' values, whatever their order, so a
-/// forward or backward may hand it to the update. (A max over some axes
-/// keeps a row per sample: the micro-batches' rows are other rows, not
-/// values to take the maximum of.)
-bool isMaxReduced(Value v) {
-  auto scalar = dyn_cast<RankedTensorType>(v.getType());
-  if (!scalar || scalar.getRank() != 0)
-    return false;
-  Operation *def = v.getDefiningOp();
-  if (auto ar = dyn_cast_or_null<AllReduceOp>(def))
-    return ar.getKind() == ReduceKind::max && isMaxReduced(ar.getInput());
-  return isa_and_nonnull<ReduceMaxOp>(def);
-}
 
 /// How the step combines a value each micro-batch makes, for the update
 /// to read: not at all (it stays in its micro-batch), by max or by sum.
@@ -198,7 +181,8 @@ void Cutter::findBatchDims(func::FuncOp step) {
     if (isa<AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp,
             ShardSliceOp>(op)) {
       llvm::SmallBitVector m = marks(op->getOperand(0));
-      if (m.size() != marks(op->getResult(0)).size())
+      auto out = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+      if (!out || out.getRank() != int64_t(m.size()))
         return markAll();
       if (auto a2a = dyn_cast<AllToAllOp>(op); a2a && m.any())
         m.set(a2a.getConcatDim()).set(a2a.getSplitDim());
@@ -261,7 +245,8 @@ Combined Cutter::combinedOver(Value v) const {
                 (in == Combined::Sum && ar.getKind() == ReduceKind::sum);
     return same ? in : Combined::None;
   }
-  if (isMaxReduced(v))
+  auto type = dyn_cast<RankedTensorType>(v.getType());
+  if (isa_and_nonnull<ReduceMaxOp>(def) && type && type.getRank() == 0)
     return Combined::Max;
   // A sum in a backward is a gradient's: averaged over the micro-batches,
   // as every gradient is.
