@@ -9,10 +9,12 @@
 //
 // Before the walk, a loss and its gradient over the same logits become one
 // ernie.cross_entropy_and_grad (one pass over the logits, each exponential
-// computed once); elementwise math on broadcasts moves before the broadcast
-// (computed once per source element, not per copy); and a constant or a
-// broadcast read by several ops gets a copy per reader, so each region
-// fills or loads its own instead of reading another's, written in full.
+// computed once) — in a function, or across a pipeline's last chunk, whose
+// forward then keeps the gradient for its backward; elementwise math on
+// broadcasts moves before the broadcast (computed once per source element, not
+// per copy); and a constant or a broadcast read by several ops gets a copy per
+// reader, so each region fills or loads its own instead of reading another's,
+// written in full.
 //
 //===----------------------------------------------------------------------===//
 
@@ -61,6 +63,15 @@ ArrayRef<int64_t> iterationShapeOf(Operation *op, FusedRole role) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
 
+/// Whether `loss` computes the loss `grad` is the gradient of, given the
+/// logits and labels `grad` reads as they are seen where `loss` is.
+bool isLossOf(CrossEntropyOp loss, CrossEntropyGradOp grad, Value logits,
+              Value labels) {
+  return loss.getLogits() == logits && loss.getLabels() == labels &&
+         loss.getIgnoreIndex() == grad.getIgnoreIndex() &&
+         loss.getReduction() == grad.getReduction();
+}
+
 /// Each cross_entropy_grad whose loss the block also computes (same logits,
 /// labels and attributes) becomes, with it, one cross_entropy_and_grad where
 /// the loss was. A seed (dloss) the step computes after the loss moves up
@@ -77,9 +88,7 @@ void pairLossesWithGradients(Block &block) {
     for (Operation *user : grad.getLogits().getUsers())
       if (auto ce = dyn_cast<CrossEntropyOp>(user);
           ce && ce->getBlock() == &block && ce->isBeforeInBlock(grad) &&
-          ce.getLabels() == grad.getLabels() &&
-          ce.getIgnoreIndex() == grad.getIgnoreIndex() &&
-          ce.getReduction() == grad.getReduction())
+          isLossOf(ce, grad, grad.getLogits(), grad.getLabels()))
         loss = ce;
     if (!loss)
       continue;
@@ -94,6 +103,147 @@ void pairLossesWithGradients(Block &block) {
         grad.getIgnoreIndexAttr(), grad.getReductionAttr());
     rewriter.replaceOp(loss, both.getLoss());
     rewriter.replaceOp(grad, both.getDlogits());
+  }
+}
+
+/// In a pipeline the last chunk's forward computes the loss and its
+/// backward the gradient, from the logits the forward keeps as a residual
+/// and a seed computed from residuals (1 / the step's token count). The
+/// forward computes both instead (cross_entropy_and_grad: the logits read
+/// once, each exponential computed once) and keeps the gradient under the
+/// logits' residual name, so no signature changes: the runtime hands the
+/// backward the gradient where it handed it the logits. Only where the
+/// gradient is the backward's one reader of that residual, the labels are
+/// the same batch input, and the seed is arithmetic without effects on
+/// residuals, inputs and constants that can move above the loss.
+void pairLossesAcrossChunks(ModuleOp module) {
+  SymbolTable symbols(module);
+  IRRewriter rewriter(module.getContext());
+  for (auto bwd : module.getOps<func::FuncOp>()) {
+    StringRef chunk = bwd.getName();
+    if (bwd.isExternal() || !chunk.consume_front("train_backward."))
+      continue;
+    auto fwd = symbols.lookup<func::FuncOp>(("train_forward." + chunk).str());
+    if (!fwd || fwd.isExternal())
+      continue;
+    Block &fwdBody = fwd.getBody().front(), &bwdBody = bwd.getBody().front();
+    auto fwdRet = cast<func::ReturnOp>(fwdBody.getTerminator());
+    // The forward's result kept as the residual `name`.
+    auto residualResult = [&](Attribute name) -> OpOperand * {
+      for (OpOperand &result : fwdRet->getOpOperands())
+        if (fwd.getResultAttr(result.getOperandNumber(),
+                              ErnieDialect::kResidualAttrName) == name)
+          return &result;
+      return nullptr;
+    };
+    // A backward argument's value in the forward: the residual of its name
+    // or the batch input of its index; null for anything else.
+    auto inForward = [&](BlockArgument arg) -> Value {
+      unsigned i = arg.getArgNumber();
+      if (Attribute r = bwd.getArgAttr(i, ErnieDialect::kResidualAttrName)) {
+        OpOperand *result = residualResult(r);
+        return result ? result->get() : Value();
+      }
+      if (Attribute k = bwd.getArgAttr(i, ErnieDialect::kInputAttrName))
+        for (BlockArgument a : fwdBody.getArguments())
+          if (fwd.getArgAttr(a.getArgNumber(), ErnieDialect::kInputAttrName) ==
+              k)
+            return a;
+      return {};
+    };
+    bool paired = false;
+    for (auto grad :
+         llvm::make_early_inc_range(bwdBody.getOps<CrossEntropyGradOp>())) {
+      auto logitsArg = dyn_cast<BlockArgument>(grad.getLogits());
+      auto labelsArg = dyn_cast<BlockArgument>(grad.getLabels());
+      if (!logitsArg || !labelsArg || !logitsArg.hasOneUse())
+        continue;
+      Attribute residual = bwd.getArgAttr(logitsArg.getArgNumber(),
+                                          ErnieDialect::kResidualAttrName);
+      Value logits = inForward(logitsArg), labels = inForward(labelsArg);
+      if (!residual || !logits || !labels)
+        continue;
+      CrossEntropyOp loss;
+      for (Operation *user : logits.getUsers())
+        if (auto ce = dyn_cast<CrossEntropyOp>(user);
+            ce && ce->getBlock() == &fwdBody &&
+            isLossOf(ce, grad, logits, labels))
+          loss = ce;
+      if (!loss)
+        continue;
+      // The seed's definition, in program order, and its leaves' values in
+      // the forward.
+      IRMapping map;
+      llvm::SetVector<Operation *> slice;
+      SmallVector<Value> work{grad.getDloss()};
+      bool movable = true;
+      while (movable && !work.empty()) {
+        Value v = work.pop_back_val();
+        if (auto arg = dyn_cast<BlockArgument>(v)) {
+          Value there = inForward(arg);
+          movable = bool(there);
+          if (there)
+            map.map(v, there);
+          continue;
+        }
+        Operation *def = v.getDefiningOp();
+        movable = def->getBlock() == &bwdBody && def->getNumRegions() == 0 &&
+                  isMemoryEffectFree(def);
+        if (movable && slice.insert(def))
+          llvm::append_range(work, def->getOperands());
+      }
+      if (!movable)
+        continue;
+      SmallVector<Operation *> ordered(slice.begin(), slice.end());
+      llvm::sort(ordered, [](Operation *a, Operation *b) {
+        return a->isBeforeInBlock(b);
+      });
+      rewriter.setInsertionPoint(fwdRet);
+      SmallVector<Operation *> clones;
+      for (Operation *op : ordered)
+        clones.push_back(rewriter.clone(*op, map));
+      Value seed = map.lookupOrDefault(grad.getDloss());
+      // Fails, moving nothing, when the seed reads the loss or what comes
+      // from another stage.
+      if (failed(moveValueDefinitions(rewriter, seed, loss))) {
+        for (Operation *clone : llvm::reverse(clones))
+          rewriter.eraseOp(clone);
+        continue;
+      }
+      rewriter.setInsertionPoint(loss);
+      auto both = CrossEntropyAndGradOp::create(
+          rewriter, rewriter.getFusedLoc({loss.getLoc(), grad.getLoc()}),
+          logits, labels, seed, grad.getIgnoreIndexAttr(),
+          grad.getReductionAttr());
+      rewriter.replaceOp(loss, both.getLoss());
+      residualResult(residual)->set(both.getDlogits());
+      rewriter.replaceOp(grad, logitsArg);
+      for (Operation *op : llvm::reverse(ordered))
+        if (op->use_empty())
+          rewriter.eraseOp(op);
+      paired = true;
+    }
+    if (!paired)
+      continue;
+    // What the backward no longer reads (the seed's residual, the labels)
+    // it no longer takes, and the forward no longer keeps.
+    llvm::BitVector unread(bwd.getNumArguments()), unkept(fwd.getNumResults());
+    for (BlockArgument arg : bwdBody.getArguments()) {
+      unsigned i = arg.getArgNumber();
+      if (!arg.use_empty())
+        continue;
+      if (Attribute r = bwd.getArgAttr(i, ErnieDialect::kResidualAttrName)) {
+        unread.set(i);
+        if (OpOperand *result = residualResult(r))
+          unkept.set(result->getOperandNumber());
+      } else if (bwd.getArgAttr(i, ErnieDialect::kInputAttrName)) {
+        unread.set(i);
+      }
+    }
+    (void)bwd.eraseArguments(unread);
+    for (int j = unkept.find_last(); j >= 0; j = unkept.find_prev(j))
+      fwdRet->eraseOperand(j);
+    (void)fwd.eraseResults(unkept);
   }
 }
 
@@ -355,6 +505,7 @@ private:
 
 struct FusePass : ernie::impl::FusePassBase<FusePass> {
   void runOnOperation() override {
+    pairLossesAcrossChunks(getOperation());
     for (auto fn : getOperation().getOps<func::FuncOp>())
       if (!fn.isExternal())
         Fuser().run(fn.getBody().front());

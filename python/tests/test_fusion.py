@@ -53,10 +53,24 @@ def test_fused_training_is_bit_identical(plan):
     # arenas move by a few percent either way (+3.4 % for pp2's second
     # backward chunk; on runtime_step.py's model they are equal: the logits
     # dominate).
+    # A pipeline's last chunk computes its loss and the loss's gradient in
+    # its forward (the seed's few ops, and the gradient's buffer, move there
+    # from its backward): each chunk's forward and backward are counted
+    # together.
+    def chunk(fn):
+        return fn.replace("train_backward.", "train_forward.")
+
+    totals = {}  # chunk -> [ops before, ops after, arena before, arena after]
     for fn, f in after.items():
         assert f["instructions"] <= f["unfused_instructions"], fn
-        assert f["unfused_instructions"] <= 1.02 * before[fn]["instructions"], fn
-        assert f["arena_bytes"] <= 1.05 * before[fn]["arena_bytes"], fn
+        t = totals.setdefault(chunk(fn), [0, 0, 0, 0])
+        t[0] += before[fn]["instructions"]
+        t[1] += f["unfused_instructions"]
+        t[2] += before[fn]["arena_bytes"]
+        t[3] += f["arena_bytes"]
+    for key, (ops, ops_fused, arena, arena_fused) in totals.items():
+        assert ops_fused <= 1.02 * ops, key
+        assert arena_fused <= 1.05 * arena, key
     # The backward's elementwise chains are where it pays.
     grad = [fn for fn in after if fn.startswith(("forward_grad", "train_backward"))]
     assert grad and all(after[fn]["instructions"] < 0.8 * before[fn]["instructions"]

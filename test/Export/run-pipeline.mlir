@@ -28,6 +28,13 @@
 // RUN: ernie-run %t.add.ernie --steps 3 --quiet --outputs %t.out/add
 // RUN: %allclose %t.out/threads/losses.npy %t.out/add/losses.npy --rtol 1e-6
 // RUN: %allclose %t.out/threads/w1.npy %t.out/add/w1.npy --rtol 1e-6
+// Fused (the last chunk's forward computes the loss and its gradient, the
+// backward reads the gradient as its residual): the same bits.
+// RUN: ernie-opt %s --ernie-pipeline-split=stages=2 --ernie-shared-weight-dedup --ernie-autodiff=optimizer=adamw --ernie-auto-parallel-pipeline "--ernie-pipeline-schedule=micro-batches=4 schedule=1F1B" --ernie-fuse | ernie-translate --ernie-to-program -o %t.fused.ernie
+// RUN: ernie-run %t.fused.ernie --steps 3 --quiet --outputs %t.out/fused
+// RUN: cmp %t.out/threads/losses.npy %t.out/fused/losses.npy
+// RUN: cmp %t.out/threads/tied.npy %t.out/fused/tied.npy
+// RUN: cmp %t.out/threads/w1.npy %t.out/fused/w1.npy
 // RUN: ernie-run %t.1f1b.ernie --steps 1 --quiet --function eval_step --outputs %t.out/eval
 ernie.mesh @mesh(dp = 2, pp = 2)
 func.func @forward(%x: tensor<8x16xf32> {ernie.sharding = #ernie.sharding<@mesh, [{dp}, {}]>},

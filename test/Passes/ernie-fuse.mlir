@@ -327,3 +327,102 @@ func.func @seed_all_reduced(%logits: tensor<4x16xf32>, %labels: tensor<4xi64>, %
   %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
   return %loss, %g : tensor<f32>, tensor<4x16xf32>
 }
+
+// -----
+
+// A pipeline's last chunk: the forward computes the loss and keeps the
+// logits (residual.1) and the token count (residual.0) for the backward,
+// whose gradient reads them with the labels (batch input 1). The forward
+// computes both instead, the seed (1 / count) moved above the loss, and
+// keeps the gradient under the logits' name; the backward reads it and no
+// longer takes the count or the labels.
+// CHECK-LABEL: func.func @train_forward.1
+// CHECK-SAME: -> (tensor<4x16xf32> {ernie.residual = "residual.1"}, tensor<f32> {ernie.loss})
+// CHECK: ernie.reduce_sum
+// CHECK: %[[SEED:.+]] = ernie.fused
+// CHECK: ernie.div
+// CHECK: %{{.+}}, %[[G:.+]] = ernie.cross_entropy_and_grad %{{.+}}, %{{.+}}, %[[SEED]]
+// CHECK: return %[[G]], %{{.+}} :
+// CHECK-LABEL: func.func @train_backward.1
+// CHECK-SAME: (%[[D:[^:]+]]: tensor<4x16xf32> {ernie.residual = "residual.1"}, %[[W:[^:]+]]: tensor<16x16xf32> {ernie.param = "w"})
+// CHECK-NOT: cross_entropy_grad
+// CHECK: ernie.matmul %[[D]], %[[W]]
+func.func @train_forward.1(%h: tensor<4x16xf32> {ernie.input = 0 : i64},
+                           %labels: tensor<4xi64> {ernie.input = 1 : i64},
+                           %w: tensor<16x16xf32> {ernie.param = "w"})
+    -> (tensor<f32> {ernie.residual = "residual.0"}, tensor<4x16xf32> {ernie.residual = "residual.1"}, tensor<f32> {ernie.loss}) {
+  %logits = ernie.matmul %h, %w : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  %loss = ernie.cross_entropy %logits, %labels {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  %ones = ernie.full 1.0 : tensor<4xf32>
+  %n = ernie.reduce_sum %ones axes = [0] : tensor<4xf32> -> tensor<f32>
+  %mean = ernie.div %loss, %n : tensor<f32>
+  return %n, %logits, %mean : tensor<f32>, tensor<4x16xf32>, tensor<f32>
+}
+func.func @train_backward.1(%n: tensor<f32> {ernie.residual = "residual.0"},
+                            %logits: tensor<4x16xf32> {ernie.residual = "residual.1"},
+                            %labels: tensor<4xi64> {ernie.input = 1 : i64},
+                            %w: tensor<16x16xf32> {ernie.param = "w"}) -> tensor<4x16xf32> {
+  %one = ernie.full 1.0 : tensor<f32>
+  %seed = ernie.div %one, %n : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed {reduction = #ernie<loss_reduction sum>} : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  %dh = ernie.matmul %g, %w {transpose_b} : tensor<4x16xf32>, tensor<16x16xf32> -> tensor<4x16xf32>
+  return %dh : tensor<4x16xf32>
+}
+
+// -----
+
+// Apart: the backward reads the logits for more than the gradient, so the
+// forward keeps them.
+// CHECK-LABEL: func.func @train_forward.1
+// CHECK: ernie.cross_entropy %
+// CHECK-LABEL: func.func @train_backward.1
+// CHECK: ernie.cross_entropy_grad
+func.func @train_forward.1(%logits: tensor<4x16xf32> {ernie.input = 0 : i64},
+                           %labels: tensor<4xi64> {ernie.input = 1 : i64})
+    -> (tensor<4x16xf32> {ernie.residual = "residual.0"}, tensor<f32> {ernie.loss}) {
+  %loss = ernie.cross_entropy %logits, %labels : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  return %logits, %loss : tensor<4x16xf32>, tensor<f32>
+}
+func.func @train_backward.1(%logits: tensor<4x16xf32> {ernie.residual = "residual.0"},
+                            %labels: tensor<4xi64> {ernie.input = 1 : i64}) -> tensor<4x16xf32> {
+  %seed = ernie.full 1.0 : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  %sum = ernie.add %g, %logits : tensor<4x16xf32>
+  return %sum : tensor<4x16xf32>
+}
+
+// -----
+
+// Apart: the seed is received from another stage (it cannot be computed in
+// the forward), and the labels are another batch input than the loss's.
+ernie.mesh @mesh(pp = 2)
+// CHECK-LABEL: func.func @train_forward.1
+// CHECK: ernie.cross_entropy %
+// CHECK-LABEL: func.func @train_backward.2
+// CHECK: ernie.cross_entropy_grad
+// CHECK-LABEL: func.func @train_backward.1
+// CHECK: ernie.cross_entropy_grad
+func.func @train_forward.1(%logits: tensor<4x16xf32> {ernie.input = 0 : i64},
+                           %labels: tensor<4xi64> {ernie.input = 1 : i64})
+    -> (tensor<4x16xf32> {ernie.residual = "residual.0"}, tensor<f32> {ernie.loss}) {
+  %loss = ernie.cross_entropy %logits, %labels : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  return %logits, %loss : tensor<4x16xf32>, tensor<f32>
+}
+func.func @train_forward.2(%logits: tensor<4x16xf32> {ernie.input = 0 : i64},
+                           %labels: tensor<4xi64> {ernie.input = 1 : i64})
+    -> (tensor<4x16xf32> {ernie.residual = "residual.0"}, tensor<f32> {ernie.loss}) {
+  %loss = ernie.cross_entropy %logits, %labels : tensor<4x16xf32>, tensor<4xi64> -> tensor<f32>
+  return %logits, %loss : tensor<4x16xf32>, tensor<f32>
+}
+func.func @train_backward.2(%logits: tensor<4x16xf32> {ernie.residual = "residual.0"},
+                            %other: tensor<4xi64> {ernie.input = 2 : i64}) -> tensor<4x16xf32> {
+  %seed = ernie.full 1.0 : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %other, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %g : tensor<4x16xf32>
+}
+func.func @train_backward.1(%logits: tensor<4x16xf32> {ernie.residual = "residual.0"},
+                            %labels: tensor<4xi64> {ernie.input = 1 : i64}) -> tensor<4x16xf32> {
+  %seed = ernie.recv from stage 0 channel 3 : tensor<f32>
+  %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
+  return %g : tensor<4x16xf32>
+}
