@@ -273,7 +273,10 @@ def moe_layers(model: Module):
 def set_token_groups(model: Module, groups: int):
     """Routes every MoE layer's tokens in `groups` groups (each with its own
     capacity): a plan whose data-parallel ranks hold `groups` shards of the
-    batch drops what a single rank with the same groups drops."""
+    batch drops what a single rank with the same groups drops. A pipelined
+    program is traced on one micro-batch, so there each micro-batch is
+    routed in `groups` groups: with m micro-batches, a single rank's G
+    groups over the batch are G / m groups per micro-batch."""
     if int(groups) < 1:
         raise ValueError(f"token groups must be positive, got {groups}")
     for _, layer in moe_layers(model):
