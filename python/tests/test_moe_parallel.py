@@ -71,9 +71,12 @@ PLANS = {
 }
 
 
-def train(shape=None, names=None, config=None, fp8=None, steps=STEPS):
-    model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY))
-    set_token_groups(model, GROUPS)
+def train(shape=None, names=None, config=None, fp8=None, steps=STEPS, groups=GROUPS,
+          **overrides):
+    """The toy (its config fields overridden) trained `steps` steps on the
+    mesh `shape` x `names` with the plan `config`: (program, losses)."""
+    model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**{**TOY, **overrides}))
+    set_token_groups(model, groups)
     mesh = None
     if shape:
         mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
@@ -245,15 +248,8 @@ def test_aux_free_balancing_under_expert_parallelism_matches_single_rank():
     def run(shape=None, names=None, config=None):
         # One rank takes the rate from the model's config, the plan from
         # moe_config: the same setting either way.
-        rate = 0.0 if config else 1e-3
-        model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**TOY, moe_aux_free_rate=rate))
-        set_token_groups(model, GROUPS)
-        mesh = None
-        if shape:
-            mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
-        prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
-                             config=config)
-        losses = [prog.step(IDS, LABELS) for _ in range(8)]
+        prog, losses = train(shape, names, config, steps=8,
+                             moe_aux_free_rate=0.0 if config else 1e-3)
         return losses, prog.state_dict()[name]
 
     want, bias = run()
@@ -277,18 +273,10 @@ def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan, tmp
     (as Megatron does), which is another number than the whole batch's.
     The pipeline's checkpoint loads into the single rank unchanged."""
     name = "model.layers.1.mlp.gate.weight:e_score_correction_bias"
-    cfg = {**TOY, "router_aux_loss_coef": 0.0, "moe_aux_free_rate": 1e-3}
 
     def run(shape=None, names=None, config=None, groups=GROUPS):
-        model = Ernie4_5_MoeForCausalLM(Ernie4_5Config(**cfg))
-        set_token_groups(model, groups)
-        mesh = None
-        if shape:
-            mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape).tolist(), names)
-        prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [IDS, LABELS], mesh=mesh,
-                             config=config)
-        losses = [prog.step(IDS, LABELS) for _ in range(6)]
-        return prog, losses
+        return train(shape, names, config, steps=6, groups=groups,
+                     router_aux_loss_coef=0.0, moe_aux_free_rate=1e-3)
 
     one, want = run()
     pp = {"split_spec": "model.layers", "accumulate_steps": 2}

@@ -770,36 +770,21 @@ TEST(PipelineLoad, PipelineFieldsAndFunctionsAreChecked) {
     EXPECT_THAT(loadError(pb),
                 HasSubstr("a second running sum of gradient '" + name + "'"));
   }
-  {
-    // A gradient taken as a maximum: the roles must agree (the runtime
-    // would combine it over micro-batches by max instead of summing).
+  for (Role role : {Role::MicroBatchMax, Role::MicroBatchSum}) {
+    // A gradient taken as a maximum or a batch sum: the roles must agree
+    // (the runtime would combine it over micro-batches by max, or add them
+    // up without averaging).
     ProgramBuilder pb = modelBuilder(model);
     FunctionBuilder &u = pb.get("train_update.1");
     std::string name;
     for (auto &arg : u.arguments)
       if (arg.second.role == Role::Gradient) {
-        arg.second.role = Role::MicroBatchMax;
+        arg.second.role = role;
         name = arg.second.name;
       }
     EXPECT_THAT(loadError(pb),
-                HasSubstr("no forward or backward of stage 1 makes the "
-                          "micro-batch max '" + name + "'"));
-  }
-  {
-    // Likewise a gradient taken as a micro-batch sum (it would be added up
-    // but not averaged).
-    ProgramBuilder pb = modelBuilder(model);
-    FunctionBuilder &u = pb.get("train_update.1");
-    std::string name;
-    for (auto &arg : u.arguments)
-      if (arg.second.role == Role::Gradient) {
-        arg.second.role = Role::MicroBatchSum;
-        name = arg.second.name;
-      }
-    EXPECT_THAT(loadError(pb),
-                HasSubstr("no forward or backward of stage 1 makes the "
-                          "micro-batch sum '" +
-                          name + "'"));
+                HasSubstr("no forward or backward of stage 1 makes the " +
+                          std::string(roleName(role)) + " '" + name + "'"));
   }
   {
     // A loss anywhere but the last chunk's forward.
