@@ -489,21 +489,36 @@ FailureOr<Value> Cutter::valueIn(StageFunction &fn, const Place &where,
            << " chunk/rank " << from.index
            << " is read where the schedule cannot deliver it (phase "
            << static_cast<int>(where.phase) << ", " << where.index << ")";
+  // Where the value must first reach another function of the reader's
+  // rank, it comes through that one.
+  auto through = [&](const Place &via) -> FailureOr<Value> {
+    FailureOr<Value> there = valueIn(functionFor(via), via, v);
+    if (failed(there))
+      return failure();
+    Value local = transfer(functionFor(via), via, fn, where, *there, v);
+    fn.map.map(v, local);
+    return local;
+  };
   // A forward value of another chunk read by a backward comes through the
   // backward's own forward, as a residual.
   if (from.phase == Phase::Forward && where.phase == Phase::Backward &&
       from.index != where.index) {
-    Place own{Phase::Forward, where.index};
     if (from.index > where.index)
       return def->emitError("pipeline split: a backward reads the forward "
                             "of a later chunk");
-    FailureOr<Value> there = valueIn(functionFor(own), own, v);
-    if (failed(there))
-      return failure();
-    Value local = transfer(functionFor(own), own, fn, where, *there, v);
-    fn.map.map(v, local);
-    return local;
+    return through(Place{Phase::Forward, where.index});
   }
+  // A value for a later chunk of its own stage (interleaved: chunk c and
+  // c + stages; an MoE layer's auxiliary loss, added to the loss chunks
+  // later, and its gradient coming back) is relayed by the chunk next to
+  // the reader's on its way: transfers go between stages, and adjacent
+  // chunks are on adjacent stages.
+  if (from.phase == where.phase &&
+      (where.phase == Phase::Forward || where.phase == Phase::Backward) &&
+      from.index != where.index && rankOf(from) == rankOf(where) && stages_ > 1)
+    return through(Place{where.phase, where.phase == Phase::Forward
+                                          ? where.index - 1
+                                          : where.index + 1});
   StageFunction &source = functionFor(from);
   Value local = transfer(source, from, fn, where, source.map.lookup(v), v);
   fn.map.map(v, local);

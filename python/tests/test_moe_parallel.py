@@ -261,11 +261,20 @@ def test_aux_free_balancing_under_expert_parallelism_matches_single_rank():
     np.testing.assert_array_equal(got_bias, bias)
 
 
-@pytest.mark.parametrize("plan", ["pp2", "pp2xep2"])
+PIPELINED = {  # plan: (mesh, names, config, micro-batches)
+    "pp2": ([2], ["pp"], {}, 2),
+    "pp2xep2": ([2, 2], ["pp", "ep"], {"ep_config": {"axis": "ep"}}, 2),
+    # Interleaved: the router losses of chunk 1 reach the loss on chunk 3,
+    # on the same stage, through chunk 2.
+    "pp2-vpp2": ([2], ["pp"], {"pp_config": {"vpp_degree": 2, "schedule_mode": "VPP"}}, 4),
+}
+
+
+@pytest.mark.parametrize("plan", sorted(PIPELINED))
 def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan, tmp_path):
     """A pipeline sees the batch one micro-batch at a time: each hands its
     count of choices per expert (and of dropped choices) to the update,
-    which adds them up. Under pp 2 with 2 micro-batches, each routed in
+    which adds them up. Under pp 2 with m micro-batches, each routed in
     groups of two sequences as the single rank routes its batch, the bias
     moves and the drops are counted exactly as on one rank (counts are
     integers), and the losses follow (1e-5, as above). The aux loss is off:
@@ -279,13 +288,10 @@ def test_aux_free_balancing_and_drops_under_pipeline_match_single_rank(plan, tmp
                      router_aux_loss_coef=0.0, moe_aux_free_rate=1e-3)
 
     one, want = run()
-    pp = {"split_spec": "model.layers", "accumulate_steps": 2}
-    if plan == "pp2":
-        prog, got = run([2], ["pp"], {"pp_config": pp}, groups=GROUPS // 2)
-    else:
-        prog, got = run([2, 2], ["pp", "ep"], {"pp_config": pp, "ep_config": {"axis": "ep"}},
-                        groups=GROUPS // 2)
-    assert prog.pipeline["micro_batches"] == 2
+    shape, names, config, m = PIPELINED[plan]
+    pp = {"split_spec": "model.layers", "accumulate_steps": m, **config.get("pp_config", {})}
+    prog, got = run(shape, names, {**config, "pp_config": pp}, groups=GROUPS // m)
+    assert prog.pipeline["micro_batches"] == m
     assert "ernie.micro_batch_sum" in prog.mlir, "the counts are handed to the update"
     np.testing.assert_allclose(got, want, rtol=1e-5)
     bias = one.state_dict()[name]
