@@ -579,8 +579,7 @@ const char *roleKey(rt::Role r) {
   case rt::Role::Residual: return "residual";
   case rt::Role::Gradient: return "gradient";
   case rt::Role::MicroBatchMax: return "micro_batch_max";
-  case rt::Role::MicroBatchSum:
-    return "micro_batch_sum";
+  case rt::Role::MicroBatchSum: return "micro_batch_sum";
   }
   return "";
 }

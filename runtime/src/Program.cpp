@@ -922,8 +922,7 @@ Role decode(fb::Role r, const Checker &check) {
   case fb::Role::Residual: return Role::Residual;
   case fb::Role::Gradient: return Role::Gradient;
   case fb::Role::MicroBatchMax: return Role::MicroBatchMax;
-  case fb::Role::MicroBatchSum:
-    return Role::MicroBatchSum;
+  case fb::Role::MicroBatchSum: return Role::MicroBatchSum;
   }
   check.fail("unknown role code " + std::to_string(int(r)));
 }
@@ -2125,8 +2124,7 @@ const char *roleName(Role role) {
   case Role::Residual: return "residual";
   case Role::Gradient: return "gradient";
   case Role::MicroBatchMax: return "micro-batch max";
-  case Role::MicroBatchSum:
-    return "micro-batch sum";
+  case Role::MicroBatchSum: return "micro-batch sum";
   }
   return "?";
 }

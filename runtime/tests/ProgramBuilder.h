@@ -68,8 +68,7 @@ inline fbs::Role encodeRole(Role r) {
   case Role::Residual: return fbs::Role::Residual;
   case Role::Gradient: return fbs::Role::Gradient;
   case Role::MicroBatchMax: return fbs::Role::MicroBatchMax;
-  case Role::MicroBatchSum:
-    return fbs::Role::MicroBatchSum;
+  case Role::MicroBatchSum: return fbs::Role::MicroBatchSum;
   }
   return fbs::Role::Input;
 }
