@@ -227,16 +227,15 @@ void Cutter::findBatchDims(func::FuncOp step) {
   });
 }
 
-/// Whether `v` is a value the step can combine over its micro-batches:
-/// the maximum of a whole tensor (an fp8 amax: a scalar reduce_max over
-/// every axis, or a max all-reduce of one), or a forward's sum over every
-/// dimension that runs over the batch's data (MoE routing's count of
-/// choices per expert: a reduce_sum whose input runs over the batch and
-/// whose result does not, or a sum all-reduce of one). Over a step these
-/// are the maximum, and the sum, of the micro-batches' values in any
-/// order. (A max over some axes keeps a row per sample: the micro-batches'
-/// rows are other rows, not values to take the maximum of; likewise a sum
-/// that keeps a dimension of the batch.)
+/// Whether `v` is a value the step can combine over its micro-batches: a
+/// maximum or a forward's sum whose result runs over no dimension of the
+/// batch's data (a `reduce_max` or `reduce_sum` that reduces all those its
+/// input has, or a max or sum all-reduce of one): an fp8 amax, MoE
+/// routing's count of choices per expert. Over a step these are the
+/// maximum, and the sum, of the micro-batches' values in any order. (A
+/// reduction that keeps a row per sample is not: the micro-batches' rows
+/// are other rows. A sum in a backward is a gradient's, averaged over the
+/// micro-batches as every gradient is.)
 Combined Cutter::combinedOver(Value v) const {
   Operation *def = v.getDefiningOp();
   if (auto ar = dyn_cast_or_null<AllReduceOp>(def)) {
@@ -245,17 +244,14 @@ Combined Cutter::combinedOver(Value v) const {
                 (in == Combined::Sum && ar.getKind() == ReduceKind::sum);
     return same ? in : Combined::None;
   }
-  auto type = dyn_cast<RankedTensorType>(v.getType());
-  if (isa_and_nonnull<ReduceMaxOp>(def) && type && type.getRank() == 0)
-    return Combined::Max;
-  // A sum in a backward is a gradient's: averaged over the micro-batches,
-  // as every gradient is.
-  auto sum = dyn_cast_or_null<ReduceSumOp>(def);
-  if (!sum || placeOf(v).phase != Phase::Forward)
+  if (!isa_and_nonnull<ReduceMaxOp, ReduceSumOp>(def) ||
+      batchDims_.lookup(v).any())
     return Combined::None;
-  auto dims = [&](Value x) { return batchDims_.lookup(x); };
-  return dims(sum.getInput()).any() && dims(v).none() ? Combined::Sum
-                                                      : Combined::None;
+  if (isa<ReduceMaxOp>(def))
+    return Combined::Max;
+  bool fromBatch = batchDims_.lookup(def->getOperand(0)).any();
+  return fromBatch && placeOf(v).phase == Phase::Forward ? Combined::Sum
+                                                         : Combined::None;
 }
 
 LogicalResult Cutter::classify(func::FuncOp step,

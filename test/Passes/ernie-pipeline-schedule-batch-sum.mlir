@@ -2,7 +2,8 @@
 // choices per expert) is updated once per step, by the update, from the
 // step's sum: each forward hands its micro-batch's sum over, the runtime
 // adds them up (`ernie.micro_batch_sum`), and the rule that reads it moves
-// into the update.
+// into the update. A maximum over the batch's data is handed over alike
+// (`ernie.micro_batch_max`).
 // RUN: ernie-opt %s --split-input-file "--ernie-pipeline-schedule=micro-batches=2" | FileCheck %s
 
 // CHECK-LABEL: func.func @train_forward.0
@@ -75,5 +76,42 @@ func.func @train_step(%x: tensor<4x8xbf16>, %y: tensor<4xi64>,
     -> (tensor<bf16> {ernie.loss}, tensor<bf16> {ernie.updates = "w0:peaks"}) {
   %loss, %n = func.call @chunks(%x, %y, %w0, %w1, %st) : (tensor<4x8xbf16>, tensor<4xi64>, tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<bf16>) -> (tensor<bf16>, tensor<bf16>)
   return %loss, %n : tensor<bf16>, tensor<bf16>
+}
+}
+
+// -----
+
+// A maximum over the samples per column (an amax per channel), summed over
+// the columns: the micro-batches hand their maxima over (combined by max),
+// and the sum over the columns moves into the update with the rule.
+
+// CHECK-LABEL: func.func @train_forward.0
+// CHECK-SAME: -> (tensor<8xf32> {ernie.micro_batch_max = "[[$MAX:max\.[0-9]+]]"})
+// CHECK: %[[M:.+]] = ernie.reduce_max %{{.*}} axes = [1] : tensor<8x4xf32> -> tensor<8xf32>
+// CHECK: return %[[M]]
+// CHECK-LABEL: func.func @train_update.0
+// CHECK-SAME: %[[STEP:[^:]+]]: tensor<8xf32> {ernie.micro_batch_max = "[[$MAX]]"}
+// CHECK: ernie.reduce_sum %[[STEP]] axes = [0]
+
+module attributes {ernie.pipeline = {axis = "pp", stages = 2 : i64, virtual_stages = 1 : i64}} {
+ernie.mesh @mesh(pp = 2)
+func.func private @chunks(%x: tensor<4x8xf32>, %y: tensor<4xi64>, %w0: tensor<8x8xf32>,
+                          %w1: tensor<8x8xf32>, %st: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+  %h = ernie.matmul %x, %w0 {ernie.stage = 0 : i64} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %g = ernie.matmul %h, %w1 {ernie.stage = 1 : i64} : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %loss = ernie.cross_entropy %g, %y {ernie.stage = 1 : i64} : tensor<4x8xf32>, tensor<4xi64> -> tensor<f32>
+  %t = ernie.transpose %h, perm = [1, 0] {ernie.stage = 0 : i64} : tensor<4x8xf32> -> tensor<8x4xf32>
+  %m = ernie.reduce_max %t axes = [1] {ernie.stage = 0 : i64} : tensor<8x4xf32> -> tensor<8xf32>
+  %r = ernie.reduce_sum %m axes = [0] {ernie.stage = 0 : i64} : tensor<8xf32> -> tensor<f32>
+  %n = ernie.add %st, %r {ernie.stage = 0 : i64} : tensor<f32>
+  return %loss, %n : tensor<f32>, tensor<f32>
+}
+func.func @train_step(%x: tensor<4x8xf32>, %y: tensor<4xi64>,
+                      %w0: tensor<8x8xf32> {ernie.param = "w0", ernie.pipeline_stages = array<i64: 0>},
+                      %w1: tensor<8x8xf32> {ernie.param = "w1", ernie.pipeline_stages = array<i64: 1>},
+                      %st: tensor<f32> {ernie.opt_state = "w0:peak_sum"})
+    -> (tensor<f32> {ernie.loss}, tensor<f32> {ernie.updates = "w0:peak_sum"}) {
+  %loss, %n = func.call @chunks(%x, %y, %w0, %w1, %st) : (tensor<4x8xf32>, tensor<4xi64>, tensor<8x8xf32>, tensor<8x8xf32>, tensor<f32>) -> (tensor<f32>, tensor<f32>)
+  return %loss, %n : tensor<f32>, tensor<f32>
 }
 }
