@@ -72,6 +72,20 @@ bool isLossOf(CrossEntropyOp loss, CrossEntropyGradOp grad, Value logits,
          loss.getReduction() == grad.getReduction();
 }
 
+/// Replaces `loss` with one cross_entropy_and_grad that also computes what
+/// `grad` does, from the loss's logits and labels and `seed` (defined before
+/// the loss); returns the gradient.
+Value pairAtLoss(RewriterBase &rewriter, CrossEntropyOp loss,
+                 CrossEntropyGradOp grad, Value seed) {
+  rewriter.setInsertionPoint(loss);
+  auto both = CrossEntropyAndGradOp::create(
+      rewriter, rewriter.getFusedLoc({loss.getLoc(), grad.getLoc()}),
+      loss.getLogits(), loss.getLabels(), seed, grad.getIgnoreIndexAttr(),
+      grad.getReductionAttr());
+  rewriter.replaceOp(loss, both.getLoss());
+  return both.getDlogits();
+}
+
 /// Each cross_entropy_grad whose loss the block also computes (same logits,
 /// labels and attributes) becomes, with it, one cross_entropy_and_grad where
 /// the loss was. A seed (dloss) the step computes after the loss moves up
@@ -96,13 +110,7 @@ void pairLossesWithGradients(Block &block) {
     // has effects.
     if (failed(moveValueDefinitions(rewriter, grad.getDloss(), loss)))
       continue;
-    rewriter.setInsertionPoint(loss);
-    auto both = CrossEntropyAndGradOp::create(
-        rewriter, rewriter.getFusedLoc({loss.getLoc(), grad.getLoc()}),
-        grad.getLogits(), grad.getLabels(), grad.getDloss(),
-        grad.getIgnoreIndexAttr(), grad.getReductionAttr());
-    rewriter.replaceOp(loss, both.getLoss());
-    rewriter.replaceOp(grad, both.getDlogits());
+    rewriter.replaceOp(grad, pairAtLoss(rewriter, loss, grad, grad.getDloss()));
   }
 }
 
@@ -210,13 +218,7 @@ void pairLossesAcrossChunks(ModuleOp module) {
           rewriter.eraseOp(clone);
         continue;
       }
-      rewriter.setInsertionPoint(loss);
-      auto both = CrossEntropyAndGradOp::create(
-          rewriter, rewriter.getFusedLoc({loss.getLoc(), grad.getLoc()}),
-          logits, labels, seed, grad.getIgnoreIndexAttr(),
-          grad.getReductionAttr());
-      rewriter.replaceOp(loss, both.getLoss());
-      residualResult(residual)->set(both.getDlogits());
+      residualResult(residual)->set(pairAtLoss(rewriter, loss, grad, seed));
       rewriter.replaceOp(grad, logitsArg);
       for (Operation *op : llvm::reverse(ordered))
         if (op->use_empty())
