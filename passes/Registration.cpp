@@ -1,6 +1,6 @@
 //===- Registration.cpp - registers every ernie pass and pipeline -----------===//
 
-#include "ernie/Passes/Passes.h"
+#include "ernie/Passes/Pipelines.h"
 
 #include "mlir/Pass/PassRegistry.h"
 
@@ -16,4 +16,10 @@ void mlir::ernie::registerErniePassesAndPipelines() {
       "ernie-auto-parallel-pipeline",
       "Propagate shardings and partition into the per-rank SPMD program",
       buildAutoParallelPipeline);
+  PassPipelineRegistration<TrainingPipelineOptions>(
+      "ernie-training-pipeline",
+      "The whole training compiler in ernie.compile's order: pipeline "
+      "split, autodiff, ZeRO, FP8, recompute, propagation and partition, "
+      "overlap, pipeline schedule, gradient buckets, fusion",
+      buildTrainingPipeline);
 }

@@ -801,6 +801,11 @@ LogicalResult Propagator::materialize() {
 struct ShardingPropagationPass
     : ernie::impl::ShardingPropagationPassBase<ShardingPropagationPass> {
   using ShardingPropagationPassBase::ShardingPropagationPassBase;
+  explicit ShardingPropagationPass(std::shared_ptr<const cost::ClusterSpec> parsed)
+      : parsedCluster(std::move(parsed)) {}
+
+  /// A cluster handed over already parsed; it wins over the `cluster` file.
+  std::shared_ptr<const cost::ClusterSpec> parsedCluster;
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -829,7 +834,7 @@ struct ShardingPropagationPass
         return; // Nothing is distributed.
       mesh = *meshes.begin();
     }
-    FailureOr<MeshShape> shape = cost::meshShapeOnCluster(mesh, cluster);
+    FailureOr<MeshShape> shape = cost::meshShapeOnCluster(mesh, cluster, parsedCluster.get());
     if (failed(shape))
       return signalPassFailure();
     Propagator propagator(module, *shape);
@@ -842,3 +847,8 @@ struct ShardingPropagationPass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> mlir::ernie::createShardingPropagationPass(
+    std::shared_ptr<const cost::ClusterSpec> cluster) {
+  return std::make_unique<ShardingPropagationPass>(std::move(cluster));
+}

@@ -823,6 +823,11 @@ LogicalResult Partitioner::run() {
 struct SpmdPartitionPass
     : ernie::impl::SpmdPartitionPassBase<SpmdPartitionPass> {
   using SpmdPartitionPassBase::SpmdPartitionPassBase;
+  explicit SpmdPartitionPass(std::shared_ptr<const cost::ClusterSpec> parsed)
+      : parsedCluster(std::move(parsed)) {}
+
+  /// A cluster handed over already parsed; it wins over the `cluster` file.
+  std::shared_ptr<const cost::ClusterSpec> parsedCluster;
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -834,7 +839,8 @@ struct SpmdPartitionPass
       return signalPassFailure();
     }
     FailureOr<MeshShape> shape =
-        cost::meshShapeOnCluster(*meshes.begin(), cluster);
+        cost::meshShapeOnCluster(*meshes.begin(), cluster,
+                                   parsedCluster.get());
     if (failed(shape))
       return signalPassFailure();
     Partitioner partitioner(module, *shape);
@@ -986,3 +992,8 @@ struct SpmdPartitionPass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> mlir::ernie::createSpmdPartitionPass(
+    std::shared_ptr<const cost::ClusterSpec> cluster) {
+  return std::make_unique<SpmdPartitionPass>(std::move(cluster));
+}

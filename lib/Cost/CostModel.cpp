@@ -11,6 +11,8 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
+
+#include <optional>
 #include "llvm/Support/Path.h"
 
 #include <cmath>
@@ -511,15 +513,21 @@ void cost::useCluster(MeshShape &mesh, const ClusterSpec &cluster,
 }
 
 FailureOr<MeshShape> cost::meshShapeOnCluster(MeshOp mesh,
-                                              llvm::StringRef clusterFile) {
+                                              llvm::StringRef clusterFile,
+                                              const ClusterSpec *cluster) {
   MeshShape shape = MeshShape::get(mesh);
-  if (clusterFile.empty())
+  if (!cluster && clusterFile.empty())
     return shape;
-  llvm::Expected<ClusterSpec> spec = loadCluster(clusterFile);
-  if (!spec) {
-    mesh.emitError() << llvm::toString(spec.takeError());
-    return failure();
+  std::optional<ClusterSpec> loaded;
+  if (!cluster) {
+    llvm::Expected<ClusterSpec> spec = loadCluster(clusterFile);
+    if (!spec) {
+      mesh.emitError() << llvm::toString(spec.takeError());
+      return failure();
+    }
+    loaded = std::move(*spec);
   }
+  const ClusterSpec *spec = cluster ? cluster : &*loaded;
   if (mesh.getNumRanks() > spec->numDevices()) {
     mesh.emitError() << "the mesh has " << mesh.getNumRanks()
                      << " ranks but the cluster '" << spec->name << "' only "

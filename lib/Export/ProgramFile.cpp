@@ -112,7 +112,8 @@ FailureOr<std::vector<uint8_t>> constantBytes(Attribute value, Location loc,
 
 class Writer {
 public:
-  explicit Writer(ModuleOp module) : module_(module) {}
+  Writer(ModuleOp module, llvm::StringMap<PlanFigures> *planned)
+      : module_(module), planned_(planned) {}
 
   LogicalResult write(raw_ostream &os);
 
@@ -137,6 +138,7 @@ private:
   }
 
   ModuleOp module_;
+  llvm::StringMap<PlanFigures> *planned_;
   flatbuffers::FlatBufferBuilder b_{1 << 16};
   int64_t constantBudget_ = kMaxConstantBytes;
   // The program's mesh; a module without one runs on a single rank.
@@ -394,6 +396,10 @@ Writer::writeFunction(func::FuncOp fn) {
   FailureOr<MemoryPlan> plan = planMemory(fn);
   if (failed(plan))
     return failure();
+  if (planned_)
+    (*planned_)[fn.getSymName()] =
+        PlanFigures{plan->arenaBytes, plan->argumentBytes,
+                    plan->livePeakBytes, plan->activationBytes};
   std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
   for (const PlannedBuffer &buffer : plan->buffers) {
     FailureOr<fb::DType> dtype =
@@ -537,7 +543,8 @@ LogicalResult Writer::write(raw_ostream &os) {
 
 } // namespace
 
-LogicalResult mlir::ernie::writeProgramFile(ModuleOp module, raw_ostream &os) {
+LogicalResult mlir::ernie::writeProgramFile(ModuleOp module, raw_ostream &os,
+                                           llvm::StringMap<PlanFigures> *planned) {
   // Export a copy with calls inlined: the file holds straight-line lists.
   OwningOpRef<ModuleOp> copy = module.clone();
   PassManager pm(module.getContext());
@@ -545,7 +552,7 @@ LogicalResult mlir::ernie::writeProgramFile(ModuleOp module, raw_ostream &os) {
   pm.addPass(createSymbolDCEPass());
   if (failed(pm.run(*copy)))
     return failure();
-  return Writer(*copy).write(os);
+  return Writer(*copy, planned).write(os);
 }
 
 void mlir::ernie::registerProgramFileTranslation() {

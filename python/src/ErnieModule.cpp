@@ -23,6 +23,7 @@
 #include "ernie/Export/MemoryPlan.h"
 #include "ernie/Export/ProgramFile.h"
 #include "ernie/InitAll.h"
+#include "ernie/Passes/Pipelines.h"
 #include "ernie/Sharding/BuildOp.h"
 #include "ernie/Sharding/InferSpmd.h"
 #include "ernie/runtime/Checkpoint.h"
@@ -219,6 +220,30 @@ Attribute toAttribute(MLIRContext *ctx, StringRef name, py::handle value,
                        py::repr(value).cast<std::string>());
 }
 
+/// A module held in C++ (the traced IR, or a compiled one): Python keeps a
+/// handle and the text exists only when asked for.
+class PyModule {
+public:
+  explicit PyModule(OwningOpRef<ModuleOp> module) : module_(std::move(module)) {}
+
+  ModuleOp get() const { return module_.get(); }
+
+  /// The module's text; with `debugInfo` its locations too (the tracer's
+  /// user source lines), so that parsing it again gives the same program.
+  std::string text(bool debugInfo) const {
+    std::string s;
+    llvm::raw_string_ostream os(s);
+    OpPrintingFlags flags;
+    if (debugInfo)
+      flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false);
+    get().print(os, flags);
+    return s;
+  }
+
+private:
+  OwningOpRef<ModuleOp> module_;
+};
+
 class Tracer {
 public:
   explicit Tracer(const std::string &function) : b_(&context()) {
@@ -358,12 +383,8 @@ public:
       throw py::value_error(diagnostics.take("the traced module does not verify"));
   }
 
-  std::string text() {
-    std::string s;
-    llvm::raw_string_ostream os(s);
-    module_->print(os);
-    return s;
-  }
+  PyModule module() { return PyModule(OwningOpRef<ModuleOp>(module_->clone())); }
+  std::string text() { return PyModule(OwningOpRef<ModuleOp>(module_->clone())).text(false); }
 
 private:
   int add(Value v) {
@@ -385,61 +406,72 @@ private:
   SmallVector<DictionaryAttr> argAttrs_;
 };
 
-/// Runs `pipeline` (ernie-opt's textual syntax) over the module in `text`;
-/// returns the compiled module's text and its program file.
-/// Runs `pipeline` over `text`: (the module's text, its program file when
-/// `writeProgram`, {function: activation bytes} — what its memory plan
-/// keeps live from the forward into the backward, for the plan report).
-std::tuple<std::string, py::bytes, py::dict>
-compileModule(const std::string &text, const std::string &pipeline,
-              bool writeProgram) {
+PyModule parseModule(const std::string &text) {
   MLIRContext *ctx = &context();
   DiagnosticCollector diagnostics(ctx);
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, ctx);
   if (!module)
     throw py::value_error(diagnostics.take("cannot parse the module"));
-  if (!pipeline.empty()) {
-    // The textual form anchors itself: "builtin.module(pass, ...)".
-    std::string error;
-    llvm::raw_string_ostream errs(error);
-    FailureOr<OpPassManager> parsed = parsePassPipeline(pipeline, errs);
-    if (failed(parsed))
-      throw py::value_error("bad pipeline '" + pipeline + "': " + error);
-    PassManager pm(ctx, parsed->getOpAnchorName());
-    static_cast<OpPassManager &>(pm) = std::move(*parsed);
+  return PyModule(std::move(module));
+}
+
+/// The program file of `module` and, per function written, its memory
+/// plan's figures (the writer's plan: nothing is planned twice).
+std::pair<py::bytes, py::dict> writeProgram(ModuleOp module) {
+  DiagnosticCollector diagnostics(module.getContext());
+  std::string program;
+  llvm::raw_string_ostream ps(program);
+  llvm::StringMap<ec::PlanFigures> planned;
+  if (failed(ec::writeProgramFile(module, ps, &planned)))
+    throw py::value_error(diagnostics.take("cannot write the program file"));
+  py::dict figures;
+  for (const auto &[name, f] : planned) {
+    py::dict d;
+    d["arena_bytes"] = f.arenaBytes;
+    d["argument_bytes"] = f.argumentBytes;
+    d["live_peak_bytes"] = f.livePeakBytes;
+    d["activation_bytes"] = f.activationBytes;
+    figures[py::str(name.str())] = d;
+  }
+  return {py::bytes(program), figures};
+}
+
+/// Runs the training pipeline configured by `options` (none: no pass) over
+/// a copy of `traced`; returns (the compiled module, its program file when
+/// `writeProgram`, {function: plan figures}).
+py::tuple compileModule(const PyModule &traced,
+                        const ec::TrainingPipelineOptions *options,
+                        bool writeProgramFile) {
+  MLIRContext *ctx = &context();
+  DiagnosticCollector diagnostics(ctx);
+  OwningOpRef<ModuleOp> module(traced.get().clone());
+  if (options) {
+    PassManager pm(ctx, ModuleOp::getOperationName());
+    ec::buildTrainingPipeline(pm, *options);
     if (failed(pm.run(*module)))
       throw py::value_error(diagnostics.take("compilation failed"));
   }
-  std::string out;
-  llvm::raw_string_ostream os(out);
-  module->print(os);
-  std::string program;
-  py::dict activations;
-  if (writeProgram) {
-    llvm::raw_string_ostream ps(program);
-    if (failed(ec::writeProgramFile(*module, ps)))
-      throw py::value_error(diagnostics.take("cannot write the program file"));
-    // The writer planned every function; so did this, and it is cheap next
-    // to parsing and printing the module again for the report.
-    for (auto fn : module->getOps<func::FuncOp>()) {
-      if (fn.isExternal())
-        continue;
-      FailureOr<ec::MemoryPlan> plan = ec::planMemory(fn);
-      if (succeeded(plan) && plan->activationBytes)
-        activations[py::str(fn.getName().str())] = plan->activationBytes;
-    }
-  }
-  return {out, py::bytes(program), activations};
+  PyModule compiled(std::move(module));
+  if (!writeProgramFile)
+    return py::make_tuple(std::move(compiled), py::bytes(), py::dict());
+  auto [program, figures] = writeProgram(compiled.get());
+  return py::make_tuple(std::move(compiled), program, figures);
 }
 
-/// The cost model's estimate of one step of a compiled module on a cluster
-/// (JSON text; a "device" string is a file relative to `deviceDir`), as the
-/// JSON text --ernie-step-cost writes.
-std::string estimateStep(const std::string &text, const std::string &cluster,
-                         const std::string &where,
-                         const std::string &deviceDir) {
-  MLIRContext *ctx = &context();
-  DiagnosticCollector diagnostics(ctx);
+/// A `TrainingPipelineOptions` property of Python type T for `member`.
+template <typename T, typename Options>
+void defineOption(py::class_<Options> &cls, const char *name,
+                  mlir::detail::PassOptions::Option<T> Options::*member) {
+  cls.def_property(
+      name, [member](const Options &o) { return T((o.*member).getValue()); },
+      [member](Options &o, const T &value) { o.*member = value; });
+}
+
+/// A cluster description (JSON text; a "device" string is a file relative
+/// to `deviceDir`); errors name it as `where`.
+ec::cost::ClusterSpec parseCluster(const std::string &cluster,
+                                   const std::string &where,
+                                   const std::string &deviceDir) {
   llvm::Expected<llvm::json::Value> json = llvm::json::parse(cluster);
   if (!json)
     throw py::value_error(where + ": not JSON: " +
@@ -448,10 +480,18 @@ std::string estimateStep(const std::string &text, const std::string &cluster,
       ec::cost::readCluster(*json, where, deviceDir);
   if (!spec)
     throw py::value_error(llvm::toString(spec.takeError()));
-  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(text, ctx);
-  if (!module)
-    throw py::value_error(diagnostics.take("cannot parse the module"));
-  FailureOr<ec::cost::StepCost> step = ec::cost::estimateStep(*module, *spec);
+  return std::move(*spec);
+}
+
+/// The cost model's estimate of one step of a compiled module on a cluster,
+/// as the JSON text --ernie-step-cost writes.
+std::string estimateStep(const PyModule &module, const std::string &cluster,
+                         const std::string &where,
+                         const std::string &deviceDir) {
+  DiagnosticCollector diagnostics(&context());
+  ec::cost::ClusterSpec spec = parseCluster(cluster, where, deviceDir);
+  FailureOr<ec::cost::StepCost> step =
+      ec::cost::estimateStep(module.get(), spec);
   if (failed(step))
     throw py::value_error(diagnostics.take("cannot estimate the step"));
   std::string out;
@@ -1115,11 +1155,83 @@ PYBIND11_MODULE(_ernie, m) {
       .def("set_layer", &Tracer::setLayer, py::arg("name"))
       .def("finish", &Tracer::finish, py::arg("results"),
            py::arg("updates") = std::vector<std::string>())
-      .def("text", &Tracer::text);
+      .def("module", &Tracer::module,
+           "The traced module (a copy, held in C++)")
+      .def("text", &Tracer::text, "The traced module's text");
 
-  m.def("compile", &compileModule, py::arg("module"), py::arg("pipeline"),
+  py::class_<PyModule>(m, "Module")
+      .def("text", &PyModule::text, py::arg("debug_info") = false,
+           "The module's text (with debug_info: its locations too)")
+      .def("__str__", [](const PyModule &m) { return m.text(false); });
+  m.def("parse_module", &parseModule, py::arg("text"),
+        "A module from its text");
+
+  using Options = ec::TrainingPipelineOptions;
+  py::class_<Options> options(m, "TrainingPipelineOptions",
+                              "ernie-opt's --ernie-training-pipeline options");
+  options.def(py::init<>());
+  defineOption<bool>(options, "differentiate", &Options::differentiate);
+  defineOption<std::string>(options, "optimizer", &Options::optimizer);
+  defineOption<double>(options, "momentum", &Options::momentum);
+  defineOption<double>(options, "weight_decay", &Options::weightDecay);
+  defineOption<double>(options, "beta1", &Options::beta1);
+  defineOption<double>(options, "beta2", &Options::beta2);
+  defineOption<double>(options, "epsilon", &Options::epsilon);
+  defineOption<double>(options, "clip_norm", &Options::clipNorm);
+  defineOption<bool>(options, "multi_precision", &Options::multiPrecision);
+  defineOption<bool>(options, "partition", &Options::partition);
+  defineOption<int64_t>(options, "pipeline_stages", &Options::pipelineStages);
+  defineOption<int64_t>(options, "virtual_stages", &Options::virtualStages);
+  defineOption<int64_t>(options, "micro_batches", &Options::microBatches);
+  defineOption<std::string>(options, "schedule", &Options::schedule);
+  defineOption<std::string>(options, "accumulate", &Options::accumulate);
+  defineOption<unsigned>(options, "zero_level", &Options::zeroLevel);
+  defineOption<std::string>(options, "zero_axis", &Options::zeroAxis);
+  defineOption<bool>(options, "fp8", &Options::fp8);
+  defineOption<std::string>(options, "fp8_recipe", &Options::fp8Recipe);
+  defineOption<std::string>(options, "fp8_fwd_format", &Options::fp8FwdFormat);
+  defineOption<std::string>(options, "fp8_grad_format", &Options::fp8GradFormat);
+  defineOption<std::string>(options, "fp8_exclude", &Options::fp8Exclude);
+  defineOption<std::string>(options, "fp8_include", &Options::fp8Include);
+  defineOption<unsigned>(options, "fp8_history_length",
+                         &Options::fp8HistoryLength);
+  defineOption<unsigned>(options, "fp8_margin", &Options::fp8Margin);
+  defineOption<std::string>(options, "fp8_amax_compute",
+                            &Options::fp8AmaxCompute);
+  defineOption<unsigned>(options, "fp8_block_size", &Options::fp8BlockSize);
+  defineOption<bool>(options, "fp8_pow2_scale", &Options::fp8Pow2Scale);
+  defineOption<std::string>(options, "recompute", &Options::recompute);
+  defineOption<bool>(options, "sequence_parallel_overlap",
+                     &Options::sequenceParallelOverlap);
+  defineOption<int64_t>(options, "bucket_bytes", &Options::bucketBytes);
+  defineOption<std::string>(options, "grad_reduce", &Options::gradReduce);
+  defineOption<bool>(options, "fuse", &Options::fuse);
+  options
+      .def("set_cluster",
+           [](Options &o, const std::string &cluster, const std::string &where) {
+             o.clusterSpec = std::make_shared<const ec::cost::ClusterSpec>(
+                 parseCluster(cluster, where, "."));
+           },
+           py::arg("cluster"), py::arg("where") = "cluster",
+           "Compile for a cluster (a description as JSON text, its device "
+           "inlined): propagation and partition weigh collectives by time")
+      .def("__str__", [](const Options &o) {
+        std::string s;
+        llvm::raw_string_ostream os(s);
+        o.print(os);
+        // "{a=1 b=2}": the braces belong to --pass-pipeline's syntax, not
+        // to --ernie-training-pipeline=<options>.
+        return s.size() >= 2 ? s.substr(1, s.size() - 2) : s;
+      });
+
+  m.def("compile", &compileModule, py::arg("module"), py::arg("options"),
         py::arg("write_program") = true,
-        "Runs a pass pipeline over a module; returns (text, program file bytes)");
+        "Runs the training pipeline (options None: no pass) over a copy of a "
+        "module; returns (compiled module, program file bytes, {function: "
+        "memory plan figures})");
+  m.def("write_program", [](const PyModule &m) { return writeProgram(m.get()); },
+        py::arg("module"),
+        "(program file bytes, {function: memory plan figures}) of a module");
 
   m.def("estimate_step", &estimateStep, py::arg("module"), py::arg("cluster"),
         py::arg("where") = "cluster", py::arg("device_dir") = ".",

@@ -191,11 +191,13 @@ struct StepCost {
 /// latency included, instead of by bytes, and may weigh an op's compute
 /// (MeshShape::opTime) against the collectives that divide it.
 void useCluster(MeshShape &mesh, const ClusterSpec &cluster, MeshOp meshOp);
-/// The shape of `mesh` costed on the cluster file `clusterFile` (empty: in
-/// bytes). An unreadable or malformed file, or a cluster with fewer devices
-/// than the mesh has ranks, is an error on the mesh.
+/// The shape of `mesh` costed on `cluster` when given, else on the cluster
+/// file `clusterFile` (both absent: in bytes). An unreadable or malformed
+/// file, or a cluster with fewer devices than the mesh has ranks, is an
+/// error on the mesh.
 FailureOr<MeshShape> meshShapeOnCluster(MeshOp mesh,
-                                        llvm::StringRef clusterFile);
+                                        llvm::StringRef clusterFile,
+                                        const ClusterSpec *cluster = nullptr);
 
 /// Estimates one training step (train_step, or the pipeline's chunk and
 /// update functions under its schedule; without them forward_grad or the

@@ -77,6 +77,13 @@ struct MemoryPlan {
 
 /// Bytes one element of `type` takes in a runtime buffer (i1: one byte), or
 /// 0 for a type the runtime does not store.
+/// A plan's figures, kept once the plan itself (tied to the IR) is gone:
+/// what the program file writer reports of each function it planned.
+struct PlanFigures {
+  int64_t arenaBytes = 0, argumentBytes = 0, livePeakBytes = 0,
+          activationBytes = 0;
+};
+
 int64_t storageBytes(Type elementType);
 
 /// How the runtime stores a value of `type`: a ranked tensor as itself, a

@@ -11,13 +11,19 @@
 #ifndef ERNIE_EXPORT_PROGRAMFILE_H
 #define ERNIE_EXPORT_PROGRAMFILE_H
 
+#include "ernie/Export/MemoryPlan.h"
+
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/raw_ostream.h"
 
 namespace mlir::ernie {
 
-/// Writes `module` as a program file to `os`; diagnostics on failure.
-LogicalResult writeProgramFile(ModuleOp module, llvm::raw_ostream &os);
+/// Writes `module` as a program file to `os`; diagnostics on failure. With
+/// `planned`, also gives each written function's memory plan figures (the
+/// plan the file holds, so nobody needs to plan the module again).
+LogicalResult writeProgramFile(ModuleOp module, llvm::raw_ostream &os,
+                               llvm::StringMap<PlanFigures> *planned = nullptr);
 
 /// Registers the `--ernie-to-program` translation.
 void registerProgramFileTranslation();
