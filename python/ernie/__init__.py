@@ -42,7 +42,10 @@ if "OPENBLAS_CORETYPE" not in _os.environ:
 
 from . import cost, distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402
+from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: E402
+                       Recompute, Strategy, TensorParallel)
 from .tensor import Tensor  # noqa: E402
 
-__all__ = ["Program", "Tensor", "collectives_of", "compile", "cost", "distributed", "fp8", "functional",
-           "nn", "optimizer", "pipeline", "trace_model"]
+__all__ = ["FP8", "DataParallel", "ExpertParallel", "MoE", "PipelineParallel", "Program",
+           "Recompute", "Strategy", "Tensor", "TensorParallel", "collectives_of", "compile", "cost",
+           "distributed", "fp8", "functional", "nn", "optimizer", "pipeline", "trace_model"]

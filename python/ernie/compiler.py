@@ -16,65 +16,26 @@ runtime splits each global batch into the micro-batches itself).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import math
 import os
 import re
-import tempfile
 from collections import Counter, OrderedDict, namedtuple
 
 import numpy as np
 
 from . import _ernie
-from .distributed import DistTensor, ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
+from .distributed import (DistTensor, ProcessMesh, Replicate, Shard, get_mesh, parallelize,
+                          placements_to_sharding)
 from .pipeline import configure as configure_pipeline
 from .nn import Module
 from .optimizer import Optimizer
+from .strategy import FP8, Recompute, Strategy
 from .tensor import ERNIE_TO_NUMPY, Trace, Tensor, dtype_name, tracing
 
 _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
           "i64": 8, "i32": 4, "i1": 1}
-
-
-_FP8_KEYS = {"recipe": "recipe", "fwd_format": "fwd-format", "grad_format": "grad-format",
-             "exclude": "exclude", "include": "include", "history_length": "history-length",
-             "margin": "margin", "amax_compute": "amax-compute", "block_size": "block-size",
-             "pow2_scale": "pow2-scale"}
-
-
-def _fp8_pass(fp8_config: dict) -> str:
-    """`fp8_config` as the --ernie-fp8-lowering pass with its options."""
-    unknown = set(fp8_config) - set(_FP8_KEYS)
-    if unknown:
-        raise ValueError(f"unknown fp8_config keys {sorted(unknown)} (known: {sorted(_FP8_KEYS)})")
-    recipe = fp8_config.get("recipe", "current")
-    if recipe not in ("current", "delayed", "blockwise"):
-        raise ValueError(f"fp8_config.recipe must be current, delayed or blockwise, not {recipe!r}")
-    if recipe != "delayed" and {"history_length", "margin", "amax_compute"} & set(fp8_config):
-        raise ValueError("history_length, margin and amax_compute belong to the delayed recipe")
-    if recipe != "blockwise" and "block_size" in fp8_config:
-        raise ValueError("block_size belongs to the blockwise recipe")
-    if not isinstance(fp8_config.get("pow2_scale", False), bool):
-        raise ValueError(f"fp8_config.pow2_scale is a bool, not {fp8_config['pow2_scale']!r}")
-    for key in ("fwd_format", "grad_format"):
-        if fp8_config.get(key, "e4m3") not in ("e4m3", "e5m2"):
-            raise ValueError(f"fp8_config.{key} must be 'e4m3' or 'e5m2', not {fp8_config[key]!r}")
-    if fp8_config.get("amax_compute", "max") not in ("max", "most_recent"):
-        raise ValueError(f"fp8_config.amax_compute must be 'max' or 'most_recent', "
-                         f"not {fp8_config['amax_compute']!r}")
-    for key, least in (("history_length", 1), ("margin", 0), ("block_size", 1)):
-        value = fp8_config.get(key, least)
-        if not isinstance(value, int) or value < least:
-            raise ValueError(f"fp8_config.{key} must be an integer >= {least}, not {value!r}")
-    options = []
-    for key, value in fp8_config.items():
-        if isinstance(value, bool):
-            value = str(value).lower()
-        if '"' in str(value):
-            raise ValueError(f"fp8_config.{key} may not contain a double quote")
-        options.append(f'{_FP8_KEYS[key]}="{value}"')
-    return f"ernie-fp8-lowering{{{' '.join(options)}}}"
 
 
 # What load_state_dict(strict=False) returns, as PyTorch's `_IncompatibleKeys`.
@@ -108,134 +69,62 @@ def _check_state_value(name, value, spec):
     return np.ascontiguousarray(array)
 
 
-_RECOMPUTE_MODES = ("none", "selective", "full")
-
-
 def recompute_plan(model: Module, spec) -> tuple[str, dict]:
-    """config["recompute"] as (mode, {id(layer): name}): the layers whose
-    ops are marked for --ernie-recompute. `spec` is "none", "selective"
-    (Megatron's: the attention core), "full" (each layer's forward again in
-    its backward), a bool (True: "full", PaddleNLP's `recompute=True`), or
-    {"granularity": one of those, "layers": a regex or a list of them,
-    matched whole against the names of ernie.nn.LayerList elements, e.g.
-    "layers.[0-3]"}: the layers recomputed (default: every element)."""
-    if spec is None or spec is False:
-        return "none", {}
-    if spec is True:
-        spec = "full"
-    patterns = None
-    if isinstance(spec, dict):
-        unknown = set(spec) - {"granularity", "layers"}
-        if unknown:
-            raise ValueError(f"unknown recompute keys {sorted(unknown)} (known: granularity, layers)")
-        patterns = spec.get("layers")
-        if isinstance(patterns, str):
-            patterns = [patterns]
-        if patterns is not None and (not isinstance(patterns, (list, tuple))
-                                     or not all(isinstance(p, str) for p in patterns)):
-            raise TypeError(f"recompute.layers is a regex or a list of regexes, not {patterns!r}")
-        spec = spec.get("granularity", "full")
-    if spec not in _RECOMPUTE_MODES:
-        raise ValueError(f"recompute is one of {', '.join(_RECOMPUTE_MODES)} (or a bool, or a dict "
-                         f"with granularity and layers), not {spec!r}")
-    from .nn import LayerList
-    layers = {f"{name}.{i}" if name else str(i): child
-              for name, sub in model.named_sublayers(include_self=True)
-              if isinstance(sub, LayerList) for i, child in enumerate(sub)}
-    if spec == "none":
-        return spec, {}
-    if spec == "full" and not layers:
-        raise ValueError("recompute 'full' recomputes each element of an ernie.nn.LayerList, and the "
-                         f"model ({type(model).__name__}) has none")
-    if patterns is None:
-        chosen = layers if spec == "full" else {}  # selective: every attention core
-    else:
-        chosen = {}
-        for pattern in patterns:
-            try:
-                regex = re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"recompute.layers {pattern!r} is not a regex: {e}") from None
-            hits = {n: l for n, l in layers.items() if regex.fullmatch(n)}
-            if not hits:
-                known = ", ".join(list(layers)[:4]) + (", ..." if len(layers) > 4 else "")
-                raise ValueError(f"recompute.layers {pattern!r} matches no layer "
-                                 f"(the model's: {known or 'none'})")
-            chosen.update(hits)
-    order = {name: i for i, name in enumerate(layers)}
-    return spec, {id(chosen[name]): name for name in sorted(chosen, key=order.get)}
+    """`recompute` (a mode string, a bool, {"granularity", "layers"} or a
+    Strategy's Recompute) as (mode, {id(layer): name}): the layers whose
+    ops are marked for --ernie-recompute (Recompute.plan)."""
+    return Recompute.from_config(spec).plan(model)
 
 
-def _pipeline(optimizer: Optimizer | None, partition: bool, differentiate: bool,
-              zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
-              fp8_config: dict | None = None, pipeline: dict | None = None,
-              fuse: bool = True, buckets: dict | None = None, recompute: str = "none",
-              cluster_file: str | None = None) -> str:
-    """The textual pass pipeline. `pipeline` (a pipelined compile): stages,
-    virtual_stages, accumulate_steps, schedule (FThenB, 1F1B, interleaved)
-    and gradient_accumulation_fusion. `fuse`: group elementwise chains into fused loops
-    (--ernie-fuse), last. `buckets` (dp_config's bucket_mb and
-    grad_reduce_dtype; default 25 MiB, f32): data-parallel gradients
-    all-reduced in buckets overlapping the backward
-    (--ernie-bucket-gradients). `recompute`: none, selective or full
-    (--ernie-recompute, after FP8 lowering so copies are the lowered ops).
-    `cluster_file`: propagation and partition choose layouts and
-    collectives by their time on that cluster, not by bytes."""
-    options = optimizer.pass_options() if optimizer is not None else {"optimizer": "none"}
-    text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
-    passes = []
+def pipeline_options(optimizer: Optimizer | None, partition: bool, differentiate: bool,
+                     zero_level: int = 0, zero_axis: str = "dp", overlap: bool = False,
+                     fp8_config=None, pipeline: dict | None = None,
+                     fuse: bool = True, buckets: dict | None = None, recompute: str = "none",
+                     cluster=None) -> _ernie.TrainingPipelineOptions:
+    """The C++ training pipeline's options (`--ernie-training-pipeline`;
+    str() of them is its option text). `pipeline` (a pipelined compile):
+    stages, virtual_stages, accumulate_steps, schedule and
+    gradient_accumulation_fusion. `buckets`: dp_config's bucket_mb and
+    grad_reduce_dtype (default 25 MiB, f32). `recompute`: none, selective or
+    full. `fp8_config`: an FP8 section or its dict. `cluster` (a name, file or dict): propagation and partition choose
+    layouts and collectives by their time on it, not by bytes."""
+    options = _ernie.TrainingPipelineOptions()
+    options.differentiate = differentiate
+    options.partition = partition
+    if optimizer is not None:
+        for key, value in optimizer.pass_options().items():
+            setattr(options, key.replace("-", "_"), value)
     if pipeline is not None:
-        passes.append(f"ernie-pipeline-split{{stages={pipeline['stages']} "
-                      f"virtual-stages={pipeline['virtual_stages']}}}")
-        passes.append("ernie-shared-weight-dedup")
-    if differentiate:
-        passes.append(f"ernie-autodiff{{{text}}}")
+        options.pipeline_stages = pipeline["stages"]
+        options.virtual_stages = pipeline["virtual_stages"]
+        options.micro_batches = pipeline["accumulate_steps"]
+        options.schedule = pipeline["schedule"]
+        # Megatron's flag: off, the gradient sum is added to after each GEMM.
+        options.accumulate = "gemm" if pipeline.get("gradient_accumulation_fusion", True) else "add"
     if zero_level:
-        passes.append(f"ernie-zero-sharding{{level={zero_level} axis={zero_axis}}}")
-    if fp8_config is not None:
-        passes.append(_fp8_pass(fp8_config))
-    if differentiate and recompute != "none":
-        passes.append(f"ernie-recompute{{mode={recompute}}}")
-    if partition:
-        passes.append(f'ernie-auto-parallel-pipeline{{cluster="{cluster_file}"}}' if cluster_file
-                      else "ernie-auto-parallel-pipeline")
-        if overlap:
-            passes.append("ernie-sequence-parallel-overlap")
-        buckets = buckets or {}
-        accumulate = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
-        if pipeline is not None:
-            # Megatron's flag: off, main_grad is added to after each GEMM.
-            fused = "gemm" if pipeline.get("gradient_accumulation_fusion", True) else "add"
-            passes.append(f"ernie-pipeline-schedule{{micro-batches={pipeline['accumulate_steps']} "
-                          f"schedule={pipeline['schedule']} grad-reduce={accumulate} "
-                          f"accumulate={fused}}}")
-        if buckets.get("bucket_mb", 25) > 0:
-            passes.append(f"ernie-bucket-gradients{{bucket-bytes="
-                          f"{int(buckets.get('bucket_mb', 25) * 2**20)} accumulate={accumulate}}}")
-    elif passes:
-        passes.append("ernie-simplify-pipeline")  # canonicalize, CSE (as partition's pipeline does)
-    if passes and fuse:
-        passes.append("ernie-fuse")  # last: it groups the per-rank programs' elementwise chains
-    return f"builtin.module({','.join(passes)})" if passes else ""
-
-
-@contextlib.contextmanager
-def _cluster_file(cluster):
-    """`cluster` (a name, file or dict) as a JSON file with its device
-    inlined, for the passes' cluster= option; None for no cluster."""
-    if cluster is None:
-        yield None
-        return
-    from . import cost
-    spec = cost.load_cluster(cluster)
-    # Named as the user named it: a bad field's error names the file.
-    name = os.path.basename(str(cluster)).removesuffix(".json") \
-        if isinstance(cluster, (str, os.PathLike)) else "cluster"
-    with tempfile.TemporaryDirectory(prefix="ernie-cluster-") as directory:
-        path = os.path.join(directory, f"{name}.json")
-        with open(path, "w") as f:
-            json.dump(spec, f)
-        yield path
+        options.zero_level = zero_level
+        options.zero_axis = zero_axis
+    if fp8_config is not None:  # a Strategy's FP8, or its fp8_config dict
+        options.fp8 = True
+        for key, value in FP8.from_config(fp8_config).to_config().items():
+            setattr(options, f"fp8_{key}", value)
+    options.recompute = recompute
+    options.sequence_parallel_overlap = overlap
+    buckets = buckets or {}
+    options.grad_reduce = "native" if buckets.get("grad_reduce_dtype") == "native" else "f32"
+    bucket_mb = buckets.get("bucket_mb", 25)
+    options.bucket_bytes = int(bucket_mb * 2**20) if bucket_mb > 0 else 0
+    if bucket_mb > 0 and options.bucket_bytes == 0:
+        raise ValueError(f"dp_config.bucket_mb={bucket_mb!r} is less than a byte: give 0 for no buckets")
+    options.fuse = fuse
+    if cluster is not None:
+        from . import cost
+        spec = cost.load_cluster(cluster)
+        # Named as the user named it: a bad field's error names the file.
+        name = os.path.basename(str(cluster)).removesuffix(".json") \
+            if isinstance(cluster, (str, os.PathLike)) else "cluster"
+        options.set_cluster(json.dumps(spec), name)
+    return options
 
 
 def _staged_bytes(signature, size) -> int:
@@ -297,12 +186,12 @@ def trace_model(model: Module, example_inputs, mesh: ProcessMesh | None, dp_axis
     1/micro_batches along dimension 0. Split points are recorded when
     `split_points` is true (default: the mesh has a "pp" axis of size > 1);
     the parameters' declared pipeline stages go with them."""
-    return _trace(model, example_inputs, mesh, dp_axis, micro_batches, split_points)[0]
+    return _trace(model, example_inputs, mesh, dp_axis, micro_batches, split_points)[0].text()
 
 
 def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=None,
            even_splits=False, trains=False, recompute_layers=None):
-    """(traced text, the Trace). `trains`: the program has a training step,
+    """(traced module, the Trace). `trains`: the program has a training step,
     so state the model updates by its own rules is recorded."""
     model._name_parameters()
     if split_points is None:
@@ -338,7 +227,12 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
     finally:
         for _, p in params:
             p.traced = None
-    return trace.tracer.text(), trace
+    return trace.tracer.module(), trace
+
+
+def _as_module(module):
+    """A module handle from a handle or module text."""
+    return module if isinstance(module, _ernie.Module) else _ernie.parse_module(module)
 
 
 class Program:
@@ -348,7 +242,10 @@ class Program:
                  seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False,
                  state_values=None, device="cpu"):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
-        self.traced_mlir, self.mlir, self.program_file = traced, compiled, program_file
+        # The traced and compiled modules stay in C++; text on request.
+        self.traced_module, self.module = _as_module(traced), _as_module(compiled)
+        self.program_file = program_file
+        self.pipeline_options = None  # what compile() ran (str(): ernie-opt's options)
         self.cluster = None  # what compile() chose collectives for (estimate()'s default)
         # `pipeline`: None, or the pipelined program's stages, virtual_stages,
         # micro_batches, schedule, axis, steps (per pipeline rank its
@@ -386,6 +283,16 @@ class Program:
                     self._session.init_state(fn, values, seed)
         if pretrained:
             self.load_weights(pretrained)
+
+    @functools.cached_property
+    def mlir(self) -> str:
+        """The compiled (per-rank) module's text."""
+        return self.module.text()
+
+    @functools.cached_property
+    def traced_mlir(self) -> str:
+        """The traced (unpartitioned) module's text."""
+        return self.traced_module.text()
 
     def functions(self):
         """The program file's functions (a pipelined program's are its
@@ -704,7 +611,7 @@ class Program:
         cluster = cluster if cluster is not None else self.cluster
         if cluster is None:
             raise ValueError("estimate() needs a cluster: this program was compiled without one")
-        return cost.estimate(self.mlir, cluster)
+        return cost.estimate(self.module, cluster)
 
     def report(self):
         """Per rank: each function's arena (the planned peak), the bytes of
@@ -741,14 +648,12 @@ class Program:
                                         step["optimizer_state_bytes"])
         # What the forward keeps for the backward (the memory plan at the
         # loss of the gradient function): Korthikanti et al.'s activations.
-        activations = getattr(self, "_activation_bytes", None)
-        if activations is None:  # not from compile(): plan the module again
-            planned, _, _ = _ernie.compile(self.mlir, "builtin.module(ernie-memory-plan)",
-                                           write_program=False)
-            activations = {name: int(v) for name, v in _ACTIVATION_BYTES.findall(planned)}
-        for name, value in activations.items():
-            if name in out["functions"]:
-                out["functions"][name]["activation_bytes"] = int(value)
+        planned = getattr(self, "_planned", None)
+        if planned is None:  # not from compile(): the writer's plan of the module
+            planned = _ernie.write_program(self.module)[1]
+        for name, figures in planned.items():
+            if name in out["functions"] and figures["activation_bytes"]:
+                out["functions"][name]["activation_bytes"] = figures["activation_bytes"]
         if "forward_grad" in out["functions"]:
             out["activation_bytes"] = out["functions"]["forward_grad"].get("activation_bytes", 0)
         # What --ernie-recompute copied into the backward: ops (a fused
@@ -818,7 +723,6 @@ def _peak_residuals(steps, residual_bytes):
 # An op of a function body (4 spaces in; a fused region's members are deeper)
 # marked as recomputed.
 _RECOMPUTED = re.compile(r"^    %\S.*\bernie\.recomputed\b", re.M)
-_ACTIVATION_BYTES = re.compile(r"func\.func (?:private )?@(\w+)\(.*ernie\.activation_bytes = (\d+)")
 _COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute_start)"
                          r" %\S+ over "
                          r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
@@ -910,12 +814,16 @@ def _check_split_points(model, mesh, pipeline, trace):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False, fp8_config=None, fuse=True, device="cpu",
-            cluster=None) -> Program:
+            abstract=False, trace=False, fp8_config=None, fuse=None, device=None,
+            cluster=None, strategy: Strategy | None = None) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
-    `optimizer` (None: gradients only), partitions it over `mesh` and loads
-    it on every rank. With differentiate=False the model may return any
+    `optimizer` (None: gradients only), partitions it over `mesh` under
+    `strategy` (an ernie.Strategy: every plan setting in one place) and
+    loads it on every rank. `config` (Paddle's parallelize dicts) and the
+    keywords `fp8_config`, `fuse`, `device` and `cluster` are the same
+    settings spelled the old way (Strategy.from_config maps them; giving a
+    setting both ways is an error). With differentiate=False the model may return any
     tensor (logits, say) and the program has only @forward. With
     abstract=True nothing is loaded or allocated (build the model under
     ernie.nn.abstract()): the program is compiled and planned, and report()
@@ -942,14 +850,16 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     program runs step() and eval() on global batches."""
     if not differentiate and optimizer is not None:
         raise ValueError("an optimizer needs differentiate=True")
-    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise ValueError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-    from .distributed import parallelize
-    if config is not None and (set(config) - {"recompute"} or mesh is not None or get_mesh()):
-        parallelize(model, optimizer, mesh, config)
+    if strategy is not None and config is not None:
+        raise ValueError("give the plan as strategy= or as config=, not both")
+    given = strategy if strategy is not None else config
+    strategy = Strategy.from_config(given, fp8_config=fp8_config, fuse=fuse, device=device,
+                                    cluster=cluster)
+    if strategy.parallel or (given is not None and (mesh is not None or get_mesh())):
+        parallelize(model, optimizer, mesh, strategy)
     plan = getattr(model, "_ernie_plan", None)
     recompute, recompute_layers = recompute_plan(
-        model, config["recompute"] if config and "recompute" in config
+        model, strategy.recompute if strategy.recompute is not None
         else (plan.get("recompute") if plan else None))
     if recompute != "none" and not (differentiate and optimizer is not None):
         raise ValueError(f"recompute {recompute!r} recomputes activations for a training step's "
@@ -980,19 +890,19 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                                  recompute_layers=recompute_layers)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
-    with _cluster_file(cluster if mesh is not None else None) as cluster_file:
-        compiled, program_file, activations = _ernie.compile(
-            traced, _pipeline(optimizer, mesh is not None, differentiate, zero_level, zero_axis,
-                              overlap=bool(plan and plan.get("sequence_parallel_overlap")),
-                              fp8_config=fp8_config if fp8_config is not None
-                              else (plan.get("fp8_config") if plan else None),
-                              pipeline=pipeline, fuse=fuse,
-                              buckets=plan.get("gradient_buckets") if plan else None,
-                              recompute=recompute, cluster_file=cluster_file))
+    options = pipeline_options(
+        optimizer, mesh is not None, differentiate, zero_level, zero_axis,
+        overlap=bool(plan and plan.get("sequence_parallel_overlap")),
+        fp8_config=strategy.fp8 if strategy.fp8 is not None else (plan.get("fp8_config") if plan else None),
+        pipeline=pipeline, fuse=strategy.fusion, buckets=plan.get("gradient_buckets") if plan else None,
+        recompute=recompute, cluster=strategy.cluster if mesh is not None else None)
+    compiled, program_file, planned = _ernie.compile(traced, options)
     program = Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                       seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
-                      trace=trace, state_values=trace_state.state_values, device=device)
-    program.cluster = cluster
+                      trace=trace, state_values=trace_state.state_values, device=strategy.device)
+    program.strategy = strategy
+    program.cluster = strategy.cluster
+    program.pipeline_options = options
     program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
-    program._activation_bytes = activations
+    program._planned = planned
     return program

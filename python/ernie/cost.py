@@ -95,15 +95,17 @@ def make_cluster(device, nodes: int = 1, devices_per_node: int = 8,
     return spec
 
 
-def estimate(module_text: str, cluster) -> dict:
-    """The cost model's estimate of one step of a compiled module (the text
-    of `Program.mlir`): step_seconds, compute_seconds, recompute_seconds,
+def estimate(module, cluster) -> dict:
+    """The cost model's estimate of one step of a compiled module (a
+    Program's `module`, or module text): step_seconds, compute_seconds, recompute_seconds,
     bubble_seconds, contention_seconds, comm_seconds and
     exposed_comm_seconds per group ("dp", "mp", "dp,mp", "pp"), model_flops
     (every rank's, recomputation excluded), peak_flops, ranks and mfu."""
     spec = load_cluster(cluster)
     where = spec.get("name") or "cluster"
-    return json.loads(_ernie.estimate_step(module_text, json.dumps(spec), where, "."))
+    if not isinstance(module, _ernie.Module):
+        module = _ernie.parse_module(module)
+    return json.loads(_ernie.estimate_step(module, json.dumps(spec), where, "."))
 
 
 #===------------------------------------------------------------------------===#
@@ -112,7 +114,7 @@ def estimate(module_text: str, cluster) -> dict:
 
 
 def _session(text: str):
-    _, program, _ = _ernie.compile(text, "")
+    program, _ = _ernie.write_program(_ernie.parse_module(text))
     return _ernie.Session(program)
 
 
@@ -298,7 +300,7 @@ def _profile(cluster: dict, ranks: int, repeats: int) -> tuple[dict, float, floa
         # The one-rank step's module on a mesh of `ranks`: every rank runs
         # it on the same (replicated) state.
         text = program.mlir.replace("module {", f"module {{\n  ernie.mesh @shared(r = {ranks})", 1)
-        _, file, _ = _ernie.compile(text, "")
+        file, _ = _ernie.write_program(_ernie.parse_module(text))
         copies = compiler.Program(program.model, program.optimizer, program.traced_mlir, text,
                                   file, None, list(batch))
 

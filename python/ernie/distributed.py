@@ -26,6 +26,8 @@ from .pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  #
 from .moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
 from .pipeline import configure as _configure_pipeline
 from .pipeline import clear_split_marks as _clear_split_marks
+from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: F401
+                       Recompute, Strategy, TensorParallel)
 from .tensor import Tensor, dtype_name
 
 
@@ -566,13 +568,7 @@ def shard_optimizer(optimizer, shard_fn=None):
     return optimizer
 
 
-_CONFIG_KEYS = {"dp_config", "mp_config", "pp_config", "ep_config", "moe_config", "fp8_config",
-                "even_splits", "recompute"}
 
-# moe_config keys -> MoEConfig fields.
-_MOE_KEYS = {"capacity_factor": "capacity_factor", "aux_loss_coef": "aux_loss_coef",
-             "orthogonal_loss_coef": "orthogonal_loss_coef", "z_loss_coef": "z_loss_coef",
-             "norm_min": "norm_min", "aux_free_rate": "aux_free_rate"}
 
 
 def _configure_moe(model, moe):
@@ -582,16 +578,11 @@ def _configure_moe(model, moe):
     from dataclasses import replace
 
     from .moe import moe_layers
-    if not isinstance(moe, dict):
-        raise TypeError("moe_config is a dict (" + ", ".join(sorted(_MOE_KEYS)) + ")")
-    unknown = set(moe) - set(_MOE_KEYS)
-    if unknown:
-        raise ValueError(f"unknown moe_config keys {sorted(unknown)} (known: {sorted(_MOE_KEYS)})")
     layers = moe_layers(model)
     if not layers:
         raise ValueError("moe_config: the model has no MoE layer (ernie.moe.MoELayer)")
     for _, layer in layers:
-        layer.cfg = replace(layer.cfg, **{_MOE_KEYS[k]: v for k, v in moe.items()})
+        layer.cfg = replace(layer.cfg, **moe)  # moe_config keys are MoEConfig fields
 
 
 def _configure_experts(model, mesh, ep, plan_state):
@@ -602,12 +593,6 @@ def _configure_experts(model, mesh, ep, plan_state):
     MoE layer routes one group per token shard (`token_groups` overrides
     the count)."""
     from .moe import moe_layers, set_token_groups
-    if not isinstance(ep, dict):
-        raise TypeError("ep_config is a dict (axis, token_groups)")
-    unknown = set(ep) - {"axis", "degree", "token_groups"}
-    if unknown:
-        raise ValueError(f"unknown ep_config keys {sorted(unknown)} (known: axis, degree, "
-                         f"token_groups)")
     axes = ep.get("axis", "ep")
     axes = [axes] if isinstance(axes, str) else list(axes)
     layers = moe_layers(model)
@@ -673,51 +658,26 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
     mesh = mesh or get_mesh()
     if mesh is None:
         raise ValueError("parallelize needs a mesh (argument or dist.set_mesh)")
-    config = dict(config or {})
-    unknown = set(config) - _CONFIG_KEYS
-    if unknown:
-        raise ValueError(f"unknown parallelize config keys {sorted(unknown)} "
-                         f"(known: {sorted(_CONFIG_KEYS)})")
+    strategy = Strategy.from_config(config)  # every key and value checked here
+    config = strategy.to_config()
     model._name_parameters()
     plan_state = {"mesh": mesh, "dp_axis": None, "sharding_level": 0, "pp_config": None,
-                  "pipeline": None, "sequence_parallel_overlap": False}
-    even = config.get("even_splits", False)
-    if not isinstance(even, bool):
-        raise TypeError(f"even_splits is a bool, not {even!r}")
-    # Every split must divide its dimension (else it is padded).
-    plan_state["even_splits"] = even
+                  "pipeline": None, "sequence_parallel_overlap": False,
+                  "even_splits": strategy.even_splits}
 
     # Pipeline first, as Paddle applies it: split_spec marks layers, whose
     # calls then place the stage boundaries while the model is traced.
     _clear_split_marks(model)
     pp = config.get("pp_config")
     if pp is not None:
-        if not isinstance(pp, dict):
-            raise TypeError("pp_config is a dict (split_spec, global_spec, accumulate_steps, "
-                            "schedule_mode, vpp_degree)")
         plan_state["pipeline"] = _configure_pipeline(model, mesh, pp)
         plan_state["pp_config"] = dict(pp)
 
-    dp = config.get("dp_config")
+    dp = strategy.dp
     if dp is not None:
-        unknown = set(dp) - {"sharding_level", "bucket_mb", "grad_reduce_dtype"}
-        if unknown:
-            raise ValueError(f"unknown dp_config keys {sorted(unknown)}")
-        level = dp.get("sharding_level", 0)
-        if level not in (0, 1, 2, 3):
-            raise ValueError(f"dp_config.sharding_level must be 0..3, not {level!r}")
-        # Gradient all-reduces in buckets (--ernie-bucket-gradients): MiB
-        # per bucket (DDP's 25; 0 reduces each gradient on its own, at the
-        # end of the backward), narrow-float gradients reduced in f32 (the
-        # default, Megatron's main grads) or in their own type ("native").
-        bucket = dp.get("bucket_mb", 25)
-        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0:
-            raise ValueError(f"dp_config.bucket_mb is a size in MiB >= 0, not {bucket!r}")
-        reduce_dtype = dp.get("grad_reduce_dtype", "float32")
-        if reduce_dtype not in ("float32", "native"):
-            raise ValueError(f"dp_config.grad_reduce_dtype is 'float32' or 'native', "
-                             f"not {reduce_dtype!r}")
-        plan_state["gradient_buckets"] = {"bucket_mb": bucket, "grad_reduce_dtype": reduce_dtype}
+        plan_state["gradient_buckets"] = {"bucket_mb": dp.bucket_mb,
+                                          "grad_reduce_dtype": dp.grad_reduce_dtype}
+        level = dp.sharding_level
         if "dp" not in mesh.dim_names:
             raise ValueError(f"dp_config needs a mesh dimension named 'dp'; the mesh has {mesh.dim_names}")
         plan_state["dp_axis"] = "dp"
@@ -725,21 +685,15 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
         if optimizer is not None and level:
             optimizer.sharding_level = level  # (level 0 keeps a shard_optimizer choice)
 
-    mp = config.get("mp_config")
+    mp = strategy.mp
     if mp is not None:
-        unknown = set(mp) - {"parallelize_plan", "sequence_parallel_overlap"}
-        if unknown:
-            raise ValueError(f"unknown mp_config keys {sorted(unknown)}")
         if "mp" not in mesh.dim_names:
             raise ValueError(f"mp_config needs a mesh dimension named 'mp'; the mesh has {mesh.dim_names}")
-        overlap = mp.get("sequence_parallel_overlap", False)
-        if not isinstance(overlap, bool):
-            raise TypeError(f"mp_config.sequence_parallel_overlap is a bool, not {overlap!r}")
         # Decomposed collective matmuls (--ernie-sequence-parallel-overlap).
-        plan_state["sequence_parallel_overlap"] = overlap
+        plan_state["sequence_parallel_overlap"] = mp.sequence_parallel_overlap
         layers = dict(model.named_sublayers())
         params = dict(model.named_parameters())
-        for key, plans in mp.get("parallelize_plan", {}).items():
+        for key, plans in mp.parallelize_plan.items():
             plans = plans if isinstance(plans, (list, tuple)) else [plans]
             try:
                 pattern = re.compile(key)
@@ -761,15 +715,12 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
     if ep is not None:
         _configure_experts(model, mesh, ep, plan_state)
 
-    if config.get("fp8_config") is not None:
-        if not isinstance(config["fp8_config"], dict):
-            raise TypeError("fp8_config is a dict (recipe, fwd_format, grad_format, exclude, include)")
-        plan_state["fp8_config"] = dict(config["fp8_config"])
+    if strategy.fp8 is not None:
+        plan_state["fp8_config"] = strategy.fp8.to_config()
 
-    if config.get("recompute") is not None:
-        from .compiler import recompute_plan
-        recompute_plan(model, config["recompute"])  # checked here, applied by compile
-        plan_state["recompute"] = config["recompute"]
+    if strategy.recompute is not None:
+        strategy.recompute.plan(model)  # its layers checked here, applied by compile
+        plan_state["recompute"] = strategy.recompute
 
     object.__setattr__(model, "_ernie_plan", plan_state)
     return model, optimizer

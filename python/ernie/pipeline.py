@@ -43,6 +43,7 @@ import re
 from . import _ernie
 from . import functional as F
 from .nn import Module, Parameter
+from .strategy import PipelineParallel
 
 
 class SplitPoint(enum.Enum):
@@ -159,17 +160,6 @@ def _split_layers(model: Module, split_spec, chunks: int):
     return {matched[per * i - 1][0]: (matched[per * i - 1][1], "end") for i in range(1, chunks)}
 
 
-_PP_KEYS = {"split_spec", "global_spec", "accumulate_steps", "schedule_mode", "vpp_degree",
-            "gradient_accumulation_fusion"}
-
-
-def _positive_int(value, key, default):
-    value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"pp_config.{key} must be an integer >= 1, not {value!r}")
-    return value
-
-
 def clear_split_marks(model: Module):
     for _, layer in model.named_sublayers(include_self=True):
         layer.__dict__.pop("_ernie_split_point", None)
@@ -180,18 +170,13 @@ def configure(model: Module, mesh, pp: dict | None):
     the model and the mesh, marks the split_spec layers, and returns the
     pipeline's settings: stages, virtual_stages, accumulate_steps, schedule,
     split_spec, global_spec and the marked layers' names."""
-    pp = dict(pp or {})
-    unknown = set(pp) - _PP_KEYS
-    if unknown:
-        raise ValueError(f"unknown pp_config keys {sorted(unknown)} (known: {sorted(_PP_KEYS)})")
+    pp = PipelineParallel.from_config(dict(pp or {})).to_config()  # keys and values checked
     if "pp" not in mesh.dim_names:
         raise ValueError(f"pipeline parallelism needs a mesh dimension named 'pp'; the mesh has "
                          f"{mesh.dim_names}")
     stages = mesh.get_dim_size("pp")
-    accumulate = _positive_int(pp.get("accumulate_steps"), "accumulate_steps", 1)
+    accumulate = pp.get("accumulate_steps", 1)
     vpp = pp.get("vpp_degree")
-    if vpp is not None:
-        vpp = _positive_int(vpp, "vpp_degree", 1)
     pipeline_layers = [l for _, l in model.named_sublayers(include_self=True)
                        if isinstance(l, PipelineLayer)]
     split_spec = pp.get("split_spec")
@@ -224,8 +209,6 @@ def configure(model: Module, mesh, pp: dict | None):
         raise ValueError(f"the interleaved schedule needs accumulate_steps ({accumulate}) to be a "
                          f"multiple of pp ({stages})")
     fusion = pp.get("gradient_accumulation_fusion", True)
-    if not isinstance(fusion, bool):
-        raise TypeError(f"pp_config.gradient_accumulation_fusion is a bool, not {fusion!r}")
     global_spec = pp.get("global_spec")
     if global_spec is not None:
         global_spec = [global_spec] if isinstance(global_spec, str) else list(global_spec)
@@ -234,9 +217,6 @@ def configure(model: Module, mesh, pp: dict | None):
             if name not in layers:
                 raise ValueError(f"global_spec names {name!r}, which is not a sub-layer of the "
                                  f"model (nearby: {_nearby(str(name), model)})")
-    if split_spec is not None and not isinstance(split_spec, (str, list, tuple, dict)):
-        raise TypeError("pp_config.split_spec is a layer-name prefix, a list of them, or a "
-                        "{name: SplitPoint} dict")
     clear_split_marks(model)
     marks = _split_layers(model, split_spec, stages * vpp) if split_spec is not None else {}
     for _, (layer, point) in marks.items():
