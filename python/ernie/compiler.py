@@ -20,7 +20,6 @@ import functools
 import json
 import math
 import os
-import re
 from collections import Counter, OrderedDict, namedtuple
 
 import numpy as np
@@ -31,7 +30,7 @@ from .distributed import (DistTensor, ProcessMesh, Replicate, Shard, get_mesh, p
 from .pipeline import configure as configure_pipeline
 from .nn import Module
 from .optimizer import Optimizer
-from .strategy import FP8, Recompute, Strategy
+from .strategy import FP8, UNSET, Recompute, Strategy
 from .tensor import ERNIE_TO_NUMPY, Trace, Tensor, dtype_name, tracing
 
 _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8E4M3FN": 1, "f8E5M2": 1,
@@ -240,12 +239,13 @@ class Program:
 
     def __init__(self, model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                  seed=0, check_finite=False, timeout=60.0, abstract=False, trace=False,
-                 state_values=None, device="cpu"):
+                 state_values=None, device="cpu", plan_report=None):
         self.model, self.optimizer, self.mesh = model, optimizer, mesh
         # The traced and compiled modules stay in C++; text on request.
         self.traced_module, self.module = _as_module(traced), _as_module(compiled)
         self.program_file = program_file
         self.pipeline_options = None  # what compile() ran (str(): ernie-opt's options)
+        self._plan_report = plan_report  # JSON text; planned from `compiled` when None
         self.cluster = None  # what compile() chose collectives for (estimate()'s default)
         # `pipeline`: None, or the pipelined program's stages, virtual_stages,
         # micro_batches, schedule, axis, steps (per pipeline rank its
@@ -290,6 +290,16 @@ class Program:
         return self.module.text()
 
     @functools.cached_property
+    def plan_report(self) -> dict:
+        """The compiler's plan report (--ernie-plan-report's JSON): per
+        function its memory plan's figures, the bytes of each role, the
+        collectives a call runs and those of its body, the pipeline
+        transfers of its body and the ops recomputation copied."""
+        text = self._plan_report if self._plan_report is not None \
+            else _ernie.plan_report(self.module)
+        return json.loads(text)
+
+    @functools.cached_property
     def traced_mlir(self) -> str:
         """The traced (unpartitioned) module's text."""
         return self.traced_module.text()
@@ -324,7 +334,7 @@ class Program:
         largest arena, and the collectives of one step (the chunk functions
         once per micro-batch, the update once), sends to other stages and
         shared-parameter sums included."""
-        bodies = _function_bodies(self.mlir)
+        functions = self.plan_report["functions"]
         m = self.pipeline["micro_batches"]
         stages = []
         for s in range(self.pipeline["stages"]):
@@ -345,8 +355,9 @@ class Program:
                 if not f.startswith(("train_forward.", "train_backward.", "train_update.")):
                     continue
                 calls = 1 if f.startswith("train_update.") else m
-                body = bodies.get(f, "")
-                for kind, c in [*collectives_of(body).items(), *_transfers_of(body).items()]:
+                body = functions.get(f, {})
+                for kind, c in [*body.get("collectives_in_body", {}).items(),
+                                *body.get("transfers_in_body", {}).items()]:
                     counts[kind] += c["count"] * calls
                     volume[kind] += c["bytes"] * calls
             stages.append({
@@ -648,9 +659,7 @@ class Program:
                                         step["optimizer_state_bytes"])
         # What the forward keeps for the backward (the memory plan at the
         # loss of the gradient function): Korthikanti et al.'s activations.
-        planned = getattr(self, "_planned", None)
-        if planned is None:  # not from compile(): the writer's plan of the module
-            planned = _ernie.write_program(self.module)[1]
+        planned = self.plan_report["functions"]
         for name, figures in planned.items():
             if name in out["functions"] and figures["activation_bytes"]:
                 out["functions"][name]["activation_bytes"] = figures["activation_bytes"]
@@ -659,7 +668,7 @@ class Program:
         # What --ernie-recompute copied into the backward: ops (a fused
         # region of copies counts once) of one rank's program.
         out["recompute"] = dict(getattr(self, "recompute", {"mode": "none", "layers": []}),
-                                recomputed_ops=len(_RECOMPUTED.findall(self.mlir)))
+                                recomputed_ops=sum(f["recomputed_ops"] for f in planned.values()))
         if self.pipeline is not None:
             out["pipeline"] = {k: self.pipeline[k] for k in
                                ("stages", "virtual_stages", "micro_batches", "schedule")}
@@ -680,7 +689,7 @@ class Program:
                 for st in out["stages"])
             return out
         step = "train_step" if "train_step" in self.functions() else self.functions()[0]
-        out["collectives"] = collectives_of(self.mlir, step)
+        out["collectives"] = collectives_of(self, step)
         # Held state (parameters, optimizer state), the step's planned
         # arena (gradients and activations at their peak among them) and
         # its inputs, copied in beside it.
@@ -720,72 +729,25 @@ def _peak_residuals(steps, residual_bytes):
     return best
 
 
-# An op of a function body (4 spaces in; a fused region's members are deeper)
-# marked as recomputed.
-_RECOMPUTED = re.compile(r"^    %\S.*\bernie\.recomputed\b", re.M)
-_COLLECTIVE = re.compile(r"ernie\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute_start)"
-                         r" %\S+ over "
-                         r"@\w+\[([\w, ]+)\][^:]*: tensor<([0-9x]*)x?(\w+)>")
-
-# A bucket (--ernie-bucket-gradients): one collective of all its inputs,
-# counted as the blocking op it stands for, by its inputs' bytes.
-_BUCKET = re.compile(r"ernie\.(all_reduce|reduce_scatter|all_gather)_start [^\n]*? over "
-                     r"@\w+\[([\w, ]+)\]([^:\n]*): ([^\n]*?)(?: -> [^\n]*)?$", re.M)
-_TENSOR = re.compile(r"tensor<([0-9x]*)x?(\w+)>")
-
-# Pipeline transfers: a send to another stage, a sum among a shared
-# parameter's stages (what each rank puts on the wire per call).
-_TRANSFER = re.compile(r"ernie\.(send|stage_all_reduce) %\S+ (?:to stage|over stages)"
-                       r"[^:]*: tensor<([0-9x]*)x?(\w+)>")
-
-
-def _transfers_of(body: str):
-    """{kind: {count, bytes}} of the pipeline transfers in a function body."""
-    out = {}
-    for kind, dims, dtype in _TRANSFER.findall(body):
-        entry = out.setdefault(kind, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += int(np.prod([int(d) for d in dims.split("x") if d])) * _BYTES.get(dtype, 4)
-    return out
-
-
-def _function_bodies(module_text: str):
-    """{name: body text} of every function in a printed module."""
-    starts = [(m.group(1), m.start()) for m in re.finditer(r"func\.func (?:private )?@([\w.]+)", module_text)]
-    return {name: module_text[start:(starts[i + 1][1] if i + 1 < len(starts) else len(module_text))]
-            for i, (name, start) in enumerate(starts)}
-
-
-def collectives_of(module_text: str, function: str | None = None):
+def collectives_of(module, function: str | None = None):
     """{"kind[axes]": {count, bytes per rank}} of the collectives one call of
-    `function` runs (its callees included), or of the whole module."""
-    text = module_text
+    `function` runs (its callees included), or of every function of the
+    module once. `module`: a Program, a module handle or module text (the
+    compiler's plan report, not the text, is read)."""
+    if isinstance(module, Program):
+        report = module.plan_report
+    else:
+        report = json.loads(_ernie.plan_report(_as_module(module)))
+    functions = report["functions"]
     if function is not None:
-        bodies = _function_bodies(module_text)
-        seen, todo, text = set(), [function], ""
-        while todo:
-            name = todo.pop()
-            if name in seen or name not in bodies:
-                continue
-            seen.add(name)
-            text += bodies[name]
-            todo += re.findall(r"call @(\w+)", bodies[name])
-    counts = Counter()
-    volume = Counter()
-    for kind, axes, dims, dtype in _COLLECTIVE.findall(text):
-        shape = [int(d) for d in dims.split("x") if d]
-        key = f"{kind}[{axes}]"
-        counts[key] += 1
-        volume[key] += int(np.prod(shape)) * _BYTES.get(dtype, 4)
-    for kind, axes, attrs, types in _BUCKET.findall(text):
-        key = f"{kind}[{axes}]"
-        counts[key] += 1
-        # Narrow floats a bucket accumulates in f32 travel widened.
-        widened = "accumulate = f32" in attrs
-        for dims, dtype in _TENSOR.findall(types):
-            width = 4 if widened and dtype in ("bf16", "f16") else _BYTES.get(dtype, 4)
-            volume[key] += int(np.prod([int(d) for d in dims.split("x") if d])) * width
-    return {k: {"count": counts[k], "bytes": volume[k]} for k in sorted(counts)}
+        return dict(sorted(functions.get(function, {}).get("collectives", {}).items()))
+    total = {}
+    for body in functions.values():
+        for kind, c in body["collectives_in_body"].items():
+            t = total.setdefault(kind, {"count": 0, "bytes": 0})
+            t["count"] += c["count"]
+            t["bytes"] += c["bytes"]
+    return dict(sorted(total.items()))
 
 
 def _check_micro_batches(example_inputs, micro_batches, mesh, dp_axis):
@@ -814,7 +776,7 @@ def _check_split_points(model, mesh, pipeline, trace):
 
 def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: ProcessMesh | None = None,  # noqa: A001
             config=None, seed=0, check_finite=False, timeout=60.0, differentiate=True,
-            abstract=False, trace=False, fp8_config=None, fuse=None, device=None,
+            abstract=False, trace=False, fp8_config=None, fuse=UNSET, device=UNSET,
             cluster=None, strategy: Strategy | None = None) -> Program:
     """Traces `model` on `example_inputs` (global numpy arrays or
     DistTensors), differentiates it, builds the training step for
@@ -896,13 +858,13 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         fp8_config=strategy.fp8 if strategy.fp8 is not None else (plan.get("fp8_config") if plan else None),
         pipeline=pipeline, fuse=strategy.fusion, buckets=plan.get("gradient_buckets") if plan else None,
         recompute=recompute, cluster=strategy.cluster if mesh is not None else None)
-    compiled, program_file, planned = _ernie.compile(traced, options)
+    compiled, program_file, plan_report = _ernie.compile(traced, options)
     program = Program(model, optimizer, traced, compiled, program_file, mesh, example_inputs,
                       seed=seed, check_finite=check_finite, timeout=timeout, abstract=abstract,
-                      trace=trace, state_values=trace_state.state_values, device=strategy.device)
+                      trace=trace, state_values=trace_state.state_values, device=strategy.device,
+                      plan_report=plan_report)
     program.strategy = strategy
     program.cluster = strategy.cluster
     program.pipeline_options = options
     program.recompute = {"mode": recompute, "layers": list(recompute_layers.values())}
-    program._planned = planned
     return program

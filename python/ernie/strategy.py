@@ -193,6 +193,16 @@ class ExpertParallel(_Section):
                 raise ValueError(f"ep_config.{key} = {value!r} must be a positive integer")
 
 
+class _Unset:
+    """A compile keyword not given (so the Strategy's value holds)."""
+
+    def __repr__(self):
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
 class _Keep:
     """A MoE setting left as the model has it."""
 
@@ -398,15 +408,15 @@ class Strategy:
                             f"not {self.cluster!r}")
 
     @classmethod
-    def from_config(cls, config=None, **compile_keywords) -> Strategy:
+    def from_config(cls, config=None, *, fp8_config=None, fuse=UNSET, device=UNSET,
+                    cluster=None) -> Strategy:
         """The strategy a Paddle `parallelize` config dict spells, with
-        `compile`'s keywords (fp8_config, fuse, device, cluster; None:
-        not given). A Strategy passes through (keywords may not restate
-        it)."""
-        given = {k: v for k, v in compile_keywords.items() if v is not None}
-        error = _unknown("compile", given, ("fp8_config", "fuse", "device", "cluster"))
-        if error:
-            raise error
+        `compile`'s keywords (fp8_config and cluster: None, fuse and
+        device: UNSET when not given). A Strategy passes through (keywords
+        may not restate it)."""
+        given = {k: v for k, v in (("fp8_config", fp8_config), ("cluster", cluster))
+                 if v is not None}
+        given.update({k: v for k, v in (("fuse", fuse), ("device", device)) if v is not UNSET})
         if isinstance(config, Strategy):
             if given:
                 raise ValueError(f"{', '.join(sorted(given))} given both as compile keywords and "

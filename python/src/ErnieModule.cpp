@@ -21,6 +21,7 @@
 #include "ernie/Dialect/Ernie/IR/ErnieOps.h"
 #include "ernie/Dialect/Ernie/IR/Sharding.h"
 #include "ernie/Export/MemoryPlan.h"
+#include "ernie/Export/PlanReport.h"
 #include "ernie/Export/ProgramFile.h"
 #include "ernie/InitAll.h"
 #include "ernie/Passes/Pipelines.h"
@@ -415,30 +416,35 @@ PyModule parseModule(const std::string &text) {
   return PyModule(std::move(module));
 }
 
-/// The program file of `module` and, per function written, its memory
-/// plan's figures (the writer's plan: nothing is planned twice).
-std::pair<py::bytes, py::dict> writeProgram(ModuleOp module) {
+/// The plan report (JSON text) of `module`, with the writer's plan figures
+/// where given.
+std::string planReport(ModuleOp module,
+                       const llvm::StringMap<ec::PlanFigures> *planned) {
+  DiagnosticCollector diagnostics(module.getContext());
+  FailureOr<llvm::json::Value> report = ec::buildPlanReport(module, planned);
+  if (failed(report))
+    throw py::value_error(diagnostics.take("cannot plan the module"));
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << *report;
+  return text;
+}
+
+/// The program file of `module` and its plan report (JSON text), whose
+/// memory figures are the plan the file holds: nothing is planned twice.
+std::pair<py::bytes, std::string> writeProgram(ModuleOp module) {
   DiagnosticCollector diagnostics(module.getContext());
   std::string program;
   llvm::raw_string_ostream ps(program);
   llvm::StringMap<ec::PlanFigures> planned;
   if (failed(ec::writeProgramFile(module, ps, &planned)))
     throw py::value_error(diagnostics.take("cannot write the program file"));
-  py::dict figures;
-  for (const auto &[name, f] : planned) {
-    py::dict d;
-    d["arena_bytes"] = f.arenaBytes;
-    d["argument_bytes"] = f.argumentBytes;
-    d["live_peak_bytes"] = f.livePeakBytes;
-    d["activation_bytes"] = f.activationBytes;
-    figures[py::str(name.str())] = d;
-  }
-  return {py::bytes(program), figures};
+  return {py::bytes(program), planReport(module, &planned)};
 }
 
 /// Runs the training pipeline configured by `options` (none: no pass) over
-/// a copy of `traced`; returns (the compiled module, its program file when
-/// `writeProgram`, {function: plan figures}).
+/// a copy of `traced`; returns (the compiled module, its program file and
+/// plan report when `writeProgram`).
 py::tuple compileModule(const PyModule &traced,
                         const ec::TrainingPipelineOptions *options,
                         bool writeProgramFile) {
@@ -453,9 +459,9 @@ py::tuple compileModule(const PyModule &traced,
   }
   PyModule compiled(std::move(module));
   if (!writeProgramFile)
-    return py::make_tuple(std::move(compiled), py::bytes(), py::dict());
-  auto [program, figures] = writeProgram(compiled.get());
-  return py::make_tuple(std::move(compiled), program, figures);
+    return py::make_tuple(std::move(compiled), py::bytes(), py::none());
+  auto [program, report] = writeProgram(compiled.get());
+  return py::make_tuple(std::move(compiled), program, report);
 }
 
 /// A `TrainingPipelineOptions` property of Python type T for `member`.
@@ -1227,11 +1233,14 @@ PYBIND11_MODULE(_ernie, m) {
   m.def("compile", &compileModule, py::arg("module"), py::arg("options"),
         py::arg("write_program") = true,
         "Runs the training pipeline (options None: no pass) over a copy of a "
-        "module; returns (compiled module, program file bytes, {function: "
-        "memory plan figures})");
+        "module; returns (compiled module, program file bytes, plan report "
+        "JSON)");
   m.def("write_program", [](const PyModule &m) { return writeProgram(m.get()); },
+        py::arg("module"), "(program file bytes, plan report JSON) of a module");
+  m.def("plan_report", [](const PyModule &m) { return planReport(m.get(), nullptr); },
         py::arg("module"),
-        "(program file bytes, {function: memory plan figures}) of a module");
+        "The plan report (JSON) of a module: per function its memory, "
+        "collectives and recomputed ops (--ernie-plan-report's)");
 
   m.def("estimate_step", &estimateStep, py::arg("module"), py::arg("cluster"),
         py::arg("where") = "cluster", py::arg("device_dir") = ".",

@@ -38,7 +38,7 @@ def test_old_spellings_compile_the_program_a_strategy_does(name):
     old = compile_config(name)
     _, _, _, kwargs = CONFIGS[name]()
     strategy = _as_strategy(kwargs.get("config"), kwargs.get("fuse"), kwargs.get("cluster"))
-    new = compile_config(name, config=None, fuse=None, cluster=None, strategy=strategy)
+    new = compile_config(name, config=None, fuse=S.UNSET, cluster=None, strategy=strategy)
     assert new.program_file == old.program_file
     assert new.strategy == old.strategy
 

@@ -849,9 +849,17 @@ std::string kernelSignatureProblem(const Instruction &inst, const Function &fn) 
   return "";
 }
 
-namespace {
-
-} // namespace
+std::vector<RuntimeOp> runtimeOps() {
+  std::vector<RuntimeOp> ops;
+  for (const KernelSignature &s : kKernelSignatures)
+    ops.push_back({s.op, s.operands, s.results, /*executor=*/false});
+  for (const ExecutorOpSignature &s : kExecutorOps) {
+    auto count = [](size_t n) { return n == kVariadic ? -1 : int(n); };
+    ops.push_back({s.op, count(s.operands), count(s.results), /*executor=*/true});
+  }
+  ops.push_back({"ernie.constant", 0, 1, /*executor=*/true});
+  return ops;
+}
 
 bool isExecutorOp(const std::string &op) {
   return op == "ernie.constant" || executorOpSignature(op) != nullptr;

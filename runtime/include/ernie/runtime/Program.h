@@ -219,6 +219,20 @@ const char *bucketedCollective(const std::string &op);
 /// buffer.
 std::string kernelSignatureProblem(const Instruction &inst, const Function &fn);
 
+/// An op the loader accepts, with the operand and result counts it checks
+/// (-1: one or more; an executor op with -1 for both: as many results as
+/// operands). `executor`: run by the executor itself, not a kernel.
+struct RuntimeOp {
+  std::string op;
+  int operands, results;
+  bool executor;
+};
+
+/// Every op a program file may hold (besides fused regions), as the loader
+/// checks it: what test/Unit/OpSignatureTest compares with the dialect's
+/// definitions, so that the two never drift apart.
+std::vector<RuntimeOp> runtimeOps();
+
 struct HostTensor;
 
 /// Why a call of `fn` with these global batch `inputs` (in argument order;
