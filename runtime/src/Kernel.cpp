@@ -4,7 +4,7 @@
 
 #include "ernie/runtime/FloatConvert.h"
 
-#include "../kernels/cpu/Registry.h"
+#include "kernels/common/Registry.h"
 
 #include <algorithm>
 

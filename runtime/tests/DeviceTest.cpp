@@ -13,7 +13,7 @@
 #include "ProgramBuilder.h"
 #include "StoreHelpers.h"
 
-#include "../tools/StepInputs.h"
+#include "tools/StepInputs.h"
 
 #include "ernie/runtime/Device.h"
 #include "ernie/runtime/Executor.h"

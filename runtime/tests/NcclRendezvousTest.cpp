@@ -12,7 +12,7 @@
 
 #include "StoreHelpers.h"
 
-#include "../comm/nccl/NcclRendezvous.h"
+#include "comm/nccl/NcclRendezvous.h"
 
 #include "ernie/runtime/Device.h"
 #include "ernie/runtime/NcclCommunicator.h"

@@ -9,7 +9,7 @@
 #ifndef ERNIE_RUNTIME_COMM_NCCL_NCCLRENDEZVOUS_H
 #define ERNIE_RUNTIME_COMM_NCCL_NCCLRENDEZVOUS_H
 
-#include "../gloo/RendezvousStore.h"
+#include "comm/gloo/RendezvousStore.h"
 
 #include "ernie/runtime/Communicator.h"
 #include "ernie/runtime/Mesh.h"

@@ -20,10 +20,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ElementwiseMath.h"
-#include "FusedProgram.h"
-#include "Registry.h"
-#include "Strided.h"
+#include "kernels/common/ElementwiseMath.h"
+#include "kernels/common/FusedProgram.h"
+#include "kernels/common/Registry.h"
+#include "kernels/common/Strided.h"
 
 #include "ernie/runtime/FloatConvert.h"
 

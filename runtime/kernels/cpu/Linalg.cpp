@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Registry.h"
-#include "Strided.h"
+#include "kernels/common/Registry.h"
+#include "kernels/common/Strided.h"
 
 #include <cblas.h>
 #include <unistd.h>

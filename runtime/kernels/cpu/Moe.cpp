@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Registry.h"
+#include "kernels/common/Registry.h"
 
 #include <cstring>
 #include <string>

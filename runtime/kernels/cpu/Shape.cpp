@@ -5,8 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Registry.h"
-#include "Strided.h"
+#include "kernels/common/Registry.h"
+#include "kernels/common/Strided.h"
 
 #include <algorithm>
 #include <cmath>

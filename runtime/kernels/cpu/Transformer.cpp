@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ElementwiseMath.h"
-#include "Registry.h"
+#include "kernels/common/ElementwiseMath.h"
+#include "kernels/common/Registry.h"
 
 #include <map>
 

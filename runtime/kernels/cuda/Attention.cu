@@ -29,7 +29,7 @@
 #include "CudaKernels.h"
 #include "DeviceMath.cuh"
 
-#include "../cpu/ElementwiseMath.h"
+#include "kernels/common/ElementwiseMath.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // (CI), but no line of it has yet run on a GPU. scripts/gpu_check.sh runs
 // its tests (each CUDA kernel against the CPU kernel) where one is visible.
 //
-// What the CUDA device (src/CudaDevice.cpp) dispatches to: kernels by op name
+// What the CUDA device (CudaDevice.cpp) dispatches to: kernels by op name
 // with the CPU kernels' signature (Kernel.h) and semantics, launched on the
 // calling thread's current stream (Device.h's currentStream()), and the data
 // operations the executor and the shared-device engine need. Kernels take

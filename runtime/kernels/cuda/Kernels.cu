@@ -23,9 +23,9 @@
 #include "CudaKernels.h"
 #include "DeviceMath.cuh"
 
-#include "../cpu/ElementwiseMath.h"
-#include "../cpu/FusedProgram.h"
-#include "../cpu/Registry.h"
+#include "kernels/common/ElementwiseMath.h"
+#include "kernels/common/FusedProgram.h"
+#include "kernels/common/Registry.h"
 
 #include <cub/device/device_radix_sort.cuh>
 

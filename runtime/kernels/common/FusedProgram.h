@@ -12,7 +12,7 @@
 #ifndef ERNIE_RUNTIME_KERNELS_CPU_FUSEDPROGRAM_H
 #define ERNIE_RUNTIME_KERNELS_CPU_FUSEDPROGRAM_H
 
-#include "Strided.h"
+#include "kernels/common/Strided.h"
 
 #include "ernie/runtime/Kernel.h"
 

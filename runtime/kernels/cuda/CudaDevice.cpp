@@ -16,8 +16,8 @@
 
 #include "ernie/runtime/Device.h"
 
-#include "../kernels/cpu/Registry.h"
-#include "../kernels/cuda/CudaKernels.h"
+#include "kernels/common/Registry.h"
+#include "CudaKernels.h"
 
 #include <cuda_runtime_api.h>
 
