@@ -243,6 +243,8 @@ public:
     });
   }
 
+  const rt::Program &program() const { return session_->program(); }
+
   py::dict signature(const std::string &fn) {
     return describeFunction(translateErrors([&]() -> const rt::Function & {
       return session_->program().requireFunction(0, fn);
@@ -478,12 +480,7 @@ py::dict simulatePipeline(const std::string &kind, int64_t stages,
 /// pipelined program, its pipeline: stages, virtual stages, micro-batches,
 /// schedule name and steps, the micro-batch inputs, and per state name the
 /// stages holding it.
-py::tuple describeProgram(py::bytes file) {
-  // Validates the file; allocates nothing (abstract compilation of
-  // full-size models uses it).
-  std::string bytes = file;
-  rt::Program program = translateErrors(
-      [&] { return rt::Program::fromBytes(bytes, "<compiled program>"); });
+py::tuple describeProgram(const rt::Program &program) {
   py::dict functions;
   for (int64_t s = 0; s < program.numStages(); ++s)
     for (const rt::Function &f : program.functions(s)) {
@@ -513,6 +510,15 @@ py::tuple describeProgram(py::bytes file) {
   return py::make_tuple(program.mesh().numRanks(), functions, pipeline);
 }
 
+/// The same of a program file's bytes: validates the file and allocates
+/// nothing (abstract compilation of full-size models uses it).
+py::tuple describeFile(py::bytes file) {
+  std::string bytes = file;
+  rt::Program program = translateErrors(
+      [&] { return rt::Program::fromBytes(bytes, "<compiled program>"); });
+  return describeProgram(program);
+}
+
 void bindRuntime(py::module_ &m) {
   py::class_<PySession>(m, "Session")
       .def(py::init<py::bytes, double, bool, bool, std::string>(),
@@ -525,6 +531,10 @@ void bindRuntime(py::module_ &m) {
       .def("write_trace", &PySession::writeTrace)
       .def_property_readonly("num_ranks", &PySession::numRanks)
       .def("signature", &PySession::signature)
+      .def("describe",
+           [](PySession &s) { return describeProgram(s.program()); },
+           "describe() of the session's program (decoded once, when the "
+           "session was made)")
       .def("init_state", &PySession::initState, py::arg("function"),
            py::arg("values") = py::dict(), py::arg("seed") = 0)
       .def("set_state", &PySession::setState)
@@ -539,7 +549,7 @@ void bindRuntime(py::module_ &m) {
       .def("call", &PySession::call, py::arg("function"), py::arg("inputs"),
            py::arg("lr") = 0.0, py::arg("step") = 1, py::arg("updates") = true);
 
-  m.def("describe", &describeProgram, py::arg("program"),
+  m.def("describe", &describeFile, py::arg("program"),
         "(ranks, {function: signature}, pipeline or None) of a program file");
 
   m.def("pipeline_schedule", &pipelineSchedule, py::arg("kind"),
