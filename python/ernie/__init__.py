@@ -40,11 +40,20 @@ if "OPENBLAS_CORETYPE" not in _os.environ:
     if _kernels:
         _os.environ["OPENBLAS_CORETYPE"] = _kernels
 
-from . import cost, distributed, fp8, functional, nn, optimizer, pipeline  # noqa: E402
+# The package is built in floors, each module importing only from its own
+# floor or those below (docs/architecture.md §4.6; tests/test_layers.py
+# checks it): files and numbers, tracing, config, parallel, models, compiler,
+# planning. This file, on top, loads them all.
+from . import (autoplan, cost, distributed, fp8, functional, nn, optimizer,  # noqa: E402
+               pipeline)
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402
 from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: E402
                        Recompute, Strategy, TensorParallel)
 from .tensor import Tensor  # noqa: E402
+
+# dist.auto_plan and parallelize(config="auto") run the plan search, which
+# compiles and so sits floors above ernie.distributed: handed down here.
+distributed._use_plan_search(autoplan.auto_plan)
 
 __all__ = ["FP8", "DataParallel", "ExpertParallel", "MoE", "PipelineParallel", "Program",
            "Recompute", "Strategy", "Tensor", "TensorParallel", "collectives_of", "compile", "cost",

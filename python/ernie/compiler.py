@@ -24,11 +24,11 @@ from collections import Counter, OrderedDict, namedtuple
 
 import numpy as np
 
-from . import _ernie
-from .distributed import (DistTensor, ProcessMesh, Replicate, Shard, get_mesh, parallelize,
-                          placements_to_sharding)
-from .pipeline import configure as configure_pipeline
+from . import _ernie, cost_model
+from .distributed import DistTensor, parallelize
+from .mesh import ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
 from .nn import Module
+from .pipeline import configure as configure_pipeline
 from .optimizer import Optimizer
 from .strategy import FP8, UNSET, Recompute, Strategy
 from .tensor import ERNIE_TO_NUMPY, Trace, Tensor, dtype_name, tracing
@@ -117,8 +117,7 @@ def pipeline_options(optimizer: Optimizer | None, partition: bool, differentiate
         raise ValueError(f"dp_config.bucket_mb={bucket_mb!r} is less than a byte: give 0 for no buckets")
     options.fuse = fuse
     if cluster is not None:
-        from . import cost
-        spec = cost.load_cluster(cluster)
+        spec = cost_model.load_cluster(cluster)
         # Named as the user named it: a bad field's error names the file.
         name = os.path.basename(str(cluster)).removesuffix(".json") \
             if isinstance(cluster, (str, os.PathLike)) else "cluster"
@@ -618,11 +617,10 @@ class Program:
         program was compiled for): ernie.cost.estimate's breakdown (step,
         compute, exposed communication per axis, bubble, recompute, MFU). It
         needs no values: abstract programs estimate too."""
-        from . import cost
         cluster = cluster if cluster is not None else self.cluster
         if cluster is None:
             raise ValueError("estimate() needs a cluster: this program was compiled without one")
-        return cost.estimate(self.module, cluster)
+        return cost_model.estimate(self.module, cluster)
 
     def report(self):
         """Per rank: each function's arena (the planned peak), the bytes of

@@ -10,206 +10,34 @@ schedule_mode, vpp_degree; `ernie.pipeline`, re-exported here with
 `SplitPoint`, `PipelineLayer`, `LayerDesc`, `SharedLayerDesc`,
 `pipeline_schedule` and `simulate_pipeline`). A placement list becomes an
 `#ernie.sharding`: tensor dimension d is split by the mesh dimensions that
-`Shard(d)`, in mesh order.
+`Shard(d)`, in mesh order. Meshes and placements are `ernie.mesh`'s,
+re-exported here; `auto_plan` and `parallelize(config="auto")` run the plan
+search of `ernie.autoplan`, which the package hands in (see "The plan
+search" below: it sits above this module).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
 from . import _ernie
-from .nn import Module, Parameter
+from . import functional as F
+from .mesh import (Partial, Placement, ProcessMesh, ReduceType, Replicate, Shard,  # noqa: F401
+                   _check_placements, dims_mapping_to_placements, get_mesh,
+                   placements_to_dims_mapping, placements_to_sharding, set_mesh)
+from .moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
+from .moe import moe_layers, set_token_groups
+from .nn import Embedding, Linear, Module, Parameter
 from .pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  # noqa: F401
                        pipeline_schedule, simulate_pipeline)
-from .moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
-from .pipeline import configure as _configure_pipeline
 from .pipeline import clear_split_marks as _clear_split_marks
+from .pipeline import configure as _configure_pipeline
 from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: F401
                        Recompute, Strategy, TensorParallel)
-from .tensor import Tensor, dtype_name
-
-
-# ---------------------------------------------------------------------------
-# Meshes and placements
-# ---------------------------------------------------------------------------
-
-class ProcessMesh:
-    """`ProcessMesh(mesh, dim_names)`: `mesh` is a (nested) list of process
-    ids whose shape is the mesh shape."""
-
-    # The compiler's bound on a mesh's rank count (MeshOp::kMaxRanks; the
-    # runtime checks the same), so a mesh built here compiles and runs.
-    MAX_RANKS = 1 << 20
-
-    def __init__(self, mesh, dim_names=None):
-        try:
-            ids = np.asarray(mesh)
-        except ValueError as e:  # ragged nesting
-            raise ValueError(f"ProcessMesh needs a rectangular (nested) list of ids: {e}") from None
-        if ids.ndim == 0:
-            raise ValueError("ProcessMesh needs at least one dimension")
-        if ids.size == 0:
-            raise ValueError(f"ProcessMesh dimensions must have at least one process, got shape {list(ids.shape)}")
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"ProcessMesh process ids must be integers, got {ids.dtype}")
-        if ids.size > self.MAX_RANKS:
-            raise ValueError(f"ProcessMesh has {ids.size} processes; at most {self.MAX_RANKS} are supported")
-        self.shape = list(ids.shape)
-        self.process_ids = [int(i) for i in ids.reshape(-1)]
-        if sorted(self.process_ids) != list(range(ids.size)):
-            raise ValueError("ProcessMesh process ids must be 0..n-1, each once")
-        self.dim_names = list(dim_names) if dim_names else [f"d{i}" for i in range(ids.ndim)]
-        if len(self.dim_names) != ids.ndim:
-            raise ValueError(f"ProcessMesh has {ids.ndim} dimensions but {len(self.dim_names)} names")
-        if not all(isinstance(n, str) and n for n in self.dim_names):
-            raise ValueError(f"ProcessMesh dimension names must be non-empty strings, got {self.dim_names}")
-        if len(set(self.dim_names)) != len(self.dim_names):
-            raise ValueError("ProcessMesh dimension names must differ")
-
-    @property
-    def ndim(self):
-        return len(self.shape)
-
-    @property
-    def size(self):
-        return int(np.prod(self.shape))
-
-    def get_dim_size(self, name):
-        return self.shape[self.dim_names.index(name)]
-
-    def __repr__(self):
-        return f"ProcessMesh(shape={self.shape}, dim_names={self.dim_names})"
-
-
-_global_mesh = None
-
-
-def set_mesh(mesh: ProcessMesh):
-    global _global_mesh
-    _global_mesh = mesh
-
-
-def get_mesh() -> ProcessMesh | None:
-    return _global_mesh
-
-
-class Placement:
-    def is_shard(self, dim=None):
-        return False
-
-    def is_replicated(self):
-        return False
-
-    def is_partial(self):
-        return False
-
-
-class Shard(Placement):
-    def __init__(self, dim: int):
-        self.dim = dim
-
-    def is_shard(self, dim=None):
-        return dim is None or dim == self.dim
-
-    def get_dim(self):
-        return self.dim
-
-    def __eq__(self, other):
-        return isinstance(other, Shard) and other.dim == self.dim
-
-    def __repr__(self):
-        return f"Shard(dim={self.dim})"
-
-
-class Replicate(Placement):
-    def is_replicated(self):
-        return True
-
-    def __eq__(self, other):
-        return isinstance(other, Replicate)
-
-    def __repr__(self):
-        return "Replicate()"
-
-
-class ReduceType:
-    kRedSum, kRedAvg, kRedMax, kRedMin = "sum", "avg", "max", "min"
-
-
-class Partial(Placement):
-    def __init__(self, reduce_type: str = ReduceType.kRedSum):
-        if reduce_type not in ("sum", "avg", "max", "min"):
-            raise ValueError(f"Partial reduce_type must be sum, avg, max or min, not {reduce_type!r}")
-        self.reduce_type = reduce_type
-
-    def is_partial(self):
-        return True
-
-    def __eq__(self, other):
-        return isinstance(other, Partial) and other.reduce_type == self.reduce_type
-
-    def __repr__(self):
-        return f"Partial({self.reduce_type})"
-
-
-def _check_placements(mesh: ProcessMesh, placements, shape):
-    if len(placements) > mesh.ndim:
-        raise ValueError(f"{len(placements)} placements for a {mesh.ndim}-dimensional mesh "
-                         f"{mesh.dim_names}")
-    placements = list(placements) + [Replicate()] * (mesh.ndim - len(placements))
-    for i, p in enumerate(placements):
-        if not isinstance(p, Placement):
-            raise TypeError(f"placement {i} is {p!r}, not Shard/Replicate/Partial")
-        if isinstance(p, Shard):
-            if not -len(shape) <= p.dim < len(shape):
-                raise ValueError(f"Shard({p.dim}) is out of range for a tensor of rank {len(shape)}")
-    # A dimension the mesh does not divide is split unevenly (the last
-    # pieces padded, as GSPMD does); config={"even_splits": True} makes the
-    # compiler reject it instead.
-    return placements
-
-
-def placements_to_sharding(mesh: ProcessMesh, placements, shape):
-    """(mesh name, per-dim axes, partials) for the tracer."""
-    placements = _check_placements(mesh, placements, shape)
-    dims = [[] for _ in shape]
-    partials = []
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard):
-            dims[p.dim % len(shape)].append(mesh.dim_names[i])
-        elif isinstance(p, Partial):
-            partials.append((mesh.dim_names[i], p.reduce_type))
-    return ("mesh", dims, partials)
-
-
-def placements_to_dims_mapping(placements, ndim):
-    """Paddle's (dims_mapping, partial_dims): for each tensor dim the mesh dim
-    sharding it or -1, and the mesh dims holding a pending reduction."""
-    mapping = [-1] * ndim
-    partial = []
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard):
-            d = p.dim % ndim
-            if mapping[d] != -1:
-                raise ValueError("dims_mapping holds one mesh dim per tensor dim")
-            mapping[d] = i
-        elif isinstance(p, Partial):
-            partial.append(i)
-    return mapping, partial
-
-
-def dims_mapping_to_placements(dims_mapping, mesh_ndim, partial_dims=(), reduce_type="sum"):
-    placements = [Replicate() for _ in range(mesh_ndim)]
-    for d, m in enumerate(dims_mapping):
-        if m >= 0:
-            if m >= mesh_ndim:
-                raise ValueError(f"dims_mapping names mesh dim {m} of a {mesh_ndim}-d mesh")
-            placements[m] = Shard(d)
-    for m in partial_dims:
-        placements[m] = Partial(reduce_type)
-    return placements
+from .tensor import Tensor, dtype_name, record
 
 
 # ---------------------------------------------------------------------------
@@ -241,7 +69,6 @@ def shard_tensor(data, mesh: ProcessMesh, placements):
         data.mesh = mesh
         return data
     if isinstance(data, Tensor):
-        from . import functional as F
         return F.sharding_constraint(data, placements_to_sharding(mesh, placements, data.shape))
     return DistTensor(data, mesh, placements)
 
@@ -255,7 +82,6 @@ def reshard(x, mesh: ProcessMesh, placements):
     `ernie.reshard` (the partitioner plans its collectives); a DistTensor's
     global value does not change."""
     if isinstance(x, Tensor):
-        from .tensor import record
         (out,) = record("ernie.reshard", [x], {"sharding": placements_to_sharding(mesh, placements, x.shape)})
         return out
     if isinstance(x, DistTensor):
@@ -378,7 +204,6 @@ class ColWiseParallel(PlanBase):
         self.gather_output = gather_output
 
     def apply(self, layer, mesh, mp_axis, name):
-        from .nn import Embedding, Linear
         if isinstance(layer, Parameter):
             _shard_param(layer, mesh, mp_axis, len(layer.shape) - 1)
             return
@@ -405,7 +230,6 @@ class RowWiseParallel(PlanBase):
         self.is_input_parallel = is_input_parallel
 
     def apply(self, layer, mesh, mp_axis, name):
-        from .nn import Embedding, Linear
         if isinstance(layer, Parameter):
             # The input dimension: 0 of a Linear's [in, out], 1 of stacked
             # experts' [E, in, out].
@@ -474,7 +298,6 @@ def _batch_dims(x, mesh):
 
 def _sequence_split(x, mesh, mp_axis):
     """x [batch, seq, ...] split along seq over mp (the batch over dp)."""
-    from . import functional as F
     if x.ndim < 2:
         return x
     dims = _batch_dims(x, mesh)
@@ -487,7 +310,6 @@ def _sequence_split(x, mesh, mp_axis):
 
 def _sequence_whole(x, mesh, mp_axis):
     """x [batch, seq, ...] whole along seq (the batch over dp)."""
-    from . import functional as F
     return F.sharding_constraint(x, ("mesh", _batch_dims(x, mesh), []), _SP_PRIORITY)
 
 
@@ -575,9 +397,6 @@ def _configure_moe(model, moe):
     """moe_config: routing settings of every MoE layer (capacity_factor —
     None for dropless —, the three loss coefficients, norm_min, and
     aux_free_rate: the selection bias's step after each training step)."""
-    from dataclasses import replace
-
-    from .moe import moe_layers
     layers = moe_layers(model)
     if not layers:
         raise ValueError("moe_config: the model has no MoE layer (ernie.moe.MoELayer)")
@@ -592,7 +411,6 @@ def _configure_experts(model, mesh, ep, plan_state):
     the dp / ZeRO axis is Paddle's ep_degree == sharding_degree), and each
     MoE layer routes one group per token shard (`token_groups` overrides
     the count)."""
-    from .moe import moe_layers, set_token_groups
     axes = ep.get("axis", "ep")
     axes = [axes] if isinstance(axes, str) else list(axes)
     layers = moe_layers(model)
@@ -628,11 +446,32 @@ def _configure_experts(model, mesh, ep, plan_state):
     plan_state["batch_axes"] = batch_axes
 
 
+# ---------------------------------------------------------------------------
+# The plan search, where Paddle users look for it
+# ---------------------------------------------------------------------------
+# auto_plan and parallelize(config="auto") run the plan search,
+# ernie.autoplan. The search compiles its candidates, so it lives on the
+# planning floor, above the compiler, which builds on this module: this
+# module does not import it. The package hands it in instead
+# (ernie/__init__.py calls `_use_plan_search` once both are loaded), so the
+# search is here for every user of ernie.distributed.
+
+_plan_search = None
+
+
+def _use_plan_search(search) -> None:
+    """Makes `search` (ernie.autoplan.auto_plan) the search auto_plan and
+    parallelize(config="auto") run."""
+    global _plan_search
+    _plan_search = search
+
+
 def auto_plan(model: Module, inputs=None, **options):
     """The fastest plans that fit a cluster (ernie.autoplan.auto_plan):
     `auto_plan(model, inputs, cluster="meta_llama3_h100", global_batch=...)`."""
-    from .autoplan import auto_plan as search
-    return search(model, inputs, **options)
+    if _plan_search is None:  # only while the package itself is loading
+        raise RuntimeError("the plan search (ernie.autoplan) is not loaded: import ernie")
+    return _plan_search(model, inputs, **options)
 
 
 def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, config=None,
@@ -648,7 +487,6 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
     if isinstance(config, str):
         if config != "auto":
             raise ValueError(f"config is a dict or 'auto', not {config!r}")
-        from .autoplan import auto_plan
         best = auto_plan(model, inputs, cluster=cluster or "dgx_h100",
                          global_batch=global_batch, seq_len=seq_len, top=1)[0]
         object.__setattr__(model, "auto_plan", best)

@@ -281,3 +281,35 @@ def split_point(x):
         return x
     x.trace.split_point_count += 1
     return _one("ernie.split_point", [x])
+
+
+# ---------------------------------------------------------------------------
+# Tensor's operators and methods: these ops. Attached here because Tensor
+# (ernie.tensor) sits below this module and cannot import it.
+# ---------------------------------------------------------------------------
+
+def _operator(op, name, swap=False):
+    """Tensor's operator `name` for `op`: a number beside a Tensor becomes a
+    fill of its shape and dtype; `swap` is the reflected form (2 - x)."""
+    def method(self, other):
+        other = as_tensor(other, like=self)
+        return op(other, self) if swap else op(self, other)
+    method.__name__, method.__qualname__ = name, f"Tensor.{name}"
+    return method
+
+
+def _reshape(self, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = shape[0]
+    return reshape(self, shape)
+
+
+for _name, _op in (("add", add), ("sub", sub), ("mul", mul), ("truediv", div)):
+    setattr(Tensor, f"__{_name}__", _operator(_op, f"__{_name}__"))
+    setattr(Tensor, f"__r{_name}__", _operator(_op, f"__r{_name}__", swap=True))
+del _name, _op
+Tensor.__matmul__ = _operator(matmul, "__matmul__")
+Tensor.__neg__ = neg
+Tensor.reshape = _reshape
+Tensor.transpose = transpose
+Tensor.astype = cast

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import functional as F
 from .nn import Module, parameter
+from .tensor import ERNIE_TO_NUMPY
 
 _NUMPY = {"f32": np.float32, "f64": np.float64}
 # As strong as the plan's placements (0, the strongest level): at
@@ -78,7 +79,6 @@ def capacity(cfg: MoEConfig, tokens_per_group: int, where: str = "MoE layer") ->
 
 
 def _normal(rng, shape, std, dtype):
-    from .tensor import ERNIE_TO_NUMPY
     return lambda: rng.normal(0, std, size=shape).astype(ERNIE_TO_NUMPY.get(dtype, "float32"))
 
 

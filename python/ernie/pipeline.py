@@ -42,6 +42,7 @@ import re
 
 from . import _ernie
 from . import functional as F
+from .mesh import get_mesh
 from .nn import Module, Parameter
 from .strategy import PipelineParallel
 
@@ -328,7 +329,6 @@ class PipelineLayer(Module):
                  num_virtual_pipeline_stages=1):
         super().__init__()
         if num_stages is None:
-            from .distributed import get_mesh
             mesh = get_mesh()
             if mesh is None or "pp" not in mesh.dim_names:
                 raise ValueError("PipelineLayer needs num_stages (or a global mesh with a 'pp' "

@@ -13,6 +13,8 @@ import os
 import sys
 import threading
 
+import numpy as np
+
 from . import _ernie
 
 _state = threading.local()
@@ -28,7 +30,6 @@ def dtype_name(dtype) -> str:
     """An ernie element type from 'f32', 'float32', np.float32 or np.dtype."""
     if isinstance(dtype, str) and dtype in FLOAT_DTYPES + ("i64", "i32", "i1"):
         return dtype
-    import numpy as np
     name = np.dtype(dtype).name
     if name not in NUMPY_TO_ERNIE:
         raise TypeError(f"unsupported dtype {dtype!r}")
@@ -66,7 +67,6 @@ class Trace:
     def state(self, name, value) -> "Tensor":
         """A state argument `name` starting at numpy `value`; give its new
         value with `update_state`."""
-        import numpy as np
         if name in self.state_values:
             raise ValueError(f"state '{name}' is declared twice")
         value = np.asarray(value)
@@ -145,7 +145,10 @@ def record(name: str, operands, attrs=None, result_types=None):
 
 
 class Tensor:
-    """A symbolic tensor in a trace."""
+    """A symbolic tensor in a trace. Its operators (+, -, *, /, @, unary -)
+    and `reshape`, `transpose`, `astype` are ernie.functional's ops, which
+    that module attaches here: it builds on this one, so this one cannot
+    import it (`import ernie` loads both)."""
 
     __array_priority__ = 1000  # numpy defers to our operators
 
@@ -162,38 +165,3 @@ class Tensor:
 
     def __repr__(self):
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype})"
-
-    # Arithmetic, through ernie.functional (imported late: it imports us).
-    def _binary(self, other, op, swap=False):
-        from . import functional as F
-        other = F.as_tensor(other, like=self)
-        a, b = (other, self) if swap else (self, other)
-        return getattr(F, op)(a, b)
-
-    def __add__(self, o): return self._binary(o, "add")
-    def __radd__(self, o): return self._binary(o, "add", swap=True)
-    def __sub__(self, o): return self._binary(o, "sub")
-    def __rsub__(self, o): return self._binary(o, "sub", swap=True)
-    def __mul__(self, o): return self._binary(o, "mul")
-    def __rmul__(self, o): return self._binary(o, "mul", swap=True)
-    def __truediv__(self, o): return self._binary(o, "div")
-    def __rtruediv__(self, o): return self._binary(o, "div", swap=True)
-    def __matmul__(self, o): return self._binary(o, "matmul")
-
-    def __neg__(self):
-        from . import functional as F
-        return F.neg(self)
-
-    def reshape(self, *shape):
-        from . import functional as F
-        if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
-            shape = shape[0]
-        return F.reshape(self, shape)
-
-    def transpose(self, perm):
-        from . import functional as F
-        return F.transpose(self, perm)
-
-    def astype(self, dtype):
-        from . import functional as F
-        return F.cast(self, dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,6 @@ def read_tensors(path, names):
     """{name: array} of the named tensors of a safetensors file, reading
     their bytes only (the format's JSON header gives each one's offsets):
     for small tensors in a large file. Narrow floats come as float32."""
-    import struct
     out = {}
     with open(path, "rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))

@@ -26,22 +26,29 @@ that program's estimate.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import dataclasses
 import inspect
 import itertools
 import json
 import math
+import multiprocessing
 import os
+import pickle
 import re
 import sys
+import threading
 import time
 
 import numpy as np
 
-from . import cost as _cost
-from . import distributed as dist
-from .nn import LayerList, abstract
+from .. import cost as _cost
+from .. import distributed as dist
+from ..compiler import compile as ernie_compile
+from ..models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+from ..nn import LayerList, abstract
+from ..optimizer import AdamW
 
 _RECOMPUTE_ORDER = ("none", "selective", "full")
 
@@ -197,7 +204,6 @@ def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
     global batch (a pipeline traces one micro-batch of it), for `cluster`
     (propagation weighs collectives by their time there): its report and
     estimate."""
-    from .compiler import compile as ernie_compile
     shallow = _shallow(family, layers)  # fresh: parallelize marks what it plans
     mesh, config = _mesh_and_config(shallow, c)
     ids = np.zeros((batch, seq), np.int64)
@@ -409,9 +415,6 @@ def _map(fn, jobs, workers):
     """fn over jobs, in order: in `workers` processes (spawned: the
     compiler's threads do not survive a fork), or here when there is one
     worker or one job."""
-    import concurrent.futures
-    import multiprocessing
-    import pickle
     workers = os.cpu_count() or 1 if workers is None else workers
     try:  # a model class a fresh process cannot import is searched here
         pickle.dumps(jobs[0]) if jobs else None
@@ -450,7 +453,6 @@ class _workers_skip_main:
 def _exit_with_parent(parent: int) -> None:
     """In a search worker: end when the searching process is gone (killed,
     interrupted), instead of compiling the rest of its queue for no one."""
-    import threading
 
     def watch():
         while os.getppid() == parent:
@@ -484,7 +486,6 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
 
     auto_plan.last_search keeps the search: candidates that fit, compiles,
     seconds, and `ranked` (every fitting candidate by extrapolated time)."""
-    from .optimizer import AdamW
     if inputs is not None:
         shape = np.shape(inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
         global_batch, seq_len = int(shape[0]), int(shape[1])
@@ -622,7 +623,6 @@ def plot_breakdown(plans, path) -> None:
 
 
 def main(argv=None):
-    from .models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
     ap = argparse.ArgumentParser(prog="python -m ernie.autoplan",
                                  description="The best parallel plans for a Llama on a cluster")
     ap.add_argument("--cluster", default="dgx_h100",
@@ -665,6 +665,3 @@ def main(argv=None):
           f"{s['seconds']:.1f} s")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

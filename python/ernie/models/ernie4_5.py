@@ -32,9 +32,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .. import functional as F
+from ..distributed import ColWiseParallel, RowWiseParallel
 from ..moe import MoEConfig, MoELayer, SwiGLU
 from ..nn import Embedding, LayerList, Module, RMSNorm
-from .llama import _linear, _tied_head
+from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_tensors,
+                       write_hf_folder)
+from .llama import _linear, _rounded, _tied_head
 
 
 @dataclass
@@ -222,8 +225,6 @@ class Ernie4_5ForCausalLM(Module):
         torch_dtype; `overrides` set other config fields (the capacity
         factor, loss coefficients). A tensor the model has no place for, or
         one it lacks, is a ValueError naming it."""
-        from .llama import _rounded
-        from ..weights import hf_folder_index, read_hf_folder
         hf, _ = hf_folder_index(folder)
         if dtype is not None:
             overrides["dtype"] = dtype
@@ -249,7 +250,6 @@ class Ernie4_5ForCausalLM(Module):
         each rank's pieces — a rank holding experts 8-15 reads only theirs.
         The selection biases are not parameters: set them with
         `load_selection_biases(folder)`."""
-        from ..weights import hf_folder_index
         cfg = self.config
         _, index = hf_folder_index(folder)
         _check_leftovers(index, cfg, folder)
@@ -271,7 +271,6 @@ class Ernie4_5ForCausalLM(Module):
         """Each MoE layer's `e_score_correction_bias` from a Hugging Face
         folder (only those tensors' bytes are read); zeros where the folder
         has none."""
-        from ..weights import hf_folder_index, read_tensors
         _, index = hf_folder_index(folder)
         for name, i in _bias_names(self.config).items():
             if name in index:
@@ -288,7 +287,6 @@ class Ernie4_5ForCausalLM(Module):
         """Writes the model as a Hugging Face folder in Hugging Face's names
         and layout (experts unstacked), `dtype` defaulting to the model's;
         `state` (a program's state_dict()) writes trained values."""
-        from ..weights import TORCH_DTYPES, write_hf_folder
         cfg = self.config
         dtype = dtype or cfg.dtype
         values = {n: p.value for n, p in self.named_parameters()}
@@ -409,7 +407,6 @@ def parallelize_plan(tie_word_embeddings: bool = True):
     and, within each expert, the stacked experts (their expert dimension is
     ep_config's) — and an untied LM head column-parallel (vocab-parallel
     logits)."""
-    from ..distributed import ColWiseParallel, RowWiseParallel
     layer = r"model\.layers\.\d+\."
     mlp = layer + r"mlp\.(?:shared_experts\.|experts\.)?"
     head = {} if tie_word_embeddings else {"lm_head": ColWiseParallel()}

@@ -46,9 +46,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _ernie
+from .. import distributed as dist
 from .. import functional as F
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
+from ..weights import TORCH_DTYPES, hf_folder_index, read_hf_folder, write_hf_folder
 
 
 @dataclass
@@ -186,7 +189,6 @@ class LlamaForCausalLM(Module):
         the model remembers the folder (`pretrained_weights`) and
         `ernie.compile` loads it into the program, each rank reading only
         its own pieces of each tensor."""
-        from ..weights import hf_folder_index, read_hf_folder
         hf, _ = hf_folder_index(folder)
         cfg = LlamaConfig(**{**config_from_hf(hf, dtype), **overrides})
         model = cls(cfg)
@@ -204,7 +206,6 @@ class LlamaForCausalLM(Module):
         """The weight map (Program.load_weights) of a Hugging Face folder for
         this model, whose config must be the folder's (dtype and fusion
         aside)."""
-        from ..weights import hf_folder_index
         hf, _ = hf_folder_index(folder)
         theirs = config_from_hf(hf, self.config.dtype)
         differ = {k: (getattr(self.config, k), v) for k, v in theirs.items()
@@ -220,7 +221,6 @@ class LlamaForCausalLM(Module):
         model.safetensors or shards past `max_shard_bytes`) in `dtype`
         (default: the model's). `state` (a program's state_dict()) writes
         trained values instead of the model's initial ones."""
-        from ..weights import write_hf_folder
         cfg = self.config
         dtype = dtype or cfg.dtype
         values = {n: p.value for n, p in self.named_parameters()}
@@ -254,7 +254,6 @@ def _rounded(value, dtype):
     bf16 parameter holds are bf16 numbers, kept in f32 arrays)."""
     if dtype not in ("bf16", "f8E4M3FN", "f8E5M2"):
         return value
-    from .. import _ernie
     x = np.ascontiguousarray(value, dtype=np.float32)
     return _ernie.convert_float(_ernie.convert_float(x, "f32", dtype), dtype, "f32").reshape(x.shape)
 
@@ -263,7 +262,6 @@ def config_from_hf(hf: dict, dtype=None) -> dict:
     """LlamaConfig fields from a Hugging Face config.json; what ernie's Llama
     does not compute (biases, rope scaling, another activation or head
     size) is a ValueError rather than a silently different model."""
-    from ..weights import TORCH_DTYPES
     arch = hf.get("architectures") or ["LlamaForCausalLM"]
     if "LlamaForCausalLM" not in arch and hf.get("model_type") != "llama":
         raise ValueError(f"config.json describes {arch}, not LlamaForCausalLM")
@@ -289,7 +287,6 @@ def config_from_hf(hf: dict, dtype=None) -> dict:
 
 
 def config_to_hf(cfg: LlamaConfig, dtype: str) -> dict:
-    from ..weights import TORCH_DTYPES
     torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
     out = {k: getattr(cfg, k) for k in _HF_CONFIG_KEYS}
     out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
@@ -394,7 +391,6 @@ def hf_weight_map(folder, cfg: LlamaConfig) -> dict:
     """{ernie parameter: [(file, tensor, offsets, transposed)]} of a Hugging
     Face folder, from its index and headers alone (Program.load_weights
     reads each rank's pieces). Shapes are checked against `cfg`."""
-    from ..weights import hf_folder_index
     _, index = hf_folder_index(folder)
     _hf_leftovers(index, cfg, folder)
     out = {}
@@ -475,7 +471,6 @@ def _plan(embed: str, layers: str, norm: str, head: str | None,
           sequence_parallel: bool) -> dict:
     """The Llama plan over the given sub-layer names (regexes; `layers`
     matches every decoder layer)."""
-    from .. import distributed as dist
     plan = {
         embed: dist.ColWiseParallel(),
         f"{layers}.self_attn.(q|k|v|qkv)_proj": dist.ColWiseParallel(),
