@@ -250,13 +250,13 @@ class Program:
         # micro_batches, schedule, axis, steps (per pipeline rank its
         # ("F" | "B", chunk, micro_batch) in order), inputs (micro-batch
         # specs) and state_stages ({state name: stages holding it}).
-        self.num_ranks, self._signatures, self.pipeline = _ernie.describe(program_file)
         self._step_fn = "train_step" if optimizer is not None else "forward_grad"
         self.abstract = abstract
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
         self.last_io = None  # _record_io
         if abstract:  # compiled and planned, never run: nothing allocated
+            self.num_ranks, self._signatures, self.pipeline = _ernie.describe(program_file)
             self._session = None
             return
         # A model built under ernie.nn.abstract() has no values; its
@@ -272,6 +272,8 @@ class Program:
                              f"under ernie.nn.abstract()): compile it with abstract=True, or "
                              f"build it with from_pretrained")
         self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
+        # Described from the program the session decoded: the bytes once.
+        self.num_ranks, self._signatures, self.pipeline = self._session.describe()
         if self.pipeline is not None:
             # Every stage's state, then @init.<s> (shared parameters'
             # replicas start equal): once, through train_step.
