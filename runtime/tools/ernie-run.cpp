@@ -196,8 +196,8 @@ Options parseOptions(int argc, char **argv) {
       o.checkFinite = true;
     } else if (arg == "--timeout") {
       o.timeoutSeconds = parseNumber<double>(arg, value());
-      if (o.timeoutSeconds <= 0)
-        usageError("--timeout must be positive");
+      if (!(o.timeoutSeconds > 0 && o.timeoutSeconds <= 1e9)) // NaN too
+        usageError("--timeout must be a finite number of seconds > 0");
     } else if (arg == "--quiet") {
       o.quiet = true;
     } else if (arg == "--blas-threads") {
