@@ -15,6 +15,7 @@ schedule_mode, vpp_degree; `ernie.pipeline`, re-exported here with
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -711,7 +712,8 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
         # end of the backward), narrow-float gradients reduced in f32 (the
         # default, Megatron's main grads) or in their own type ("native").
         bucket = dp.get("bucket_mb", 25)
-        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or bucket < 0:
+        if (isinstance(bucket, bool) or not isinstance(bucket, (int, float))
+                or not math.isfinite(bucket) or bucket < 0):
             raise ValueError(f"dp_config.bucket_mb is a size in MiB >= 0, not {bucket!r}")
         reduce_dtype = dp.get("grad_reduce_dtype", "float32")
         if reduce_dtype not in ("float32", "native"):

@@ -3,12 +3,14 @@
 
 #include "ernie/runtime/BoundedInput.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 namespace ernie::runtime {
 
@@ -98,6 +100,74 @@ std::string RegularFile::readAll(uint64_t maxBytes) const {
   return text;
 }
 
+namespace {
+
+/// nlohmann's DOM builder, refusing depth and counts as values arrive (a
+/// SAX handler: the parse callback's bookkeeping is quadratic in the
+/// members of an object).
+class BoundedSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+  using json = nlohmann::json;
+
+public:
+  BoundedSax(json &root, const JsonLimits &limits)
+      : Base(root, /*allow_exceptions=*/true), limits_(limits) {}
+  const std::string &refused() const { return refused_; }
+
+  bool null() { return item() && Base::null(); }
+  bool boolean(bool v) { return item() && Base::boolean(v); }
+  bool number_integer(json::number_integer_t v) {
+    return item() && Base::number_integer(v);
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return item() && Base::number_unsigned(v);
+  }
+  bool number_float(json::number_float_t v, const json::string_t &s) {
+    return item() && Base::number_float(v, s);
+  }
+  bool string(json::string_t &v) { return item() && Base::string(v); }
+  bool binary(json::binary_t &v) { return item() && Base::binary(v); }
+  bool start_object(std::size_t n) {
+    return item() && open() && Base::start_object(n);
+  }
+  bool end_object() {
+    items_.pop_back();
+    return Base::end_object();
+  }
+  bool start_array(std::size_t n) {
+    return item() && open() && Base::start_array(n);
+  }
+  bool end_array() {
+    items_.pop_back();
+    return Base::end_array();
+  }
+
+private:
+  /// A value in the innermost open container.
+  bool item() {
+    if (items_.empty() || ++items_.back() <= limits_.maxItems)
+      return true;
+    refused_ = "a container holds more than " +
+               std::to_string(limits_.maxItems) + " items";
+    return false;
+  }
+  bool open() {
+    if (items_.size() >= static_cast<size_t>(std::max(limits_.maxDepth, 0))) {
+      refused_ = "nested deeper than " + std::to_string(limits_.maxDepth) +
+                 " levels";
+      return false;
+    }
+    items_.push_back(0);
+    return true;
+  }
+
+  const JsonLimits &limits_;
+  std::vector<uint64_t> items_; // per open container
+  std::string refused_;
+};
+
+} // namespace
+
 nlohmann::json parseBoundedJson(const std::string &text,
                                 const std::string &where,
                                 const JsonLimits &limits) {
@@ -106,44 +176,17 @@ nlohmann::json parseBoundedJson(const std::string &text,
     fail(where, "the JSON text is " + std::to_string(text.size()) +
                     " bytes, over the limit of " +
                     std::to_string(limits.maxBytes));
-  // The callback sees each container open before its contents and each
-  // value as it is added: depth and counts are refused before they grow.
-  struct Refused {
-    std::string why;
-  };
-  std::vector<uint64_t> items; // per open container
-  auto check = [&](int depth, json::parse_event_t event, json &) {
-    switch (event) {
-    case json::parse_event_t::object_start:
-    case json::parse_event_t::array_start:
-      if (depth >= limits.maxDepth)
-        throw Refused{"nested deeper than " + std::to_string(limits.maxDepth) +
-                      " levels"};
-      items.push_back(0);
-      break;
-    case json::parse_event_t::key:
-      break;
-    case json::parse_event_t::object_end:
-    case json::parse_event_t::array_end:
-      if (!items.empty())
-        items.pop_back();
-      [[fallthrough]]; // the container is an item of the one around it
-    case json::parse_event_t::value:
-      if (!items.empty() && ++items.back() > limits.maxItems)
-        throw Refused{"a container holds more than " +
-                      std::to_string(limits.maxItems) + " items"};
-      break;
-    }
-    return true;
-  };
+  json j;
   try {
-    json j = json::parse(text, check, /*allow_exceptions=*/true);
-    return j;
-  } catch (const Refused &r) {
-    fail(where, "refused JSON: " + r.why);
+    BoundedSax sax(j, limits);
+    if (!json::sax_parse(text, &sax))
+      fail(where, "refused JSON: " + (sax.refused().empty()
+                                          ? std::string("not valid")
+                                          : sax.refused()));
   } catch (const json::exception &e) {
     fail(where, std::string("not valid JSON: ") + e.what());
   }
+  return j;
 }
 
 nlohmann::json readBoundedJson(const std::string &path,

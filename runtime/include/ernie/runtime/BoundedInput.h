@@ -5,10 +5,12 @@
 // a device or a directory is refused before the open could block, and the
 // size is known before anything is allocated. Every JSON text (checkpoint
 // manifests, safetensors headers, Hugging Face config and index files) is
-// parsed through parseBoundedJson: nesting deeper than the limit is refused
-// while parsing (nlohmann's parser is iterative, but copying, comparing and
-// dumping a value recurse), and so are texts and containers larger than the
-// limits. Errors are std::runtime_error naming the file.
+// parsed through parseBoundedJson: nlohmann's DOM builder behind a SAX
+// handler that refuses nesting deeper than the limit as it opens (the parser
+// is iterative, but copying, comparing and dumping a value recurse) and
+// containers holding more items than the limit, and texts longer than it.
+// Linear in the text (nlohmann's parse callback is quadratic in an object's
+// members). Errors are std::runtime_error naming the file.
 //
 //===----------------------------------------------------------------------===//
 
