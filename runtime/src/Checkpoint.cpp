@@ -385,7 +385,7 @@ void IoMeter::add(uint64_t bytes) {
     return; // another rank reports, or too soon
   lastReport_ = now;
   report_(done_, expected_, std::chrono::duration<double>(now - start_).count(),
-          false);
+          false, checksumSeconds());
 }
 
 double IoMeter::finish() {
@@ -393,19 +393,22 @@ double IoMeter::finish() {
                        std::chrono::steady_clock::now() - start_)
                        .count();
   if (report_)
-    report_(done_, expected_, seconds, true);
+    report_(done_, expected_, seconds, true, checksumSeconds());
   return seconds;
 }
 
 IoMeter::Report IoMeter::printer(std::string what) {
   const bool terminal = ::isatty(2);
   return [what = std::move(what), terminal](uint64_t done, uint64_t expected,
-                                            double seconds, bool final) {
+                                            double seconds, bool final,
+                                            double checksum) {
     double mb = done / 1e6, rate = seconds > 0 ? mb / seconds : 0;
-    char line[256];
+    char line[256], crc[64] = "";
+    if (checksum > 0)
+      std::snprintf(crc, sizeof crc, "; checksums %.3f s over the ranks", checksum);
     if (final)
-      std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s)\n",
-                    what.c_str(), mb, seconds, rate);
+      std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s%s)\n",
+                    what.c_str(), mb, seconds, rate, crc);
     else if (terminal)
       std::snprintf(line, sizeof line, "\r\033[K%s: %.0f%% (%.1f of %.1f MB, %.0f MB/s)",
                     what.c_str(), expected ? 100.0 * done / expected : 0.0, mb,
@@ -664,8 +667,9 @@ std::string hex(uint32_t value) {
 /// checksum first (one block held at a time).
 class FileCache {
 public:
-  explicit FileCache(const Manifest *manifest = nullptr)
-      : manifest_(manifest) {}
+  explicit FileCache(const Manifest *manifest = nullptr,
+                     IoMeter *meter = nullptr)
+      : manifest_(manifest), meter_(meter) {}
   SafetensorsFile &open(const std::string &file) {
     auto &f = files_[file];
     if (f)
@@ -711,10 +715,13 @@ public:
         block_ = {nullptr, 0};
         buffer_.resize(n);
         file.readBytes(piece.tensor, start, n, buffer_.data());
+        auto began = std::chrono::steady_clock::now();
         uint32_t crc =
             manifest_->checksums.wholePieceCrc32
                 ? static_cast<uint32_t>(::crc32(0L, buffer_.data(), n))
                 : crc32c(0, buffer_.data(), n);
+        if (meter_)
+          meter_->addChecksumTime(std::chrono::steady_clock::now() - began);
         if (crc != piece.crcs[k])
           fail(file.path() + ": tensor '" + piece.tensor + "': bytes [" +
                std::to_string(start) + ", " + std::to_string(start + n) +
@@ -733,6 +740,7 @@ public:
 
 private:
   const Manifest *manifest_;
+  IoMeter *meter_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   struct {
     const Piece *piece;
@@ -890,7 +898,7 @@ std::map<std::string, HostTensor>
 readCheckpointShards(const Program &program, const RankRunner &runner,
                      int64_t rank, const std::string &dir, IoMeter *meter) {
   Manifest m = readManifest(dir);
-  FileCache files(&m);
+  FileCache files(&m, meter);
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
