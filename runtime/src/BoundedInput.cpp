@@ -75,20 +75,25 @@ int RegularFile::release() {
   return fd;
 }
 
-void RegularFile::readAt(void *dst, uint64_t bytes, uint64_t offset) const {
+void readExactly(int fd, void *dst, uint64_t bytes, uint64_t offset,
+                 const std::string &path) {
   auto *out = static_cast<char *>(dst);
   while (bytes > 0) {
-    ssize_t got = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
+    ssize_t got = ::pread(fd, out, bytes, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR)
       continue;
     if (got <= 0)
-      fail(path_, got == 0
-                      ? "unexpected end of file"
-                      : std::string("read failed: ") + std::strerror(errno));
+      fail(path, got == 0
+                     ? "unexpected end of file"
+                     : std::string("read failed: ") + std::strerror(errno));
     out += got;
     bytes -= got;
     offset += got;
   }
+}
+
+void RegularFile::readAt(void *dst, uint64_t bytes, uint64_t offset) const {
+  readExactly(fd_, dst, bytes, offset, path_);
 }
 
 std::string RegularFile::readAll(uint64_t maxBytes) const {

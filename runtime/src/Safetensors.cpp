@@ -44,22 +44,6 @@ constexpr size_t kMaxRank = 64;
   throw std::runtime_error(path + ": " + why);
 }
 
-void preadAll(int fd, void *dst, uint64_t bytes, uint64_t offset,
-              const std::string &path) {
-  auto *out = static_cast<char *>(dst);
-  while (bytes > 0) {
-    ssize_t got = ::pread(fd, out, bytes, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      fail(path, got == 0 ? "unexpected end of file"
-                          : std::string("read failed: ") + std::strerror(errno));
-    out += got;
-    bytes -= got;
-    offset += got;
-  }
-}
-
 void writeAll(int fd, const void *src, uint64_t bytes, const std::string &path) {
   auto *in = static_cast<const char *>(src);
   while (bytes > 0) {
@@ -101,7 +85,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
       fail(path, "too short for a safetensors header (" +
                      std::to_string(fileBytes) + " bytes)");
     unsigned char length[8];
-    preadAll(fd_, length, 8, 0, path);
+    readExactly(fd_, length, 8, 0, path);
     uint64_t headerBytes = 0;
     for (int i = 7; i >= 0; --i)
       headerBytes = (headerBytes << 8) | length[i];
@@ -110,7 +94,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
                      " does not fit the file of " + std::to_string(fileBytes) +
                      " bytes");
     std::string text(headerBytes, '\0');
-    preadAll(fd_, text.data(), headerBytes, 8, path);
+    readExactly(fd_, text.data(), headerBytes, 8, path);
     dataStart_ = 8 + headerBytes;
     uint64_t dataBytes = fileBytes - dataStart_;
 
@@ -221,12 +205,12 @@ void SafetensorsFile::readBytes(const std::string &name, uint64_t offset,
     fail(path_, "tensor '" + name + "': bytes [" + std::to_string(offset) +
                     ", " + std::to_string(offset + bytes) +
                     ") are outside its data");
-  preadAll(fd_, dst, bytes, dataStart_ + e->begin + offset, path_);
+  readExactly(fd_, dst, bytes, dataStart_ + e->begin + offset, path_);
 }
 
 void SafetensorsFile::readFileBytes(uint64_t offset, uint64_t bytes,
                                     void *dst) const {
-  preadAll(fd_, dst, bytes, offset, path_);
+  readExactly(fd_, dst, bytes, offset, path_);
 }
 
 HostTensor SafetensorsFile::read(const std::string &name) const {

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,14 @@ struct FuzzSummary {
   int64_t ran = 0, accepted = 0, findings = 0;
   double seconds = 0;
 };
+
+/// `given` when set (>= 0), else $ERNIE_FUZZ_ITERATIONS, else 2000.
+inline int64_t fuzzIterations(int64_t given) {
+  if (given >= 0)
+    return given;
+  const char *env = std::getenv("ERNIE_FUZZ_ITERATIONS");
+  return env ? std::stoll(env) : 2000;
+}
 
 /// Runs inputs 0..iterations-1: `input(i, current)` writes input i to the
 /// file `current` (so a crash leaves it behind), runs it and returns whether

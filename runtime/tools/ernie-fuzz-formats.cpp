@@ -368,10 +368,7 @@ Options parse(int argc, char **argv) {
     else
       usage();
   }
-  if (o.iterations < 0) {
-    const char *env = std::getenv("ERNIE_FUZZ_ITERATIONS");
-    o.iterations = env ? std::stoll(env) : 2000;
-  }
+  o.iterations = fuzzIterations(o.iterations);
   return o;
 }
 

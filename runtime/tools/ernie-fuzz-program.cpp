@@ -230,10 +230,7 @@ Options parse(int argc, char **argv) {
     std::cerr << "ernie-fuzz-program: --seeds DIR is required\n";
     std::exit(2);
   }
-  if (o.iterations < 0) {
-    const char *env = std::getenv("ERNIE_FUZZ_ITERATIONS");
-    o.iterations = env ? std::stoll(env) : 2000;
-  }
+  o.iterations = fuzzIterations(o.iterations);
   return o;
 }
 

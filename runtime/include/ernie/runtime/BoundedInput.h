@@ -52,6 +52,12 @@ private:
   uint64_t size_ = 0;
 };
 
+/// Reads exactly `bytes` at `offset` of descriptor `fd` (pread, retried on
+/// EINTR and short reads); throws naming `path` at the end of the file or
+/// on an error.
+void readExactly(int fd, void *dst, uint64_t bytes, uint64_t offset,
+                 const std::string &path);
+
 /// Throws naming `path` unless it is a regular file (stat, not open: a FIFO
 /// is refused without blocking).
 void requireRegularFile(const std::string &path);
