@@ -623,6 +623,7 @@ def plot_breakdown(plans, path) -> None:
 
 def main(argv=None):
     from .models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+    from .weights import read_json
     ap = argparse.ArgumentParser(prog="python -m ernie.autoplan",
                                  description="The best parallel plans for a Llama on a cluster")
     ap.add_argument("--cluster", default="dgx_h100",
@@ -639,8 +640,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     fields = {}
     if a.hf_config:
-        with open(a.hf_config) as f:
-            fields.update(config_from_hf(json.load(f)))
+        fields.update(config_from_hf(read_json(a.hf_config)))
     for item in filter(None, a.llama.split(",")):
         key, _, value = item.partition("=")
         fields[key] = value if key == "dtype" else json.loads(value)
