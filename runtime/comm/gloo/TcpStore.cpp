@@ -261,6 +261,13 @@ struct TcpStoreServer::State {
     c.out.clear();
   }
 
+  /// Gives back a buffer's spare capacity once it is mostly consumed: the
+  /// bounds count bytes held, and an emptied string keeps its capacity.
+  static void release(std::string &buffer) {
+    if (buffer.capacity() > 4 * buffer.size() + (64u << 10))
+      buffer.shrink_to_fit();
+  }
+
   /// Appends `bytes` to `c.in`, or drops `c` when that passes a bound.
   void received(Client &c, const char *bytes, size_t n) {
     if (c.in.size() + n > size_t(kMaxMessage) + 4 ||
@@ -304,6 +311,7 @@ struct TcpStoreServer::State {
       if (n > 0) {
         c.out.erase(0, static_cast<size_t>(n));
         buffered -= static_cast<uint64_t>(n);
+        release(c.out);
       } else if (n < 0 && errno == EINTR)
         continue;
       else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -361,6 +369,7 @@ struct TcpStoreServer::State {
       std::string body = c.in.substr(4, size);
       c.in.erase(0, 4 + size);
       buffered -= 4 + size;
+      release(c.in);
       c.active = c.partialSince = Clock::now();
       if (!c.authenticated)
         authenticate(c, body);
