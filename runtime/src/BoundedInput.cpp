@@ -1,5 +1,4 @@
-//===- BoundedInput.cpp - files and JSON read within stated limits
-//---------===//
+//===- BoundedInput.cpp - files and JSON read within limits ---------------===//
 
 #include "ernie/runtime/BoundedInput.h"
 
@@ -110,7 +109,8 @@ namespace {
 /// nlohmann's DOM builder, refusing depth and counts as values arrive (a
 /// SAX handler: the parse callback's bookkeeping is quadratic in the
 /// members of an object).
-class BoundedSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+class BoundedSax
+    : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
   using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
   using json = nlohmann::json;
 
@@ -158,8 +158,8 @@ private:
   }
   bool open() {
     if (items_.size() >= static_cast<size_t>(std::max(limits_.maxDepth, 0))) {
-      refused_ = "nested deeper than " + std::to_string(limits_.maxDepth) +
-                 " levels";
+      refused_ =
+          "nested deeper than " + std::to_string(limits_.maxDepth) + " levels";
       return false;
     }
     items_.push_back(0);
@@ -185,9 +185,9 @@ nlohmann::json parseBoundedJson(const std::string &text,
   try {
     BoundedSax sax(j, limits);
     if (!json::sax_parse(text, &sax))
-      fail(where, "refused JSON: " + (sax.refused().empty()
-                                          ? std::string("not valid")
-                                          : sax.refused()));
+      fail(where,
+           "refused JSON: " + (sax.refused().empty() ? std::string("not valid")
+                                                     : sax.refused()));
   } catch (const json::exception &e) {
     fail(where, std::string("not valid JSON: ") + e.what());
   }

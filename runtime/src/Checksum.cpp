@@ -1,5 +1,4 @@
-//===- Checksum.cpp - CRC-32C of byte ranges
-//-------------------------------===//
+//===- Checksum.cpp - CRC-32C of byte ranges ------------------------------===//
 
 #include "ernie/runtime/Checksum.h"
 

@@ -1,4 +1,5 @@
 //===- BoundedInputTest.cpp - bounded JSON, regular files, CRC-32C ---------===//
+//---------===//
 
 #include "ernie/runtime/BoundedInput.h"
 #include "ernie/runtime/Checksum.h"
@@ -63,18 +64,22 @@ TEST(BoundedJson, DepthCountsAndSizeAreRefusedWhileParsing) {
   EXPECT_EQ(parseBoundedJson(R"({"a":[1,{"b":[[]]}]})", "x")["a"][0], 1);
   // 200 000 levels: refused at the limit, no stack overflow.
   std::string deep = std::string(200000, '[') + std::string(200000, ']');
-  EXPECT_THAT(errorOf([&] { parseBoundedJson(deep, "deep.json"); }),
-              HasSubstr("deep.json: refused JSON: nested deeper than 64 levels"));
+  EXPECT_THAT(
+      errorOf([&] { parseBoundedJson(deep, "deep.json"); }),
+      HasSubstr("deep.json: refused JSON: nested deeper than 64 levels"));
   JsonLimits limits;
   limits.maxDepth = 2;
   EXPECT_NO_THROW(parseBoundedJson("[[1]]", "x", limits));
   EXPECT_THAT(errorOf([&] { parseBoundedJson("[[[1]]]", "x", limits); }),
               HasSubstr("nested deeper than 2"));
   limits.maxItems = 3;
-  EXPECT_NO_THROW(parseBoundedJson(R"({"a":1,"b":2,"c":[1,2,3]})", "x", limits));
+  EXPECT_NO_THROW(
+      parseBoundedJson(R"({"a":1,"b":2,"c":[1,2,3]})", "x", limits));
   EXPECT_THAT(errorOf([&] { parseBoundedJson("[1,2,3,4]", "x", limits); }),
               HasSubstr("more than 3 items"));
-  EXPECT_THAT(errorOf([&] { parseBoundedJson(R"({"a":1,"b":2,"c":3,"d":4})", "x", limits); }),
+  EXPECT_THAT(errorOf([&] {
+                parseBoundedJson(R"({"a":1,"b":2,"c":3,"d":4})", "x", limits);
+              }),
               HasSubstr("more than 3 items"));
   limits.maxBytes = 4;
   EXPECT_THAT(errorOf([&] { parseBoundedJson("[1, 2]", "x", limits); }),
@@ -86,14 +91,17 @@ TEST(BoundedJson, DepthCountsAndSizeAreRefusedWhileParsing) {
 }
 
 TEST(RegularFile, FifosDevicesAndDirectoriesAreRefusedUpFront) {
-  std::string fifo = ::testing::TempDir() + "bounded-" + std::to_string(::getpid());
+  std::string fifo =
+      ::testing::TempDir() + "bounded-" + std::to_string(::getpid());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   // Would block forever if opened for reading: refused by its kind.
   EXPECT_THAT(errorOf([&] { RegularFile f(fifo); }),
               HasSubstr(fifo + ": is a FIFO, not a regular file"));
   EXPECT_THAT(errorOf([&] { readBoundedJson(fifo); }), HasSubstr("is a FIFO"));
   std::remove(fifo.c_str());
-  EXPECT_THAT(errorOf([] { RegularFile f("/dev/zero"); }), HasSubstr("is a device"));
+  EXPECT_THAT(errorOf([] { RegularFile f("/dev/zero"); }),
+              HasSubstr("is a device"));
   EXPECT_THAT(errorOf([] { RegularFile f("/"); }), HasSubstr("is a directory"));
-  EXPECT_THAT(errorOf([] { RegularFile f("/nonexistent/x"); }), HasSubstr("cannot open"));
+  EXPECT_THAT(errorOf([] { RegularFile f("/nonexistent/x"); }),
+              HasSubstr("cannot open"));
 }

@@ -40,7 +40,9 @@ int rawConnect(int port) {
     ::close(fd);
     return -1;
   }
-  struct timeval limit {10, 0};
+  struct timeval limit {
+    10, 0
+  };
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   return fd;
@@ -77,7 +79,9 @@ uint64_t peakResident() {
 
 void resetPeakResident() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-StoreAddress loopback(int port) { return {"127.0.0.1", static_cast<uint16_t>(port)}; }
+StoreAddress loopback(int port) {
+  return {"127.0.0.1", static_cast<uint16_t>(port)};
+}
 
 } // namespace
 
@@ -106,7 +110,8 @@ TEST(TcpStoreLimits, SixteenFloodingClientsKeepRankZeroBounded) {
       if (fd < 0)
         return;
       std::string head = u32(1 + 4 + 3 + 4 + (64u << 20) - 64) + "S" + u32(3) +
-                         "k" + std::to_string(i % 10) + "x" + u32((64u << 20) - 64);
+                         "k" + std::to_string(i % 10) + "x" +
+                         u32((64u << 20) - 64);
       bool alive = sendAll(fd, head.data(), head.size());
       for (int k = 0; alive && k < 64; ++k) {
         alive = sendAll(fd, chunk.data(), chunk.size());
@@ -116,7 +121,9 @@ TEST(TcpStoreLimits, SixteenFloodingClientsKeepRankZeroBounded) {
       fd = rawConnect(port);
       std::string get = "G" + std::string(8, '\0') + u32(3) + "big";
       std::string request = u32(get.size()) + get;
-      for (int k = 0; fd >= 0 && k < 4096 && sendAll(fd, request.data(), request.size()); ++k)
+      for (int k = 0;
+           fd >= 0 && k < 4096 && sendAll(fd, request.data(), request.size());
+           ++k)
         sent += request.size();
       ::close(fd);
       fd = rawConnect(port);
@@ -144,7 +151,8 @@ TEST(TcpStoreLimits, SixteenFloodingClientsKeepRankZeroBounded) {
   // buffers (a string's capacity up to twice its contents, three times
   // while it grows) and the store (its values, and a message's body while
   // it is copied in), and the allocator's and the test threads' own.
-  uint64_t bound = 3 * limits.bufferedBytes + 2 * limits.storedBytes + (64u << 20);
+  uint64_t bound =
+      3 * limits.bufferedBytes + 2 * limits.storedBytes + (64u << 20);
   EXPECT_LT(grew, bound) << "sent " << sent << " bytes";
   EXPECT_GT(sent.load(), uint64_t(64) << 20);
   // The store still serves: the job goes on.
@@ -189,12 +197,14 @@ TEST(TcpStoreSecret, AClientWithoutTheSecretIsRefused) {
     return "no error";
   };
   EXPECT_THAT(errorOf([&] {
-                TcpStore none(loopback(port), std::chrono::seconds(2), "watch", "");
+                TcpStore none(loopback(port), std::chrono::seconds(2), "watch",
+                              "");
                 none.set("stranger", {'x'});
               }),
               HasSubstr("asks for a shared secret"));
   EXPECT_THAT(errorOf([&] {
-                TcpStore wrong(loopback(port), std::chrono::seconds(2), "watch", "guess");
+                TcpStore wrong(loopback(port), std::chrono::seconds(2), "watch",
+                               "guess");
                 wrong.set("stranger", {'x'});
               }),
               HasSubstr("is not rank 0's"));
@@ -208,15 +218,15 @@ TEST(TcpStoreSecret, AClientWithoutTheSecretIsRefused) {
   while (::recv(fd, buffer, sizeof buffer, 0) > 0) {
   }
   ::close(fd);
-  EXPECT_THAT(errorOf([&] {
-                good.wait({"stranger"}, std::chrono::milliseconds(200));
-              }),
-              HasSubstr("timed out"));
+  EXPECT_THAT(
+      errorOf([&] { good.wait({"stranger"}, std::chrono::milliseconds(200)); }),
+      HasSubstr("timed out"));
   // A client with a secret meeting a server without one is told so.
   int open = freePort();
   TcpStoreServer plain(loopback(open), "");
   EXPECT_THAT(errorOf([&] {
-                TcpStore s(loopback(open), std::chrono::milliseconds(500), "w", "job-secret");
+                TcpStore s(loopback(open), std::chrono::milliseconds(500), "w",
+                           "job-secret");
               }),
               HasSubstr("sent no challenge"));
 }

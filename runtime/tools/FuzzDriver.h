@@ -1,4 +1,4 @@
-//===- FuzzDriver.h - forked batches of deterministic fuzz inputs -*- C++ -*-===//
+//===- FuzzDriver.h - forked batches of fuzz inputs -------------*- C++ -*-===//
 //
 // What the mutation fuzzers (ernie-fuzz-program, ernie-fuzz-formats) share:
 // inputs run in batches in forked children under an address-space limit
@@ -18,8 +18,8 @@
 
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -34,9 +34,9 @@ struct FuzzBatches {
   std::string suffix;   // of a saved input's file name (".ernie", ".npy")
   uint64_t seed = 1;
   int64_t iterations = 2000;
-  double maxSeconds = 0;              // 0: no limit
+  double maxSeconds = 0; // 0: no limit
   uint64_t addressSpace = uint64_t(4) << 30;
-  unsigned alarmSeconds = 20;         // per input: longer is a hang
+  unsigned alarmSeconds = 20; // per input: longer is a hang
   int64_t batch = 500;
 };
 
@@ -62,16 +62,19 @@ runFuzzBatches(const FuzzBatches &o,
                const std::function<bool(int64_t, const std::string &)> &input) {
   namespace fs = std::filesystem;
   fs::create_directories(o.crashDir);
-  const std::string current = (fs::path(o.crashDir) / (".current" + o.suffix)).string();
+  const std::string current =
+      (fs::path(o.crashDir) / (".current" + o.suffix)).string();
   const std::string counts = (fs::path(o.crashDir) / ".counts").string();
   auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
         .count();
   };
   FuzzSummary sum;
   int64_t next = 0;
-  while (next < o.iterations && !(o.maxSeconds > 0 && elapsed() > o.maxSeconds)) {
+  while (next < o.iterations &&
+         !(o.maxSeconds > 0 && elapsed() > o.maxSeconds)) {
     int64_t end = std::min(o.iterations, next + o.batch);
     std::remove(counts.c_str());
     pid_t child = fork();
@@ -102,9 +105,11 @@ runFuzzBatches(const FuzzBatches &o,
     ++sum.findings;
     ++sum.ran;
     std::string saved =
-        (fs::path(o.crashDir) / ("input-" + std::to_string(done) + o.suffix)).string();
+        (fs::path(o.crashDir) / ("input-" + std::to_string(done) + o.suffix))
+            .string();
     std::error_code ignored;
-    fs::copy_file(current, saved, fs::copy_options::overwrite_existing, ignored);
+    fs::copy_file(current, saved, fs::copy_options::overwrite_existing,
+                  ignored);
     std::cerr << o.tool << ": input " << done << " (--seed " << o.seed
               << " --replay " << done << ") "
               << (WIFSIGNALED(status)

@@ -62,12 +62,32 @@ void writeFile(const fs::path &path, const std::string &bytes) {
 
 /// A few mutations of `s` (text or binary): bytes, tokens, nesting, splices.
 void mutate(std::string &s, Rng &rng) {
-  static const char *tokens[] = {"NaN", "-Infinity", "1e999", "-1", "0",
-                                 "18446744073709551616", "9223372036854775807",
-                                 "\"", "\\", "{", "}", "[", "]", ",", ":",
-                                 "\"\\ud800\"", "null", "true", "\"F32\"",
-                                 "\"dtype\"", "\"shape\"", "[1,2]", "{}",
-                                 "\"..\"", "\"/etc/passwd\"", "\xff\xfe"};
+  static const char *tokens[] = {"NaN",
+                                 "-Infinity",
+                                 "1e999",
+                                 "-1",
+                                 "0",
+                                 "18446744073709551616",
+                                 "9223372036854775807",
+                                 "\"",
+                                 "\\",
+                                 "{",
+                                 "}",
+                                 "[",
+                                 "]",
+                                 ",",
+                                 ":",
+                                 "\"\\ud800\"",
+                                 "null",
+                                 "true",
+                                 "\"F32\"",
+                                 "\"dtype\"",
+                                 "\"shape\"",
+                                 "[1,2]",
+                                 "{}",
+                                 "\"..\"",
+                                 "\"/etc/passwd\"",
+                                 "\xff\xfe"};
   int mutations = 1 + int(rng() % 4);
   for (int m = 0; m < mutations; ++m) {
     size_t at = s.empty() ? 0 : rng() % (s.size() + 1);
@@ -90,14 +110,18 @@ void mutate(std::string &s, Rng &rng) {
       break;
     }
     case 4: { // a range deleted
-      size_t n = s.empty() ? 0 : rng() % (1 + std::min<size_t>(s.size() - std::min(at, s.size()), 64));
+      size_t n = s.empty()
+                     ? 0
+                     : rng() % (1 + std::min<size_t>(
+                                        s.size() - std::min(at, s.size()), 64));
       s.erase(std::min(at, s.size()), n);
       break;
     }
     case 5: { // a range of the input copied elsewhere
       if (s.empty())
         break;
-      size_t from = rng() % s.size(), n = 1 + rng() % std::min<size_t>(s.size() - from, 64);
+      size_t from = rng() % s.size(),
+             n = 1 + rng() % std::min<size_t>(s.size() - from, 64);
       s.insert(at, s.substr(from, n));
       break;
     }
@@ -106,8 +130,14 @@ void mutate(std::string &s, Rng &rng) {
       if (digit == std::string::npos)
         break;
       size_t end = s.find_first_not_of("0123456789", digit);
-      const char *numbers[] = {"0", "4294967295", "4294967296", "18446744073709551615",
-                               "9223372036854775808", "1099511627776", "65536", "-8"};
+      const char *numbers[] = {"0",
+                               "4294967295",
+                               "4294967296",
+                               "18446744073709551615",
+                               "9223372036854775808",
+                               "1099511627776",
+                               "65536",
+                               "-8"};
       s.replace(digit, (end == std::string::npos ? s.size() : end) - digit,
                 numbers[rng() % std::size(numbers)]);
       break;
@@ -127,9 +157,16 @@ void boundaryLength(std::string &bytes, size_t at, size_t width, Rng &rng) {
   uint64_t real = 0;
   for (size_t i = 0; i < width; ++i)
     real |= uint64_t(uint8_t(bytes[at + i])) << (8 * i);
-  const uint64_t choices[] = {0, 1, 7, real - 1, real + 1, real * 2,
-                              uint64_t(bytes.size()), UINT32_MAX,
-                              uint64_t(1) << 40, UINT64_MAX};
+  const uint64_t choices[] = {0,
+                              1,
+                              7,
+                              real - 1,
+                              real + 1,
+                              real * 2,
+                              uint64_t(bytes.size()),
+                              UINT32_MAX,
+                              uint64_t(1) << 40,
+                              UINT64_MAX};
   uint64_t v = choices[rng() % std::size(choices)];
   for (size_t i = 0; i < width; ++i)
     bytes[at + i] = char(v >> (8 * i));
@@ -157,10 +194,11 @@ Format safetensorsFormat(const fs::path &work) {
   f.suffix = ".safetensors";
   HostTensor a = ramp(DType::F32, {2, 3}), b = ramp(DType::BF16, {4}),
              c = ramp(DType::I64, {});
-  writeSafetensors((work / "s1.safetensors").string(), {{"a", &a}, {"b.weight", &b}},
-                   {{"format", "pt"}}, false);
+  writeSafetensors((work / "s1.safetensors").string(),
+                   {{"a", &a}, {"b.weight", &b}}, {{"format", "pt"}}, false);
   writeSafetensors((work / "s2.safetensors").string(), {{"c", &c}}, {}, false);
-  f.seeds = {readFile(work / "s1.safetensors"), readFile(work / "s2.safetensors")};
+  f.seeds = {readFile(work / "s1.safetensors"),
+             readFile(work / "s2.safetensors")};
   f.mutate = [](std::string &s, Rng &rng) {
     if (rng() % 4 == 0)
       boundaryLength(s, 0, 8, rng);
@@ -206,7 +244,8 @@ Format manifestFormat(const fs::path &work) {
   Format f;
   f.suffix = ".json";
   HostTensor a = ramp(DType::F32, {4, 3}), b = ramp(DType::F16, {3});
-  writeSafetensors((work / "m.safetensors").string(), {{"a", &a}, {"b", &b}}, {}, false);
+  writeSafetensors((work / "m.safetensors").string(), {{"a", &a}, {"b", &b}},
+                   {}, false);
   std::string dir = importCheckpoint((work / "m.safetensors").string(),
                                      (work / "ckpt").string(), 7);
   f.seeds = {readFile(fs::path(dir) / "manifest.json")};
@@ -230,10 +269,10 @@ Format jsonFormat(const fs::path &work) {
   fs::path folder = work / "hf";
   fs::create_directories(folder);
   HostTensor a = ramp(DType::F32, {2, 2}), b = ramp(DType::F32, {3});
-  writeSafetensors((folder / "model-00001-of-00002.safetensors").string(), {{"a", &a}},
-                   {}, false);
-  writeSafetensors((folder / "model-00002-of-00002.safetensors").string(), {{"b", &b}},
-                   {}, false);
+  writeSafetensors((folder / "model-00001-of-00002.safetensors").string(),
+                   {{"a", &a}}, {}, false);
+  writeSafetensors((folder / "model-00002-of-00002.safetensors").string(),
+                   {{"b", &b}}, {}, false);
   f.seeds = {
       R"({"metadata": {"total_size": 28}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})",
       R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "num_hidden_layers": 2, "rope_scaling": null, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16"})"};
@@ -259,7 +298,9 @@ std::string u32(uint32_t v) {
     out.push_back(char((v >> shift) & 0xff));
   return out;
 }
-std::string message(const std::string &body) { return u32(uint32_t(body.size())) + body; }
+std::string message(const std::string &body) {
+  return u32(uint32_t(body.size())) + body;
+}
 std::string field(const std::string &s) { return u32(uint32_t(s.size())) + s; }
 
 /// The store's messages: a server per batch (a child's), each input a
@@ -271,14 +312,15 @@ Format storeFormat() {
   std::string ms(8, '\0');
   f.seeds = {message("S" + field("key") + field("value")),
              message("G" + ms + field("key")),
-             message("W" + std::string(7, '\0') + "\x05" + u32(2) + field("key") +
-                     field("other")),
+             message("W" + std::string(7, '\0') + "\x05" + u32(2) +
+                     field("key") + field("other")),
              message("S" + field("a") + field(std::string(300, 'v'))) +
                  message("G" + ms + field("a"))};
   f.mutate = [](std::string &s, Rng &rng) {
     if (rng() % 4 == 0 && s.size() >= 4) {
       uint32_t v = 0;
-      const uint32_t choices[] = {0, 1, 4, 0xffffffffu, (64u << 20) + 1, 64u << 20};
+      const uint32_t choices[] = {0,        1, 4, 0xffffffffu, (64u << 20) + 1,
+                                  64u << 20};
       v = choices[rng() % std::size(choices)];
       std::string len = u32(v);
       s.replace(0, 4, len);
@@ -307,7 +349,8 @@ Format storeFormat() {
       limits.bufferedBytes = 64u << 20;
       limits.storedBytes = 16u << 20;
       server->server = std::make_unique<TcpStoreServer>(at, "", limits);
-      server->client = std::make_unique<TcpStore>(at, std::chrono::seconds(5), "watch", "");
+      server->client =
+          std::make_unique<TcpStore>(at, std::chrono::seconds(5), "watch", "");
     }
     std::string bytes = readFile(path);
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -342,9 +385,10 @@ struct Options {
 Options parse(int argc, char **argv) {
   Options o;
   auto usage = [] {
-    std::cerr << "usage: ernie-fuzz-formats safetensors|manifest|npy|json|store "
-                 "[--seed N] [--iterations N] [--max-seconds S] [--crash-dir DIR] "
-                 "[--replay I]\n";
+    std::cerr
+        << "usage: ernie-fuzz-formats safetensors|manifest|npy|json|store "
+           "[--seed N] [--iterations N] [--max-seconds S] [--crash-dir DIR] "
+           "[--replay I]\n";
     std::exit(2);
   };
   if (argc < 2)
@@ -377,8 +421,10 @@ Options parse(int argc, char **argv) {
 int main(int argc, char **argv) {
   Options o = parse(argc, argv);
   // Scratch files on a RAM disk where there is one: saves and imports fsync.
-  fs::path base = fs::exists("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
-  fs::path work = base / ("ernie-fuzz-" + o.format + "-" + std::to_string(::getpid()));
+  fs::path base =
+      fs::exists("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  fs::path work =
+      base / ("ernie-fuzz-" + o.format + "-" + std::to_string(::getpid()));
   fs::remove_all(work);
   fs::create_directories(work);
   Format format;
@@ -396,7 +442,8 @@ int main(int argc, char **argv) {
     else
       parse(1, argv);
   } catch (const std::exception &e) {
-    std::cerr << "ernie-fuzz-formats: cannot write the seeds: " << e.what() << "\n";
+    std::cerr << "ernie-fuzz-formats: cannot write the seeds: " << e.what()
+              << "\n";
     return 2;
   }
   // Input i: a seed picked and mutated by a generator of (seed, i) only.
@@ -431,8 +478,9 @@ int main(int argc, char **argv) {
     batches.alarmSeconds = 10;
     FuzzSummary sum = runFuzzBatches(batches, runInput);
     std::cout << "ernie-fuzz-formats " << o.format << ": " << sum.ran
-              << " inputs (seed " << o.seed << "), " << sum.accepted << " accepted, "
-              << sum.findings << " findings, " << sum.seconds << " s\n";
+              << " inputs (seed " << o.seed << "), " << sum.accepted
+              << " accepted, " << sum.findings << " findings, " << sum.seconds
+              << " s\n";
     status = sum.findings ? 1 : 0;
   }
   fs::remove_all(work);

@@ -1,4 +1,4 @@
-//===- BoundedInput.h - files and JSON read within stated limits -*- C++ -*-===//
+//===- BoundedInput.h - files and JSON read within limits -------*- C++ -*-===//
 //
 // Every file ernie reads (a program, a rank file, an index shard, a weights
 // file, a manifest, an .npy input) is opened through openRegularFile: a FIFO,
@@ -73,7 +73,8 @@ struct JsonLimits {
 
 /// Parses `text`; throws std::runtime_error "<where>: ..." when it is not
 /// JSON or exceeds `limits`.
-nlohmann::json parseBoundedJson(const std::string &text, const std::string &where,
+nlohmann::json parseBoundedJson(const std::string &text,
+                                const std::string &where,
                                 const JsonLimits &limits = {});
 /// Reads regular file `path` (at most limits.maxBytes) and parses it.
 nlohmann::json readBoundedJson(const std::string &path,
