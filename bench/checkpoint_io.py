@@ -13,10 +13,18 @@ state's size: loading reads only each rank's pieces plus one row at a time.
 A third row loads the parameters from a Hugging Face folder of bf16 shards
 (save_pretrained) into the f32 program rank by rank (Program.load_pretrained;
 its MB/s counts the f32 bytes placed, as the runtime's meter does).
+
+The checksums' cost: every load verifies the CRC-32C of every 1 MiB block it
+reads (docs/integrity.md) and times it; the load's progress line says how
+long its ranks spent on checksums, printed here per rank beside the load's
+time (best load of --repeat). Beside it, `ernie-ckpt verify` (one thread
+reading every byte and checking every checksum) against `cat` reading the
+same files, both from the page cache.
 """
 
 import argparse
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -59,6 +67,39 @@ def dd(path, nbytes):
     return write, read
 
 
+def progress_line(call):
+    """The last line the runtime writes on stderr during `call()`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            call()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        lines = f.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def read_and_verify(ckpt, repeat):
+    """(seconds to read the checkpoint's files, seconds to verify them): the
+    best of `repeat`, the files cached by a first read."""
+    tool = Path(os.environ.get("ERNIE_BUILD_DIR", ROOT / "build")) / "bin" / "ernie-ckpt"
+    files = sorted(str(p) for p in Path(ckpt).glob("step-*/*.safetensors"))
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    read, verify = [], []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+        read.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run([str(tool), "verify", str(ckpt)], stdout=subprocess.DEVNULL, check=True)
+        verify.append(time.perf_counter() - t)
+    return min(read), min(verify)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=512)
@@ -74,7 +115,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="ernie-ckpt-bench-"))
     target = ([2, args.ranks // 2], ["dp", "mp"]) if args.ranks >= 2 else ([1], ["mp"])
     loader = build(cfg, *target)
-    save_s, load_s = [], []
+    save_s, load_s, crc_s = [], [], []
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(args.repeat):
         shutil.rmtree(work / "ckpt", ignore_errors=True)
@@ -83,9 +124,12 @@ def main():
         save_s.append(time.perf_counter() - t)
         subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], capture_output=True)
         t = time.perf_counter()
-        loader.load_checkpoint(work / "ckpt")
+        line = progress_line(lambda: loader.load_checkpoint(work / "ckpt", progress=True))
         load_s.append(time.perf_counter() - t)
+        crc = re.search(r"checksums ([0-9.]+) s over the ranks", line)
+        crc_s.append(float(crc.group(1)) if crc else 0.0)
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+    read_s, verify_s = read_and_verify(work / "ckpt", max(args.repeat, 5))
     # A Hugging Face folder (bf16, sharded) into the f32 program, rank by
     # rank: the bytes each rank's pieces take in the program.
     saver.model.save_pretrained(work / "hf", dtype="bf16", max_shard_bytes=64 << 20,
@@ -108,6 +152,14 @@ def main():
     hf_mb = hf_bytes / (1 << 20)
     print(f"{'HF folder':14} | {hf_mb / min(hf_s):10.0f} | {dd_read:8.0f} | "
           f"{hf_mb / min(hf_s) / dd_read:8.2f}   (bf16 files, {hf_mb:.0f} MB of f32 pieces)")
+    best = load_s.index(min(load_s))
+    ranks = int(np.prod(target[0]))
+    per_rank = crc_s[best] / ranks
+    print(f"checksums in the load: {crc_s[best] * 1e3:.0f} ms over {ranks} ranks, "
+          f"{per_rank * 1e3:.0f} ms per rank = {100 * per_rank / load_s[best]:.1f} % of the "
+          f"load's {load_s[best] * 1e3:.0f} ms")
+    print(f"every byte: cat {mb / read_s:.0f} MB/s, ernie-ckpt verify (read and check) "
+          f"{mb / verify_s:.0f} MB/s")
     print(f"peak RSS growth over the loads: {rss / (1 << 20):.0f} MB "
           f"(the state itself: {mb:.0f} MB over all ranks)")
 

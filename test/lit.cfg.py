@@ -29,5 +29,5 @@ llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 
 tool_dirs = [config.ernie_tools_dir, config.llvm_tools_dir]
-tools = ["ernie-opt", "ernie-translate", "ernie-run", "mlir-opt"]
+tools = ["ernie-opt", "ernie-translate", "ernie-run", "ernie-ckpt", "mlir-opt"]
 llvm_config.add_tool_substitutions(tools, tool_dirs)

@@ -536,7 +536,9 @@ class Program:
         optimizer's hyper-parameters, the mesh and `data_position` (any
         JSON value, given back by load_checkpoint). Atomic: a temporary
         directory renamed into place once complete. `keep` keeps the newest
-        `keep` checkpoints. With `progress`, progress and MB/s go to stderr;
+        `keep` checkpoints at or below this step (a higher step is another
+        run's: neither counted nor removed; docs/integrity.md). With
+        `progress`, progress and MB/s go to stderr;
         `last_io` has the bytes written and the seconds either way. Returns
         the checkpoint's directory."""
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
@@ -558,8 +560,9 @@ class Program:
     def load_checkpoint(self, directory, progress=False):
         """Loads a checkpoint saved by save_checkpoint on any mesh, plan,
         ZeRO level or pipeline split: each rank reads only the byte ranges
-        of its own pieces. `directory` is a checkpoint or a directory of
-        them (the newest complete one is taken). Sets the step count;
+        of its own pieces, each block's checksum verified before any state
+        changes. `directory` is a checkpoint or a directory of them (the
+        newest one whose files are all present is taken). Sets the step count;
         returns the saved metadata ({"data_position": ..., ...}). `progress`
         and `last_io` as in save_checkpoint."""
         step, text, nbytes, seconds = self._require_session().load_checkpoint(

@@ -27,6 +27,7 @@ output and the weighted sum of its losses; the model adds them to its loss.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,15 @@ class MoEConfig:
     aux_free_rate: float = 0.0
 
     def __post_init__(self):
+        for name in ("capacity_factor", "norm_min", "aux_loss_coef", "orthogonal_loss_coef",
+                     "z_loss_coef", "aux_free_rate"):
+            value = getattr(self, name)
+            if value is None and name == "capacity_factor":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"MoEConfig.{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"MoEConfig.{name} must be finite and >= 0, got {value!r}")
         if self.k < 1 or self.k > self.num_experts:
             raise ValueError(f"moe_k = {self.k} must be in [1, moe_num_experts = "
                              f"{self.num_experts}]")

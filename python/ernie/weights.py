@@ -11,7 +11,9 @@ BF16/F16/F8 tensors, `save_file` rounds float arrays to the dtype asked.
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -31,6 +33,64 @@ _NUMPY = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int
           "I32": np.int32, "BOOL": np.bool_}
 
 
+# What a JSON file of a model folder (config.json, an index) may be: its size,
+# and how deep its values nest.
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+# A safetensors header's size (as the format's reference reader).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def _regular_file(path):
+    """Raises OSError naming `path` unless it is a regular file: a FIFO or a
+    device would block or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise OSError(f"{path}: cannot open: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise OSError(f"{path}: not a regular file")
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth(value, limit, where):
+    """Raises ValueError when `value` nests deeper than `limit`."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > limit:
+                raise ValueError(f"{where}: JSON nested deeper than {limit} levels")
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+
+
+def parse_json(text, where, max_depth=MAX_JSON_DEPTH):
+    """The JSON value of `text` (str or bytes); ValueError naming `where` when
+    it is not JSON, holds NaN or Infinity, or nests deeper than `max_depth`."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: not valid JSON: {e}") from None
+    _depth(value, max_depth, where)
+    return value
+
+
+def read_json(path, max_bytes=MAX_JSON_BYTES):
+    """The JSON value of file `path`, within the limits above (parse_json);
+    OSError for a missing or non-regular file."""
+    _regular_file(path)
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size} bytes, over the limit of {max_bytes} for a JSON file")
+    with open(path, "rb") as f:
+        return parse_json(f.read(max_bytes + 1), str(path))
+
+
 def load_file(path, raw=False):
     """{name: array} of a safetensors file, and its metadata. BF16 and F8
     tensors come as float32 (exact), or as raw bits with raw=True. A damaged
@@ -48,24 +108,58 @@ def load_file(path, raw=False):
 def read_tensors(path, names):
     """{name: array} of the named tensors of a safetensors file, reading
     their bytes only (the format's JSON header gives each one's offsets):
-    for small tensors in a large file. Narrow floats come as float32."""
+    for small tensors in a large file. Narrow floats come as float32. A
+    damaged file is a ValueError naming the file and the tensor."""
+    _regular_file(path)
     out = {}
+    file_size = os.path.getsize(path)
     with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
+        if file_size < 8:
+            raise ValueError(f"{path}: too short for a safetensors header ({file_size} bytes)")
+        size = int.from_bytes(f.read(8), "little")
+        if size > min(MAX_HEADER_BYTES, file_size - 8):
+            raise ValueError(f"{path}: header length {size} does not fit the file of "
+                             f"{file_size} bytes")
+        header = parse_json(f.read(size), f"{path}: the header", max_depth=3)
+        if not isinstance(header, dict):
+            raise ValueError(f"{path}: the header is not a JSON object")
+        data_bytes = file_size - 8 - size
         for name in names:
             entry = header.get(name)
-            if entry is None:
+            if entry is None or name == "__metadata__":
                 raise ValueError(f"{path}: no tensor '{name}'")
-            kind = _ERNIE_OF[entry["dtype"]]
-            start, end = entry["data_offsets"]
+            kind, shape, start, end = _header_entry(path, name, entry, data_bytes)
             f.seek(8 + size + start)
             bits = np.uint16 if kind == "bf16" else np.uint8
             raw = np.frombuffer(f.read(end - start), _NUMPY.get(entry["dtype"], bits)).copy()
             if kind in _NARROW:
                 raw = _ernie.convert_float(raw, kind, "f32")
-            out[name] = raw.reshape(entry["shape"])
+            out[name] = raw.reshape(shape)
     return out
+
+
+def _header_entry(path, name, entry, data_bytes):
+    """(ernie type, shape, begin, end) of a safetensors header entry, each
+    checked against the data region; ValueError naming the tensor."""
+    where = f"{path}: tensor '{name}'"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not a dtype, shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _ERNIE_OF:
+        raise ValueError(f"{where} has dtype {str(dtype)[:40]!r}, which ernie does not read")
+    if (not isinstance(shape, list) or len(shape) > 64
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise ValueError(f"{where} has a shape that is not a list of sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(o) is int and o >= 0 for o in offsets)):
+        raise ValueError(f"{where} has data_offsets that are not [begin, end)")
+    begin, end = offsets
+    itemsize = 1 if dtype in ("BOOL", "F8_E4M3", "F8_E5M2") else (
+        2 if dtype in ("F16", "BF16") else 8 if dtype in ("F64", "I64") else 4)
+    if not begin <= end <= data_bytes or end - begin != math.prod(shape) * itemsize:
+        raise ValueError(f"{where} has data_offsets [{begin}, {end}) that do not hold its "
+                         f"shape {shape} within the {data_bytes} data bytes")
+    return _ERNIE_OF[dtype], shape, begin, end
 
 
 def file_dtypes(path):
@@ -104,12 +198,18 @@ def hf_folder_index(folder):
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    config = json.loads(config_path.read_text())
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: not a JSON object")
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+    if index.exists():
+        listed = read_json(index)
+        weight_map = listed.get("weight_map") if isinstance(listed, dict) else None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index}: no weight_map")
+        bad = [n for n, f in weight_map.items() if not isinstance(f, str) or not f]
+        if bad:
+            raise ValueError(f"{index}: tensor '{bad[0]}' names no file")
         files = sorted(set(weight_map.values()))
     elif (folder / "model.safetensors").is_file():
         weight_map, files = None, ["model.safetensors"]

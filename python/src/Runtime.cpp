@@ -233,6 +233,9 @@ public:
     std::string bytes = file;
     rt::SessionOptions options;
     options.device = device;
+    if (!(timeoutSeconds > 0 && timeoutSeconds <= 1e9)) // NaN fails too
+      throw py::value_error("timeout must be a finite number of seconds > 0, not " +
+                            std::to_string(timeoutSeconds));
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
     options.executor.checkFinite = checkFinite;
     options.executor.trace = trace;

@@ -134,3 +134,31 @@ def test_zero_size_is_a_value_error(op, inputs, message):
     ids = [t.argument(list(s), d, None, None, None) for s, d in inputs]
     with pytest.raises(ValueError, match="zero-size dimension"):
         t.op("ernie." + op, ids, {}, None, "")
+
+
+# ---------------------------------------------------------------------------
+# Round 3 (issue 42): checkpoints and weight files. The command-line cases
+# run in test/Tools/repro-checkpoints.mlir.
+# ---------------------------------------------------------------------------
+
+def test_saving_into_a_directory_with_a_higher_step_keeps_the_new_checkpoint():
+    # Exit 3 is the reproducer's "the checkpoint just written was lost".
+    result = run_repro("ckpt-keep-loses-new.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exists: True" in result.stdout
+    assert "'step-00000001', 'step-00000005'" in result.stdout
+
+
+@pytest.mark.parametrize("call", ["load_file", "read_tensors", "file_dtypes"])
+def test_a_deeply_nested_safetensors_dtype_is_a_value_error(call):
+    path = REPRO / "safetensors-deep-dtype.safetensors"
+    args = "['x']" if call == "read_tensors" else ""
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            f"import ernie.weights as w; w.{call}({str(path)!r}{', ' + args if args else ''})")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError:") and "safetensors-deep-dtype.safetensors" in last \
+        and "nested deeper than 3" in last, result.stderr

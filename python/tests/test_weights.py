@@ -79,7 +79,7 @@ def test_bf16_and_fp8_are_rounded_exactly_and_stored_as_bits(tmp_path):
     (lambda b: b[:-3], "outside the"),
     (lambda b: b + b"xyz", "bytes after the last tensor"),
     (lambda b: b"\xff" * 8 + b[8:], "does not fit the file"),
-    (lambda b: b[:8] + b[8:12].replace(b"{", b"[") + b[12:], "not a JSON object"),
+    (lambda b: b[:8] + b[8:12].replace(b"{", b"[") + b[12:], "the header: not valid JSON"),
 ])
 def test_damaged_files_are_value_errors_naming_the_file(tmp_path, damage, message):
     path = tmp_path / "d.safetensors"

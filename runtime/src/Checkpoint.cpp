@@ -1,8 +1,9 @@
 //===- Checkpoint.cpp - distributed checkpoints that reshard on load -------===//
 
 #include "ernie/runtime/Checkpoint.h"
+#include "ernie/runtime/BoundedInput.h"
+#include "ernie/runtime/Checksum.h"
 #include "ernie/runtime/Device.h"
-
 #include "ernie/runtime/Safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -32,7 +33,13 @@ namespace {
 constexpr const char *kManifest = "manifest.json";
 constexpr const char *kPiecesKey = "ernie.pieces";
 constexpr const char *kFormat = "ernie-checkpoint";
-constexpr int kVersion = 1;
+/// Version 2 checksums every block of kChecksumBlockBytes of a piece with
+/// CRC-32C and records each file's size and header checksum; version 1
+/// (one zlib CRC-32 per piece) is still read.
+constexpr int kVersion = 2;
+/// Caller's metadata nests at most this deep (the manifest holds it one
+/// level down, within the reading limit).
+constexpr int kMaxMetadataDepth = 32;
 
 [[noreturn]] void fail(const std::string &why) { throw std::runtime_error(why); }
 
@@ -85,15 +92,30 @@ void writeSynced(const fs::path &path, const std::string &text) {
 }
 
 json readJson(const fs::path &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    fail(path.string() + ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object())
+  json j = readBoundedJson(path.string());
+  if (!j.is_object())
     fail(path.string() + ": not a JSON object");
   return j;
+}
+
+/// Whether `shape` has no negative dimension and its bytes fit in 2^62.
+bool sizeFits(const std::vector<int64_t> &shape, DType type) {
+  uint64_t bytes = byteSize(type);
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && bytes > (uint64_t(1) << 62) / uint64_t(d)))
+      return false;
+    bytes *= uint64_t(d);
+  }
+  return true;
+}
+
+/// The checksums of `bytes`: one CRC-32C per block of kChecksumBlockBytes.
+std::vector<uint32_t> blockChecksums(const uint8_t *bytes, uint64_t size) {
+  std::vector<uint32_t> crcs;
+  for (uint64_t at = 0; at < size; at += kChecksumBlockBytes)
+    crcs.push_back(
+        crc32c(0, bytes + at, std::min(kChecksumBlockBytes, size - at)));
+  return crcs;
 }
 
 /// Whether `rank` writes its piece of `spec`: the lowest coordinate of the
@@ -127,7 +149,21 @@ struct Piece {
   DType type = DType::F32;
   std::vector<int64_t> offsets, shape;
   bool transposed = false;
-  uint32_t crc = 0; // checkpoints only
+  /// Checkpoints only: the CRC of each block of the piece's bytes (empty:
+  /// not checksummed, a weight map's piece).
+  std::vector<uint32_t> crcs;
+};
+/// How a manifest's pieces are checksummed.
+struct ChecksumScheme {
+  /// Version 1: one zlib CRC-32 over the whole piece.
+  bool wholePieceCrc32 = false;
+  uint64_t blockBytes = kChecksumBlockBytes;
+};
+/// What version 2 records of each file: its size and its header's CRC-32C
+/// (the 8 length bytes and the JSON).
+struct SavedFile {
+  uint64_t bytes = 0;
+  uint32_t headerCrc = 0;
 };
 struct SavedTensor {
   DType type;
@@ -141,6 +177,9 @@ struct Manifest {
   fs::path dir;
   int64_t step = 0;
   json metadata;
+  ChecksumScheme checksums;
+  /// Version 2: every file the pieces name.
+  std::map<std::string, SavedFile> files;
   std::map<std::string, SavedTensor> tensors;
 };
 
@@ -202,30 +241,77 @@ Manifest readManifest(const fs::path &dir) {
   fs::path path = dir / kManifest;
   json j = readJson(path);
   std::string where = path.string();
-  if (j.value("format", "") != kFormat || j.value("version", 0) != kVersion)
+  int version = 0;
+  if (j.contains("version") && j["version"].is_number_integer())
+    version = j["version"].get<int>();
+  if (j.value("format", "") != kFormat || version < 1 || version > kVersion)
     fail(where + ": not an ernie checkpoint manifest (format " + kFormat +
-         " version " + std::to_string(kVersion) + ")");
+         " version 1 to " + std::to_string(kVersion) + ")");
   Manifest m;
   m.dir = dir;
+  auto fileName = [&](const json &value, const std::string &whose) {
+    std::string file = value.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." ||
+        file == "..")
+      fail(where + ": " + whose + " names file '" + file +
+           "' outside the checkpoint");
+    return file;
+  };
   try {
     m.step = j.at("step").get<int64_t>();
     m.metadata = j.value("metadata", json::object());
+    if (version == 1) {
+      m.checksums.wholePieceCrc32 = true;
+    } else {
+      const json &scheme = j.at("checksum");
+      if (scheme.at("algorithm").get<std::string>() != "crc32c" ||
+          scheme.at("block_bytes").get<uint64_t>() != kChecksumBlockBytes)
+        fail(where + ": checksums " + briefJson(scheme) +
+             " are not crc32c over blocks of " +
+             std::to_string(kChecksumBlockBytes) + " bytes");
+      for (auto &[file, f] : j.at("files").items())
+        m.files[fileName(json(file), "the file list")] = {
+            f.at("bytes").get<uint64_t>(),
+            f.at("header_crc32c").get<uint32_t>()};
+    }
     for (auto &[name, t] : j.at("tensors").items()) {
       SavedTensor saved;
       if (!parseSafetensorsDtype(t.at("dtype").get<std::string>(), saved.type))
         fail(where + ": tensor '" + name + "' has an unknown dtype");
       saved.globalShape = t.at("global_shape").get<std::vector<int64_t>>();
+      if (!sizeFits(saved.globalShape, saved.type))
+        fail(where + ": tensor '" + name + "' has global shape " +
+             shapeString(saved.globalShape) +
+             ", which is not a size ernie holds");
       for (const json &p : t.at("pieces")) {
-        Piece piece{p.at("file").get<std::string>(), name, saved.type,
+        Piece piece{fileName(p.at("file"), "tensor '" + name + "'"),
+                    name,
+                    saved.type,
                     p.at("offsets").get<std::vector<int64_t>>(),
-                    p.at("shape").get<std::vector<int64_t>>(), false,
-                    p.at("crc32").get<uint32_t>()};
-        if (piece.file.find('/') != std::string::npos || piece.file == "..")
+                    p.at("shape").get<std::vector<int64_t>>(),
+                    false,
+                    {}};
+        if (version == 1)
+          piece.crcs = {p.at("crc32").get<uint32_t>()};
+        else
+          piece.crcs = p.at("crc32c").get<std::vector<uint32_t>>();
+        if (version > 1 && !m.files.count(piece.file))
           fail(where + ": tensor '" + name + "' names file '" + piece.file +
-               "' outside the checkpoint");
+               "', which the file list lacks");
         saved.pieces.push_back(std::move(piece));
       }
       indexPieces(saved, where, name);
+      for (const Piece &piece : saved.pieces) {
+        uint64_t bytes = elementCount(piece.shape) * byteSize(saved.type);
+        uint64_t blocks =
+            m.checksums.wholePieceCrc32
+                ? 1
+                : (bytes + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+        if (piece.crcs.size() != blocks)
+          fail(where + ": tensor '" + name + "' has a piece in " + piece.file +
+               " with " + std::to_string(piece.crcs.size()) +
+               " checksums for its " + std::to_string(blocks) + " blocks");
+      }
       m.tensors.emplace(name, std::move(saved));
     }
   } catch (const json::exception &e) {
@@ -280,6 +366,11 @@ void discard(const fs::path &dir) {
 
 } // namespace
 
+void removeQuietly(const std::string &dir) {
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
+}
+
 IoMeter::IoMeter(Report report, std::chrono::milliseconds interval)
     : report_(std::move(report)), start_(std::chrono::steady_clock::now()),
       interval_(interval), lastReport_(start_) {}
@@ -294,7 +385,7 @@ void IoMeter::add(uint64_t bytes) {
     return; // another rank reports, or too soon
   lastReport_ = now;
   report_(done_, expected_, std::chrono::duration<double>(now - start_).count(),
-          false);
+          false, checksumSeconds());
 }
 
 double IoMeter::finish() {
@@ -302,19 +393,22 @@ double IoMeter::finish() {
                        std::chrono::steady_clock::now() - start_)
                        .count();
   if (report_)
-    report_(done_, expected_, seconds, true);
+    report_(done_, expected_, seconds, true, checksumSeconds());
   return seconds;
 }
 
 IoMeter::Report IoMeter::printer(std::string what) {
   const bool terminal = ::isatty(2);
   return [what = std::move(what), terminal](uint64_t done, uint64_t expected,
-                                            double seconds, bool final) {
+                                            double seconds, bool final,
+                                            double checksum) {
     double mb = done / 1e6, rate = seconds > 0 ? mb / seconds : 0;
-    char line[256];
+    char line[256], crc[64] = "";
+    if (checksum > 0)
+      std::snprintf(crc, sizeof crc, "; checksums %.3f s over the ranks", checksum);
     if (final)
-      std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s)\n",
-                    what.c_str(), mb, seconds, rate);
+      std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s%s)\n",
+                    what.c_str(), mb, seconds, rate, crc);
     else if (terminal)
       std::snprintf(line, sizeof line, "\r\033[K%s: %.0f%% (%.1f of %.1f MB, %.0f MB/s)",
                     what.c_str(), expected ? 100.0 * done / expected : 0.0, mb,
@@ -392,12 +486,13 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
     return use(b.bytes);
   };
   for (const Owned &o : owned) {
-    uint32_t crc = withBlock(o, [](const std::vector<uint8_t> &bytes) {
-      return static_cast<uint32_t>(::crc32(0L, bytes.data(), bytes.size()));
-    });
+    std::vector<uint32_t> crcs =
+        withBlock(o, [](const std::vector<uint8_t> &bytes) {
+          return blockChecksums(bytes.data(), bytes.size());
+        });
     pieces[o.name] = {{"offsets", o.offsets},
                       {"global_shape", o.spec->globalShape},
-                      {"crc32", crc}};
+                      {"crc32c", crcs}};
     header.push_back({o.name, o.spec->type, o.real});
   }
   if (meter)
@@ -417,7 +512,7 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
 std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
                              const std::string &root, int64_t step,
                              const std::string &metadataJson, int keep) {
-  json tensors = json::object();
+  json tensors = json::object(), fileList = json::object();
   std::vector<fs::path> files;
   for (const auto &entry : fs::directory_iterator(dir))
     if (entry.path().extension() == ".safetensors")
@@ -425,10 +520,16 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
   std::sort(files.begin(), files.end());
   for (const fs::path &path : files) {
     SafetensorsFile file(path.string());
+    std::string header(file.dataStart(), '\0');
+    file.readFileBytes(0, header.size(), header.data());
+    fileList[path.filename().string()] = {
+        {"bytes", fs::file_size(path)},
+        {"header_crc32c", crc32c(0, header.data(), header.size())}};
     auto it = file.metadata().find(kPiecesKey);
-    json pieces = it == file.metadata().end()
-                      ? json()
-                      : json::parse(it->second, nullptr, false);
+    json pieces =
+        it == file.metadata().end()
+            ? json()
+            : parseBoundedJson(it->second, path.string() + ": " + kPiecesKey);
     if (!pieces.is_object())
       fail(path.string() + ": no '" + kPiecesKey + "' metadata");
     for (const SafetensorsEntry &e : file.tensors()) {
@@ -445,19 +546,23 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
       t["pieces"].push_back({{"file", path.filename().string()},
                              {"offsets", p.at("offsets")},
                              {"shape", e.shape},
-                             {"crc32", p.at("crc32")}});
+                             {"crc32c", p.at("crc32c")}});
     }
   }
-  json metadata = json::parse(metadataJson.empty() ? "{}" : metadataJson,
-                              nullptr, false);
-  if (metadata.is_discarded())
-    fail("checkpoint metadata is not JSON");
-  json manifest = {{"format", kFormat},
-                   {"version", kVersion},
-                   {"step", step},
-                   {"mesh", {{"axes", mesh.axisNames()}, {"sizes", mesh.axisSizes()}}},
-                   {"metadata", metadata},
-                   {"tensors", tensors}};
+  JsonLimits limits;
+  limits.maxDepth = kMaxMetadataDepth;
+  json metadata = parseBoundedJson(metadataJson.empty() ? "{}" : metadataJson,
+                                   "the checkpoint's metadata", limits);
+  json manifest = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"step", step},
+      {"mesh", {{"axes", mesh.axisNames()}, {"sizes", mesh.axisSizes()}}},
+      {"metadata", metadata},
+      {"checksum",
+       {{"algorithm", "crc32c"}, {"block_bytes", kChecksumBlockBytes}}},
+      {"files", fileList},
+      {"tensors", tensors}};
   writeSynced(fs::path(dir) / kManifest, manifest.dump(1));
   readManifest(dir); // what is committed must load: coverage checked here
   fsyncPath(dir, true);
@@ -471,35 +576,75 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
   }
   fsyncPath(root, true);
   if (keep > 0) {
+    // Retention counts the checkpoints at or below this step: a higher one
+    // is another run's (or a stray), and counting it would delete the
+    // checkpoint just written. The newest `keep` of them include this one.
     std::vector<std::pair<int64_t, fs::path>> complete;
     for (const auto &entry : fs::directory_iterator(root))
       if (int64_t s = stepOf(entry.path());
-          s >= 0 && fs::exists(entry.path() / kManifest))
+          s >= 0 && s <= step && fs::exists(entry.path() / kManifest))
         complete.emplace_back(s, entry.path());
     std::sort(complete.begin(), complete.end());
     for (size_t i = 0; i + keep < complete.size(); ++i)
-      discard(complete[i].second);
+      if (complete[i].second != final)
+        discard(complete[i].second);
   }
   return final.string();
 }
+
+namespace {
+
+/// Throws unless every file checkpoint `m` names is present: a regular file
+/// of the size the manifest records (version 1: one whose header is valid).
+void checkFilesPresent(const Manifest &m) {
+  std::set<std::string> named;
+  for (const auto &entry : m.tensors)
+    for (const Piece &p : entry.second.pieces)
+      named.insert(p.file);
+  for (const std::string &file : named) {
+    fs::path path = m.dir / file;
+    if (m.checksums.wholePieceCrc32) {
+      SafetensorsFile check(path.string());
+      continue;
+    }
+    uint64_t bytes = RegularFile(path.string()).size();
+    if (bytes != m.files.at(file).bytes)
+      fail(path.string() + ": " + std::to_string(bytes) +
+           " bytes, the manifest records " +
+           std::to_string(m.files.at(file).bytes));
+  }
+}
+
+} // namespace
 
 std::string resolveCheckpoint(const std::string &path) {
   if (fs::exists(fs::path(path) / kManifest))
     return path;
   if (!fs::is_directory(path))
     fail(path + ": no such checkpoint directory");
-  int64_t best = -1;
-  fs::path found;
+  // The newest step-* whose manifest reads and whose files are all there;
+  // a newer damaged one is skipped, saying why.
+  std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto &entry : fs::directory_iterator(path))
-    if (int64_t s = stepOf(entry.path());
-        s > best && fs::exists(entry.path() / kManifest)) {
-      best = s;
-      found = entry.path();
+    if (int64_t s = stepOf(entry.path()); s >= 0)
+      steps.emplace_back(s, entry.path());
+  std::sort(steps.rbegin(), steps.rend());
+  std::string skipped;
+  for (const auto &[step, dir] : steps) {
+    if (!fs::exists(dir / kManifest))
+      continue; // not a checkpoint (a save renames only complete ones)
+    try {
+      checkFilesPresent(readManifest(dir));
+      if (!skipped.empty())
+        std::fprintf(stderr, "ernie: %s: loading %s; skipped:%s\n",
+                     path.c_str(), dir.filename().c_str(), skipped.c_str());
+      return dir.string();
+    } catch (const std::exception &e) {
+      skipped += std::string("\n  ") + e.what();
     }
-  if (best < 0)
-    fail(path + ": no complete checkpoint (no step-* directory with a " +
-         kManifest + ")");
-  return found.string();
+  }
+  fail(path + ": no complete checkpoint (no step-* directory with a " +
+       kManifest + " and all its files)" + skipped);
 }
 
 CheckpointInfo readCheckpointInfo(const std::string &dir) {
@@ -509,35 +654,114 @@ CheckpointInfo readCheckpointInfo(const std::string &dir) {
 
 namespace {
 
-/// Opens each file once.
+std::string hex(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", value);
+  return text;
+}
+
+/// Opens each file once and reads pieces' bytes. For a checkpoint's files
+/// (a manifest given) nothing is handed out unverified: a file's size and
+/// header checksum are checked when it is opened, and every block of a
+/// piece that a read touches is read whole and checked against its
+/// checksum first (one block held at a time).
 class FileCache {
 public:
-  explicit FileCache(fs::path base = {}) : base_(std::move(base)) {}
+  explicit FileCache(const Manifest *manifest = nullptr,
+                     IoMeter *meter = nullptr)
+      : manifest_(manifest), meter_(meter) {}
   SafetensorsFile &open(const std::string &file) {
     auto &f = files_[file];
-    if (!f)
-      f = std::make_unique<SafetensorsFile>((base_ / file).string());
+    if (f)
+      return *f;
+    fs::path path = manifest_ ? manifest_->dir / file : fs::path(file);
+    auto opened = std::make_unique<SafetensorsFile>(path.string());
+    if (manifest_ && !manifest_->checksums.wholePieceCrc32) {
+      const SavedFile &saved = manifest_->files.at(file);
+      uint64_t bytes = fs::file_size(path);
+      if (bytes != saved.bytes)
+        fail(path.string() + ": " + std::to_string(bytes) +
+             " bytes, the manifest records " + std::to_string(saved.bytes));
+      std::string header(opened->dataStart(), '\0');
+      opened->readFileBytes(0, header.size(), header.data());
+      uint32_t crc = crc32c(0, header.data(), header.size());
+      if (crc != saved.headerCrc)
+        fail(path.string() + ": the header (bytes [0, " +
+             std::to_string(header.size()) + ")) fails its checksum (crc32c " +
+             hex(saved.headerCrc) + " recorded, " + hex(crc) +
+             " read): the file is damaged");
+    }
+    f = std::move(opened);
     return *f;
   }
 
+  /// Copies `bytes` bytes from `offset` of piece `piece`'s data to `dst`,
+  /// verifying the blocks they lie in when the piece has checksums.
+  void read(const Piece &piece, uint64_t offset, uint64_t bytes, void *dst) {
+    SafetensorsFile &file = open(piece.file);
+    if (piece.crcs.empty() || bytes == 0) {
+      file.readBytes(piece.tensor, offset, bytes, dst);
+      return;
+    }
+    const uint64_t pieceBytes =
+        elementCount(piece.shape) * byteSize(piece.type);
+    const uint64_t block = manifest_->checksums.wholePieceCrc32
+                               ? pieceBytes
+                               : manifest_->checksums.blockBytes;
+    auto *out = static_cast<uint8_t *>(dst);
+    for (uint64_t k = offset / block; k * block < offset + bytes; ++k) {
+      if (&piece != block_.piece || k != block_.index) {
+        uint64_t start = k * block, n = std::min(block, pieceBytes - start);
+        block_ = {nullptr, 0};
+        buffer_.resize(n);
+        file.readBytes(piece.tensor, start, n, buffer_.data());
+        auto began = std::chrono::steady_clock::now();
+        uint32_t crc =
+            manifest_->checksums.wholePieceCrc32
+                ? static_cast<uint32_t>(::crc32(0L, buffer_.data(), n))
+                : crc32c(0, buffer_.data(), n);
+        if (meter_)
+          meter_->addChecksumTime(std::chrono::steady_clock::now() - began);
+        if (crc != piece.crcs[k])
+          fail(file.path() + ": tensor '" + piece.tensor + "': bytes [" +
+               std::to_string(start) + ", " + std::to_string(start + n) +
+               ") fail their checksum (" +
+               (manifest_->checksums.wholePieceCrc32 ? "crc32 " : "crc32c ") +
+               hex(piece.crcs[k]) + " recorded, " + hex(crc) +
+               " read): the file is damaged");
+        block_ = {&piece, k};
+      }
+      uint64_t from = std::max(offset, k * block),
+               to = std::min(offset + bytes, k * block + buffer_.size());
+      std::memcpy(out + (from - offset), buffer_.data() + (from - k * block),
+                  to - from);
+    }
+  }
+
 private:
-  fs::path base_;
+  const Manifest *manifest_;
+  IoMeter *meter_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  struct {
+    const Piece *piece;
+    uint64_t index;
+  } block_{nullptr, 0};
+  std::vector<uint8_t> buffer_;
 };
 
 /// Copies the box [a, b) (the state's coordinates) of saved piece `src`
 /// into `piece`, rank `lo`'s block of `spec`: whole runs straight into the
 /// piece when the file holds the state's dtype untransposed, else through
 /// a buffer of one run, converted and (transposed) scattered by column.
-void copyBox(SafetensorsFile &file, const Piece &src, const std::vector<int64_t> &a,
+void copyBox(FileCache &files, const Piece &src, const std::vector<int64_t> &a,
              const std::vector<int64_t> &b, const std::vector<int64_t> &lo,
              const TensorSpec &spec, HostTensor &piece) {
   const size_t dstBytes = byteSize(spec.type), srcBytes = byteSize(src.type);
   if (!src.transposed && src.type == spec.type) {
     forEachRun(a, b, src.offsets, src.shape, lo, spec.localShape,
                [&](int64_t from, int64_t to, int64_t n) {
-                 file.readBytes(src.tensor, from * srcBytes, n * srcBytes,
-                                piece.bytes.data() + to * dstBytes);
+                 files.read(src, from * srcBytes, n * srcBytes,
+                            piece.bytes.data() + to * dstBytes);
                });
     return;
   }
@@ -545,7 +769,7 @@ void copyBox(SafetensorsFile &file, const Piece &src, const std::vector<int64_t>
   // land at `to` with a stride of `stride` elements.
   auto run = [&](int64_t from, int64_t to, int64_t n, int64_t stride) {
     HostTensor buffer(src.type, {n});
-    file.readBytes(src.tensor, from * srcBytes, n * srcBytes, buffer.bytes.data());
+    files.read(src, from * srcBytes, n * srcBytes, buffer.bytes.data());
     HostTensor converted = convert(buffer, spec.type);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(piece.bytes.data() + (to + i * stride) * dstBytes,
@@ -648,7 +872,7 @@ HostTensor readPiece(const Program &program, const TensorSpec &spec, int64_t ran
           entry->shape != fileShapeOf(src, entry->shape.size()))
         fail(file.path() + ": tensor '" + src.tensor +
              "' is missing or not the piece the manifest lists");
-      copyBox(file, src, a, b, lo, spec, piece);
+      copyBox(files, src, a, b, lo, spec, piece);
       if (meter) {
         int64_t n = 1;
         for (size_t d = 0; d < a.size(); ++d)
@@ -674,7 +898,7 @@ std::map<std::string, HostTensor>
 readCheckpointShards(const Program &program, const RankRunner &runner,
                      int64_t rank, const std::string &dir, IoMeter *meter) {
   Manifest m = readManifest(dir);
-  FileCache files(m.dir);
+  FileCache files(&m, meter);
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
@@ -722,8 +946,8 @@ readWeightShards(const Program &program, const RankRunner &runner,
       // (one expert of a stacked parameter).
       if (w.offsets.size() > shape.size())
         shape.insert(shape.begin(), w.offsets.size() - shape.size(), 1);
-      saved.pieces.push_back({w.file, w.tensor, entry->type, w.offsets, shape,
-                              w.transposed, 0});
+      saved.pieces.push_back(
+          {w.file, w.tensor, entry->type, w.offsets, shape, w.transposed, {}});
     }
     indexPieces(saved, "the weight map", name);
     return saved;
@@ -750,24 +974,37 @@ readWeightShards(const Program &program, const RankRunner &runner,
   return out;
 }
 
+namespace {
+
+/// Throws unless piece `p` of tensor `name` is in its file as the manifest
+/// lists it (dtype and shape); opens (and for version 2 checks) the file.
+void requireListedPiece(FileCache &files, const std::string &name,
+                        const SavedTensor &saved, const Piece &p) {
+  SafetensorsFile &f = files.open(p.file);
+  const SafetensorsEntry *e = f.find(name);
+  if (!e || e->type != saved.type || e->shape != p.shape)
+    fail(f.path() + ": tensor '" + name +
+         "' is missing or not the piece the manifest lists");
+}
+
+} // namespace
+
 std::string verifyCheckpoint(const std::string &dir) {
   Manifest m = readManifest(dir);
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  FileCache files(&m);
   std::ostringstream summary;
   uint64_t bytes = 0;
+  std::vector<uint8_t> chunk(kChecksumBlockBytes);
+  std::set<std::string> listed;
   for (const auto &[name, saved] : m.tensors) {
     for (const Piece &p : saved.pieces) {
-      auto &f = files[p.file];
-      if (!f)
-        f = std::make_unique<SafetensorsFile>((m.dir / p.file).string());
-      const SafetensorsEntry *e = f->find(name);
-      if (!e || e->type != saved.type || e->shape != p.shape)
-        fail(f->path() + ": tensor '" + name +
-             "' is missing or not the piece the manifest lists");
-      HostTensor t = f->read(name);
-      if (::crc32(0L, t.bytes.data(), t.bytes.size()) != p.crc)
-        fail(f->path() + ": tensor '" + name + "': checksum mismatch");
-      bytes += t.bytes.size();
+      requireListedPiece(files, name, saved, p);
+      listed.insert(p.file);
+      uint64_t size = elementCount(p.shape) * byteSize(saved.type);
+      for (uint64_t at = 0; at < size; at += chunk.size())
+        files.read(p, at, std::min<uint64_t>(chunk.size(), size - at),
+                   chunk.data());
+      bytes += size;
     }
     summary << name << " " << safetensorsDtype(saved.type)
             << shapeString(saved.globalShape) << " in " << saved.pieces.size()
@@ -775,7 +1012,7 @@ std::string verifyCheckpoint(const std::string &dir) {
   }
   for (const auto &entry : fs::directory_iterator(m.dir))
     if (entry.path().extension() == ".safetensors" &&
-        !files.count(entry.path().filename().string()))
+        !listed.count(entry.path().filename().string()))
       fail(entry.path().string() + ": a file the manifest does not list");
   summary << m.tensors.size() << " tensors, " << bytes << " bytes, step "
           << m.step << ": verified\n";
@@ -823,27 +1060,33 @@ void writeGlobalTensors(const Manifest &m, const std::vector<std::string> &names
   for (const std::string &name : names)
     header.push_back({name, m.tensors.at(name).type, m.tensors.at(name).globalShape});
   fs::path tmp = out.string() + ".tmp";
-  SafetensorsWriter writer(tmp.string(), header, {{"format", "pt"}});
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
-  for (const std::string &name : names) {
-    const SavedTensor &saved = m.tensors.at(name);
-    HostTensor whole(saved.type, saved.globalShape);
-    for (const Piece &p : saved.pieces) {
-      auto &f = files[p.file];
-      if (!f)
-        f = std::make_unique<SafetensorsFile>((m.dir / p.file).string());
-      HostTensor piece = f->read(name);
-      if (piece.shape != p.shape || piece.type != saved.type)
-        fail(f->path() + ": tensor '" + name +
-             "' is not the piece the manifest lists");
-      insertBlock(piece.bytes.data(), p.shape, whole.bytes.data(),
-                  saved.globalShape, p.offsets, byteSize(saved.type));
+  FileCache files(&m);
+  // Every piece is in its file before the output is created or a whole
+  // tensor allocated: the pieces' bytes bound what is allocated.
+  for (const std::string &name : names)
+    for (const Piece &p : m.tensors.at(name).pieces)
+      requireListedPiece(files, name, m.tensors.at(name), p);
+  try {
+    SafetensorsWriter writer(tmp.string(), header, {{"format", "pt"}});
+    for (const std::string &name : names) {
+      const SavedTensor &saved = m.tensors.at(name);
+      HostTensor whole(saved.type, saved.globalShape);
+      for (const Piece &p : saved.pieces) {
+        HostTensor piece(saved.type, p.shape);
+        files.read(p, 0, piece.bytes.size(), piece.bytes.data());
+        insertBlock(piece.bytes.data(), p.shape, whole.bytes.data(),
+                    saved.globalShape, p.offsets, byteSize(saved.type));
+      }
+      writer.append(whole.bytes.data(), whole.bytes.size());
     }
-    writer.append(whole.bytes.data(), whole.bytes.size());
+    writer.finish();
+    fsyncPath(tmp, false);
+    fs::rename(tmp, out);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
   }
-  writer.finish();
-  fsyncPath(tmp, false);
-  fs::rename(tmp, out);
 }
 
 bool isSafetensorsPath(const std::string &path) {
@@ -929,34 +1172,43 @@ std::string importCheckpoint(const std::string &source, const std::string &root,
                   "model.safetensors or model.safetensors.index.json");
   }
   std::string dir = beginCheckpoint(root, step);
-  std::set<std::string> seen;
-  for (size_t i = 0; i < files.size(); ++i) {
-    SafetensorsFile in(files[i]);
-    std::vector<SafetensorsWriter::Tensor> header;
-    json pieces = json::object();
-    for (const SafetensorsEntry &e : in.tensors()) {
-      if (!listed.empty() && listed.count(e.name) && listed[e.name] != files[i])
-        fail(files[i] + ": tensor '" + e.name + "' is listed for another file");
-      if (!seen.insert(e.name).second)
-        fail(files[i] + ": tensor '" + e.name + "' appears in two files");
-      HostTensor t = in.read(e.name);
-      pieces[e.name] = {{"offsets", std::vector<int64_t>(e.shape.size(), 0)},
-                        {"global_shape", e.shape},
-                        {"crc32", ::crc32(0L, t.bytes.data(), t.bytes.size())}};
-      header.push_back({e.name, e.type, e.shape});
+  try {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < files.size(); ++i) {
+      SafetensorsFile in(files[i]);
+      std::vector<SafetensorsWriter::Tensor> header;
+      json pieces = json::object();
+      for (const SafetensorsEntry &e : in.tensors()) {
+        if (!listed.empty() && listed.count(e.name) &&
+            listed[e.name] != files[i])
+          fail(files[i] + ": tensor '" + e.name +
+               "' is listed for another file");
+        if (!seen.insert(e.name).second)
+          fail(files[i] + ": tensor '" + e.name + "' appears in two files");
+        HostTensor t = in.read(e.name);
+        pieces[e.name] = {
+            {"offsets", std::vector<int64_t>(e.shape.size(), 0)},
+            {"global_shape", e.shape},
+            {"crc32c", blockChecksums(t.bytes.data(), t.bytes.size())}};
+        header.push_back({e.name, e.type, e.shape});
+      }
+      SafetensorsWriter writer((fs::path(dir) / rankFile(i)).string(), header,
+                               {{kPiecesKey, pieces.dump()}});
+      for (const SafetensorsEntry &e : in.tensors()) {
+        HostTensor t = in.read(e.name);
+        writer.append(t.bytes.data(), t.bytes.size());
+      }
+      writer.finish();
     }
-    SafetensorsWriter writer((fs::path(dir) / rankFile(i)).string(), header,
-                             {{kPiecesKey, pieces.dump()}});
-    for (const SafetensorsEntry &e : in.tensors()) {
-      HostTensor t = in.read(e.name);
-      writer.append(t.bytes.data(), t.bytes.size());
-    }
-    writer.finish();
+    for (const auto &entry : listed)
+      if (!seen.count(entry.first))
+        fail(source + ": tensor '" + entry.first +
+             "' is listed but in no file");
+    return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
+  } catch (...) {
+    removeQuietly(dir); // a failed import leaves no temporary folder
+    throw;
   }
-  for (const auto &entry : listed)
-    if (!seen.count(entry.first))
-      fail(source + ": tensor '" + entry.first + "' is listed but in no file");
-  return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
 }
 
 namespace {
@@ -996,13 +1248,20 @@ std::string saveCheckpointOnRank(const Program &program, const RankRunner &runne
     if (leader)
       beginCheckpoint(root, step, tag);
   });
-  onAllRanksOrNone(comm, "writing the checkpoint", [&] {
-    writeCheckpointShards(program, runner, comm.rank(), dir, meter);
-  });
-  onAllRanksOrNone(comm, "committing the checkpoint", [&] {
-    if (leader)
-      done = commitCheckpoint(program.mesh(), dir, root, step, metadataJson, keep);
-  });
+  try {
+    onAllRanksOrNone(comm, "writing the checkpoint", [&] {
+      writeCheckpointShards(program, runner, comm.rank(), dir, meter);
+    });
+    onAllRanksOrNone(comm, "committing the checkpoint", [&] {
+      if (leader)
+        done = commitCheckpoint(program.mesh(), dir, root, step, metadataJson,
+                                keep);
+    });
+  } catch (...) {
+    if (leader) // every rank is past its writes: the folder can go
+      removeQuietly(dir);
+    throw;
+  }
   return leader ? done : (fs::path(root) / stepName(step)).string();
 }
 

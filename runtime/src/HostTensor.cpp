@@ -1,6 +1,7 @@
 //===- HostTensor.cpp - shard pieces, assembly and .npy files ---------------===//
 
 #include "ernie/runtime/HostTensor.h"
+#include "ernie/runtime/BoundedInput.h"
 
 #include <algorithm>
 #include <cstring>
@@ -234,8 +235,11 @@ std::string headerField(const std::string &header, const std::string &key,
   if (at == std::string::npos)
     throw std::runtime_error(path + ": .npy header has no '" + key + "'");
   at = header.find(':', at);
-  size_t end = key == "shape" ? header.find(')', at) + 1 : header.find(',', at);
-  return header.substr(at + 1, end - at - 1);
+  size_t end = key == "shape" ? header.find(')', at) : header.find(',', at);
+  if (at == std::string::npos || end == std::string::npos)
+    throw std::runtime_error(path + ": .npy header's '" + key +
+                             "' is malformed");
+  return header.substr(at + 1, end + (key == "shape") - at - 1);
 }
 
 std::string trim(std::string s) {
@@ -247,41 +251,74 @@ std::string trim(std::string s) {
 
 } // namespace
 
+/// The longest .npy header read (NumPy's own reader refuses over 10000).
+constexpr uint32_t kMaxNpyHeader = 1u << 16;
+/// Dimensions of an .npy array.
+constexpr size_t kMaxNpyRank = 64;
+
 HostTensor readNpy(const std::string &path, DType want) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(path + ": cannot open");
-  char magic[8];
-  in.read(magic, 8);
-  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+  // A FIFO or device is refused up front; sizes are checked against the
+  // file's before anything is allocated.
+  RegularFile file(path);
+  auto truncated = [&](const std::string &what) {
+    return std::runtime_error(path + ": truncated " + what);
+  };
+  unsigned char magic[8];
+  if (file.size() < 10)
     throw std::runtime_error(path + ": not a .npy file");
-  uint32_t headerLength = 0;
+  file.readAt(magic, 8, 0);
+  if (std::memcmp(magic, "\x93NUMPY", 6) != 0 || magic[6] < 1 || magic[6] > 3)
+    throw std::runtime_error(path + ": not a .npy file");
+  uint64_t headerLength = 0, at = 8;
+  uint8_t len[4] = {0, 0, 0, 0};
   if (magic[6] == 1) {
-    uint8_t len[2];
-    in.read(reinterpret_cast<char *>(len), 2);
-    headerLength = len[0] | (len[1] << 8);
+    file.readAt(len, 2, at);
+    at += 2;
   } else {
-    uint8_t len[4];
-    in.read(reinterpret_cast<char *>(len), 4);
-    headerLength = len[0] | (len[1] << 8) | (len[2] << 16) | (uint32_t(len[3]) << 24);
+    if (file.size() < 12)
+      throw truncated(".npy header");
+    file.readAt(len, 4, at);
+    at += 4;
   }
+  headerLength =
+      len[0] | (len[1] << 8) | (len[2] << 16) | (uint64_t(len[3]) << 24);
+  if (headerLength > kMaxNpyHeader)
+    throw std::runtime_error(
+        path + ": .npy header length " + std::to_string(headerLength) +
+        " is over the limit of " + std::to_string(kMaxNpyHeader));
+  if (headerLength > file.size() - at)
+    throw truncated(".npy header");
   std::string header(headerLength, '\0');
-  in.read(header.data(), headerLength);
-  if (!in)
-    throw std::runtime_error(path + ": truncated .npy header");
+  file.readAt(header.data(), headerLength, at);
+  at += headerLength;
   std::string descr = trim(headerField(header, "descr", path));
   if (trim(headerField(header, "fortran_order", path)) != "False")
     throw std::runtime_error(path + ": Fortran-ordered arrays are not supported");
-  std::string shapeText = headerField(header, "shape", path);
+  // "(2, 8)", "(4,)", "()": sizes, each a plain non-negative integer.
+  std::string shapeText = trim(headerField(header, "shape", path));
+  if (shapeText.size() < 2 || shapeText.front() != '(' ||
+      shapeText.back() != ')')
+    throw std::runtime_error(path + ": .npy shape '" + shapeText +
+                             "' is not a tuple");
   std::vector<int64_t> shape;
-  for (size_t i = 0; i < shapeText.size();) {
-    if (std::isdigit(static_cast<unsigned char>(shapeText[i]))) {
-      size_t used = 0;
-      shape.push_back(std::stoll(shapeText.substr(i), &used));
-      i += used;
-    } else {
-      ++i;
-    }
+  std::string inner = shapeText.substr(1, shapeText.size() - 2);
+  for (size_t i = 0; i <= inner.size();) {
+    size_t comma = std::min(inner.find(',', i), inner.size());
+    std::string item = trim(inner.substr(i, comma - i));
+    bool last = comma == inner.size();
+    if (item.empty() && last &&
+        (!shape.empty() || inner.find_first_not_of(' ') == std::string::npos))
+      break; // "(4,)" and "()"
+    if (item.empty() || item.size() > 18 ||
+        item.find_first_not_of("0123456789") != std::string::npos)
+      throw std::runtime_error(
+          path + ": .npy shape '" + shapeText +
+          "' has a size that is not a non-negative integer");
+    shape.push_back(std::stoll(item));
+    if (shape.size() > kMaxNpyRank)
+      throw std::runtime_error(path + ": .npy shape has more than " +
+                               std::to_string(kMaxNpyRank) + " dimensions");
+    i = comma + 1;
   }
   DType stored;
   if (auto t = fromDescr(descr)) {
@@ -292,13 +329,22 @@ HostTensor readNpy(const std::string &path, DType want) {
     throw std::runtime_error(path + ": dtype '" + descr + "' cannot hold " +
                              std::string(name(want)));
   }
-  HostTensor t(stored, shape);
-  in.read(reinterpret_cast<char *>(t.bytes.data()), t.bytes.size());
-  if (!in)
-    throw std::runtime_error(path + ": truncated data");
   if (isFloat(stored) != isFloat(want) && !(stored == DType::I1 || want == DType::I1))
     throw std::runtime_error(path + ": holds " + std::string(name(stored)) +
                              ", expected " + std::string(name(want)));
+  // The data the shape declares must be in the file before it is allocated.
+  uint64_t bytes = byteSize(stored), available = file.size() - at;
+  for (int64_t d : shape) {
+    if (d > 0 && bytes > available / uint64_t(d))
+      throw truncated("data (the shape " + shapeString(shape) +
+                      " needs more than the " + std::to_string(available) +
+                      " bytes after the header)");
+    bytes *= uint64_t(d);
+  }
+  if (bytes > available)
+    throw truncated("data");
+  HostTensor t(stored, shape);
+  file.readAt(t.bytes.data(), t.bytes.size(), at);
   return convert(t, want);
 }
 

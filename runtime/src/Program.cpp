@@ -10,6 +10,7 @@
 #include "ernie/runtime/Program.h"
 
 #include "ProgramDecoding.h"
+#include "ernie/runtime/BoundedInput.h"
 #include "ernie/runtime/HostTensor.h"
 #include "ernie/runtime/PipelineSchedule.h"
 
@@ -861,12 +862,20 @@ Program Program::parse(const void *data, size_t size,
   return program;
 }
 
+/// The largest program file read (FlatBuffers address 2 GiB at most).
+constexpr uint64_t kMaxProgramBytes = uint64_t(2) << 30;
+
 Program Program::load(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ProgramError(path + ": cannot open the program file");
-  std::string bytes((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
+  // A FIFO or device is refused before a read could block on it.
+  std::string bytes;
+  try {
+    bytes = RegularFile(path).readAll(kMaxProgramBytes);
+  } catch (const std::runtime_error &e) {
+    std::string why = e.what();
+    if (why.rfind(path + ": ", 0) == 0)
+      why.erase(0, path.size() + 2);
+    throw ProgramError(path + ": cannot open the program file: " + why);
+  }
   return fromBytes(bytes, path);
 }
 

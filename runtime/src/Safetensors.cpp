@@ -1,6 +1,7 @@
 //===- Safetensors.cpp - the safetensors format, read and written ----------===//
 
 #include "ernie/runtime/Safetensors.h"
+#include "ernie/runtime/BoundedInput.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 #include <tuple>
 #include <unistd.h>
+#include <unordered_set>
 
 namespace ernie::runtime {
 
@@ -32,25 +34,14 @@ constexpr DtypeName kDtypes[] = {
 /// The header's size limit: safetensors' own reference reader refuses
 /// headers over 100 MB, which keeps a hostile length from allocating.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+/// The header's JSON is {name: {dtype, shape: [...], data_offsets: [...]},
+/// "__metadata__": {key: string}}: three levels; a deeper one is refused.
+constexpr int kMaxHeaderDepth = 3;
+/// Dimensions of one tensor.
+constexpr size_t kMaxRank = 64;
 
 [[noreturn]] void fail(const std::string &path, const std::string &why) {
   throw std::runtime_error(path + ": " + why);
-}
-
-void preadAll(int fd, void *dst, uint64_t bytes, uint64_t offset,
-              const std::string &path) {
-  auto *out = static_cast<char *>(dst);
-  while (bytes > 0) {
-    ssize_t got = ::pread(fd, out, bytes, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      fail(path, got == 0 ? "unexpected end of file"
-                          : std::string("read failed: ") + std::strerror(errno));
-    out += got;
-    bytes -= got;
-    offset += got;
-  }
 }
 
 void writeAll(int fd, const void *src, uint64_t bytes, const std::string &path) {
@@ -85,19 +76,16 @@ bool parseSafetensorsDtype(const std::string &name, DType &type) {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0)
-    fail(path, std::string("cannot open: ") + std::strerror(errno));
+  // A FIFO or a device is refused before anything blocks on it.
+  RegularFile file(path);
+  uint64_t fileBytes = file.size();
+  fd_ = file.release();
   try {
-    struct stat st;
-    if (::fstat(fd_, &st) != 0)
-      fail(path, std::string("cannot stat: ") + std::strerror(errno));
-    uint64_t fileBytes = static_cast<uint64_t>(st.st_size);
     if (fileBytes < 8)
       fail(path, "too short for a safetensors header (" +
                      std::to_string(fileBytes) + " bytes)");
     unsigned char length[8];
-    preadAll(fd_, length, 8, 0, path);
+    readExactly(fd_, length, 8, 0, path);
     uint64_t headerBytes = 0;
     for (int i = 7; i >= 0; --i)
       headerBytes = (headerBytes << 8) | length[i];
@@ -106,12 +94,16 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
                      " does not fit the file of " + std::to_string(fileBytes) +
                      " bytes");
     std::string text(headerBytes, '\0');
-    preadAll(fd_, text.data(), headerBytes, 8, path);
+    readExactly(fd_, text.data(), headerBytes, 8, path);
     dataStart_ = 8 + headerBytes;
     uint64_t dataBytes = fileBytes - dataStart_;
 
-    nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
-    if (header.is_discarded() || !header.is_object())
+    JsonLimits limits;
+    limits.maxDepth = kMaxHeaderDepth;
+    limits.maxBytes = kMaxHeaderBytes;
+    nlohmann::json header =
+        parseBoundedJson(text, path + ": the header", limits);
+    if (!header.is_object())
       fail(path, "the header is not a JSON object");
     for (auto &[key, value] : header.items()) {
       if (key == "__metadata__") {
@@ -132,15 +124,16 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : path_(path) {
       e.name = key;
       const auto &dtype = value["dtype"];
       if (!dtype.is_string() || !parseSafetensorsDtype(dtype.get<std::string>(), e.type))
-        fail(path, where + " has dtype " + dtype.dump() +
+        fail(path, where + " has dtype " + briefJson(dtype) +
                        ", which ernie does not read");
       const auto &shape = value["shape"];
-      if (!shape.is_array())
-        fail(path, where + " has a shape that is not a list");
+      if (!shape.is_array() || shape.size() > kMaxRank)
+        fail(path, where + " has a shape that is not a list of at most " +
+                       std::to_string(kMaxRank) + " sizes");
       uint64_t elements = 1;
       for (const auto &d : shape) {
         if (!d.is_number_unsigned())
-          fail(path, where + " has a shape entry " + d.dump() +
+          fail(path, where + " has a shape entry " + briefJson(d) +
                          " that is not a size");
         uint64_t n = d.get<uint64_t>();
         if (n > 0 && elements > UINT64_MAX / n)
@@ -212,7 +205,12 @@ void SafetensorsFile::readBytes(const std::string &name, uint64_t offset,
     fail(path_, "tensor '" + name + "': bytes [" + std::to_string(offset) +
                     ", " + std::to_string(offset + bytes) +
                     ") are outside its data");
-  preadAll(fd_, dst, bytes, dataStart_ + e->begin + offset, path_);
+  readExactly(fd_, dst, bytes, dataStart_ + e->begin + offset, path_);
+}
+
+void SafetensorsFile::readFileBytes(uint64_t offset, uint64_t bytes,
+                                    void *dst) const {
+  readExactly(fd_, dst, bytes, offset, path_);
 }
 
 HostTensor SafetensorsFile::read(const std::string &name) const {
@@ -228,22 +226,28 @@ SafetensorsWriter::SafetensorsWriter(const std::string &path,
                                      const std::vector<Tensor> &tensors,
                                      const std::map<std::string, std::string> &metadata)
     : path_(path) {
-  // nlohmann::ordered_json keeps the tensors in the order given.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  // The header is composed as text, in the order given: a JSON object
+  // built member by member (ordered_json's lookups are linear) would make
+  // writing quadratic in the number of tensors.
+  std::unordered_set<std::string> names;
+  std::string text = "{";
   if (!metadata.empty())
-    header["__metadata__"] = metadata;
+    text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
   for (const Tensor &t : tensors) {
-    if (t.name == "__metadata__" || header.contains(t.name))
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
       fail(path, "tensor name '" + t.name + "' is reserved or repeated");
     uint64_t bytes = byteSize(t.type);
     for (int64_t d : t.shape)
       bytes *= static_cast<uint64_t>(d);
-    header[t.name] = {{"dtype", safetensorsDtype(t.type)},
-                      {"shape", t.shape},
-                      {"data_offsets", {expected_, expected_ + bytes}}};
+    nlohmann::ordered_json entry = {{"dtype", safetensorsDtype(t.type)},
+                            {"shape", t.shape},
+                            {"data_offsets", {expected_, expected_ + bytes}}};
+    if (text.size() > 1)
+      text += ',';
+    text += nlohmann::json(t.name).dump() + ":" + entry.dump();
     expected_ += bytes;
   }
-  std::string text = header.dump();
+  text += '}';
   // Pad the header with spaces to 8 bytes, as the reference writer does,
   // so the data region starts aligned.
   text.append((8 - text.size() % 8) % 8, ' ');

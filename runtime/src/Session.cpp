@@ -830,10 +830,16 @@ std::string Session::saveCheckpoint(const std::string &root, int64_t step,
                                    const std::string &metadataJson, int keep,
                                    IoMeter *meter) {
   std::string dir = beginCheckpoint(root, step);
-  onEveryRank([&](int64_t r) {
-    writeCheckpointShards(program_, *ranks_[r], r, dir, meter);
-  });
-  return commitCheckpoint(program_.mesh(), dir, root, step, metadataJson, keep);
+  try {
+    onEveryRank([&](int64_t r) {
+      writeCheckpointShards(program_, *ranks_[r], r, dir, meter);
+    });
+    return commitCheckpoint(program_.mesh(), dir, root, step, metadataJson,
+                            keep);
+  } catch (...) {
+    removeQuietly(dir); // a failed save leaves no temporary folder
+    throw;
+  }
 }
 
 void Session::replaceEverywhere(

@@ -18,6 +18,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -574,6 +576,49 @@ TEST(Npy, BadFilesAreErrors) {
   writeRaw(path, "{'fortran_order': False, 'shape': (1,), }\n",
            std::vector<uint8_t>(4));
   EXPECT_THAT(npyError(path, DType::F32), HasSubstr("no 'descr'"));
+  std::remove(path.c_str());
+}
+
+TEST(Npy, SizesAreCheckedAgainstTheFileBeforeAllocating) {
+  std::string path = tempPath("bounds.npy");
+  // A version-2 header length of 4 GB in a 20-byte file.
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write("\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr'", 20);
+  }
+  EXPECT_THAT(npyError(path, DType::F32),
+              HasSubstr("header length 4294967295 is over the limit"));
+  // A shape of 3 G elements over 8 data bytes: refused, nothing allocated.
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000, 3000), }\n",
+           std::vector<uint8_t>(8));
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("truncated data (the shape"));
+  // Sizes whose product overflows 64 bits.
+  writeRaw(path,
+           "{'descr': '<f4', 'fortran_order': False, 'shape': "
+           "(4294967296, 4294967296, 16), }\n",
+           std::vector<uint8_t>(8));
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("truncated data"));
+  // Negative dimensions are not read as positive ones.
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2, -8), }\n",
+           std::vector<uint8_t>(64));
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("not a non-negative integer"));
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': (2 8), }\n",
+           std::vector<uint8_t>(64));
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("not a non-negative integer"));
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': 7, }\n",
+           std::vector<uint8_t>(64));
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("malformed"));
+  // Scalars and one-dimensional shapes still read.
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }\n",
+           std::vector<uint8_t>(4));
+  EXPECT_EQ(readNpy(path, DType::F32).shape, std::vector<int64_t>{});
+  writeRaw(path, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }\n",
+           std::vector<uint8_t>(12));
+  EXPECT_EQ(readNpy(path, DType::F32).shape, std::vector<int64_t>{3});
+  std::remove(path.c_str());
+  // A FIFO would block: refused before the open.
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  EXPECT_THAT(npyError(path, DType::F32), HasSubstr("is a FIFO, not a regular file"));
   std::remove(path.c_str());
 }
 

@@ -13,6 +13,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -120,11 +122,25 @@ TEST(SafetensorsTest, DamagedFilesAreNamedErrors) {
     std::string bytes, message;
   };
   std::string good = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::string sixtyFourOnes; // with the one before: 65 dimensions
+  for (int i = 0; i < 64; ++i)
+    sixtyFourOnes += ",1";
   std::vector<Case> cases = {
       {"abc", "too short"},
       {std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
        "does not fit the file"},
-      {handMade("{not json", ""), "not a JSON object"},
+      {handMade("{not json", ""), "the header: not valid JSON"},
+      {handMade("[1]", ""), "the header is not a JSON object"},
+      // Nesting deeper than the format's three levels is refused while
+      // parsing (copying or printing a deep value would overflow the stack).
+      {handMade(R"({"w":{"dtype":)" + std::string(100000, '[') +
+                    std::string(100000, ']') + "}}",
+                ""),
+       "nested deeper than 3 levels"},
+      {handMade(R"({"w":{"dtype":"F32","shape":[1)" + sixtyFourOnes +
+                    R"(],"data_offsets":[0,4]}})",
+                std::string(4, '\0')),
+       "not a list of at most 64 sizes"},
       {handMade(good, std::string(4, '\0')), "outside the 4 data bytes"},
       {handMade(good, std::string(12, '\0')), "4 bytes after the last"},
       {handMade(R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})",
@@ -151,6 +167,12 @@ TEST(SafetensorsTest, DamagedFilesAreNamedErrors) {
     EXPECT_THAT(error, HasSubstr(c.message));
   }
   EXPECT_THAT(errorOf(path + ".missing"), HasSubstr("cannot open"));
+  // A FIFO would block the open: refused before it.
+  std::string fifo = path + ".fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(errorOf(fifo), HasSubstr(fifo + ": is a FIFO, not a regular file"));
+  std::remove(fifo.c_str());
   std::remove(path.c_str());
 }
 

@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
                   << argv[4] << "'\n";
         return 2;
       }
-      std::cout << "wrote " << importCheckpoint(argv[2], argv[3], *step) << "\n";
+      std::string dir = importCheckpoint(argv[2], argv[3], *step);
+      std::cout << "wrote " << dir << "\n";
     } else {
       return usage();
     }

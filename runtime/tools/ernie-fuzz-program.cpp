@@ -10,10 +10,10 @@
 // be enough for every kernel and collective. Anything but a clean
 // ProgramError / std::exception is a finding.
 //
-// Inputs run in batches in forked children (a crash or a hang — an alarm per
-// input — kills only the child); the parent saves the input that was running
-// into --crash-dir and continues after it. Input i depends only on (--seed,
-// i), so every finding replays with --replay i.
+// Inputs run in batches in forked children (FuzzDriver.h: a crash or a hang
+// kills only the child); the parent saves the input that was running into
+// --crash-dir and continues after it. Input i depends only on (--seed, i),
+// so every finding replays with --replay i.
 //
 //   ernie-fuzz-program --seeds DIR [--seed N] [--iterations N]
 //                      [--max-seconds S] [--crash-dir DIR] [--replay I]
@@ -28,6 +28,7 @@
 #include "ernie/runtime/ProgramFormat.h"
 #include "ernie/runtime/Session.h"
 
+#include "FuzzDriver.h"
 #include "StepInputs.h"
 
 #include <sys/resource.h>
@@ -229,10 +230,7 @@ Options parse(int argc, char **argv) {
     std::cerr << "ernie-fuzz-program: --seeds DIR is required\n";
     std::exit(2);
   }
-  if (o.iterations < 0) {
-    const char *env = std::getenv("ERNIE_FUZZ_ITERATIONS");
-    o.iterations = env ? std::stoll(env) : 2000;
-  }
+  o.iterations = fuzzIterations(o.iterations);
   return o;
 }
 
@@ -255,71 +253,23 @@ int main(int argc, char **argv) {
               << ", ended cleanly\n";
     return 0;
   }
-  fs::create_directories(o.crashDir);
-  const std::string current = (fs::path(o.crashDir) / ".current.ernie").string();
-  const std::string counts = (fs::path(o.crashDir) / ".counts").string();
-  auto start = std::chrono::steady_clock::now();
-  int64_t next = 0, ran = 0, accepted = 0, findings = 0;
-  constexpr int64_t kBatch = 500;
-  while (next < o.iterations) {
-    if (o.maxSeconds > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                .count() > o.maxSeconds)
-      break;
-    int64_t end = std::min(o.iterations, next + kBatch);
-    std::remove(counts.c_str());
-    pid_t child = fork();
-    if (child == 0) {
-      // 4 GiB of address space: a huge accepted allocation is a bad_alloc,
-      // not the machine's memory.
-      rlimit limit{rlim_t(4) << 30, rlim_t(4) << 30};
-      setrlimit(RLIMIT_AS, &limit);
-      int64_t took = 0;
-      for (int64_t i = next; i < end; ++i) {
-        alarm(20); // a hang is a finding: the collective timeout is 2 s
-        bool wasAccepted;
-        runInput(seeds, o.seed, i, wasAccepted, current);
-        took += wasAccepted;
-        // Progress, so the parent knows where a dead child stopped.
-        std::ofstream(counts, std::ios::trunc) << i + 1 << " " << took << "\n";
-      }
-      _exit(0);
-    }
-    int status = 0;
-    waitpid(child, &status, 0);
-    int64_t done = next, took = 0;
-    if (std::ifstream in(counts); in)
-      in >> done >> took;
-    accepted += took;
-    ran += done - next;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      // Input `done` was running when the child died.
-      ++findings;
-      ++ran;
-      std::string saved = (fs::path(o.crashDir) /
-                           ("input-" + std::to_string(done) + ".ernie"))
-                              .string();
-      fs::copy_file(current, saved, fs::copy_options::overwrite_existing);
-      std::cerr << "ernie-fuzz-program: input " << done << " (--seed " << o.seed
-                << " --replay " << done << ") "
-                << (WIFSIGNALED(status)
-                        ? std::string(WTERMSIG(status) == SIGALRM
-                                          ? "hung"
-                                          : "died of signal " +
-                                                std::to_string(WTERMSIG(status)))
-                        : "exited " + std::to_string(WEXITSTATUS(status)))
-                << "; saved as " << saved << "\n";
-      next = done + 1;
-    } else {
-      next = end;
-    }
-  }
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  std::cout << "ernie-fuzz-program: " << ran << " inputs (seed " << o.seed
-            << ", " << seeds.size() << " seed files), " << accepted
-            << " accepted and run, " << findings << " findings, " << seconds
-            << " s\n";
-  return findings ? 1 : 0;
+  FuzzBatches batches;
+  batches.tool = "ernie-fuzz-program";
+  batches.crashDir = o.crashDir;
+  batches.suffix = ".ernie";
+  batches.seed = o.seed;
+  batches.iterations = o.iterations;
+  batches.maxSeconds = o.maxSeconds;
+  // 4 GiB of address space: a huge accepted allocation is a bad_alloc, not
+  // the machine's memory; 20 s per input (the collective timeout is 2 s).
+  FuzzSummary sum = runFuzzBatches(batches, [&](int64_t i, const std::string &current) {
+    bool wasAccepted;
+    runInput(seeds, o.seed, i, wasAccepted, current);
+    return wasAccepted;
+  });
+  std::cout << "ernie-fuzz-program: " << sum.ran << " inputs (seed " << o.seed
+            << ", " << seeds.size() << " seed files), " << sum.accepted
+            << " accepted and run, " << sum.findings << " findings, "
+            << sum.seconds << " s\n";
+  return sum.findings ? 1 : 0;
 }

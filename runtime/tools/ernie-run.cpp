@@ -31,9 +31,11 @@
 // unless --store or --store-address is given; LOCAL_RANK picks the GPU.
 //
 // Checkpoints: --save DIR --save-every K saves a distributed checkpoint
-// (Checkpoint.h) every K steps into DIR/step-<N>, keeping the newest N with
-// --keep; --resume PATH (a checkpoint, or a directory of them: the newest
-// complete one) loads one, resharded to this program's mesh and plan, and
+// (Checkpoint.h) every K steps into DIR/step-<N>, keeping the newest N at or
+// below the step with --keep (a higher step is another run's, never
+// removed); --resume PATH (a checkpoint, or a directory of them: the newest
+// whose files are all there) loads one, every block's checksum verified,
+// resharded to this program's mesh and plan, and
 // continues from its step to --steps (the last step, counted from the
 // start of training). Each save and load prints its MB/s.
 //
@@ -131,8 +133,10 @@ const char *kUsage =
     "                    instruction on every rank (Gloo: FILE.rank<r>.json)\n"
     "  --timeout S       seconds a collective waits for its peers (default 60)\n"
     "  --save DIR        save a distributed checkpoint DIR/step-<N> every\n"
-    "  --save-every K    K steps (and keep the newest N with --keep N)\n"
-    "  --resume PATH     start from a checkpoint (or the newest under PATH),\n"
+    "  --save-every K    K steps (and keep the newest N up to the step with\n"
+    "                    --keep N)\n"
+    "  --resume PATH     start from a checkpoint (or the newest complete one\n"
+    "                    under PATH), checksums verified,\n"
     "                    resharded; runs its step + 1 to --steps\n";
 
 [[noreturn]] void usageError(const std::string &message) {
@@ -196,8 +200,8 @@ Options parseOptions(int argc, char **argv) {
       o.checkFinite = true;
     } else if (arg == "--timeout") {
       o.timeoutSeconds = parseNumber<double>(arg, value());
-      if (o.timeoutSeconds <= 0)
-        usageError("--timeout must be positive");
+      if (!(o.timeoutSeconds > 0 && o.timeoutSeconds <= 1e9)) // NaN too
+        usageError("--timeout must be a finite number of seconds > 0");
     } else if (arg == "--quiet") {
       o.quiet = true;
     } else if (arg == "--blas-threads") {

@@ -49,6 +49,7 @@ from ..compiler import compile as ernie_compile
 from ..models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
 from ..nn import LayerList, abstract
 from ..optimizer import AdamW
+from ..weights import read_json
 
 _RECOMPUTE_ORDER = ("none", "selective", "full")
 
@@ -639,8 +640,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     fields = {}
     if a.hf_config:
-        with open(a.hf_config) as f:
-            fields.update(config_from_hf(json.load(f)))
+        fields.update(config_from_hf(read_json(a.hf_config)))
     for item in filter(None, a.llama.split(",")):
         key, _, value = item.partition("=")
         fields[key] = value if key == "dtype" else json.loads(value)

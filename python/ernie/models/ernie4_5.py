@@ -26,7 +26,6 @@ auxiliary losses.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -35,8 +34,9 @@ from .. import functional as F
 from ..distributed import ColWiseParallel, RowWiseParallel
 from ..moe import MoEConfig, MoELayer, SwiGLU
 from ..nn import Embedding, LayerList, Module, RMSNorm
-from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_tensors,
+from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_json, read_tensors,
                        write_hf_folder)
+from .config_checks import check_counts, check_finite, check_size
 from .llama import _linear, _rounded, _tied_head
 
 
@@ -71,6 +71,20 @@ class Ernie4_5Config:
     seed: int = 0
 
     def __post_init__(self):
+        check_counts(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads",
+                            "moe_intermediate_size", "moe_layer_interval"))
+        check_counts(self, ("moe_num_experts", "moe_k", "moe_num_shared_experts",
+                            "moe_layer_start_index"), minimum=0)
+        check_counts(self, ("moe_layer_end_index",), minimum=-1)
+        if self.head_dim is not None:
+            check_counts(self, ("head_dim",))
+        check_finite(self, ("rms_norm_eps", "rope_theta"), positive=True)
+        check_finite(self, ("initializer_range", "moe_norm_min", "router_aux_loss_coef",
+                            "router_orthogonal_loss_coef", "router_z_loss_coef",
+                            "moe_aux_free_rate"), minimum=0.0)
+        check_finite(self, ("moe_capacity_factor",), positive=True,
+                     optional=("moe_capacity_factor",))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError("hidden_size must be a multiple of num_attention_heads "
@@ -80,6 +94,14 @@ class Ernie4_5Config:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.moe_num_experts:
             self.moe_config()  # checks k against the experts
+        h, d = self.hidden_size, self.head_dim
+        attention = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * d + \
+            self.num_attention_heads * d * h
+        experts = (self.moe_num_experts + self.moe_num_shared_experts) * 3 * h * \
+            self.moe_intermediate_size + self.moe_num_experts * h
+        layer = attention + 2 * h + max(3 * h * self.intermediate_size, experts)
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        check_size(self, self.num_hidden_layers, self.num_hidden_layers * layer + embeddings + h)
 
     def moe_config(self) -> MoEConfig:
         return MoEConfig(num_experts=self.moe_num_experts, k=self.moe_k,
@@ -104,17 +126,21 @@ class Ernie4_5Config:
         make another model (biases, another activation) is a ValueError."""
         hf = path_or_dict
         if not isinstance(hf, dict):
-            with open(path_or_dict) as f:
-                hf = json.load(f)
-        for key, want in (("hidden_act", "silu"), ("use_bias", False)):
+            hf = read_json(path_or_dict)
+        if not isinstance(hf, dict):
+            raise TypeError(f"config.json: a JSON object is needed, not {type(hf).__name__}")
+        for key, want in (("hidden_act", "silu"), ("use_bias", False), ("rope_scaling", None)):
             if hf.get(key, want) != want:
-                raise ValueError(f"config.json: {key} = {hf[key]!r} is not supported (ernie's "
-                                 f"Ernie4_5 has {want!r})")
+                raise ValueError(f"config.json: {key} = {str(hf[key])[:80]} is not supported "
+                                 f"(ernie's Ernie4_5 has {want!r})")
         names = {f.name for f in fields(cls)}
         out = {k: v for k, v in hf.items() if k in names}
         if "torch_dtype" in hf and "dtype" not in overrides:
-            out["dtype"] = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}.get(
-                hf["torch_dtype"], "f32")
+            dtypes = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
+            if hf["torch_dtype"] not in dtypes:
+                raise ValueError(f"config.json: torch_dtype {str(hf['torch_dtype'])[:40]!r} is "
+                                 f"not one of {sorted(dtypes)}")
+            out["dtype"] = dtypes[hf["torch_dtype"]]
         out.update(overrides)
         return cls(**out)
 

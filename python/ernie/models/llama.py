@@ -52,6 +52,7 @@ from .. import functional as F
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
 from ..weights import TORCH_DTYPES, hf_folder_index, read_hf_folder, write_hf_folder
+from .config_checks import check_counts, check_finite, check_size
 
 
 @dataclass
@@ -76,10 +77,20 @@ class LlamaConfig:
         return self.hidden_size // self.num_attention_heads
 
     def __post_init__(self):
+        check_counts(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads"))
+        check_finite(self, ("rms_norm_eps", "rope_theta"), positive=True)
+        check_finite(self, ("initializer_range",), minimum=0.0)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        h, d = self.hidden_size, self.head_dim
+        attention = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * d + \
+            self.num_attention_heads * d * h
+        layer = attention + 3 * h * self.intermediate_size + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        check_size(self, self.num_hidden_layers, self.num_hidden_layers * layer + embeddings + h)
 
 
 def _linear(cfg, rng, n_in, n_out):

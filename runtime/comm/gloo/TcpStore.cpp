@@ -9,11 +9,16 @@
 #include <map>
 #include <stdexcept>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,6 +41,37 @@ constexpr std::chrono::milliseconds kReplyGrace(2000);
 /// Timeouts this long (~35 years) or longer mean "never": keeps deadline
 /// arithmetic from overflowing.
 constexpr uint64_t kLongest = uint64_t(1) << 40;
+
+/// The nonce that opens an authenticated connection, and its answer.
+constexpr size_t kNonceBytes = 32, kMacBytes = 32;
+
+/// HMAC-SHA256(secret, "ernie-store" + nonce).
+std::string authenticator(const std::string &secret, const std::string &nonce) {
+  std::string data = "ernie-store" + nonce;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!::HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+              reinterpret_cast<const unsigned char *>(data.data()), data.size(),
+              mac, &len) ||
+      len != kMacBytes)
+    throw std::runtime_error("TCP store: HMAC-SHA256 failed");
+  return std::string(reinterpret_cast<char *>(mac), len);
+}
+
+std::string randomNonce() {
+  std::string nonce(kNonceBytes, '\0');
+  size_t done = 0;
+  while (done < nonce.size()) {
+    ssize_t n = ::getrandom(&nonce[done], nonce.size() - done, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      throw std::runtime_error("TCP store: no random bytes: " +
+                               std::string(std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return nonce;
+}
 
 /// Now plus `d` plus `grace`, saturating.
 Clock::time_point after(std::chrono::milliseconds d,
@@ -144,6 +180,11 @@ int resolve(const StoreAddress &address, bool passive, AddrInfo &out) {
 
 } // namespace
 
+std::string storeSecretFromEnvironment() {
+  const char *secret = std::getenv("ERNIE_STORE_SECRET");
+  return secret ? secret : "";
+}
+
 //===----------------------------------------------------------------------===//
 // Addresses
 //===----------------------------------------------------------------------===//
@@ -191,6 +232,11 @@ struct TcpStoreServer::State {
     int fd = -1;
     std::string in, out;
     bool dead = false;
+    /// With a secret: the nonce sent, until the client proves it knows it.
+    bool authenticated = true;
+    std::string nonce;
+    /// The last complete message or reply; when the input began a message.
+    Clock::time_point active = Clock::now(), partialSince = active;
     // The request waiting for keys, if any; later requests on this
     // connection wait behind it so replies keep their order.
     bool waiting = false;
@@ -201,6 +247,39 @@ struct TcpStoreServer::State {
   std::map<std::string, std::string> data;
   std::map<uint64_t, Client> clients;
   uint64_t nextId = 0;
+  std::string secret;
+  TcpStoreLimits limits;
+  /// Bytes of `data`; of every client's `in` and `out`.
+  uint64_t stored = 0, buffered = 0;
+
+  void drop(Client &c) {
+    if (c.dead)
+      return;
+    c.dead = true;
+    buffered -= c.in.size() + c.out.size();
+    c.in.clear();
+    c.out.clear();
+  }
+
+  /// Gives back a buffer's spare capacity once it is mostly consumed: the
+  /// bounds count bytes held, and an emptied string keeps its capacity.
+  static void release(std::string &buffer) {
+    if (buffer.capacity() > 4 * buffer.size() + (64u << 10))
+      buffer.shrink_to_fit();
+  }
+
+  /// Appends `bytes` to `c.in`, or drops `c` when that passes a bound.
+  void received(Client &c, const char *bytes, size_t n) {
+    if (c.in.size() + n > size_t(kMaxMessage) + 4 ||
+        buffered + n > limits.bufferedBytes) {
+      drop(c);
+      return;
+    }
+    if (c.in.empty())
+      c.partialSince = Clock::now();
+    c.in.append(bytes, n);
+    buffered += n;
+  }
 
   bool present(const std::vector<std::string> &keys) const {
     return std::all_of(keys.begin(), keys.end(),
@@ -208,7 +287,17 @@ struct TcpStoreServer::State {
   }
 
   void reply(Client &c, const std::string &body) {
-    c.out += framed(body);
+    if (c.dead)
+      return;
+    std::string message = framed(body);
+    if (c.out.size() + message.size() > limits.pendingReplyBytes ||
+        buffered + message.size() > limits.bufferedBytes) {
+      drop(c); // it does not read its replies
+      return;
+    }
+    c.out += message;
+    buffered += message.size();
+    c.active = Clock::now();
     flush(c);
   }
 
@@ -219,15 +308,34 @@ struct TcpStoreServer::State {
     while (!c.out.empty() && !c.dead) {
       ssize_t n = ::send(c.fd, c.out.data(), c.out.size(),
                          MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0)
+      if (n > 0) {
         c.out.erase(0, static_cast<size_t>(n));
-      else if (n < 0 && errno == EINTR)
+        buffered -= static_cast<uint64_t>(n);
+        release(c.out);
+      } else if (n < 0 && errno == EINTR)
         continue;
       else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return;
       else
-        c.dead = true;
+        drop(c);
     }
+  }
+
+  /// Whether `c` has outstayed an idle or partial-message bound at `now`;
+  /// the time it would, else, in `next`.
+  bool expired(const Client &c, Clock::time_point now,
+               std::optional<Clock::time_point> &next) const {
+    if (c.waiting)
+      return false; // its request's own deadline governs
+    // An unauthenticated connection has the time of one message.
+    Clock::time_point limit = c.in.empty() && c.authenticated
+                                  ? c.active + limits.idle
+                                  : c.partialSince + limits.partialMessage;
+    if (now >= limit)
+      return true;
+    if (!next || limit < *next)
+      next = limit;
+    return false;
   }
 
   /// Answers `c`'s waiting request if its keys are there or its time is up.
@@ -253,15 +361,35 @@ struct TcpStoreServer::State {
     while (!c.dead && !c.waiting && c.in.size() >= 4) {
       uint32_t size = readU32(c.in.data());
       if (size > kMaxMessage) {
-        c.dead = true;
+        drop(c);
         return;
       }
       if (c.in.size() - 4 < size)
         return;
       std::string body = c.in.substr(4, size);
       c.in.erase(0, 4 + size);
-      handle(c, body);
+      buffered -= 4 + size;
+      release(c.in);
+      c.active = c.partialSince = Clock::now();
+      if (!c.authenticated)
+        authenticate(c, body);
+      else
+        handle(c, body);
     }
+  }
+
+  /// The first message of a connection when the store has a secret.
+  void authenticate(Client &c, const std::string &body) {
+    std::string want = authenticator(secret, c.nonce);
+    if (body.size() == 1 + kMacBytes && body[0] == 'A' &&
+        CRYPTO_memcmp(body.data() + 1, want.data(), kMacBytes) == 0) {
+      c.authenticated = true;
+      reply(c, "K");
+      return;
+    }
+    reply(c, "X");
+    flush(c);
+    drop(c);
   }
 
   void handle(Client &c, const std::string &body) {
@@ -270,9 +398,16 @@ struct TcpStoreServer::State {
     if (op == 'S') {
       std::string key = r.str(), value = r.str();
       if (!r.done()) {
-        c.dead = true;
+        drop(c);
         return;
       }
+      auto old = data.find(key);
+      uint64_t before = old == data.end() ? 0 : key.size() + old->second.size();
+      if (stored - before + key.size() + value.size() > limits.storedBytes) {
+        drop(c); // the store is full
+        return;
+      }
+      stored = stored - before + key.size() + value.size();
       data[key] = std::move(value);
       // Waiters first: see flush().
       Clock::time_point now = Clock::now();
@@ -283,7 +418,7 @@ struct TcpStoreServer::State {
       return;
     }
     if (op != 'G' && op != 'W') {
-      c.dead = true;
+      drop(c);
       return;
     }
     uint64_t timeout = r.u64();
@@ -296,7 +431,7 @@ struct TcpStoreServer::State {
         keys.push_back(r.str());
     }
     if (!r.done()) {
-      c.dead = true;
+      drop(c);
       return;
     }
     c.waiting = true;
@@ -310,8 +445,11 @@ struct TcpStoreServer::State {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const StoreAddress &address)
+TcpStoreServer::TcpStoreServer(const StoreAddress &address, std::string secret,
+                               TcpStoreLimits limits)
     : address_(address), state_(std::make_unique<State>()) {
+  state_->secret = std::move(secret);
+  state_->limits = limits;
   std::string where = "TCP store server on " + address_.str();
   AddrInfo found;
   if (int err = resolve(address_, /*passive=*/true, found))
@@ -375,7 +513,9 @@ void TcpStoreServer::serve() {
       fds.assign({{wakeRead_, POLLIN, 0}, {listenFd_, POLLIN, 0}});
       ids.clear();
       std::optional<Clock::time_point> next;
+      Clock::time_point start = Clock::now();
       for (auto &[id, c] : s.clients) {
+        s.expired(c, start, next); // only the next deadline, here
         short events = POLLIN;
         if (!c.out.empty())
           events |= POLLOUT;
@@ -395,8 +535,18 @@ void TcpStoreServer::serve() {
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
           if (fd < 0)
             break; // EAGAIN, or a connection that died before we took it.
+          if (s.clients.size() >= s.limits.connections) {
+            ::close(fd);
+            continue;
+          }
           setNoDelay(fd);
-          s.clients[s.nextId++].fd = fd;
+          State::Client &c = s.clients[s.nextId++];
+          c.fd = fd;
+          if (!s.secret.empty()) {
+            c.authenticated = false;
+            c.nonce = randomNonce();
+            s.reply(c, "C" + c.nonce);
+          }
         }
       }
       for (size_t i = 0; n > 0 && i < ids.size(); ++i) {
@@ -409,12 +559,11 @@ void TcpStoreServer::serve() {
           for (;;) {
             ssize_t got = ::recv(c.fd, buffer, sizeof buffer, MSG_DONTWAIT);
             if (got > 0) {
-              c.in.append(buffer, static_cast<size_t>(got));
+              // More than one message's worth buffered (a client sending
+              // past its waiting request, or garbage), or past the bound
+              // of all connections' buffers: dropped.
+              s.received(c, buffer, static_cast<size_t>(got));
               s.process(c);
-              // More than one message's worth left over: a client sending
-              // past its waiting request, or garbage. Drop it.
-              if (c.in.size() > size_t(kMaxMessage) + 4)
-                c.dead = true;
               if (c.dead)
                 break;
               continue;
@@ -422,14 +571,18 @@ void TcpStoreServer::serve() {
             if (got < 0 && errno == EINTR)
               continue;
             if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-              c.dead = true; // The client left (or its connection broke).
+              s.drop(c); // The client left (or its connection broke).
             break;
           }
         }
       }
       Clock::time_point now = Clock::now();
-      for (auto &[id, c] : s.clients)
+      std::optional<Clock::time_point> unused;
+      for (auto &[id, c] : s.clients) {
         s.settle(c, now);
+        if (s.expired(c, now, unused))
+          s.drop(c);
+      }
       for (auto it = s.clients.begin(); it != s.clients.end();) {
         if (it->second.dead) {
           closeFd(it->second.fd);
@@ -528,8 +681,8 @@ struct TcpStore::Connection {
 };
 
 TcpStore::TcpStore(StoreAddress address, std::chrono::milliseconds timeout,
-                   const std::string &watchKey)
-    : address_(std::move(address)), timeout_(timeout) {
+                   const std::string &watchKey, std::string secret)
+    : address_(std::move(address)), timeout_(timeout), secret_(std::move(secret)) {
   watch_ = connect(/*retry=*/true);
   std::string request = "G";
   putU64(request, kForever);
@@ -576,6 +729,8 @@ std::unique_ptr<TcpStore::Connection> TcpStore::connect(bool retry) {
       }
       if (error == 0) {
         setNoDelay(c->fd);
+        if (!secret_.empty())
+          authenticate(*c, deadline);
         return c;
       }
       lastError = errnoText(error);
@@ -593,6 +748,25 @@ std::unique_ptr<TcpStore::Connection> TcpStore::connect(bool retry) {
       " (is rank 0 running?): " + lastError);
 }
 
+void TcpStore::authenticate(Connection &c, Clock::time_point deadline) {
+  std::string where = "TCP store at " + address_.str();
+  std::string challenge;
+  std::string error = c.readMessage(challenge, deadline);
+  if (!error.empty() || challenge.size() != 1 + kNonceBytes || challenge[0] != 'C')
+    throw std::runtime_error(where + ": the server sent no challenge (" +
+                             (error.empty() ? "another reply" : error) +
+                             "): ERNIE_STORE_SECRET is set here; is it set "
+                             "for rank 0?");
+  std::string reply;
+  error = c.write(framed("A" + authenticator(secret_, challenge.substr(1))),
+                  deadline);
+  if (error.empty())
+    error = c.readMessage(reply, deadline);
+  if (!error.empty() || reply != "K")
+    throw std::runtime_error(where + ": refused: this process's "
+                             "ERNIE_STORE_SECRET is not rank 0's");
+}
+
 std::string TcpStore::call(const std::string &request,
                            Clock::time_point deadline, bool retry) {
   std::unique_ptr<Connection> c;
@@ -603,16 +777,30 @@ std::string TcpStore::call(const std::string &request,
       idle_.pop_back();
     }
   }
+  const bool pooled = c != nullptr;
   if (!c)
     c = connect(retry);
   std::string reply;
   std::string error = c->write(framed(request), deadline);
   if (error.empty())
     error = c->readMessage(reply, deadline);
+  if (!error.empty() && pooled) {
+    // The server may have closed a pooled connection for idleness; every
+    // request is idempotent, so it is sent again on a fresh one.
+    c = connect(retry);
+    reply.clear();
+    error = c->write(framed(request), deadline);
+    if (error.empty())
+      error = c->readMessage(reply, deadline);
+  }
   // A failed connection is dropped (it may hold a late reply); the next
   // call opens a fresh one.
   if (!error.empty())
     throw std::runtime_error("TCP store at " + address_.str() + ": " + error);
+  if (secret_.empty() && reply.size() == 1 + kNonceBytes && reply[0] == 'C')
+    throw std::runtime_error("TCP store at " + address_.str() +
+                             ": the server asks for a shared secret: set "
+                             "ERNIE_STORE_SECRET as for rank 0");
   std::lock_guard<std::mutex> lock(mutex_);
   idle_.push_back(std::move(c));
   return reply;

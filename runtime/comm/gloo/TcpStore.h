@@ -14,7 +14,23 @@
 // The server answers 'T' when the request's own timeout passes, so a client
 // never reads a stale reply; if the server says nothing past that (dead or
 // hung), the client drops the connection. A malformed message closes the
-// connection. There is no authentication: trusted networks only.
+// connection.
+//
+// Bounds (TcpStoreLimits): the bytes of keys and values held, the bytes
+// buffered for all connections (unparsed input and unsent replies), one
+// connection's unsent replies, the number of connections, and how long a
+// connection may sit idle or in the middle of a message. A client past any
+// of them is dropped, so a flood from one client cannot grow rank 0 without
+// bound. A client whose pooled connection was dropped for idleness retries
+// on a fresh one (every request is idempotent).
+//
+// Authentication (optional): with a shared secret (ERNIE_STORE_SECRET, the
+// same in every process of the job) the server opens each connection with
+// 'C' and a 32-byte random nonce, and serves nothing until the client
+// answers 'A' HMAC-SHA256(secret, nonce) ('K' back, or 'X' and the
+// connection closed). The secret never crosses the network; a stranger
+// without it can neither set keys nor abort the job. The traffic itself is
+// not encrypted. Without a secret the store trusts its network.
 //
 //===----------------------------------------------------------------------===//
 
@@ -46,11 +62,32 @@ struct StoreAddress {
 /// what is wrong, for anything else.
 StoreAddress parseStoreAddress(const std::string &text);
 
+/// What the server holds at most; a client past a bound is dropped.
+struct TcpStoreLimits {
+  /// Keys and values held, in bytes.
+  uint64_t storedBytes = uint64_t(256) << 20;
+  /// Unparsed input and unsent replies of every connection together.
+  uint64_t bufferedBytes = uint64_t(256) << 20;
+  /// One connection's unsent replies (a client sends one request at a
+  /// time and reads its reply: more is a client that does not read).
+  uint64_t pendingReplyBytes = (uint64_t(64) << 20) + 4096;
+  size_t connections = 16384;
+  /// A connection with no request in flight and nothing sent for this long.
+  std::chrono::milliseconds idle = std::chrono::minutes(30);
+  /// A message begun but not finished for this long.
+  std::chrono::milliseconds partialMessage = std::chrono::seconds(60);
+};
+
+/// The shared secret of the environment's ERNIE_STORE_SECRET ("" when unset).
+std::string storeSecretFromEnvironment();
+
 /// The server, on rank 0: binds `address` (rank 0's own address) and serves
 /// until destroyed. Errors are std::runtime_errors naming the address.
 class TcpStoreServer {
 public:
-  explicit TcpStoreServer(const StoreAddress &address);
+  explicit TcpStoreServer(const StoreAddress &address,
+                          std::string secret = storeSecretFromEnvironment(),
+                          TcpStoreLimits limits = {});
   /// Stops the thread and closes every connection: clients waiting on this
   /// server get an error, not a hang.
   ~TcpStoreServer();
@@ -84,7 +121,8 @@ public:
   /// Connects and starts watching `watchKey`, retrying until `timeout`
   /// passes (rank 0 may start after this rank).
   TcpStore(StoreAddress address, std::chrono::milliseconds timeout,
-           const std::string &watchKey);
+           const std::string &watchKey,
+           std::string secret = storeSecretFromEnvironment());
   ~TcpStore() override;
 
   void set(const std::string &key, const std::vector<char> &data) override;
@@ -106,6 +144,8 @@ public:
 private:
   struct Connection;
   std::unique_ptr<Connection> connect(bool retry);
+  /// Answers the server's challenge with the secret; throws if refused.
+  void authenticate(Connection &c, std::chrono::steady_clock::time_point deadline);
   /// Sends `request` on a pooled connection and returns the reply body.
   std::string call(const std::string &request,
                    std::chrono::steady_clock::time_point deadline,
@@ -113,6 +153,7 @@ private:
 
   StoreAddress address_;
   std::chrono::milliseconds timeout_;
+  std::string secret_;
   std::mutex mutex_;
   std::vector<std::unique_ptr<Connection>> idle_; // mutex_
   std::unique_ptr<Connection> watch_;             // mutex_

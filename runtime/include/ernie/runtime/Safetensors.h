@@ -7,8 +7,9 @@
 // Checkpoints (one file per writing rank) and Hugging Face weight folders
 // are read and written through this, without Python.
 //
-// Reading validates everything before it hands out a byte: the header's
-// length against the file, the JSON, every dtype and shape, every extent
+// Reading validates everything before it hands out a byte: that the path is
+// a regular file, the header's length against the file, the JSON (at most
+// three levels deep), every dtype and shape, every extent
 // against its dtype and shape, and the extents' exact cover of the data.
 // Errors are std::runtime_error naming the file (and the tensor).
 //
@@ -61,6 +62,12 @@ public:
                  void *dst) const;
   /// The whole tensor `name`.
   HostTensor read(const std::string &name) const;
+  /// Where the data region starts: the length field and the header before
+  /// it are the file's first dataStart() bytes.
+  uint64_t dataStart() const { return dataStart_; }
+  /// Copies `bytes` bytes at file offset `offset` (the header's bytes,
+  /// say); throws past the end of the file.
+  void readFileBytes(uint64_t offset, uint64_t bytes, void *dst) const;
 
 private:
   std::string path_;
