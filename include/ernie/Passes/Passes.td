@@ -519,7 +519,7 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
   }];
   let options = [
     Option<"recipe", "recipe", "std::string", "\"current\"",
-           "Scaling recipe: current (delayed, blockwise: not yet)">,
+           "Scaling recipe: current, delayed or blockwise">,
     Option<"fwdFormat", "fwd-format", "std::string", "\"e4m3\"",
            "Format of activations and weights: e4m3 or e5m2">,
     Option<"gradFormat", "grad-format", "std::string", "\"e5m2\"",
