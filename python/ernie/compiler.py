@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict, namedtuple
 import numpy as np
 
 from . import _ernie, cost_model
-from .distributed import DistTensor, parallelize
+from .distributed import DistTensor, parallel_env, parallelize
 from .mesh import ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
 from .nn import Module
 from .pipeline import configure as configure_pipeline
@@ -271,6 +271,16 @@ class Program:
             raise ValueError(f"parameters {valueless[:5]} have no values (the model was built "
                              f"under ernie.nn.abstract()): compile it with abstract=True, or "
                              f"build it with from_pretrained")
+        job = parallel_env()
+        if job.is_multi_process:
+            # Every process would run every rank: the job's work, repeated.
+            raise NotImplementedError(
+                f"this is {job}: a compiled Python program runs all of its ranks in one "
+                f"process, and running only this process's ranks is not built yet. Save the "
+                f"program (program.save('prog.ernie')) and run it with "
+                f"`python -m ernie.distributed.launch --nproc-per-node N "
+                f"build/bin/ernie-run prog.ernie --backend gloo`, or compile with "
+                f"abstract=True to plan without running")
         self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
         # Described from the program the session decoded: the bytes once.
         self.num_ranks, self._signatures, self.pipeline = self._session.describe()

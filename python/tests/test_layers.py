@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ernie"
 # A module may import from its own floor (without a circle) and below.
 FLOORS = (
     ("extension", ("_ernie",)),                       # the C++ extension, python/src
+    ("launch", ("distributed.env", "distributed.launch")),  # the standard library only
     ("files and numbers", ("fp8", "weights")),        # numpy over the extension
     ("tracing", ("tensor", "functional", "nn", "optimizer")),
     ("config", ("strategy",)),

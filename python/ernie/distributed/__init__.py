@@ -23,21 +23,22 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _ernie
-from . import functional as F
-from .mesh import (Partial, Placement, ProcessMesh, ReduceType, Replicate, Shard,  # noqa: F401
+from .. import _ernie
+from .. import functional as F
+from ..mesh import (Partial, Placement, ProcessMesh, ReduceType, Replicate, Shard,  # noqa: F401
                    _check_placements, dims_mapping_to_placements, get_mesh,
                    placements_to_dims_mapping, placements_to_sharding, set_mesh)
-from .moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
-from .moe import moe_layers, set_token_groups
-from .nn import Embedding, Linear, Module, Parameter
-from .pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  # noqa: F401
+from ..moe import MoEConfig, MoELayer  # noqa: F401  (Paddle users look here)
+from ..moe import moe_layers, set_token_groups
+from ..nn import Embedding, Linear, Module, Parameter
+from ..pipeline import (LayerDesc, PipelineLayer, SharedLayerDesc, SplitPoint,  # noqa: F401
                        pipeline_schedule, simulate_pipeline)
-from .pipeline import clear_split_marks as _clear_split_marks
-from .pipeline import configure as _configure_pipeline
-from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: F401
+from ..pipeline import clear_split_marks as _clear_split_marks
+from ..pipeline import configure as _configure_pipeline
+from ..strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: F401
                        Recompute, Strategy, TensorParallel)
-from .tensor import Tensor, dtype_name, record
+from ..tensor import Tensor, dtype_name, record
+from .env import LaunchError, ParallelEnv, init_parallel_env, initialize, parallel_env  # noqa: F401
 
 
 # ---------------------------------------------------------------------------
