@@ -25,7 +25,7 @@
 #include "ernie/runtime/HostTensor.h"
 #include "ernie/runtime/Safetensors.h"
 
-#include "../comm/gloo/TcpStore.h"
+#include "comm/gloo/TcpStore.h"
 #include "FuzzDriver.h"
 
 #include <netinet/in.h>

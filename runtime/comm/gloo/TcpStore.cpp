@@ -257,8 +257,10 @@ struct TcpStoreServer::State {
       return;
     c.dead = true;
     buffered -= c.in.size() + c.out.size();
-    c.in.clear();
-    c.out.clear();
+    // Its memory, not only its bytes: a cleared string keeps its capacity
+    // until the connection is erased, and a flood drops one after another.
+    std::string().swap(c.in);
+    std::string().swap(c.out);
   }
 
   /// Gives back a buffer's spare capacity once it is mostly consumed: the
