@@ -73,16 +73,21 @@ py::array toNumpy(rt::HostTensor tensor) {
 // safetensors files (the runtime's reader and writer)
 //===----------------------------------------------------------------------===//
 
+/// A safetensors file opened (its header read and checked); a damaged one
+/// is a ValueError naming it.
+std::unique_ptr<rt::SafetensorsFile> openSafetensors(const std::string &path) {
+  try {
+    return std::make_unique<rt::SafetensorsFile>(path);
+  } catch (const std::runtime_error &e) {
+    throw py::value_error(e.what());
+  }
+}
+
 /// {name: (dtype, array)} and the metadata of a safetensors file; narrow
 /// floats come as their raw bits (uint16 for BF16, uint8 for F8_*), named by
 /// their safetensors dtype ("BF16", "F8_E4M3", ...).
 py::tuple readSafetensors(const std::string &path) {
-  std::unique_ptr<rt::SafetensorsFile> file;
-  try {
-    file = std::make_unique<rt::SafetensorsFile>(path);
-  } catch (const std::runtime_error &e) {
-    throw py::value_error(e.what());
-  }
+  std::unique_ptr<rt::SafetensorsFile> file = openSafetensors(path);
   py::dict tensors;
   for (const rt::SafetensorsEntry &e : file->tensors())
     tensors[py::str(e.name)] = py::make_tuple(rt::safetensorsDtype(e.type),
@@ -588,12 +593,7 @@ void bindRuntime(py::module_ &m) {
         });
       }, py::arg("path"), "checks every byte of a checkpoint; returns a summary");
   m.def("safetensors_header", [](const std::string &path) {
-        std::unique_ptr<rt::SafetensorsFile> file;
-        try {
-          file = std::make_unique<rt::SafetensorsFile>(path);
-        } catch (const std::runtime_error &e) {
-          throw py::value_error(e.what());
-        }
+        std::unique_ptr<rt::SafetensorsFile> file = openSafetensors(path);
         py::dict tensors;
         for (const rt::SafetensorsEntry &e : file->tensors())
           tensors[py::str(e.name)] = py::make_tuple(rt::safetensorsDtype(e.type), e.shape);

@@ -250,3 +250,26 @@ def test_a_compiled_program_refuses_to_run_every_rank_in_each_process():
             ernie.compile(model, None, [np.zeros((2, 4), np.float32)], differentiate=False)
     finally:
         env_module._CURRENT = None
+
+
+def test_a_world_size_the_program_does_not_have_is_refused(build_dir):
+    result = launch("--nproc-per-node", 3, "--grace", 1, build_dir / "bin" / "ernie-run", DP2,
+                    "--steps", 1, "--backend", "gloo", timeout=120)
+    assert result.returncode == 1
+    assert "WORLD_SIZE is 3 but the program's mesh" in result.stderr
+
+
+def test_a_store_port_in_use_is_a_clear_error(build_dir):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        result = launch("--nproc-per-node", 2, "--master", f"127.0.0.1:{port}", "--grace", 1,
+                        build_dir / "bin" / "ernie-run", DP2, "--steps", 1, "--backend", "gloo",
+                        "--timeout", 10, timeout=120)
+    assert result.returncode == 1
+    assert time.monotonic() - start < 60
+    assert re.search(r"rank \d exited with code", result.stderr)
+    assert re.search(rf"{port}.*(in use|bind)|(in use|bind).*{port}", result.stderr), result.stderr
