@@ -241,3 +241,32 @@ def test_full_recomputation_tries_every_zero_level(monkeypatch):
     assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 2)
     assert seconds == pytest.approx(12.5)
     assert guess["memory_bytes"] <= 60
+
+
+def test_the_command_line_runs_as_users_run_it():
+    """`python -m ernie.autoplan` in its own process, as a user runs it: its
+    worker processes import the module afresh (a machine with more than one
+    core used to die here with BrokenProcessPool), the table ends with a
+    legend of its abbreviations, and a plan prints as one line."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        [sys.executable, "-m", "ernie.autoplan", "--global-batch", "16", "--seq", "128",
+         "--ranks", "4", "--top", "3", "--llama",
+         "num_hidden_layers=4,hidden_size=256,intermediate_size=688,num_attention_heads=8,"
+         "num_key_value_heads=4,vocab_size=1024"],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "BrokenProcessPool" not in result.stderr
+    table = result.stdout
+    assert table.splitlines()[0].split()[:2] == ["#", "plan"]
+    assert "mMxB: M micro-batches of B sequences" in table and "rc-full[:L]" in table
+
+
+def test_a_plan_prints_as_one_readable_line():
+    plans = dist.auto_plan(model(), global_batch=BATCH, seq_len=SEQ, cluster=cluster(), top=1)
+    text = repr(plans[0])
+    assert "\n" not in text and text.startswith(f"Plan({plans[0].name}: ")
+    assert "s per step" in text and "GiB per rank" in text and "estimate" not in text

@@ -38,6 +38,7 @@ import os
 import pickle
 import re
 import sys
+import textwrap
 import threading
 import time
 
@@ -91,9 +92,9 @@ class Candidate:
         return " ".join(parts)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Plan:
-    """One row of the table."""
+    """One row of the table; printed as one line."""
     candidate: Candidate
     step_seconds: float
     mfu: float
@@ -107,6 +108,14 @@ class Plan:
     @property
     def name(self) -> str:
         return self.candidate.name
+
+    def __repr__(self) -> str:
+        how = "compiled at full depth" if self.exact else "extrapolated from shallower compiles"
+        return (f"Plan({self.name}: {self.step_seconds:.4g} s per step, MFU "
+                f"{self.mfu * 100:.1f} %, {self.memory_bytes / 2**30:.2f} GiB per rank, "
+                f"{self.comm_bytes / 1e9:.2f} GB sent per rank, {how})")
+
+    __str__ = __repr__
 
 
 class NothingFits(ValueError):
@@ -560,12 +569,23 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     return plans
 
 
-def format_table(plans, ranks_of_published=None) -> str:
-    """The plans as a table: step time, MFU, memory per rank, traffic."""
+# What a plan's name abbreviates, in the order its parts appear.
+LEGEND = ("dpN mpN ppN: data, tensor and pipeline parallel degrees; vppN: model chunks per "
+          "pipeline rank; sp: sequence parallelism; zeroN: ZeRO level N; rc-full[:L], "
+          "rc-selective: activation recomputation (L: layers of each stage recomputed, all "
+          "when absent); mMxB: M micro-batches of B sequences each; no-gaf: no gradient "
+          "accumulation fusion.")
+
+
+def format_table(plans, ranks_of_published=None, legend=True) -> str:
+    """The plans as a table: step time, MFU, memory per rank, traffic; with
+    `legend`, what the plan names abbreviate below it."""
     lines = [f"{'#':>2}  {'plan':44} {'step s':>9} {'MFU':>6} {'GiB/rank':>9} {'comm GB':>9}"]
     for i, p in enumerate(plans, 1):
         lines.append(f"{i:>2}  {p.name:44} {p.step_seconds:9.3f} {p.mfu * 100:5.1f}% "
                      f"{p.memory_bytes / 2**30:9.2f} {p.comm_bytes / 1e9:9.2f}")
+    if legend:
+        lines += ["", *textwrap.wrap(LEGEND, 100)]
     return "\n".join(lines)
 
 
