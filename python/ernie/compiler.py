@@ -775,6 +775,31 @@ def _check_micro_batches(example_inputs, micro_batches, mesh, dp_axis):
                              f"{dp_axis}={dp}")
 
 
+# What would put an idle mesh axis to work, by its usual name.
+_AXIS_USES = {"mp": "mp_config (tensor parallelism) or placements that name it",
+              "pp": "pp_config (pipeline parallelism)",
+              "ep": "ep_config (expert parallelism)",
+              "dp": "dp_config (data parallelism)"}
+
+
+def _check_every_axis_is_used(mesh, traced, pipeline, zero_axis):
+    """Refuses a mesh axis of more than one rank that nothing in the plan
+    uses: no sharding names it, it is not the pipeline's or ZeRO's axis.
+    Its ranks would silently repeat one another's work."""
+    used = set(_ernie.axes_in_shardings(traced))
+    if pipeline is not None:
+        used.add("pp")
+    if zero_axis:
+        used.add(zero_axis)
+    for axis, size in zip(mesh.dim_names, mesh.shape):
+        if size > 1 and axis not in used:
+            use = _AXIS_USES.get(axis, "placements that name it (shard_tensor, a "
+                                       "parallelize_plan, ep_config's axis)")
+            raise ValueError(f"mesh axis {axis!r} ({size} ranks) is used by nothing in the plan: "
+                             f"its ranks would repeat one another's work. Use it ({use}) or "
+                             f"leave it out of the mesh")
+
+
 def _check_split_points(model, mesh, pipeline, trace):
     if trace.split_point_count == 0:
         raise ValueError(f"the mesh has pp={mesh.get_dim_size('pp')} but the model places no split "
@@ -840,7 +865,9 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
         raise ValueError(f"recompute {recompute!r} recomputes activations for a training step's "
                          "backward: it needs an optimizer and differentiate=True")
     mesh = mesh or (plan["mesh"] if plan else None) or get_mesh()
-    dp_axis = plan["dp_axis"] if plan else ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
+    # An axis named dp splits the batch unless the plan says otherwise.
+    dp_axis = (plan["dp_axis"] if plan else None) or \
+        ("dp" if mesh is not None and "dp" in mesh.dim_names else None)
     zero_level = max(plan.get("sharding_level", 0) if plan else 0,
                      getattr(optimizer, "sharding_level", 0) if optimizer is not None else 0)
     zero_axis = getattr(optimizer, "sharding_axis", None) or dp_axis or "dp"
@@ -865,6 +892,8 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
                                  recompute_layers=recompute_layers)
     if pipeline is not None:
         _check_split_points(model, mesh, pipeline, trace_state)
+    if mesh is not None:
+        _check_every_axis_is_used(mesh, traced, pipeline, zero_level and zero_axis)
     options = pipeline_options(
         optimizer, mesh is not None, differentiate, zero_level, zero_axis,
         overlap=bool(plan and plan.get("sequence_parallel_overlap")),

@@ -11,6 +11,7 @@
 #include "mlir/Pass/PassManager.h"
 
 #include <memory>
+#include <set>
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -63,6 +64,26 @@ py::tuple compileModule(const PyModule &traced,
     return py::make_tuple(std::move(compiled), py::bytes(), py::none());
   auto [program, report] = writeProgram(compiled.get());
   return py::make_tuple(std::move(compiled), program, report);
+}
+
+/// The mesh axes any sharding of `module` names (arguments, results, ops'
+/// attributes, sharding constraints): the axes a plan uses.
+std::vector<std::string> axesInShardings(const PyModule &module) {
+  std::set<std::string> axes;
+  auto note = [&](Attribute attr) {
+    attr.walk([&](ec::ShardingAttr s) {
+      for (int64_t d = 0; d < s.getRank(); ++d)
+        for (StringRef axis : s.getDimAxes(d))
+          axes.insert(axis.str());
+      for (Attribute a : s.getPartialAxes())
+        axes.insert(cast<StringAttr>(a).getValue().str());
+    });
+  };
+  module.get()->walk([&](Operation *op) {
+    for (NamedAttribute attr : op->getAttrs())
+      note(attr.getValue());
+  });
+  return {axes.begin(), axes.end()};
 }
 
 /// A `TrainingPipelineOptions` property of Python type T for `member`.
@@ -171,6 +192,8 @@ void bindCompile(py::module_ &m) {
         "Runs the training pipeline (options None: no pass) over a copy of a "
         "module; returns (compiled module, program file bytes, plan report "
         "JSON)");
+  m.def("axes_in_shardings", &axesInShardings, py::arg("module"),
+        "The mesh axes any sharding of a module names");
   m.def("write_program", [](const PyModule &m) { return writeProgram(m.get()); },
         py::arg("module"), "(program file bytes, plan report JSON) of a module");
   m.def("plan_report", [](const PyModule &m) { return planReport(m.get(), nullptr); },

@@ -540,3 +540,26 @@ def test_bf16_results_come_back_as_values():
     assert results["bf16"][1].dtype == np.float32
     assert abs(results["bf16"][0] / results["f32"][0] - 1) < 2e-2
     np.testing.assert_allclose(results["bf16"][1], results["f32"][1], atol=2e-2)
+
+
+def test_an_idle_mesh_axis_is_an_error_and_dp_splits_the_batch_by_default():
+    """A mesh axis nothing in the plan uses would make its ranks repeat one
+    another's work: an error naming it and the config that would use it.
+    An axis named dp splits the batch even when the plan does not mention it."""
+    from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    ids = np.zeros((4, 8), np.int64)
+    mesh = dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "mp"])
+    with pytest.raises(ValueError, match=r"mesh axis 'mp' \(2 ranks\) is used by nothing in the "
+                                         r"plan.*mp_config"):
+        ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.SGD(0.1), [ids, ids], mesh=mesh,
+                      config={"dp_config": {}})
+    with pytest.raises(ValueError, match=r"mesh axis 'extra' \(2 ranks\).*shard_tensor"):
+        ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.SGD(0.1), [ids, ids],
+                      mesh=dist.ProcessMesh([[0, 1], [2, 3]], ["dp", "extra"]))
+    # dp without dp_config, mp with its plan: the batch is split over dp.
+    prog = ernie.compile(LlamaForCausalLM(cfg), ernie.optimizer.SGD(0.1), [ids, ids], mesh=mesh,
+                         config={"mp_config": {"parallelize_plan": parallelize_plan()}},
+                         abstract=True)
+    assert "all_reduce[dp]" in prog.report()["collectives"]

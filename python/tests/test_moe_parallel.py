@@ -58,8 +58,8 @@ EXPERT_MP_SP = {
 PLANS = {
     "ep4": ([4], ["ep"], {"ep_config": {"axis": "ep"}}),
     "dp2xep2": ([2, 2], ["dp", "ep"], {"dp_config": {}, "ep_config": {"axis": "ep"}}),
-    "ep-on-dp-zero1": ([2, 2], ["dp", "mp"], {"dp_config": {"sharding_level": 1},
-                                              "ep_config": {"axis": "dp", "token_groups": 4}}),
+    "ep-on-dp-zero1": ([4], ["dp"], {"dp_config": {"sharding_level": 1},
+                                     "ep_config": {"axis": "dp", "token_groups": 4}}),
     "ep-on-dp-zero2": ([4], ["dp"], {"dp_config": {"sharding_level": 2}, "ep_config": {"axis": "dp"}}),
     "ep-on-dp-zero3": ([4], ["dp"], {"dp_config": {"sharding_level": 3}, "ep_config": {"axis": "dp"}}),
     "ep2xmp2": ([2, 2], ["ep", "mp"], {"ep_config": {"axis": "ep", "token_groups": 4},
