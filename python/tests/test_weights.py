@@ -409,3 +409,29 @@ def test_transformers_reads_what_save_pretrained_writes(tmp_path):
     with torch.no_grad():
         want = hf(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-9)
+
+
+def test_save_pretrained_writes_back_every_config_field_it_read(tmp_path):
+    """Fields ernie does not compute (the context length, the token ids, a
+    field it has never heard of) come back unchanged, for both families."""
+    from ernie.models.ernie4_5 import Ernie4_5Config, Ernie4_5_MoeForCausalLM
+    extra = {"max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": [2, 7],
+             "pad_token_id": 0, "transformers_version": "4.57.0", "my_field": {"a": [1, 2]}}
+    w = hf_weights(HF_CONFIG, np.random.default_rng(6))
+    write_hf(tmp_path / "hf", {**HF_CONFIG, **extra}, w)
+    LlamaForCausalLM.from_pretrained(tmp_path / "hf").save_pretrained(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: saved[k] for k in extra} == extra
+    assert saved["vocab_size"] == HF_CONFIG["vocab_size"]
+
+    moe = Ernie4_5_MoeForCausalLM(Ernie4_5Config(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, moe_num_experts=4, moe_k=2,
+        moe_intermediate_size=8, moe_layer_start_index=1))
+    moe.save_pretrained(tmp_path / "moe")
+    config = json.loads((tmp_path / "moe" / "config.json").read_text())
+    (tmp_path / "moe" / "config.json").write_text(json.dumps({**config, **extra}))
+    Ernie4_5_MoeForCausalLM.from_pretrained(tmp_path / "moe").save_pretrained(tmp_path / "moe2")
+    again = json.loads((tmp_path / "moe2" / "config.json").read_text())
+    assert {k: again[k] for k in extra} == extra
+    assert again["moe_num_experts"] == 4

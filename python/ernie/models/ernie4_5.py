@@ -256,6 +256,7 @@ class Ernie4_5ForCausalLM(Module):
             overrides["dtype"] = dtype
         cfg = Ernie4_5Config.from_json(hf, **overrides)
         model = cls(cfg)
+        object.__setattr__(model, "hf_config", dict(hf))  # written back by save_pretrained
         if all(p.value is None for p in model.parameters()):  # built abstract
             object.__setattr__(model, "pretrained_weights", model.hf_weight_map(folder))
             model.load_selection_biases(folder)
@@ -312,7 +313,8 @@ class Ernie4_5ForCausalLM(Module):
     def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
         """Writes the model as a Hugging Face folder in Hugging Face's names
         and layout (experts unstacked), `dtype` defaulting to the model's;
-        `state` (a program's state_dict()) writes trained values."""
+        `state` (a program's state_dict()) writes trained values. A model
+        read by from_pretrained writes back every config field it read."""
         cfg = self.config
         dtype = dtype or cfg.dtype
         values = {n: p.value for n, p in self.named_parameters()}
@@ -323,8 +325,9 @@ class Ernie4_5ForCausalLM(Module):
         biases = {i: (state or {}).get(l.mlp.bias_name(), l.mlp.e_score_correction_bias)
                   for i, l in enumerate(self.model.layers) if l.is_moe}
         torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
-        config = {f.name: getattr(cfg, f.name) for f in fields(cfg)
-                  if f.name not in ("dtype", "seed", "initializer_range")}
+        config = dict(getattr(self, "hf_config", {}))  # every field read, ernie's over them
+        config.update({f.name: getattr(cfg, f.name) for f in fields(cfg)
+                       if f.name not in ("dtype", "seed", "initializer_range")})
         config.update(architectures=[_HF_ARCH[bool(cfg.moe_num_experts)]],
                       model_type="ernie4_5_moe" if cfg.moe_num_experts else "ernie4_5",
                       hidden_act="silu", use_bias=False, torch_dtype=torch_dtype)

@@ -203,6 +203,9 @@ class LlamaForCausalLM(Module):
         hf, _ = hf_folder_index(folder)
         cfg = LlamaConfig(**{**config_from_hf(hf, dtype), **overrides})
         model = cls(cfg)
+        # Every field read, for save_pretrained to write back (what ernie
+        # does not compute: max_position_embeddings, token ids, ...).
+        object.__setattr__(model, "hf_config", dict(hf))
         params = dict(model.named_parameters())
         if all(p.value is None for p in params.values()):  # abstract
             object.__setattr__(model, "pretrained_weights", hf_weight_map(folder, cfg))
@@ -231,14 +234,16 @@ class LlamaForCausalLM(Module):
         """Writes the model as a Hugging Face folder (config.json,
         model.safetensors or shards past `max_shard_bytes`) in `dtype`
         (default: the model's). `state` (a program's state_dict()) writes
-        trained values instead of the model's initial ones."""
+        trained values instead of the model's initial ones. A model read by
+        from_pretrained writes back every config field it read (those ernie
+        does not use unchanged)."""
         cfg = self.config
         dtype = dtype or cfg.dtype
         values = {n: p.value for n, p in self.named_parameters()}
         if state is not None:
             values.update({n: state[n] for n in values if n in state})
-        write_hf_folder(folder, config_to_hf(cfg, dtype), hf_state_from_ernie(values, cfg), dtype,
-                        max_shard_bytes)
+        config = {**getattr(self, "hf_config", {}), **config_to_hf(cfg, dtype)}
+        write_hf_folder(folder, config, hf_state_from_ernie(values, cfg), dtype, max_shard_bytes)
 
     def forward(self, input_ids, labels=None):
         h = self.llama(input_ids)
