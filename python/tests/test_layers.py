@@ -17,6 +17,8 @@ FLOORS = (
     ("extension", ("_ernie",)),                       # the C++ extension, python/src
     ("launch", ("distributed.env", "distributed.launch")),  # the standard library only
     ("files and numbers", ("fp8", "weights")),        # numpy over the extension
+    ("datasets", ("data.indexed", "data.sampler", "data.preprocess", "data",
+                  "data.__main__")),                  # numpy; ernie.weights' read_json
     ("tracing", ("tensor", "functional", "nn", "optimizer")),
     ("config", ("strategy",)),
     ("parallel", ("mesh", "pipeline", "moe", "distributed")),
@@ -28,7 +30,7 @@ FLOORS = (
 
 # Third-party packages a feature needs and ernie does not: imported where
 # that feature runs, so `import ernie` works without them.
-OPTIONAL = {"matplotlib", "torch", "tensorboard", "jax"}
+OPTIONAL = {"matplotlib", "torch", "tensorboard", "jax", "tokenizers"}
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
