@@ -42,10 +42,10 @@ if "OPENBLAS_CORETYPE" not in _os.environ:
 
 # The package is built in floors, each module importing only from its own
 # floor or those below (docs/architecture.md §4.6; tests/test_layers.py
-# checks it): files and numbers, tracing, config, parallel, models, compiler,
-# planning. This file, on top, loads them all.
-from . import (autoplan, cost, distributed, fp8, functional, nn, optimizer,  # noqa: E402
-               pipeline)
+# checks it): files and numbers, datasets, tracing, config, parallel, models,
+# compiler, planning. This file, on top, loads them all.
+from . import (autoplan, cost, data, distributed, fp8, functional, nn,  # noqa: E402
+               optimizer, pipeline)
 from .compiler import Program, collectives_of, compile, trace_model  # noqa: A004,E402
 from .strategy import (FP8, DataParallel, ExpertParallel, MoE, PipelineParallel,  # noqa: E402
                        Recompute, Strategy, TensorParallel)
@@ -57,4 +57,4 @@ distributed._use_plan_search(autoplan.auto_plan)
 
 __all__ = ["FP8", "DataParallel", "ExpertParallel", "MoE", "PipelineParallel", "Program",
            "Recompute", "Strategy", "Tensor", "TensorParallel", "collectives_of", "compile", "cost",
-           "distributed", "fp8", "functional", "nn", "optimizer", "pipeline", "trace_model"]
+           "data", "distributed", "fp8", "functional", "nn", "optimizer", "pipeline", "trace_model"]
