@@ -14,7 +14,7 @@ A third row loads the parameters from a Hugging Face folder of bf16 shards
 (save_pretrained) into the f32 program rank by rank (Program.load_pretrained;
 its MB/s counts the f32 bytes placed, as the runtime's meter does).
 
-The checksums' cost: every load verifies the CRC-32C of every 1 MiB block it
+The checksums' cost: every load verifies the XXH3 of every 1 MiB block it
 reads (docs/integrity.md) and times it; the load's progress line says how
 long its ranks spent on checksums, printed here per rank beside the load's
 time (best load of --repeat). Beside it, `ernie-ckpt verify` (one thread
@@ -115,7 +115,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="ernie-ckpt-bench-"))
     target = ([2, args.ranks // 2], ["dp", "mp"]) if args.ranks >= 2 else ([1], ["mp"])
     loader = build(cfg, *target)
-    save_s, load_s, crc_s = [], [], []
+    save_s, load_s, sum_s = [], [], []
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for _ in range(args.repeat):
         shutil.rmtree(work / "ckpt", ignore_errors=True)
@@ -126,8 +126,8 @@ def main():
         t = time.perf_counter()
         line = progress_line(lambda: loader.load_checkpoint(work / "ckpt", progress=True))
         load_s.append(time.perf_counter() - t)
-        crc = re.search(r"checksums ([0-9.]+) s over the ranks", line)
-        crc_s.append(float(crc.group(1)) if crc else 0.0)
+        sums = re.search(r"checksums ([0-9.]+) s over the ranks", line)
+        sum_s.append(float(sums.group(1)) if sums else 0.0)
     rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
     read_s, verify_s = read_and_verify(work / "ckpt", max(args.repeat, 5))
     # A Hugging Face folder (bf16, sharded) into the f32 program, rank by
@@ -154,8 +154,8 @@ def main():
           f"{hf_mb / min(hf_s) / dd_read:8.2f}   (bf16 files, {hf_mb:.0f} MB of f32 pieces)")
     best = load_s.index(min(load_s))
     ranks = int(np.prod(target[0]))
-    per_rank = crc_s[best] / ranks
-    print(f"checksums in the load: {crc_s[best] * 1e3:.0f} ms over {ranks} ranks, "
+    per_rank = sum_s[best] / ranks
+    print(f"checksums in the load: {sum_s[best] * 1e3:.0f} ms over {ranks} ranks, "
           f"{per_rank * 1e3:.0f} ms per rank = {100 * per_rank / load_s[best]:.1f} % of the "
           f"load's {load_s[best] * 1e3:.0f} ms")
     print(f"every byte: cat {mb / read_s:.0f} MB/s, ernie-ckpt verify (read and check) "

@@ -14,6 +14,7 @@ APT_PACKAGES=(
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools
   cmake ninja-build ccache g++ python3 python3-venv python3-dev libgtest-dev libgloo-dev
   libopenblas-dev libflatbuffers-dev flatbuffers-compiler nlohmann-json3-dev libssl-dev
+  libxxhash-dev
 )
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

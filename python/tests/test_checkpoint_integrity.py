@@ -7,8 +7,11 @@ the one loaded; a failed save or import leaves no temporary folder.
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,8 +103,86 @@ def test_a_data_flip_names_the_tensor_and_its_block(saved, tmp_path):
     header = json.loads(open(rank, "rb").read()[8:header_end(rank)])
     first = min((v["data_offsets"][0], k) for k, v in header.items() if k != "__metadata__")[1]
     with pytest.raises(ValueError, match=rf"tensor '{first}': bytes \[0, \d+\) fail their "
-                                         r"checksum \(crc32c 0x[0-9a-f]{8} recorded"):
+                                         r"checksum \(xxh3 0x[0-9a-f]{16} recorded"):
         program(dp=1).load_checkpoint(target)
+
+
+def test_the_manifest_records_xxh3_as_hex_text(saved):
+    """Version 3: XXH3 of every 1 MiB block and of each rank file's header,
+    as 16 hex digits (a JSON number above 2^53 loses digits in jq 1.6)."""
+    manifest = json.loads(open(os.path.join(saved, "manifest.json")).read())
+    assert manifest["version"] == 3
+    assert manifest["checksum"] == {"algorithm": "xxh3", "block_bytes": 1 << 20}
+    hex16 = re.compile(r"[0-9a-f]{16}")
+    for f in manifest["files"].values():
+        assert hex16.fullmatch(f["header_xxh3"]), f
+    for t in manifest["tensors"].values():
+        for p in t["pieces"]:
+            nbytes = int(np.prod(p["shape"])) * {"F32": 4, "BF16": 2, "I64": 8}[t["dtype"]]
+            blocks = -(-nbytes // (1 << 20))
+            assert len(p["xxh3"]) == blocks and all(hex16.fullmatch(s) for s in p["xxh3"]), p
+
+
+def edited_manifest(where, tmp_path, edit):
+    target = tmp_path / "edited" / os.path.basename(where)
+    shutil.copytree(where, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    edit(manifest)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_a_version_2_manifest_is_refused_naming_the_version(saved, tmp_path):
+    """Version 2 (CRC-32C) was written only by development builds."""
+    def to_version_2(m):
+        m["version"] = 2
+        m["checksum"]["algorithm"] = "crc32c"
+    target = edited_manifest(saved, tmp_path, to_version_2)
+    want = r"manifest\.json: checkpoint manifest version 2 \(CRC-32C .*\) is no longer read"
+    with pytest.raises(ValueError, match=want):
+        program().load_checkpoint(target)
+    with pytest.raises(ValueError, match=want):
+        ernie._ernie.verify_checkpoint(str(target))
+
+
+def test_a_version_1_manifest_still_loads(saved, tmp_path):
+    """Version 1: one zlib CRC-32 over each whole piece, no file list."""
+    def piece_bytes(file, name):
+        path = Path(saved) / file
+        data, start = path.read_bytes(), header_end(path)
+        begin, end = json.loads(data[8:start])[name]["data_offsets"]
+        return data[start + begin:start + end]
+
+    def to_version_1(m):
+        m["version"] = 1
+        del m["checksum"], m["files"]
+        for name, t in m["tensors"].items():
+            for p in t["pieces"]:
+                del p["xxh3"]
+                p["crc32"] = zlib.crc32(piece_bytes(p["file"], name))
+    target = edited_manifest(saved, tmp_path, to_version_1)
+    want = program()
+    want.load_checkpoint(saved)
+    got = program()
+    got.load_checkpoint(target)
+    assert_same_state(want.state_dict(), got.state_dict())
+    assert "verified" in ernie._ernie.verify_checkpoint(str(target))
+    rank = sorted(target.glob("rank-*.safetensors"))[0]
+    data = bytearray(rank.read_bytes())
+    data[-1] ^= 0x04
+    rank.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"fail their checksum \(crc32 0x[0-9a-f]{8} recorded"):
+        program().load_checkpoint(target)
+
+
+@pytest.mark.parametrize("bad", [12345, "0x0123456789abcdef", "0123456789ABCDEF", "0123"])
+def test_a_checksum_not_16_hex_digits_is_refused(saved, tmp_path, bad):
+    def damage(m):
+        piece = next(iter(m["tensors"].values()))["pieces"][0]
+        piece["xxh3"][0] = bad
+    target = edited_manifest(saved, tmp_path, damage)
+    with pytest.raises(ValueError, match=r"has checksum .* not 16 lowercase hex digits"):
+        program().load_checkpoint(target)
 
 
 def test_ernie_run_resume_refuses_a_flip(saved, tmp_path, build_dir):

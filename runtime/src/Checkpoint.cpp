@@ -33,10 +33,11 @@ namespace {
 constexpr const char *kManifest = "manifest.json";
 constexpr const char *kPiecesKey = "ernie.pieces";
 constexpr const char *kFormat = "ernie-checkpoint";
-/// Version 2 checksums every block of kChecksumBlockBytes of a piece with
-/// CRC-32C and records each file's size and header checksum; version 1
-/// (one zlib CRC-32 per piece) is still read.
-constexpr int kVersion = 2;
+/// Version 3 checksums every block of kChecksumBlockBytes of a piece with
+/// XXH3 and records each file's size and header checksum; version 1 (one
+/// zlib CRC-32 per piece) is still read. Version 2 (CRC-32C where version 3
+/// has XXH3) was written only by development builds and is refused.
+constexpr int kVersion = 3;
 /// Caller's metadata nests at most this deep (the manifest holds it one
 /// level down, within the reading limit).
 constexpr int kMaxMetadataDepth = 32;
@@ -109,13 +110,40 @@ bool sizeFits(const std::vector<int64_t> &shape, DType type) {
   return true;
 }
 
-/// The checksums of `bytes`: one CRC-32C per block of kChecksumBlockBytes.
-std::vector<uint32_t> blockChecksums(const uint8_t *bytes, uint64_t size) {
-  std::vector<uint32_t> crcs;
+/// An XXH3 checksum as manifests hold it: 16 lowercase hex digits, a
+/// string because a JSON number above 2^53 loses digits in many readers
+/// (jq 1.6, JavaScript).
+std::string checksumText(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx",
+                static_cast<unsigned long long>(value));
+  return text;
+}
+
+/// The checksum `text` holds (checksumText's form), or false.
+bool parseChecksum(const std::string &text, uint64_t &value) {
+  if (text.size() != 16)
+    return false;
+  value = 0;
+  for (char c : text) {
+    int digit = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                       : -1;
+    if (digit < 0)
+      return false;
+    value = value << 4 | uint64_t(digit);
+  }
+  return true;
+}
+
+/// The checksums of `bytes`: one XXH3 per block of kChecksumBlockBytes, as
+/// manifests hold them.
+json blockChecksums(const uint8_t *bytes, uint64_t size) {
+  json sums = json::array();
   for (uint64_t at = 0; at < size; at += kChecksumBlockBytes)
-    crcs.push_back(
-        crc32c(0, bytes + at, std::min(kChecksumBlockBytes, size - at)));
-  return crcs;
+    sums.push_back(checksumText(
+        xxh3(bytes + at, std::min(kChecksumBlockBytes, size - at))));
+  return sums;
 }
 
 /// Whether `rank` writes its piece of `spec`: the lowest coordinate of the
@@ -149,9 +177,10 @@ struct Piece {
   DType type = DType::F32;
   std::vector<int64_t> offsets, shape;
   bool transposed = false;
-  /// Checkpoints only: the CRC of each block of the piece's bytes (empty:
-  /// not checksummed, a weight map's piece).
-  std::vector<uint32_t> crcs;
+  /// Checkpoints only: the checksum of each block of the piece's bytes
+  /// (version 1: one CRC-32 of the whole piece; empty: not checksummed, a
+  /// weight map's piece).
+  std::vector<uint64_t> checksums;
 };
 /// How a manifest's pieces are checksummed.
 struct ChecksumScheme {
@@ -159,11 +188,11 @@ struct ChecksumScheme {
   bool wholePieceCrc32 = false;
   uint64_t blockBytes = kChecksumBlockBytes;
 };
-/// What version 2 records of each file: its size and its header's CRC-32C
+/// What version 3 records of each file: its size and its header's XXH3
 /// (the 8 length bytes and the JSON).
 struct SavedFile {
   uint64_t bytes = 0;
-  uint32_t headerCrc = 0;
+  uint64_t headerChecksum = 0;
 };
 struct SavedTensor {
   DType type;
@@ -178,7 +207,7 @@ struct Manifest {
   int64_t step = 0;
   json metadata;
   ChecksumScheme checksums;
-  /// Version 2: every file the pieces name.
+  /// Version 3: every file the pieces name.
   std::map<std::string, SavedFile> files;
   std::map<std::string, SavedTensor> tensors;
 };
@@ -246,7 +275,13 @@ Manifest readManifest(const fs::path &dir) {
     version = j["version"].get<int>();
   if (j.value("format", "") != kFormat || version < 1 || version > kVersion)
     fail(where + ": not an ernie checkpoint manifest (format " + kFormat +
-         " version 1 to " + std::to_string(kVersion) + ")");
+         " version 1 or " + std::to_string(kVersion) + ")");
+  if (version == 2)
+    fail(where +
+         ": checkpoint manifest version 2 (CRC-32C checksums, "
+         "written only by development builds) is no longer read; "
+         "this build reads versions 1 and " +
+         std::to_string(kVersion));
   Manifest m;
   m.dir = dir;
   auto fileName = [&](const json &value, const std::string &whose) {
@@ -257,6 +292,13 @@ Manifest readManifest(const fs::path &dir) {
            "' outside the checkpoint");
     return file;
   };
+  auto checksumOf = [&](const json &value, const std::string &whose) {
+    uint64_t sum = 0;
+    if (!value.is_string() || !parseChecksum(value.get<std::string>(), sum))
+      fail(where + ": " + whose + " has checksum " + briefJson(value) +
+           ", not 16 lowercase hex digits");
+    return sum;
+  };
   try {
     m.step = j.at("step").get<int64_t>();
     m.metadata = j.value("metadata", json::object());
@@ -264,15 +306,16 @@ Manifest readManifest(const fs::path &dir) {
       m.checksums.wholePieceCrc32 = true;
     } else {
       const json &scheme = j.at("checksum");
-      if (scheme.at("algorithm").get<std::string>() != "crc32c" ||
+      if (scheme.at("algorithm").get<std::string>() != "xxh3" ||
           scheme.at("block_bytes").get<uint64_t>() != kChecksumBlockBytes)
         fail(where + ": checksums " + briefJson(scheme) +
-             " are not crc32c over blocks of " +
+             " are not xxh3 over blocks of " +
              std::to_string(kChecksumBlockBytes) + " bytes");
-      for (auto &[file, f] : j.at("files").items())
-        m.files[fileName(json(file), "the file list")] = {
-            f.at("bytes").get<uint64_t>(),
-            f.at("header_crc32c").get<uint32_t>()};
+      for (auto &[file, f] : j.at("files").items()) {
+        std::string name = fileName(json(file), "the file list");
+        m.files[name] = {f.at("bytes").get<uint64_t>(),
+                         checksumOf(f.at("header_xxh3"), "file " + name)};
+      }
     }
     for (auto &[name, t] : j.at("tensors").items()) {
       SavedTensor saved;
@@ -292,9 +335,11 @@ Manifest readManifest(const fs::path &dir) {
                     false,
                     {}};
         if (version == 1)
-          piece.crcs = {p.at("crc32").get<uint32_t>()};
+          piece.checksums = {p.at("crc32").get<uint32_t>()};
         else
-          piece.crcs = p.at("crc32c").get<std::vector<uint32_t>>();
+          for (const json &sum : p.at("xxh3"))
+            piece.checksums.push_back(checksumOf(
+                sum, "tensor '" + name + "' (a piece in " + piece.file + ")"));
         if (version > 1 && !m.files.count(piece.file))
           fail(where + ": tensor '" + name + "' names file '" + piece.file +
                "', which the file list lacks");
@@ -307,9 +352,9 @@ Manifest readManifest(const fs::path &dir) {
             m.checksums.wholePieceCrc32
                 ? 1
                 : (bytes + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
-        if (piece.crcs.size() != blocks)
+        if (piece.checksums.size() != blocks)
           fail(where + ": tensor '" + name + "' has a piece in " + piece.file +
-               " with " + std::to_string(piece.crcs.size()) +
+               " with " + std::to_string(piece.checksums.size()) +
                " checksums for its " + std::to_string(blocks) + " blocks");
       }
       m.tensors.emplace(name, std::move(saved));
@@ -403,12 +448,13 @@ IoMeter::Report IoMeter::printer(std::string what) {
                                             double seconds, bool final,
                                             double checksum) {
     double mb = done / 1e6, rate = seconds > 0 ? mb / seconds : 0;
-    char line[256], crc[64] = "";
+    char line[256], sums[64] = "";
     if (checksum > 0)
-      std::snprintf(crc, sizeof crc, "; checksums %.3f s over the ranks", checksum);
+      std::snprintf(sums, sizeof sums, "; checksums %.3f s over the ranks",
+                    checksum);
     if (final)
       std::snprintf(line, sizeof line, "%s: %.1f MB in %.2f s (%.0f MB/s%s)\n",
-                    what.c_str(), mb, seconds, rate, crc);
+                    what.c_str(), mb, seconds, rate, sums);
     else if (terminal)
       std::snprintf(line, sizeof line, "\r\033[K%s: %.0f%% (%.1f of %.1f MB, %.0f MB/s)",
                     what.c_str(), expected ? 100.0 * done / expected : 0.0, mb,
@@ -486,13 +532,12 @@ void writeCheckpointShards(const Program &program, const RankRunner &runner,
     return use(b.bytes);
   };
   for (const Owned &o : owned) {
-    std::vector<uint32_t> crcs =
-        withBlock(o, [](const std::vector<uint8_t> &bytes) {
-          return blockChecksums(bytes.data(), bytes.size());
-        });
+    json sums = withBlock(o, [](const std::vector<uint8_t> &bytes) {
+      return blockChecksums(bytes.data(), bytes.size());
+    });
     pieces[o.name] = {{"offsets", o.offsets},
                       {"global_shape", o.spec->globalShape},
-                      {"crc32c", crcs}};
+                      {"xxh3", std::move(sums)}};
     header.push_back({o.name, o.spec->type, o.real});
   }
   if (meter)
@@ -524,7 +569,7 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
     file.readFileBytes(0, header.size(), header.data());
     fileList[path.filename().string()] = {
         {"bytes", fs::file_size(path)},
-        {"header_crc32c", crc32c(0, header.data(), header.size())}};
+        {"header_xxh3", checksumText(xxh3(header.data(), header.size()))}};
     auto it = file.metadata().find(kPiecesKey);
     json pieces =
         it == file.metadata().end()
@@ -546,7 +591,7 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
       t["pieces"].push_back({{"file", path.filename().string()},
                              {"offsets", p.at("offsets")},
                              {"shape", e.shape},
-                             {"crc32c", p.at("crc32c")}});
+                             {"xxh3", p.at("xxh3")}});
     }
   }
   JsonLimits limits;
@@ -560,7 +605,7 @@ std::string commitCheckpoint(const Mesh &mesh, const std::string &dir,
       {"mesh", {{"axes", mesh.axisNames()}, {"sizes", mesh.axisSizes()}}},
       {"metadata", metadata},
       {"checksum",
-       {{"algorithm", "crc32c"}, {"block_bytes", kChecksumBlockBytes}}},
+       {{"algorithm", "xxh3"}, {"block_bytes", kChecksumBlockBytes}}},
       {"files", fileList},
       {"tensors", tensors}};
   writeSynced(fs::path(dir) / kManifest, manifest.dump(1));
@@ -654,9 +699,11 @@ CheckpointInfo readCheckpointInfo(const std::string &dir) {
 
 namespace {
 
-std::string hex(uint32_t value) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08x", value);
+/// `value` in hex, `digits` wide, for an error message.
+std::string hex(uint64_t value, int digits) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%0*llx", digits,
+                static_cast<unsigned long long>(value));
   return text;
 }
 
@@ -684,11 +731,11 @@ public:
              " bytes, the manifest records " + std::to_string(saved.bytes));
       std::string header(opened->dataStart(), '\0');
       opened->readFileBytes(0, header.size(), header.data());
-      uint32_t crc = crc32c(0, header.data(), header.size());
-      if (crc != saved.headerCrc)
+      uint64_t sum = xxh3(header.data(), header.size());
+      if (sum != saved.headerChecksum)
         fail(path.string() + ": the header (bytes [0, " +
-             std::to_string(header.size()) + ")) fails its checksum (crc32c " +
-             hex(saved.headerCrc) + " recorded, " + hex(crc) +
+             std::to_string(header.size()) + ")) fails its checksum (xxh3 " +
+             hex(saved.headerChecksum, 16) + " recorded, " + hex(sum, 16) +
              " read): the file is damaged");
     }
     f = std::move(opened);
@@ -699,7 +746,7 @@ public:
   /// verifying the blocks they lie in when the piece has checksums.
   void read(const Piece &piece, uint64_t offset, uint64_t bytes, void *dst) {
     SafetensorsFile &file = open(piece.file);
-    if (piece.crcs.empty() || bytes == 0) {
+    if (piece.checksums.empty() || bytes == 0) {
       file.readBytes(piece.tensor, offset, bytes, dst);
       return;
     }
@@ -716,19 +763,17 @@ public:
         buffer_.resize(n);
         file.readBytes(piece.tensor, start, n, buffer_.data());
         auto began = std::chrono::steady_clock::now();
-        uint32_t crc =
-            manifest_->checksums.wholePieceCrc32
-                ? static_cast<uint32_t>(::crc32(0L, buffer_.data(), n))
-                : crc32c(0, buffer_.data(), n);
+        const bool wholePiece = manifest_->checksums.wholePieceCrc32;
+        uint64_t sum = wholePiece ? ::crc32(0L, buffer_.data(), n)
+                                  : xxh3(buffer_.data(), n);
         if (meter_)
           meter_->addChecksumTime(std::chrono::steady_clock::now() - began);
-        if (crc != piece.crcs[k])
+        if (sum != piece.checksums[k])
           fail(file.path() + ": tensor '" + piece.tensor + "': bytes [" +
                std::to_string(start) + ", " + std::to_string(start + n) +
-               ") fail their checksum (" +
-               (manifest_->checksums.wholePieceCrc32 ? "crc32 " : "crc32c ") +
-               hex(piece.crcs[k]) + " recorded, " + hex(crc) +
-               " read): the file is damaged");
+               ") fail their checksum (" + (wholePiece ? "crc32 " : "xxh3 ") +
+               hex(piece.checksums[k], wholePiece ? 8 : 16) + " recorded, " +
+               hex(sum, wholePiece ? 8 : 16) + " read): the file is damaged");
         block_ = {&piece, k};
       }
       uint64_t from = std::max(offset, k * block),
@@ -977,7 +1022,7 @@ readWeightShards(const Program &program, const RankRunner &runner,
 namespace {
 
 /// Throws unless piece `p` of tensor `name` is in its file as the manifest
-/// lists it (dtype and shape); opens (and for version 2 checks) the file.
+/// lists it (dtype and shape); opens (and for version 3 checks) the file.
 void requireListedPiece(FileCache &files, const std::string &name,
                         const SavedTensor &saved, const Piece &p) {
   SafetensorsFile &f = files.open(p.file);
@@ -1189,7 +1234,7 @@ std::string importCheckpoint(const std::string &source, const std::string &root,
         pieces[e.name] = {
             {"offsets", std::vector<int64_t>(e.shape.size(), 0)},
             {"global_shape", e.shape},
-            {"crc32c", blockChecksums(t.bytes.data(), t.bytes.size())}};
+            {"xxh3", blockChecksums(t.bytes.data(), t.bytes.size())}};
         header.push_back({e.name, e.type, e.shape});
       }
       SafetensorsWriter writer((fs::path(dir) / rankFile(i)).string(), header,

@@ -7,9 +7,9 @@
 //                              by its lowest-coordinate holder), without
 //                              padding, each under the state's name
 //   manifest.json              per state its dtype, global shape and pieces
-//                              (file, global offsets, shape, the CRC-32C of
+//                              (file, global offsets, shape, the XXH3 of
 //                              every 1 MiB block of the piece's bytes); each
-//                              file's size and header CRC-32C; the step, the
+//                              file's size and header XXH3; the step, the
 //                              mesh, and the caller's metadata (JSON)
 //
 // Saving writes into `<root>/.tmp-step-<N>-<pid>`, fsyncs every file, writes
@@ -23,8 +23,9 @@
 // naming the file, the tensor and the byte range before any state changes
 // (the caller replaces state only once every rank read all of its pieces).
 // Manifests of version 1 (one zlib CRC-32 per piece) are still read, a
-// piece verified whole. Every JSON text is read within limits
-// (BoundedInput.h).
+// piece verified whole; those of version 2 (CRC-32C, development builds
+// only) are refused naming the version. Every JSON text is read within
+// limits (BoundedInput.h).
 //
 //===----------------------------------------------------------------------===//
 

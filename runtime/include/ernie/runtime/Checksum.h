@@ -1,10 +1,10 @@
-//===- Checksum.h - CRC-32C of byte ranges ----------------------*- C++ -*-===//
+//===- Checksum.h - XXH3 checksums of checkpoint data -----------*- C++ -*-===//
 //
-// The checksum of checkpoint data: CRC-32C (Castagnoli), with the SSE 4.2
-// instruction where the CPU has it (three interleaved streams, several GB/s
-// per core) and a table otherwise. Checkpoints record one per block of
+// The checksum of checkpoint data: XXH3's 64-bit hash (seed 0) from
+// libxxhash, named "xxh3" in manifests. Checkpoints record one per block of
 // kChecksumBlockBytes of every piece, so a load that reads part of a piece
-// verifies only the blocks it touches.
+// verifies only the blocks it touches. xxhash.h stays behind this header, so
+// code that includes the runtime's headers does not need it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,9 +16,8 @@
 
 namespace ernie::runtime {
 
-/// The CRC-32C of `bytes` bytes at `data`, continuing from `crc` (0 to
-/// start): crc32c(crc32c(0, a), b) == crc32c(0, a ++ b).
-uint32_t crc32c(uint32_t crc, const void *data, size_t bytes);
+/// The XXH3 64-bit hash (seed 0) of `bytes` bytes at `data`.
+uint64_t xxh3(const void *data, size_t bytes);
 
 /// The block a checkpoint's checksums cover (the last one of a piece may be
 /// shorter).
