@@ -435,3 +435,40 @@ def test_save_pretrained_writes_back_every_config_field_it_read(tmp_path):
     again = json.loads((tmp_path / "moe2" / "config.json").read_text())
     assert {k: again[k] for k in extra} == extra
     assert again["moe_num_experts"] == 4
+
+
+def test_auto_classes_pick_the_family_from_config_json(tmp_path):
+    """As transformers does: by model_type, else by architectures; an
+    unknown type is an error listing the families ernie has."""
+    from ernie.models import AutoConfig, AutoModelForCausalLM
+    from ernie.models.ernie4_5 import (Ernie4_5Config, Ernie4_5ForCausalLM,
+                                       Ernie4_5_MoeForCausalLM)
+    w = hf_weights(HF_CONFIG, np.random.default_rng(7))
+    write_hf(tmp_path / "llama", HF_CONFIG, w)
+    llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama")
+    assert type(llama) is LlamaForCausalLM and llama.config.vocab_size == HF_CONFIG["vocab_size"]
+    assert isinstance(AutoConfig.from_pretrained(tmp_path / "llama"), LlamaConfig)
+
+    small = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)
+    Ernie4_5ForCausalLM(Ernie4_5Config(**small)).save_pretrained(tmp_path / "dense")
+    Ernie4_5_MoeForCausalLM(Ernie4_5Config(**small, moe_num_experts=4, moe_k=2,
+                                           moe_intermediate_size=8, moe_layer_start_index=1)
+                            ).save_pretrained(tmp_path / "moe")
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "dense")) is Ernie4_5ForCausalLM
+    moe = AutoModelForCausalLM.from_pretrained(tmp_path / "moe")
+    assert type(moe) is Ernie4_5_MoeForCausalLM and moe.config.moe_num_experts == 4
+
+    # No model_type: the architectures name the family.
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    del config["model_type"]
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "llama")) is LlamaForCausalLM
+
+    config.update(model_type="qwen9", architectures=["Qwen9ForCausalLM"])
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model_type 'qwen9'.*not a family ernie has; it has "
+                                         r"ernie4_5, ernie4_5_moe, llama"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "llama")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        AutoConfig.from_pretrained(tmp_path / "nowhere")

@@ -1,0 +1,78 @@
+"""AutoConfig and AutoModelForCausalLM: the family from config.json.
+
+As `transformers` picks a class: by `model_type`, else by the first of
+`architectures` ernie knows. A type ernie has no family for is an error
+listing the ones it has.
+
+    model = ernie.models.AutoModelForCausalLM.from_pretrained("path/to/folder")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..weights import read_json
+from .ernie4_5 import Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM
+from .llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+
+# model_type -> (how its config.json becomes a config, the model class).
+FAMILIES = {
+    "llama": (lambda hf: LlamaConfig(**config_from_hf(hf)), LlamaForCausalLM),
+    "ernie4_5": (Ernie4_5Config.from_json, Ernie4_5ForCausalLM),
+    "ernie4_5_moe": (Ernie4_5Config.from_json, Ernie4_5_MoeForCausalLM),
+}
+# Hugging Face's class names -> model_type.
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Ernie4_5ForCausalLM": "ernie4_5",
+                 "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
+
+
+def _config_json(folder) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    hf = read_json(path)
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return hf
+
+
+def family_of(hf: dict, where="config.json") -> str:
+    """The model_type of the family `hf` (a config.json) describes."""
+    model_type = hf.get("model_type")
+    if model_type in FAMILIES:
+        return model_type
+    architectures = hf.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise ValueError(f"{where}: architectures is a list of class names, "
+                         f"not {architectures!r}")
+    for name in architectures:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise ValueError(f"{where}: model_type {model_type!r} (architectures {architectures}) is "
+                     f"not a family ernie has; it has {', '.join(sorted(FAMILIES))} "
+                     f"({', '.join(sorted(ARCHITECTURES))})")
+
+
+class AutoConfig:
+    """The config of a Hugging Face folder's family."""
+
+    @staticmethod
+    def from_pretrained(folder):
+        hf = _config_json(folder)
+        make_config, _ = FAMILIES[family_of(hf, Path(folder) / "config.json")]
+        return make_config(hf)
+
+
+class AutoModelForCausalLM:
+    """The causal language model of a Hugging Face folder's family."""
+
+    @staticmethod
+    def model_class(folder):
+        hf = _config_json(folder)
+        return FAMILIES[family_of(hf, Path(folder) / "config.json")][1]
+
+    @staticmethod
+    def from_pretrained(folder, dtype=None, **overrides):
+        """The family's from_pretrained (its weights, its config; under
+        ernie.nn.abstract() only headers are read)."""
+        return AutoModelForCausalLM.model_class(folder).from_pretrained(folder, dtype, **overrides)
