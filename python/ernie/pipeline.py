@@ -121,9 +121,10 @@ def _nearby(name: str, model: Module, candidates=None) -> str:
     return ", ".join(repr(n) for n in close) if close else "(the model has no sub-layers)"
 
 
-def _split_layers(model: Module, split_spec, chunks: int):
+def _split_layers(model: Module, split_spec, chunks: int, layers_per_stage=None):
     """{layer name: (layer, "end" | "beginning")} for `split_spec` cut into
-    `chunks` virtual stages."""
+    `chunks` virtual stages: evenly, or `layers_per_stage[c]` layers in
+    chunk c (Megatron's uneven first and last stages)."""
     if isinstance(split_spec, dict):
         layers = dict(model.named_sublayers())
         marks = {}
@@ -151,6 +152,13 @@ def _split_layers(model: Module, split_spec, chunks: int):
                              f"(nearby: {_nearby(prefix, model, _layer_lists(model) or None)})")
         matched += [(n, l) for n, l in found if n not in dict(matched)]
     spec = prefixes[0] if len(prefixes) == 1 else prefixes
+    if layers_per_stage is not None:
+        if len(layers_per_stage) != chunks or sum(layers_per_stage) != len(matched):
+            raise ValueError(f"pp_config.layers_per_stage {list(layers_per_stage)} must give "
+                             f"each of the {chunks} stages (pp x vpp_degree) its layers, "
+                             f"{len(matched)} in all (split_spec {spec!r} matches {len(matched)})")
+        ends = [sum(layers_per_stage[:c + 1]) for c in range(chunks - 1)]
+        return {matched[e - 1][0]: (matched[e - 1][1], "end") for e in ends}
     if chunks > len(matched):
         raise ValueError(f"split_spec {spec!r} matches {len(matched)} layers: more stages ({chunks}) "
                          f"than layers")
@@ -219,7 +227,12 @@ def configure(model: Module, mesh, pp: dict | None):
                 raise ValueError(f"global_spec names {name!r}, which is not a sub-layer of the "
                                  f"model (nearby: {_nearby(str(name), model)})")
     clear_split_marks(model)
-    marks = _split_layers(model, split_spec, stages * vpp) if split_spec is not None else {}
+    uneven = pp.get("layers_per_stage")
+    if uneven is not None and split_spec is None:
+        raise ValueError("pp_config.layers_per_stage counts the layers split_spec names: "
+                         "give split_spec too")
+    marks = (_split_layers(model, split_spec, stages * vpp, uneven)
+             if split_spec is not None else {})
     for _, (layer, point) in marks.items():
         object.__setattr__(layer, "_ernie_split_point", point)
     return {"stages": stages, "virtual_stages": vpp, "accumulate_steps": accumulate,

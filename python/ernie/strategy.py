@@ -146,7 +146,10 @@ class PipelineParallel(_Section):
     runs; `accumulate_steps` micro-batches per step; `schedule_mode`
     "1F1B", "FThenB" or "VPP" (default: 1F1B, or VPP with vpp_degree > 1);
     `vpp_degree` chunks per pipeline rank; `gradient_accumulation_fusion`
-    (Megatron's: each weight-gradient GEMM adds into the running sum)."""
+    (Megatron's: each weight-gradient GEMM adds into the running sum);
+    `layers_per_stage`: the layers split_spec matches, counted per stage
+    (pp x vpp of them) when they do not divide evenly (Megatron's uneven
+    first and last stages: 126 layers on 16 stages as [7, 8, ..., 8, 7])."""
 
     config_name = "pp_config"
     split_spec: Any = None
@@ -155,8 +158,16 @@ class PipelineParallel(_Section):
     schedule_mode: str | None = None
     vpp_degree: int | None = None
     gradient_accumulation_fusion: bool = True
+    layers_per_stage: Any = None
 
     def __post_init__(self):
+        if self.layers_per_stage is not None:
+            counts = self.layers_per_stage
+            if not isinstance(counts, (list, tuple)) or not counts or \
+                    not all(_is_int(c) and c >= 1 for c in counts):
+                raise ValueError(f"pp_config.layers_per_stage is a list of layer counts >= 1, "
+                                 f"one per stage, not {counts!r}")
+            self.layers_per_stage = list(counts)
         for key in ("accumulate_steps", "vpp_degree"):
             value = getattr(self, key)
             if value is not None and (not _is_int(value) or value < 1):

@@ -390,3 +390,38 @@ def test_pipeline_report_memory_follows_the_schedule():
         # Megatron's two all-reduces per layer and pass, on this stage's two
         # layers, for each of the 4 micro-batches.
         assert one["collectives"]["all_reduce[mp]"]["count"] >= 4 * 2 * 2 * 2
+
+
+@pytest.mark.parametrize("axes,layers,counts,schedule,vpp", [
+    (dict(pp=2), 4, [1, 3], "1F1B", 1),
+    (dict(pp=4), 6, [1, 2, 2, 1], "1F1B", 1),    # Megatron's lighter first and last stages
+    (dict(pp=2), 6, [1, 2, 2, 1], "VPP", 2),     # chunks of unequal length, interleaved
+    (dict(dp=2, pp=2), 4, [3, 1], "FThenB", 1),
+])
+def test_uneven_stages_match_single_rank(axes, layers, counts, schedule, vpp):
+    """pp_config.layers_per_stage: stages of unequal layer counts train as
+    the single rank does, and each stage holds its own layers' state."""
+    steps = 4
+    cfg = {"pp_config": {"split_spec": "llama.layers", "accumulate_steps": steps,
+                         "schedule_mode": schedule, "vpp_degree": vpp,
+                         "layers_per_stage": counts}}
+    if "dp" in axes:
+        cfg["dp_config"] = {}
+    prog, losses = train(LlamaForCausalLM(config(layers)), mesh_of(**axes), cfg)
+    check(prog, losses, layers)
+    holders = prog.pipeline["state_stages"]
+    chunk_of_layer = [c for c, n in enumerate(counts) for _ in range(n)]
+    for i in range(layers):
+        stage = chunk_of_layer[i] % axes["pp"]
+        assert holders[f"llama.layers.{i}.mlp.down_proj.weight"] == [stage], i
+
+
+def test_uneven_stage_counts_are_checked():
+    model = LlamaForCausalLM(config(4))
+    with pytest.raises(ValueError, match=r"layers_per_stage \[1, 2\] must give each of the 2 "
+                                         r"stages .* 4 in all"):
+        ernie.compile(model, optimizer(), data(), mesh=mesh_of(pp=2), config={"pp_config": {
+            "split_spec": "llama.layers", "accumulate_steps": 2, "layers_per_stage": [1, 2]}})
+    with pytest.raises(ValueError, match="layers_per_stage is a list of layer counts >= 1"):
+        ernie.compile(model, optimizer(), data(), mesh=mesh_of(pp=2), config={"pp_config": {
+            "split_spec": "llama.layers", "accumulate_steps": 2, "layers_per_stage": [0, 4]}})
