@@ -214,9 +214,10 @@ def _profile(cluster: dict, ranks: int, repeats: int) -> tuple[dict, float, floa
         # The one-rank step's module on a mesh of `ranks`: every rank runs
         # it on the same (replicated) state.
         text = program.mlir.replace("module {", f"module {{\n  ernie.mesh @shared(r = {ranks})", 1)
-        file, _ = _ernie.write_program(_ernie.parse_module(text))
-        copies = compiler.Program(program.model, program.optimizer, program.traced_mlir, text,
-                                  file, None, list(batch))
+        module = _ernie.parse_module(text)
+        file, report = _ernie.write_program(module)
+        copies = compiler.Program(program.model, program.optimizer, program.traced_module, module,
+                                  file, None, list(batch), plan_report=report)
 
         def best(p):
             return _best_time(lambda: p.step(*batch), repeats)

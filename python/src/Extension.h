@@ -77,23 +77,24 @@ Attribute toAttribute(MLIRContext *ctx, StringRef name, py::handle value,
 
 /// A module held in C++ (the traced IR, or a compiled one): Python keeps a
 /// handle and the text exists only when asked for.
+/// `module`'s text; with `debugInfo` its locations too (the tracer's user
+/// source lines), so that parsing it again gives the same program.
+inline std::string printModule(ModuleOp module, bool debugInfo) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  OpPrintingFlags flags;
+  if (debugInfo)
+    flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false);
+  module.print(os, flags);
+  return s;
+}
+
 class PyModule {
 public:
   explicit PyModule(OwningOpRef<ModuleOp> module) : module_(std::move(module)) {}
 
   ModuleOp get() const { return module_.get(); }
-
-  /// The module's text; with `debugInfo` its locations too (the tracer's
-  /// user source lines), so that parsing it again gives the same program.
-  std::string text(bool debugInfo) const {
-    std::string s;
-    llvm::raw_string_ostream os(s);
-    OpPrintingFlags flags;
-    if (debugInfo)
-      flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false);
-    get().print(os, flags);
-    return s;
-  }
+  std::string text(bool debugInfo) const { return printModule(get(), debugInfo); }
 
 private:
   OwningOpRef<ModuleOp> module_;

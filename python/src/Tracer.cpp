@@ -282,7 +282,7 @@ public:
   }
 
   PyModule module() { return PyModule(OwningOpRef<ModuleOp>(module_->clone())); }
-  std::string text() { return PyModule(OwningOpRef<ModuleOp>(module_->clone())).text(false); }
+  std::string text() { return printModule(*module_, false); }
 
 private:
   int add(Value v) {
