@@ -3,7 +3,10 @@
 The pipeline is the one `ernie-opt` runs — `--ernie-autodiff` (with the
 optimizer's options) then `--ernie-auto-parallel-pipeline` when there is a
 mesh — and the program file is the one `ernie-run` reads. Every rank runs as
-a thread of this process (the runtime's Session).
+a thread of this process (the runtime's Session), or under a multi-process
+launch (`ernie.distributed.init_parallel_env`) this process's block of ranks:
+every process compiles the same program and runs its own ranks, groups that
+span processes meeting over Gloo (docs/guide/multi-process.md).
 
 A mesh with a "pp" axis of size > 1 makes a pipelined program: the model is
 traced on one micro-batch (the example inputs' dimension 0 divided by
@@ -17,6 +20,7 @@ runtime splits each global batch into the micro-batches itself).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -228,6 +232,27 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
     return trace.tracer.module(), trace
 
 
+def _abbreviated(rows) -> str:
+    rows = list(np.asarray(rows).ravel())
+    return str(rows) if len(rows) <= 8 else f"[{', '.join(map(str, rows[:6]))}, ... ({len(rows)} rows)]"
+
+
+def _job_identity(program_file: bytes, values: dict, pretrained: dict, seed: int) -> str:
+    """What every process of a job must agree on before it starts: the
+    program file and the initial state (values, pretrained weights' files,
+    the seed), each as a hash, as "key=value" lines."""
+    state = hashlib.blake2b(digest_size=16)
+    for name in sorted(values):
+        v = np.ascontiguousarray(values[name])
+        state.update(f"{name}:{v.dtype.str}:{v.shape};".encode())
+        state.update(v.reshape(-1).view(np.uint8))
+    for name in sorted(pretrained):
+        state.update(f"{name}<-{pretrained[name]!r};".encode())
+    program = hashlib.blake2b(program_file, digest_size=16).hexdigest()
+    return (f"program hash={program}\ninitial state hash={state.hexdigest()}\n"
+            f"seed={seed}")
+
+
 def _as_module(module):
     """A module handle from a handle or module text."""
     return module if isinstance(module, _ernie.Module) else _ernie.parse_module(module)
@@ -255,6 +280,8 @@ class Program:
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
         self.last_io = None  # _record_io
+        self.job = None  # the ParallelEnv of a multi-process job
+        self._local_rows = None
         if abstract:  # compiled and planned, never run: nothing allocated
             self.num_ranks, self._signatures, self.pipeline = _ernie.describe(program_file)
             self._session = None
@@ -272,16 +299,18 @@ class Program:
                              f"under ernie.nn.abstract()): compile it with abstract=True, or "
                              f"build it with from_pretrained")
         job = parallel_env()
-        if job.is_multi_process:
-            # Every process would run every rank: the job's work, repeated.
-            raise NotImplementedError(
-                f"this is {job}: a compiled Python program runs all of its ranks in one "
-                f"process, and running only this process's ranks is not built yet. Save the "
-                f"program (program.save('prog.ernie')) and run it with "
-                f"`python -m ernie.distributed.launch --nproc-per-node N "
-                f"build/bin/ernie-run prog.ernie --backend gloo`, or compile with "
-                f"abstract=True to plan without running")
-        self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
+        self.job = job if job.is_multi_process else None
+        if self.job is None:
+            self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
+        else:
+            # This process runs its own ranks; every process must have
+            # compiled the same program from the same initial state.
+            self._session = _ernie.Session(
+                program_file, timeout, check_finite, trace, device,
+                job={"process": job.rank, "processes": job.world_size,
+                     "ranks_per_process": job.ranks_per_process,
+                     "store_address": job.store_address, "hostname": job.hostname},
+                identity=_job_identity(program_file, values, pretrained, seed))
         # Described from the program the session decoded: the bytes once.
         self.num_ranks, self._signatures, self.pipeline = self._session.describe()
         if self.pipeline is not None:
@@ -393,18 +422,68 @@ class Program:
         """The traced (unpartitioned) module."""
         return self.traced_mlir
 
-    def _check_batch(self, batch):
+    def local_rows(self, function=None) -> np.ndarray:
+        """The rows of a global batch this process's ranks read (all of them
+        in one process): `ernie.distributed.local_batch`."""
+        if self._local_rows is None:
+            fn = function or ("train_step" if self.pipeline is not None else
+                              next(f for f in ("train_step", "forward_grad", "forward")
+                                   if f in self.functions()))
+            self._local_rows = np.asarray(self._require_session().local_rows(fn),
+                                          dtype=np.int64)
+        return self._local_rows
+
+    def _check_batch(self, batch, rows=None):
+        """The global arrays of `batch`: the global batch itself, or with
+        `rows` this process's rows of it (placed where its ranks read them;
+        the rows no rank here reads stay zero). A wrong batch in a job also
+        aborts the other processes: they stop, not wait for this one."""
+        try:
+            return self._global_batch(batch, rows)
+        except (ValueError, TypeError) as e:
+            if self.job is not None:
+                self._session.abort(f"its batch was refused: {e}")
+            raise
+
+    def _global_batch(self, batch, rows):
         if len(batch) != len(self._inputs):
             raise ValueError(f"the model takes {len(self._inputs)} inputs, got {len(batch)}")
+        if rows is not None:
+            rows = np.asarray(rows)
+            mine = self.local_rows()
+            if rows.shape != mine.shape or not np.array_equal(rows, mine):
+                raise ValueError(
+                    f"rows {_abbreviated(rows)} are not the rows this process's ranks read "
+                    f"({_abbreviated(mine)}; {self._where()}): pass "
+                    f"rows=ernie.distributed.local_batch(program)")
         out = []
         for i, (x, (shape, dtype)) in enumerate(zip(batch, self._inputs)):
             x = _global_array(x)
-            if x.shape != shape:
-                raise ValueError(f"input {i} has shape {list(x.shape)}, compiled for {list(shape)}")
             if x.dtype != dtype:
                 raise TypeError(f"input {i} has dtype {x.dtype}, compiled for {dtype}")
-            out.append(np.ascontiguousarray(x))
+            if rows is None or not shape:
+                if x.shape != shape:
+                    local = len(self.local_rows()) if self.job is not None else None
+                    hint = (f"; this process's ranks read {local} of its rows: pass those with "
+                            f"rows=ernie.distributed.local_batch(program)"
+                            if local is not None and x.shape[:1] == (local,) else "")
+                    raise ValueError(f"input {i} has shape {list(x.shape)}, compiled for "
+                                     f"{list(shape)} (the global batch){hint}")
+                out.append(np.ascontiguousarray(x))
+                continue
+            want = (len(rows), *shape[1:])
+            if x.shape != want:
+                raise ValueError(f"input {i} has shape {list(x.shape)}; this process's "
+                                 f"{len(rows)} rows of the global {list(shape)} are {list(want)}")
+            full = np.zeros(shape, dtype)
+            full[rows] = x
+            out.append(full)
         return out
+
+    def _where(self) -> str:
+        first, count = self._require_session().local_ranks
+        return (f"process {self.job.rank} of {self.job.world_size}, mesh ranks "
+                f"{first}..{first + count - 1}") if self.job else "every rank is in this process"
 
     def _call(self, fn, batch, *args, updates=True):
         """Runs `fn`; results of narrow float types (bf16, fp8), which the
@@ -419,38 +498,42 @@ class Program:
                 if r is not None and kind in ("bf16", "f8E4M3FN", "f8E5M2") else r
                 for r, kind in zip(results, kinds)]
 
-    def step(self, *batch) -> float:
-        """One training step on a global batch; returns the loss."""
+    def step(self, *batch, rows=None) -> float:
+        """One training step on a global batch; returns the loss (the global
+        one, on every process of a job). With `rows`
+        (`ernie.distributed.local_batch(program)`), `batch` is only those
+        rows of the global batch: what this process's ranks read."""
         if self.optimizer is None:
             raise RuntimeError("compiled without an optimizer: use grad()")
-        batch = self._check_batch(batch)
+        batch = self._check_batch(batch, rows)
         self.step_count += 1
         lr = self.optimizer.get_lr(self.step_count)
         (loss, *_rest) = self._call("train_step", batch, lr, self.step_count,
                                     updates=False)
         return float(loss)
 
-    def eval(self, *batch) -> float:
+    def eval(self, *batch, rows=None) -> float:
         """The loss on a global batch, parameters unchanged (a pipelined
-        program: the mean over its micro-batches)."""
+        program: the mean over its micro-batches); `rows` as in step()."""
         if self.pipeline is not None:
             fn = "eval_step"
             if not any(f.startswith("eval_forward.") for f in self.functions()):
                 raise RuntimeError("this pipelined program has no evaluation step")
         else:
             fn = "eval_step" if "eval_step" in self.functions() else "forward"
-        (loss, *_rest) = self._call(fn, self._check_batch(batch))
+        (loss, *_rest) = self._call(fn, self._check_batch(batch, rows))
         return float(loss)
 
-    def forward(self, *batch):
-        """The model's output (global) on a batch."""
+    def forward(self, *batch, rows=None):
+        """The model's output (global) on a batch; `rows` as in step()."""
         self._not_pipelined("forward()")
-        return self._call("forward", self._check_batch(batch))[0]
+        return self._call("forward", self._check_batch(batch, rows))[0]
 
-    def grad(self, *batch):
-        """(loss, {parameter: gradient}) at the current parameters."""
+    def grad(self, *batch, rows=None):
+        """(loss, {parameter: gradient}) at the current parameters; `rows`
+        as in step()."""
         self._not_pipelined("grad()")
-        results = self._call("forward_grad", self._check_batch(batch))
+        results = self._call("forward_grad", self._check_batch(batch, rows))
         names = [r["name"] for r in self._signatures["forward_grad"]["arguments"]
                  if r["role"] == "parameter"]
         return float(results[0]), OrderedDict(zip(names, results[1:]))
@@ -617,7 +700,8 @@ class Program:
 
     def write_trace(self, path):
         """The timeline of every instruction on every rank so far, as a
-        Chrome-trace / Perfetto JSON file (compile(..., trace=True))."""
+        Chrome-trace / Perfetto JSON file (compile(..., trace=True)). In a
+        job every process must call it; process 0 writes every rank's."""
         self._require_session().write_trace(str(path))
 
     def save(self, path):

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include <pybind11/numpy.h>
@@ -233,22 +234,89 @@ template <typename Fn> auto checkpointErrors(Fn fn) {
 
 class PySession {
 public:
+  /// `job`: None (every rank here), or this process's place in a
+  /// multi-process job: {"process", "processes", "ranks_per_process",
+  /// "store_address", "hostname"}; `identity` what the processes compare.
   PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace,
-            const std::string &device) {
+            const std::string &device, py::object job,
+            const std::string &identity) {
     std::string bytes = file;
     rt::SessionOptions options;
     options.device = device;
+    if (!job.is_none()) {
+      py::dict d = job.cast<py::dict>();
+      rt::ProcessGroupOptions group;
+      group.process = d["process"].cast<int64_t>();
+      group.processes = d["processes"].cast<int64_t>();
+      group.ranksPerProcess = d["ranks_per_process"].cast<int64_t>();
+      group.storeAddress = d["store_address"].cast<std::string>();
+      group.hostname = d["hostname"].cast<std::string>();
+      options.job = group;
+      options.identity = identity;
+    }
     if (!(timeoutSeconds > 0 && timeoutSeconds <= 1e9)) // NaN fails too
       throw py::value_error("timeout must be a finite number of seconds > 0, not " +
                             std::to_string(timeoutSeconds));
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
     options.executor.checkFinite = checkFinite;
     options.executor.trace = trace;
+    // A job's processes meet here (up to the timeout): without the GIL.
     session_ = translateErrors([&] {
-      return std::make_unique<rt::Session>(
-          rt::Program::fromBytes(bytes, "<compiled program>"),
-          options);
+      return withoutGil([&] {
+        return std::make_unique<rt::Session>(
+            rt::Program::fromBytes(bytes, "<compiled program>"), options);
+      });
     });
+  }
+
+  /// This process's ranks: (first, count).
+  std::pair<int64_t, int64_t> localRanks() const {
+    return {session_->firstRank(), session_->localRanks()};
+  }
+
+  void abort(const std::string &reason) { session_->abort(reason); }
+
+  /// The rows of a global batch (dimension 0) this process's ranks read,
+  /// ascending: through `fn`'s batch inputs, or a pipeline's micro-batches
+  /// (micro-batch k holds rows [k * m, (k + 1) * m)). std::invalid_argument
+  /// when the inputs split their rows differently.
+  std::vector<int64_t> localRows(const std::string &fn) const {
+    const rt::Program &p = program();
+    std::vector<const rt::TensorSpec *> inputs;
+    int64_t micro = 1;
+    if (const rt::PipelineSpec *pipeline = p.pipeline()) {
+      for (const rt::TensorSpec &t : pipeline->inputs)
+        inputs.push_back(&t);
+      micro = pipeline->microBatches;
+    } else {
+      for (const rt::TensorSpec &t : p.requireFunction(0, fn).arguments)
+        if (t.role == rt::Role::Input)
+          inputs.push_back(&t);
+    }
+    std::optional<std::set<int64_t>> rows;
+    for (const rt::TensorSpec *spec : inputs) {
+      if (spec->globalShape.empty())
+        continue; // a scalar: every rank reads it whole
+      std::set<int64_t> mine;
+      const int64_t first = session_->firstRank();
+      for (int64_t r = first; r < first + session_->localRanks(); ++r) {
+        std::vector<int64_t> at = rt::pieceOffsets(*spec, p.mesh(), r);
+        std::vector<int64_t> extent = rt::realExtent(*spec, at);
+        if (extent.empty())
+          continue;
+        for (int64_t k = 0; k < micro; ++k)
+          for (int64_t i = 0; i < extent[0]; ++i)
+            mine.insert(k * spec->globalShape[0] + at[0] + i);
+      }
+      if (rows && *rows != mine)
+        throw std::invalid_argument(
+            "the batch inputs of @" + fn + " split their rows differently, "
+            "so a process's rows are no one set: pass the global batch");
+      rows = std::move(mine);
+    }
+    if (!rows)
+      return {};
+    return {rows->begin(), rows->end()};
   }
 
   const rt::Program &program() const { return session_->program(); }
@@ -271,7 +339,9 @@ public:
         throw std::invalid_argument("'" + spec.name + "' has the wrong shape");
       return it->second;
     };
-    translateErrors([&] { session_->initState(fn, source, seed); return 0; });
+    translateErrors([&] {
+      return withoutGil([&] { session_->initState(fn, source, seed); return 0; });
+    });
   }
 
   void setState(const std::string &fn, const std::string &name, py::handle v) {
@@ -280,7 +350,9 @@ public:
   }
 
   py::array state(const std::string &fn, const std::string &name) {
-    return toNumpy(translateErrors([&] { return session_->state(fn, name); }));
+    // In a job, a collective with the other processes.
+    return toNumpy(translateErrors(
+        [&] { return withoutGil([&] { return session_->state(fn, name); }); }));
   }
 
   /// `updates=False`: results that update state come back as None (the
@@ -349,9 +421,12 @@ public:
     return py::make_tuple(loaded, meter.bytes(), seconds);
   }
 
+  /// In a job every process gathers every rank's events; process 0 writes.
   void writeTrace(const std::string &path) {
     translateErrors([&] {
-      rt::writeChromeTrace(path, session_->traceEvents());
+      auto events = withoutGil([&] { return session_->traceEvents(); });
+      if (session_->firstRank() == 0)
+        rt::writeChromeTrace(path, events);
       return 0;
     });
   }
@@ -529,10 +604,22 @@ py::tuple describeFile(py::bytes file) {
 
 void bindRuntime(py::module_ &m) {
   py::class_<PySession>(m, "Session")
-      .def(py::init<py::bytes, double, bool, bool, std::string>(),
+      .def(py::init<py::bytes, double, bool, bool, std::string, py::object,
+                    std::string>(),
            py::arg("program"), py::arg("timeout") = 60.0,
            py::arg("check_finite") = false, py::arg("trace") = false,
-           py::arg("device") = "cpu")
+           py::arg("device") = "cpu", py::arg("job") = py::none(),
+           py::arg("identity") = "")
+      .def_property_readonly("local_ranks", &PySession::localRanks,
+                             "(first mesh rank, count) this process runs")
+      .def("local_rows",
+           [](const PySession &s, const std::string &fn) {
+             return translateErrors([&] { return s.localRows(fn); });
+           },
+           py::arg("function"),
+           "the global batch's rows this process's ranks read")
+      .def("abort", &PySession::abort, py::arg("reason"),
+           "fails every process's collectives with `reason`")
       .def_property_readonly("device", [](PySession &s) {
         return s.deviceName();
       })

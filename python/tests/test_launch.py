@@ -239,19 +239,6 @@ def test_slurm_node_lists():
     assert first_slurm_host("rack[10-11]-n") == "rack10-n"
 
 
-def test_a_compiled_program_refuses_to_run_every_rank_in_each_process():
-    import numpy as np
-    import ernie
-    from ernie.distributed import env as env_module
-    init_parallel_env(environ={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
-    try:
-        model = ernie.nn.Linear(4, 2)
-        with pytest.raises(NotImplementedError, match="process 0 of 2.*ernie.distributed.launch"):
-            ernie.compile(model, None, [np.zeros((2, 4), np.float32)], differentiate=False)
-    finally:
-        env_module._CURRENT = None
-
-
 def test_a_world_size_the_program_does_not_have_is_refused(build_dir):
     result = launch("--nproc-per-node", 3, "--grace", 1, build_dir / "bin" / "ernie-run", DP2,
                     "--steps", 1, "--backend", "gloo", timeout=120)

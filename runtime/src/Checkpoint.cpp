@@ -1336,4 +1336,15 @@ CheckpointInfo loadCheckpointOnRank(const Program &program, RankRunner &runner,
   return info;
 }
 
+void loadWeightsOnRank(const Program &program, RankRunner &runner,
+                       Communicator &comm, const WeightMap &weights,
+                       IoMeter *meter) {
+  std::map<std::string, HostTensor> pieces;
+  onAllRanksOrNone(comm, "reading the weights", [&] {
+    pieces = readWeightShards(program, runner, comm.rank(), weights, meter);
+  });
+  for (auto &[name, piece] : pieces)
+    runner.replaceLocalState(name, std::move(piece));
+}
+
 } // namespace ernie::runtime

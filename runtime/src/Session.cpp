@@ -415,24 +415,29 @@ void RankRunner::requirePipelinedName(const std::string &fn) const {
                                 "eval_step, not '" + fn + "'");
 }
 
-std::vector<const Function *> RankRunner::stageFunctions() const {
-  const int64_t s = executor_.stage();
+/// Stage `s`'s pipeline functions, train_update first.
+static std::vector<const Function *> functionsOfStage(const Program &program,
+                                                      int64_t s) {
   std::vector<const Function *> fns;
   auto add = [&](const std::string &name) {
-    if (const Function *fn = program_.function(s, name))
+    if (const Function *fn = program.function(s, name))
       if (std::find(fns.begin(), fns.end(), fn) == fns.end())
         fns.push_back(fn);
   };
   add(pipelineFunction("train_update", s));
-  for (int64_t c : program_.chunksOf(s)) {
+  for (int64_t c : program.chunksOf(s)) {
     add(pipelineFunction("train_forward", c));
     add(pipelineFunction("train_backward", c));
     add(pipelineFunction("eval_forward", c));
   }
   add(pipelineFunction("init", s));
-  for (const Function &fn : program_.functions(s))
+  for (const Function &fn : program.functions(s))
     add(fn.name);
   return fns;
+}
+
+std::vector<const Function *> RankRunner::stageFunctions() const {
+  return functionsOfStage(program_, executor_.stage());
 }
 
 const TensorSpec *RankRunner::stageStateSpec(const std::string &name) const {
@@ -696,34 +701,88 @@ RankRunner::callPipelined(const std::string &fnName,
 Session::Session(Program program, SessionOptions options)
     : Session(std::move(program), options, openDevice(options.device)) {}
 
+/// "[dp=2, pp=2]", for identities and messages.
+static std::string describeMesh(const Mesh &mesh) {
+  std::string text = "[";
+  for (size_t d = 0; d < mesh.axisNames().size(); ++d)
+    text += (d ? ", " : "") + mesh.axisNames()[d] + "=" +
+            std::to_string(mesh.axisSizes()[d]);
+  return text + "]";
+}
+
 Session::Session(Program program, SessionOptions options,
                  std::shared_ptr<Device> device)
     : program_(std::move(program)), device_(std::move(device)),
       world_(program_.mesh(), options.timeout, *device_) {
-  // Every rank shares the one device: what they need together must fit.
-  if (std::optional<DeviceMemory> memory = device_->memory()) {
-    uint64_t needed = 0;
-    for (int64_t r = 0; r < program_.mesh().numRanks(); ++r)
-      needed += deviceBytesNeeded(program_, program_.stageOf(r));
-    if (needed > memory->free)
-      throw DeviceError(program_.source() + ": its " +
-                        std::to_string(program_.mesh().numRanks()) +
-                        " ranks need " + std::to_string(needed) +
-                        " bytes of device memory together (arenas and "
-                        "state); " + device_->describe() + " has " +
-                        std::to_string(memory->free) + " bytes free of " +
-                        std::to_string(memory->total));
+  const Mesh &mesh = program_.mesh();
+  int64_t local = mesh.numRanks();
+  if (options.job && options.job->processes > 1) {
+    ProcessGroupOptions job = *options.job;
+    if (job.ranksPerProcess * job.processes != mesh.numRanks())
+      throw std::invalid_argument(
+          program_.source() + ": its mesh " + describeMesh(mesh) + " has " +
+          std::to_string(mesh.numRanks()) + " ranks, but the job is " +
+          std::to_string(job.processes) + " processes x " +
+          std::to_string(job.ranksPerProcess) +
+          " ranks: launch as many processes as the mesh's ranks divided by "
+          "the ranks each runs");
+    job.timeout = options.timeout;
+    job_ = std::make_unique<ProcessGroup>(job);
+    firstRank_ = job.process * job.ranksPerProcess;
+    local = job.ranksPerProcess;
   }
+  // What can refuse this process alone is checked before the processes
+  // meet, and a refusal travels with the identity: every process then
+  // stops with its reason instead of waiting for this one.
+  std::string refusal;
+  try {
+    if (job_ && !device_->hostAddressable() && local != 1)
+      throw std::invalid_argument(
+          "on a GPU a process runs one rank (NCCL puts one rank of a "
+          "communicator on a device): launch one process per GPU");
+    // The ranks here share the one device: what they need must fit.
+    if (std::optional<DeviceMemory> memory = device_->memory()) {
+      uint64_t needed = 0;
+      for (int64_t r = firstRank_; r < firstRank_ + local; ++r)
+        needed += deviceBytesNeeded(program_, program_.stageOf(r));
+      if (needed > memory->free)
+        throw DeviceError(program_.source() + ": its " + std::to_string(local) +
+                          " ranks here need " + std::to_string(needed) +
+                          " bytes of device memory together (arenas and "
+                          "state); " + device_->describe() + " has " +
+                          std::to_string(memory->free) + " bytes free of " +
+                          std::to_string(memory->total));
+    }
+    // Results are assembled as if every rank ran the same function, except
+    // for pipelines, whose one result (the loss) every rank returns.
+    if (program_.numStages() != 1 && !program_.isPipelined())
+      throw std::invalid_argument(program_.source() + ": a Session runs one "
+                                  "stage; this program has " +
+                                  std::to_string(program_.numStages()));
+  } catch (const std::exception &e) {
+    if (!job_)
+      throw;
+    refusal = e.what();
+  }
+  if (job_)
+    job_->join(options.identity + "\nmesh=" + describeMesh(mesh) +
+                   "\nprocesses=" + std::to_string(job_->options().processes) +
+                   "\nranks per process=" + std::to_string(local) +
+                   "\ndevice kind=" +
+                   (device_->hostAddressable() ? "cpu" : "gpu"),
+               refusal);
   if (options.blasThreads > 0)
     setCpuBlasThreads(options.blasThreads);
-  // Results are assembled as if every rank ran the same function, except
-  // for pipelines, whose one result (the loss) every rank returns.
-  if (program_.numStages() != 1 && !program_.isPipelined())
-    throw std::invalid_argument(program_.source() + ": a Session runs one "
-                                "stage; this program has " +
-                                std::to_string(program_.numStages()));
-  for (int64_t r = 0; r < program_.mesh().numRanks(); ++r) {
-    comms_.push_back(world_.communicator(r));
+  for (int64_t r = firstRank_; r < firstRank_ + local; ++r) {
+    if (!job_) {
+      comms_.push_back(world_.communicator(r));
+    } else if (!device_->hostAddressable()) {
+      NcclOptions nccl;
+      nccl.device = options.device;
+      comms_.push_back(job_->ncclCommunicator(mesh, r, nccl));
+    } else {
+      comms_.push_back(job_->communicator(mesh, r, world_.communicator(r)));
+    }
     ranks_.push_back(
         std::make_unique<RankRunner>(program_, *comms_.back(), options.executor));
   }
@@ -738,16 +797,20 @@ void Session::onEveryRank(const std::function<void(int64_t)> &work) {
   std::mutex mutex;
   std::exception_ptr root, first;
   std::vector<std::thread> threads;
-  for (int64_t r = 0; r < numRanks(); ++r)
-    threads.emplace_back([&, r] {
+  for (int64_t i = 0; i < localRanks(); ++i)
+    threads.emplace_back([&, i] {
       try {
-        work(r);
+        work(i);
       } catch (const ExecutionError &e) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!first)
           first = std::current_exception();
         if (!root && !e.inCollective)
           root = std::current_exception();
+      } catch (const CommunicationError &) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first)
+          first = std::current_exception();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!first)
@@ -760,15 +823,34 @@ void Session::onEveryRank(const std::function<void(int64_t)> &work) {
     t.join();
   if (root)
     std::rethrow_exception(root);
-  if (first)
+  if (!first)
+    return;
+  // Only collectives failed here: in a job, a process that died is the
+  // likely cause, and its rank is what the error should name.
+  std::string stopped = job_ ? job_->stoppedProcesses() : "";
+  if (stopped.empty())
     std::rethrow_exception(first);
+  try {
+    std::rethrow_exception(first);
+  } catch (const ExecutionError &e) {
+    throw ExecutionError(stopped + ". " + e.what(), e.inCollective);
+  } catch (const std::exception &e) {
+    throw CommunicationError(stopped + ". " + e.what());
+  }
+}
+
+void Session::abort(const std::string &reason) {
+  for (auto &comm : comms_)
+    comm->abort(reason);
+  if (job_)
+    job_->abort(reason);
 }
 
 void Session::initState(const std::string &fn, const StateSource &source,
                         uint64_t seed) {
   if (program_.isPipelined()) {
     // @init.<s> talks between stages.
-    onEveryRank([&](int64_t r) { ranks_[r]->initState(fn, source, seed); });
+    onEveryRank([&](int64_t i) { ranks_[i]->initState(fn, source, seed); });
     return;
   }
   // No communication: each rank slices its own pieces.
@@ -795,86 +877,100 @@ void Session::setState(const std::string &fn, const std::string &name,
                        const HostTensor &global) {
   if (program_.isPipelined()) {
     std::vector<int64_t> stages = holdingStages(program_, fn, name);
-    for (int64_t r = 0; r < numRanks(); ++r)
-      if (std::count(stages.begin(), stages.end(), program_.stageOf(r)))
-        ranks_[r]->setState(fn, name, global);
+    for (int64_t i = 0; i < localRanks(); ++i)
+      if (std::count(stages.begin(), stages.end(),
+                     program_.stageOf(firstRank_ + i)))
+        ranks_[i]->setState(fn, name, global);
     return;
   }
   for (auto &rank : ranks_)
     rank->setState(fn, name, global);
 }
 
-HostTensor Session::state(const std::string &fn, const std::string &name) const {
+HostTensor Session::state(const std::string &fn, const std::string &name) {
   if (program_.isPipelined()) {
     // From the first stage holding it: its ranks' pieces stand for every
     // rank's (shardings never name the stage axis).
     int64_t stage = holdingStages(program_, fn, name).front();
-    std::vector<HostTensor> pieces;
-    for (int64_t r = 0; r < numRanks(); ++r)
-      pieces.push_back(ranks_[program_.rankInStage(r, stage)]->localState(name));
-    return assemble(pieces,
-                    ranks_[program_.rankInStage(0, stage)]->stateSpec(name),
-                    program_.mesh());
+    if (allLocal()) {
+      std::vector<HostTensor> pieces;
+      for (int64_t r = 0; r < numRanks(); ++r)
+        pieces.push_back(ranks_[program_.rankInStage(r, stage)]->localState(name));
+      return assemble(pieces,
+                      ranks_[program_.rankInStage(0, stage)]->stateSpec(name),
+                      program_.mesh());
+    }
+    // Gathered within that stage, then sent along the stage axis to the
+    // ranks of the other stages (the stage is the index along that axis).
+    const TensorSpec *spec = nullptr;
+    for (const Function *f : functionsOfStage(program_, stage))
+      if ((spec = findArgument(*f, name)))
+        break;
+    std::vector<HostTensor> global(localRanks(),
+                                   HostTensor(spec->type, spec->globalShape));
+    onEveryRank([&](int64_t i) {
+      RankRunner &rank = *ranks_[i];
+      if (program_.stageOf(firstRank_ + i) == stage)
+        global[i] = rank.gatherInStage(rank.stateSpec(name), rank.localState(name));
+      if (program_.numStages() > 1)
+        hostBroadcast(*comms_[i], global[i].bytes.data(), global[i].bytes.size(),
+                      stage, {program_.stageAxis()});
+    });
+    return std::move(global[0]);
   }
-  const TensorSpec *spec = findArgument(ranks_[0]->function(fn), name);
-  if (!spec)
+  if (!findArgument(ranks_[0]->function(fn), name))
     throw std::invalid_argument("@" + fn + " has no state named '" + name + "'");
-  (void)spec;
-  std::vector<HostTensor> pieces;
-  for (const auto &rank : ranks_)
-    pieces.push_back(rank->localState(name));
-  return assemble(pieces, ranks_[0]->stateSpec(name), program_.mesh());
+  if (allLocal()) {
+    std::vector<HostTensor> pieces;
+    for (const auto &rank : ranks_)
+      pieces.push_back(rank->localState(name));
+    return assemble(pieces, ranks_[0]->stateSpec(name), program_.mesh());
+  }
+  std::vector<HostTensor> global(localRanks());
+  onEveryRank([&](int64_t i) {
+    global[i] = ranks_[i]->gather(ranks_[i]->stateSpec(name),
+                                  ranks_[i]->localState(name));
+  });
+  return std::move(global[0]);
 }
 
 std::string Session::saveCheckpoint(const std::string &root, int64_t step,
-                                   const std::string &metadataJson, int keep,
-                                   IoMeter *meter) {
-  std::string dir = beginCheckpoint(root, step);
-  try {
-    onEveryRank([&](int64_t r) {
-      writeCheckpointShards(program_, *ranks_[r], r, dir, meter);
-    });
-    return commitCheckpoint(program_.mesh(), dir, root, step, metadataJson,
-                            keep);
-  } catch (...) {
-    removeQuietly(dir); // a failed save leaves no temporary folder
-    throw;
-  }
-}
-
-void Session::replaceEverywhere(
-    const std::function<std::map<std::string, HostTensor>(int64_t)> &read) {
-  std::vector<std::map<std::string, HostTensor>> pieces(numRanks());
-  onEveryRank([&](int64_t r) { pieces[r] = read(r); });
-  for (int64_t r = 0; r < numRanks(); ++r)
-    for (auto &[name, piece] : pieces[r])
-      ranks_[r]->replaceLocalState(name, std::move(piece));
+                                    const std::string &metadataJson, int keep,
+                                    IoMeter *meter) {
+  // Every rank writes its pieces; rank 0 (of process 0) commits.
+  std::vector<std::string> dirs(localRanks());
+  onEveryRank([&](int64_t i) {
+    dirs[i] = saveCheckpointOnRank(program_, *ranks_[i], *comms_[i], root, step,
+                                   metadataJson, keep, meter);
+  });
+  return dirs[0];
 }
 
 CheckpointInfo Session::loadCheckpoint(const std::string &path, IoMeter *meter) {
-  std::string dir = resolveCheckpoint(path);
-  CheckpointInfo info = readCheckpointInfo(dir);
-  replaceEverywhere([&](int64_t r) {
-    return readCheckpointShards(program_, *ranks_[r], r, dir, meter);
+  std::vector<CheckpointInfo> infos(localRanks());
+  onEveryRank([&](int64_t i) {
+    infos[i] = loadCheckpointOnRank(program_, *ranks_[i], *comms_[i], path, meter);
   });
-  return info;
+  return infos[0];
 }
 
 std::vector<std::string> Session::loadWeights(const WeightMap &weights,
                                               IoMeter *meter) {
   std::vector<std::string> states = program_.stateNames();
-  for (const auto &[name, pieces] : weights)
-    if (std::find(states.begin(), states.end(), name) == states.end())
+  auto isState = [&](const std::string &name) {
+    return std::find(states.begin(), states.end(), name) != states.end();
+  };
+  std::set<std::string> loaded;
+  for (const auto &[name, pieces] : weights) {
+    if (!isState(name))
       throw std::invalid_argument("the program has no state '" + name +
                                   "' to load weights into");
-  std::set<std::string> loaded;
-  std::mutex mutex;
-  replaceEverywhere([&](int64_t r) {
-    auto pieces = readWeightShards(program_, *ranks_[r], r, weights, meter);
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto &entry : pieces)
-      loaded.insert(entry.first);
-    return pieces;
+    loaded.insert(name);
+    if (isState(name + ":master"))
+      loaded.insert(name + ":master");
+  }
+  onEveryRank([&](int64_t i) {
+    loadWeightsOnRank(program_, *ranks_[i], *comms_[i], weights, meter);
   });
   return {loaded.begin(), loaded.end()};
 }
@@ -885,31 +981,118 @@ std::vector<HostTensor> Session::call(const std::string &fn,
   if (std::string problem = callProblem(program_, fn, inputs, lr, step);
       !problem.empty())
     throw std::invalid_argument(problem); // before a thread starts
-  std::vector<std::vector<HostTensor>> perRank(numRanks());
-  onEveryRank([&](int64_t r) {
-    perRank[r] = ranks_[r]->call(fn, inputs, lr, step, wanted);
+  const bool pipelined = program_.isPipelined();
+  const Function *f = pipelined ? nullptr : &ranks_[0]->function(fn);
+  auto skipped = [&](size_t j) {
+    return wanted == Results::ExceptUpdates && !f->results[j].updates.empty();
+  };
+  std::vector<std::vector<HostTensor>> perRank(localRanks());
+  onEveryRank([&](int64_t i) {
+    perRank[i] = ranks_[i]->call(fn, inputs, lr, step, wanted);
+    if (pipelined || allLocal())
+      return;
+    // The other processes hold the rest of each result.
+    for (size_t j = 0; j < f->results.size(); ++j)
+      if (!skipped(j) && !f->results[j].sharding.isReplicated())
+        perRank[i][j] = ranks_[i]->gather(f->results[j], perRank[i][j]);
   });
-  if (program_.isPipelined())
-    return perRank[0]; // The loss, the same on every rank.
-  const Function &f = ranks_[0]->function(fn);
+  if (pipelined || !allLocal())
+    return std::move(perRank[0]); // global values (a pipeline's: the loss)
   std::vector<HostTensor> results;
-  for (size_t i = 0; i < f.results.size(); ++i) {
-    if (wanted == Results::ExceptUpdates && !f.results[i].updates.empty()) {
+  for (size_t j = 0; j < f->results.size(); ++j) {
+    if (skipped(j)) {
       results.emplace_back();
       continue;
     }
     std::vector<HostTensor> pieces;
     for (int64_t r = 0; r < numRanks(); ++r)
-      pieces.push_back(std::move(perRank[r][i]));
-    results.push_back(assemble(pieces, f.results[i], program_.mesh()));
+      pieces.push_back(std::move(perRank[r][j]));
+    results.push_back(assemble(pieces, f->results[j], program_.mesh()));
   }
   return results;
 }
 
-std::vector<std::vector<TraceEvent>> Session::traceEvents() const {
+namespace {
+
+void putInt(std::string &out, int64_t v) {
+  out.append(reinterpret_cast<const char *>(&v), sizeof v);
+}
+void putText(std::string &out, const std::string &text) {
+  putInt(out, static_cast<int64_t>(text.size()));
+  out += text;
+}
+
+/// One rank's trace events as bytes (a process's own format: the processes
+/// of a job run the same build).
+std::string encodeEvents(const std::vector<TraceEvent> &events) {
+  std::string out;
+  putInt(out, static_cast<int64_t>(events.size()));
+  for (const TraceEvent &e : events) {
+    putText(out, e.name);
+    putText(out, e.function);
+    putInt(out, e.collective);
+    putInt(out, e.startMicros);
+    putInt(out, e.durationMicros);
+  }
+  return out;
+}
+
+std::vector<TraceEvent> decodeEvents(const char *data, size_t size) {
+  size_t at = 0;
+  auto getInt = [&] {
+    if (at + sizeof(int64_t) > size)
+      throw CommunicationError("a peer's trace events are truncated");
+    int64_t v;
+    std::memcpy(&v, data + at, sizeof v);
+    at += sizeof v;
+    return v;
+  };
+  auto getText = [&] {
+    int64_t n = getInt();
+    if (n < 0 || at + size_t(n) > size)
+      throw CommunicationError("a peer's trace events are truncated");
+    std::string text(data + at, size_t(n));
+    at += size_t(n);
+    return text;
+  };
+  std::vector<TraceEvent> events(size_t(std::max<int64_t>(getInt(), 0)));
+  for (TraceEvent &e : events) {
+    e.name = getText();
+    e.function = getText();
+    e.collective = getInt() != 0;
+    e.startMicros = getInt();
+    e.durationMicros = getInt();
+  }
+  return events;
+}
+
+} // namespace
+
+std::vector<std::vector<TraceEvent>> Session::traceEvents() {
   std::vector<std::vector<TraceEvent>> events;
-  for (const auto &rank : ranks_)
-    events.push_back(rank->executor().traceEvents());
+  if (allLocal()) {
+    for (const auto &rank : ranks_)
+      events.push_back(rank->executor().traceEvents());
+    return events;
+  }
+  // Every rank's events, from every process: sizes first, then the bytes
+  // padded to the largest.
+  const Axes all = program_.mesh().axisNames();
+  const int64_t n = numRanks();
+  events.resize(n);
+  onEveryRank([&](int64_t i) {
+    std::string mine = encodeEvents(ranks_[i]->executor().traceEvents());
+    int64_t size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(n);
+    hostAllGather(*comms_[i], &size, sizes.data(), sizeof size, all);
+    size_t width = size_t(*std::max_element(sizes.begin(), sizes.end()));
+    mine.resize(width);
+    std::vector<char> everyone(width * n);
+    hostAllGather(*comms_[i], mine.data(), everyone.data(), width, all);
+    if (i == 0)
+      for (int64_t r = 0; r < n; ++r)
+        events[r] = decodeEvents(everyone.data() + r * width, size_t(sizes[r]));
+  });
   return events;
 }
 

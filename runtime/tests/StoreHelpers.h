@@ -56,6 +56,31 @@ inline int freePort() {
 
 inline std::string freeAddress() { return "127.0.0.1:" + std::to_string(freePort()); }
 
+/// A loopback port someone listens on (for as long as this lives): a store
+/// address that is taken.
+class Listener {
+public:
+  Listener() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr *>(&addr), len) != 0 ||
+        ::listen(fd_, 1) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr *>(&addr), &len) != 0)
+      throw std::runtime_error("cannot listen on loopback");
+    port_ = ntohs(addr.sin_port);
+  }
+  Listener(const Listener &) = delete;
+  Listener &operator=(const Listener &) = delete;
+  ~Listener() { ::close(fd_); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+private:
+  int fd_;
+  int port_ = 0;
+};
+
 } // namespace ernie::runtime::testing
 
 #endif // ERNIE_RUNTIME_TESTS_STOREHELPERS_H

@@ -578,3 +578,35 @@ def load_state_dict(program, path):
     """Paddle's `dist.load_state_dict`: `program.load_checkpoint(path)`,
     resharded onto the program's mesh and plan."""
     return program.load_checkpoint(path)
+
+
+# ---------------------------------------------------------------------------
+# Multi-process jobs: which data this process reads
+# ---------------------------------------------------------------------------
+
+def get_rank() -> int:
+    """This process's index in the job (Paddle's and PyTorch's name)."""
+    return parallel_env().rank
+
+
+def get_world_size() -> int:
+    """The job's process count (Paddle's and PyTorch's name)."""
+    return parallel_env().world_size
+
+
+def local_batch(program, global_rows=None) -> np.ndarray:
+    """The rows of a global batch this process's ranks read, so that a data
+    loader reads nothing else: their positions in the batch (ascending), or
+    with `global_rows` (the global batch's sample ids, one per row, the same
+    on every process) those entries of it. Pass the rows read with the
+    positions: `program.step(x[mine], y[mine], rows=local_batch(program))`.
+    In one process it is every row."""
+    rows = program.local_rows()
+    if global_rows is None:
+        return rows.copy()
+    ids = np.asarray(global_rows)
+    batch = program._inputs[0][0][0] if program._inputs and program._inputs[0][0] else None
+    if ids.ndim != 1 or (batch is not None and len(ids) != batch):
+        raise ValueError(f"global_rows must list one sample per row of the global batch "
+                         f"({batch} rows), not shape {list(ids.shape)}")
+    return ids[rows]

@@ -19,15 +19,19 @@ done). Each process owns a contiguous block of the mesh's ranks:
 `ranks_per_process` of them (its GPUs, or CPU thread ranks), process `p`
 the ranks `[p * ranks_per_process, (p + 1) * ranks_per_process)`. The
 rendezvous is the runtime's TCP store at `MASTER_ADDR:MASTER_PORT`, served
-by process 0. Bad values are errors naming the variable.
+by process 0; each process's Gloo connections listen on `ERNIE_HOSTNAME`
+(default: loopback when process 0 is on loopback, else this host's name).
+Bad values are errors naming the variable.
 
 Only the standard library: the launcher imports this module too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 DEFAULT_PORT = 29500  # torchrun's
@@ -49,6 +53,9 @@ class ParallelEnv:
     master_port: int = DEFAULT_PORT
     ranks_per_process: int = 1   # mesh ranks each process owns
     source: str = "single process"  # where the values came from
+    # The address this process's Gloo connections listen on: ERNIE_HOSTNAME,
+    # else loopback when process 0 is on loopback, else this host's name.
+    hostname: str = "127.0.0.1"
 
     @property
     def is_multi_process(self) -> bool:
@@ -199,6 +206,12 @@ def init_parallel_env(rank=None, world_size=None, local_rank=None, local_world_s
         master_port=_port("master_port", values.get("master_port", DEFAULT_PORT)),
         ranks_per_process=_integer("ranks_per_process", ranks_per_process, 1),
         source=source)
+    hostname = env.get("ERNIE_HOSTNAME", "").strip()
+    if not hostname:
+        loopback = result.master_addr in ("localhost", "::1") or \
+            result.master_addr.startswith("127.")
+        hostname = "127.0.0.1" if loopback or not result.is_multi_process else socket.gethostname()
+    result = dataclasses.replace(result, hostname=hostname)
     if result.local_rank >= result.local_world_size:
         raise LaunchError(f"local rank {result.local_rank} is not below the "
                           f"{result.local_world_size} processes of this host ({source})")

@@ -40,10 +40,10 @@ constexpr uint8_t kPermuteSlotPrefix = 0x45;
 
 class GlooCommunicator final : public Communicator {
 public:
-  GlooCommunicator(Mesh mesh, int64_t rank, GlooOptions options)
+  GlooCommunicator(Mesh mesh, int64_t rank,
+                   std::shared_ptr<RendezvousStore> store, GlooOptions options)
       : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)),
-        store_(rank, options_.storePath, options_.storeAddress,
-               options_.timeout) {
+        store_(std::move(store)) {
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.hostname;
     device_ = gloo::transport::tcp::CreateDevice(attr);
@@ -222,7 +222,7 @@ public:
       return;
     aborted_ = "rank " + std::to_string(rank_) + ": " + reason;
     abortSends();
-    store_.publishAbort(aborted_);
+    store_->publishAbort(aborted_);
   }
 
 private:
@@ -415,7 +415,7 @@ private:
     return permutes_[members]++;
   }
 
-  gloo::rendezvous::Store &store() { return store_.store(); }
+  gloo::rendezvous::Store &store() { return store_->store(); }
 
   /// Per call: one file probe (file store) or one non-blocking poll() on the
   /// TCP store's watch connection; small beside a collective either way.
@@ -430,7 +430,7 @@ private:
   bool probeAborted() {
     if (!aborted_.empty())
       return true;
-    if (std::optional<std::string> reason = store_.abortReason())
+    if (std::optional<std::string> reason = store_->abortReason())
       aborted_ = *reason;
     if (aborted_.empty())
       return false;
@@ -441,7 +441,8 @@ private:
   Mesh mesh_;
   int64_t rank_;
   GlooOptions options_;
-  RendezvousStore store_;
+  /// Shared by the ranks of one process (ProcessGroup), else this rank's.
+  std::shared_ptr<RendezvousStore> store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::map<std::string, std::unique_ptr<Channel>> channels_; // contextMutex_
   std::map<std::vector<int64_t>, uint32_t> permutes_;        // contextMutex_
@@ -470,7 +471,21 @@ std::unique_ptr<Communicator> createGlooCommunicator(Mesh mesh, int64_t rank,
         "directory every rank shares) or storeAddress (rank 0's host:port)");
   if (!options.storeAddress.empty())
     parseStoreAddress(options.storeAddress); // a bad address: invalid_argument
+  auto store = std::make_shared<RendezvousStore>(
+      rank, options.storePath, options.storeAddress, options.timeout);
+  return createGlooCommunicator(std::move(mesh), rank, std::move(store),
+                                std::move(options));
+}
+
+std::unique_ptr<Communicator>
+createGlooCommunicator(Mesh mesh, int64_t rank,
+                       std::shared_ptr<RendezvousStore> store,
+                       GlooOptions options) {
+  if (rank < 0 || rank >= mesh.numRanks())
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " is outside the mesh");
   return std::make_unique<GlooCommunicator>(std::move(mesh), rank,
+                                            std::move(store),
                                             std::move(options));
 }
 

@@ -13,6 +13,8 @@
 #ifndef ERNIE_RUNTIME_COMM_GLOO_RENDEZVOUSSTORE_H
 #define ERNIE_RUNTIME_COMM_GLOO_RENDEZVOUSSTORE_H
 
+#include "ernie/runtime/GlooCommunicator.h"
+
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
@@ -70,6 +72,14 @@ private:
   std::unique_ptr<TcpStoreServer> server_; // rank 0; outlives the client
   std::unique_ptr<TcpStore> tcp_;
 };
+
+/// A Gloo communicator of `rank` that rendezvouses through `store`, which
+/// it shares: the ranks of one process of a job share their process's
+/// store (ProcessGroup.h). `options`' store fields are ignored.
+std::unique_ptr<Communicator>
+createGlooCommunicator(Mesh mesh, int64_t rank,
+                       std::shared_ptr<RendezvousStore> store,
+                       GlooOptions options);
 
 } // namespace ernie::runtime
 

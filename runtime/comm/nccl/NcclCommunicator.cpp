@@ -61,17 +61,16 @@ ncclRedOp_t ncclOp(ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
 public:
-  NcclCommunicator(Mesh mesh, int64_t rank, NcclOptions options)
+  NcclCommunicator(Mesh mesh, int64_t rank,
+                   std::shared_ptr<RendezvousStore> store, NcclOptions options)
       : mesh_(std::move(mesh)), rank_(rank), options_(std::move(options)),
-        device_(openDevice(options_.device)),
-        store_(rank, options_.storePath, options_.storeAddress,
-               options_.timeout) {
+        device_(openDevice(options_.device)), store_(std::move(store)) {
     // The device's first call makes it current on this thread.
     sendStream_ = device_->createStream();
     cudaGetDevice(&ordinal_); // for the watchdog thread
     std::vector<char> bytes;
     try {
-      bytes = ncclIdThroughStore(store_, "ernie.nccl.world", [] {
+      bytes = ncclIdThroughStore(*store_, "ernie.nccl.world", [] {
         ncclUniqueId id;
         ncclResult_t status = ncclGetUniqueId(&id);
         if (status != ncclSuccess)
@@ -440,7 +439,7 @@ private:
       aborted_ = reason;
     }
     if (publish)
-      store_.publishAbort(reason);
+      store_->publishAbort(reason);
     // ncclCommAbort stops kernels still waiting for a peer: nothing hangs.
     for (ncclComm_t c : comms())
       ncclCommAbort(c);
@@ -491,7 +490,7 @@ private:
       lock.unlock();
       bool publish = true;
       if (failure.empty())
-        if (std::optional<std::string> peer = store_.abortReason()) {
+        if (std::optional<std::string> peer = store_->abortReason()) {
           failure = *peer;
           publish = false; // it is the peer's
         }
@@ -508,7 +507,8 @@ private:
   int64_t rank_;
   NcclOptions options_;
   std::shared_ptr<Device> device_;
-  RendezvousStore store_;
+  /// Shared by a process's communicators (ProcessGroup), else this rank's.
+  std::shared_ptr<RendezvousStore> store_;
   ncclComm_t world_ = nullptr;
   ncclComm_t p2p_[2] = {nullptr, nullptr};
   std::map<Axes, ncclComm_t> groups_; // mutex_
@@ -531,7 +531,21 @@ std::unique_ptr<Communicator> createNcclCommunicator(Mesh mesh, int64_t rank,
   if (rank < 0 || rank >= mesh.numRanks())
     throw std::invalid_argument("rank " + std::to_string(rank) +
                                 " is outside the mesh");
+  auto store = std::make_shared<RendezvousStore>(
+      rank, options.storePath, options.storeAddress, options.timeout);
+  return createNcclCommunicator(std::move(mesh), rank, std::move(store),
+                                std::move(options));
+}
+
+std::unique_ptr<Communicator>
+createNcclCommunicator(Mesh mesh, int64_t rank,
+                       std::shared_ptr<RendezvousStore> store,
+                       NcclOptions options) {
+  if (rank < 0 || rank >= mesh.numRanks())
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " is outside the mesh");
   return std::make_unique<NcclCommunicator>(std::move(mesh), rank,
+                                            std::move(store),
                                             std::move(options));
 }
 

@@ -47,6 +47,11 @@ std::unique_ptr<Communicator> createNcclCommunicator(Mesh, int64_t,
                     "-DERNIE_ENABLE_CUDA=ON where the CUDA toolkit and NCCL "
                     "are installed)");
 }
+std::unique_ptr<Communicator>
+createNcclCommunicator(Mesh mesh, int64_t rank,
+                       std::shared_ptr<RendezvousStore>, NcclOptions options) {
+  return createNcclCommunicator(std::move(mesh), rank, std::move(options));
+}
 #endif
 
 } // namespace ernie::runtime

@@ -13,6 +13,7 @@
 
 #include "ernie/runtime/Communicator.h"
 #include "ernie/runtime/Mesh.h"
+#include "ernie/runtime/NcclCommunicator.h"
 
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,14 @@ struct NcclSplit {
   int color = 0, key = 0;
 };
 NcclSplit ncclSplitOf(const Mesh &mesh, int64_t rank, const Axes &axes);
+
+/// An NCCL communicator of `rank` whose unique id and aborts go through
+/// `store`, which it shares with its process's other users (ProcessGroup.h).
+/// `options`' store fields are ignored.
+std::unique_ptr<Communicator>
+createNcclCommunicator(Mesh mesh, int64_t rank,
+                       std::shared_ptr<RendezvousStore> store,
+                       NcclOptions options);
 
 } // namespace ernie::runtime
 

@@ -172,6 +172,11 @@ std::string saveCheckpointOnRank(const Program &program, const RankRunner &runne
 CheckpointInfo loadCheckpointOnRank(const Program &program, RankRunner &runner,
                                     Communicator &comm, const std::string &path,
                                     IoMeter *meter = nullptr);
+/// readWeightShards on every rank, the pieces replacing the runner's state
+/// only when every rank read all of its own.
+void loadWeightsOnRank(const Program &program, RankRunner &runner,
+                       Communicator &comm, const WeightMap &weights,
+                       IoMeter *meter = nullptr);
 
 /// Checks a checkpoint completely: the manifest, every file, every piece's
 /// bytes present, and every tensor's elements covered exactly once. Returns

@@ -12,9 +12,14 @@
 // global value through the communicator. It is what each process of a
 // multi-process run uses.
 //
-// A Session is every rank of a mesh in this process (the thread engine): it
-// runs one RankRunner per rank on its own thread and assembles results
-// directly from the pieces.
+// A Session is the ranks of a mesh this process runs, each a RankRunner on
+// its own thread: every rank (the thread engine), or in a multi-process job
+// (SessionOptions::job, ProcessGroup.h) this process's block of ranks, whose
+// groups inside the process meet in the thread engine and the others over
+// Gloo or NCCL. It speaks in global tensors either way: results and state
+// are assembled directly from the pieces when every rank is here, and
+// gathered from the other processes when not (every process makes the same
+// calls in the same order, as multi-controller SPMD has it).
 //
 // Pipelined programs (Program::pipeline()) run "train_step" and "eval_step"
 // only. A rank keeps the state of its stage's functions. train_step splits
@@ -36,6 +41,7 @@
 #define ERNIE_RUNTIME_SESSION_H
 
 #include "ernie/runtime/Executor.h"
+#include "ernie/runtime/ProcessGroup.h"
 #include "ernie/runtime/ThreadCommunicator.h"
 
 #include <functional>
@@ -193,6 +199,13 @@ struct SessionOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
   /// GEMM threads per rank (setCpuBlasThreads); 0 leaves the setting alone.
   int blasThreads = 1;
+  /// This process's place in a multi-process job: it runs only its own
+  /// block of ranks (on a GPU: one rank, over NCCL). Unset: every rank.
+  std::optional<ProcessGroupOptions> job;
+  /// What every process of the job must agree on ("key=value" lines: the
+  /// caller's hashes of the program and the initial state), compared at
+  /// start-up with the mesh and the process count (ProcessGroup::join).
+  std::string identity;
 };
 
 class Session {
@@ -206,13 +219,22 @@ public:
   const Program &program() const { return program_; }
   Device &device() const { return *device_; }
   int64_t numRanks() const { return program_.mesh().numRanks(); }
+  /// The ranks this process runs: [firstRank(), firstRank() + localRanks()).
+  int64_t firstRank() const { return firstRank_; }
+  int64_t localRanks() const { return static_cast<int64_t>(ranks_.size()); }
+  /// The job this session is a process of; null when it runs every rank.
+  ProcessGroup *job() const { return job_.get(); }
+  /// Fails every process's collectives with `reason` (this process found
+  /// its input wrong): they stop instead of waiting for this one.
+  void abort(const std::string &reason);
 
   void initState(const std::string &fn, const StateSource &source,
                  uint64_t seed = 0);
   void setState(const std::string &fn, const std::string &name,
                 const HostTensor &global);
-  /// The global value of state `name`.
-  HostTensor state(const std::string &fn, const std::string &name) const;
+  /// The global value of state `name` (in a job: gathered from the other
+  /// processes, so every process must ask for it).
+  HostTensor state(const std::string &fn, const std::string &name);
 
   /// Saves every rank's state as checkpoint `<root>/step-<step>`
   /// (Checkpoint.h) with the caller's `metadataJson`, keeping the newest
@@ -232,8 +254,9 @@ public:
   std::vector<std::string> loadWeights(const WeightMap &weights,
                                        IoMeter *meter = nullptr);
 
-  /// Every rank's recorded intervals (SessionOptions::executor.trace).
-  std::vector<std::vector<TraceEvent>> traceEvents() const;
+  /// Every rank's recorded intervals (SessionOptions::executor.trace); in a
+  /// job, gathered from every process (every process must call it).
+  std::vector<std::vector<TraceEvent>> traceEvents();
 
   /// RankRunner::call on every rank at once; returns the global results
   /// (pipelined programs: the loss).
@@ -244,16 +267,18 @@ public:
                                Results results = Results::All);
 
 private:
-  /// Runs `work(rank)` on one thread per rank; rethrows the root failure.
+  /// Runs `work(i)` for each local rank i (mesh rank firstRank_ + i) on a
+  /// thread of its own; rethrows the root failure (in a job, with the
+  /// processes that stopped when a collective failed).
   void onEveryRank(const std::function<void(int64_t)> &work);
-  /// Each rank's new pieces from `read(rank)` (on its thread); they replace
-  /// the state only after every rank read all of its own.
-  void replaceEverywhere(
-      const std::function<std::map<std::string, HostTensor>(int64_t)> &read);
+  /// Whether every rank of the mesh is in this process.
+  bool allLocal() const { return job_ == nullptr; }
 
   Program program_;
+  std::unique_ptr<ProcessGroup> job_; // before the communicators using it
   std::shared_ptr<Device> device_;
   ThreadWorld world_;
+  int64_t firstRank_ = 0;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<RankRunner>> ranks_;
 };
