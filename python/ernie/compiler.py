@@ -233,7 +233,7 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
 
 
 def _abbreviated(rows) -> str:
-    rows = list(np.asarray(rows).ravel())
+    rows = np.asarray(rows).ravel().tolist()
     return str(rows) if len(rows) <= 8 else f"[{', '.join(map(str, rows[:6]))}, ... ({len(rows)} rows)]"
 
 

@@ -101,5 +101,5 @@ if args.trace:
     program.write_trace(args.trace)
 if env.rank == 0:
     (args.out / "losses.json").write_text(json.dumps(losses))
-print(f"process {env.rank}: done, {len(losses)} losses, rows {list(rows)}", flush=True)
+print(f"process {env.rank}: done, {len(losses)} losses, rows {rows.tolist()}", flush=True)
 sys.exit(0)

@@ -90,8 +90,9 @@ def final_state(out, build_dir):
     whole = out / "final.safetensors"
     subprocess.run([build_dir / "bin" / "ernie-ckpt", "consolidate", ckpt, whole], check=True,
                    capture_output=True, timeout=120)
-    return ckpt.name, {k: np.ascontiguousarray(v).tobytes()
-                       for k, v in _ernie.read_safetensors(str(whole)).items()}
+    tensors, _ = _ernie.read_safetensors(str(whole))
+    return ckpt.name, {k: (dtype, np.ascontiguousarray(v).tobytes())
+                       for k, (dtype, v) in tensors.items()}
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ mesh = dist.ProcessMesh([0, 1, 2, 3], dim_names=["dp"])
 x = np.ones((8, 4), np.float32)
 prog = ernie.compile(model, None, [x], mesh, differentiate=False, timeout=%d)
 rows = dist.local_batch(prog)
-print("rows", env.rank, list(rows), flush=True)
+print("rows", env.rank, rows.tolist(), flush=True)
 if env.rank == 1:
     rows = np.arange(4)  # process 0's
 prog.forward(x[rows], rows=rows)
