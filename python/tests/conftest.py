@@ -35,3 +35,12 @@ def ernie_translate(build_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def ernie_run(build_dir: Path) -> Path:
     return build_dir / "bin" / "ernie-run"
+
+
+@pytest.fixture(autouse=True)
+def _single_process_job():
+    """Tests that call init_parallel_env() with a launch environment make
+    this pytest process "process r of a job" for later tests too: reset it."""
+    yield
+    from ernie.distributed import env
+    env._CURRENT = None

@@ -1274,8 +1274,8 @@ void onAllRanksOrNone(Communicator &comm, const std::string &what, Work work) {
                 comm.mesh().axisNames());
   if (error)
     std::rethrow_exception(error);
-  if (!all)
-    fail(what + " failed on another rank (its error says why)");
+  if (!all) // a consequence, not the cause: a collective's kind of error
+    throw CommunicationError(what + " failed on another rank (its error says why)");
 }
 
 } // namespace
