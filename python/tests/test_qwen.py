@@ -166,10 +166,11 @@ def test_published_sizes_have_their_parameter_counts(tmp_path):
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window"),
     ("qwen3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
     ("qwen3", {"head_dim": 0}, "head_dim"),
-    ("qwen3_moe", {"num_experts_per_tok": 129}, "moe_k"),
+    ("qwen3_moe", {"num_experts_per_tok": 129}, "num_experts_per_tok = 129"),
     ("qwen3_moe", {"mlp_only_layers": "all"}, "mlp_only_layers"),
     ("qwen3_moe", {"norm_topk_prob": "yes"}, "norm_topk_prob"),
-    ("qwen3_moe", {"router_aux_loss_coef": float("nan")}, "router_aux_loss_coef"),
+    ("qwen3_moe", {"router_aux_loss_coef": -1.0}, "router_aux_loss_coef"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
 ])
 def test_fields_a_family_cannot_express_are_refused_naming_them(tmp_path, family, change, field):
     config = {"qwen2": QWEN2_5_0_5B, "qwen3": QWEN3_0_6B, "qwen3_moe": QWEN3_30B_A3B}[family]
@@ -493,6 +494,26 @@ def hf_run(folder, ids, tmp_path, tag):
     return out
 
 
+def unfused(state):
+    """transformers 5 holds a layer's experts fused in memory
+    (`mlp.experts.gate_up_proj` [E, 2 I, H], `mlp.experts.down_proj` [E, H,
+    I]); the per-expert tensors it saves and ernie writes, from them."""
+    out = {}
+    for name, value in state.items():
+        prefix, _, kind = name.rpartition("mlp.experts.")
+        if kind == "gate_up_proj":
+            half = value.shape[1] // 2
+            for e, w in enumerate(value):
+                out[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = w[:half]
+                out[f"{prefix}mlp.experts.{e}.up_proj.weight"] = w[half:]
+        elif kind == "down_proj":
+            for e, w in enumerate(value):
+                out[f"{prefix}mlp.experts.{e}.down_proj.weight"] = w
+        else:
+            out[name] = value
+    return out
+
+
 PARITY = [("qwen2", [2, 2], ["dp", "mp"]), ("qwen2-tied", [2, 2], ["dp", "mp"]),
           ("qwen3", [2, 2], ["dp", "mp"]), ("qwen3_moe", [2, 2, 2], ["dp", "mp", "ep"])]
 
@@ -529,7 +550,8 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
     trained = hf_run(tmp_path / "trained", ids, tmp_path, "trained")
     from ernie.models.llama import hf_state_from_ernie
     ours = hf_state_from_ernie({n: state[n] for n, _ in model.named_parameters()}, model.config)
-    hf_state = {k[len("state/"):]: v for k, v in trained.items() if k.startswith("state/")}
+    hf_state = unfused({k[len("state/"):]: v for k, v in trained.items()
+                        if k.startswith("state/")})
     if model.config.tie_word_embeddings:  # transformers lists the tied head under both names
         np.testing.assert_array_equal(hf_state.pop("lm_head.weight"),
                                       ours["model.embed_tokens.weight"])

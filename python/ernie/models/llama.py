@@ -331,8 +331,10 @@ class LlamaForCausalLM(Module):
         aside)."""
         hf, _ = hf_folder_index(folder)
         theirs = type(self.config).fields_from_hf(hf, self.config.dtype)
+        same = lambda a, b: (tuple(a) == tuple(b) if isinstance(a, (list, tuple))  # noqa: E731
+                             and isinstance(b, (list, tuple)) else a == b)
         differ = {k: (getattr(self.config, k), v) for k, v in theirs.items()
-                  if k != "dtype" and getattr(self.config, k) != v}
+                  if k != "dtype" and not same(getattr(self.config, k), v)}
         if differ:
             raise ValueError(f"{folder}: config.json is another model: " + ", ".join(
                 f"{k} {theirs_v!r} (this model: {ours!r})"

@@ -96,8 +96,9 @@ class Qwen3MoeConfig(Qwen3Config):
                 raise TypeError(f"Qwen3MoeConfig.{name} must be true or false, got "
                                 f"{getattr(self, name)!r}")
         super().__post_init__()
-        if self.num_experts:
-            self.moe_config()  # checks num_experts_per_tok against the experts
+        if self.num_experts and self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"Qwen3MoeConfig.num_experts_per_tok = {self.num_experts_per_tok} "
+                             f"is more than num_experts = {self.num_experts}")
         h = self.hidden_size
         sparse = sum(map(self.is_moe_layer, range(self.num_hidden_layers)))
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
@@ -159,16 +160,26 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         return F.sum(probs * usage) * (e / float(rows) ** 2)
 
     def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
-        return parallelize_plan(sequence_parallel, self.config.tie_word_embeddings)
+        cfg = self.config
+        dense = not all(map(cfg.is_moe_layer, range(cfg.num_hidden_layers)))
+        sparse = any(map(cfg.is_moe_layer, range(cfg.num_hidden_layers)))
+        return parallelize_plan(sequence_parallel, cfg.tie_word_embeddings, dense, sparse)
 
 
-def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False) -> dict:
+def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False,
+                     dense_layers: bool = True, sparse_layers: bool = True) -> dict:
     """Qwen3's Megatron plan (ernie.models.llama.parallelize_plan) over
     Qwen3-MoE's names, the stacked experts' gate/up split by columns and
     down by rows within each expert (their expert dimension is
-    ep_config's); the router stays replicated."""
+    ep_config's); the router stays replicated. Without dense layers
+    (every layer sparse, the published sizes) the dense MLP's entries are
+    left out, without sparse ones the experts'."""
     plan = _llama_plan(sequence_parallel, tie_word_embeddings, Qwen3MoeConfig.base_model_prefix)
-    experts = r"qwen3_moe\.layers\.\d+\.mlp\.experts\."
-    plan.update({experts + r"(gate|up)_proj\.weight": dist.ColWiseParallel(),
-                 experts + r"down_proj\.weight": dist.RowWiseParallel()})
+    if not dense_layers:
+        del plan["qwen3_moe.layers.*.mlp.(gate|up|gate_up)_proj"]
+        del plan["qwen3_moe.layers.*.mlp.down_proj"]
+    if sparse_layers:
+        experts = r"qwen3_moe\.layers\.\d+\.mlp\.experts\."
+        plan.update({experts + r"(gate|up)_proj\.weight": dist.ColWiseParallel(),
+                     experts + r"down_proj\.weight": dist.RowWiseParallel()})
     return plan
