@@ -435,18 +435,27 @@ FAMILY_MODELS = {
 }
 
 
-@pytest.mark.parametrize("family,shape,names", [
-    ("qwen2-tied", [2, 2], ["dp", "mp"]),
-    ("qwen3", [2, 2], ["dp", "mp"]),
-    ("qwen3_moe", [2, 2], ["dp", "mp"]),
-    ("qwen3_moe", [2, 2], ["dp", "ep"]),
+@pytest.mark.parametrize("family,shape,names,sp", [
+    ("qwen2-tied", [2, 2], ["dp", "mp"], False),
+    ("qwen2-tied", [2], ["mp"], True),
+    ("qwen3", [2, 2], ["dp", "mp"], False),
+    ("qwen3", [2, 2], ["pp", "mp"], False),
+    ("qwen3_moe", [2, 2], ["dp", "mp"], False),
+    ("qwen3_moe", [2, 2], ["dp", "ep"], False),
 ])
-def test_training_under_plans_matches_single_rank(family, shape, names):
+def test_training_under_plans_matches_single_rank(family, shape, names, sp):
+    """dp, mp (with sequence parallelism), pp on the family's split points
+    (`<prefix>.layers`) and ep: the losses of one rank."""
     _, want = train(FAMILY_MODELS[family](), None, None, None)
     model = FAMILY_MODELS[family]()
-    config = {"dp_config": {"sharding_level": 0}}
+    config = {}
+    if "dp" in names:
+        config["dp_config"] = {"sharding_level": 0}
     if "mp" in names:
-        config["mp_config"] = {"parallelize_plan": model.parallelize_plan()}
+        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
+    if "pp" in names:
+        config["pp_config"] = {"split_spec": f"{model.config.base_model_prefix}.layers",
+                               "accumulate_steps": 2}
     if "ep" in names:
         config["ep_config"] = {"axis": "ep"}
     prog, got = train(model, shape, names, config)
