@@ -58,6 +58,9 @@ class MoEConfig:
     # Aux-loss-free balancing: after each step the selection bias moves by
     # rate * sign(mean usage - usage) (0: the bias is a constant).
     aux_free_rate: float = 0.0
+    # Renormalise the k chosen probabilities to sum to 1 (Hugging Face's
+    # norm_topk_prob; False: the softmax's own values weight the experts).
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         for name in ("capacity_factor", "norm_min", "aux_loss_coef", "orthogonal_loss_coef",
@@ -154,6 +157,7 @@ class MoELayer(Module):
         # The last trace's count of dropped choices (a traced i64 scalar);
         # a training program also keeps each step's in its state.
         self.last_dropped = None
+        self.last_probs = self.last_usage = None
 
     def forward(self, x):
         """x [..., hidden] -> (output like x, weighted losses: an f32 scalar
@@ -180,10 +184,15 @@ class MoELayer(Module):
         zeros = F.full([g, tg, k, e], 0.0, rd)
         weights = F.sum(F.where(chosen, F.broadcast_to(probs.reshape(g, tg, 1, e),
                                                        [g, tg, k, e]), zeros), axis=3)
-        norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
-        weights = weights / norm
+        if cfg.norm_topk_prob:
+            norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
+            weights = weights / norm
 
         usage = _count(chosen, axis=(0, 1, 2), dtype=rd)  # choices per expert
+        # The trace's router probabilities [groups, tokens, E] and choices
+        # per expert [E], for a loss a model forms over several layers
+        # (Hugging Face's load-balancing loss of Qwen3-MoE and Mixtral).
+        self.last_probs, self.last_usage = probs, usage
         if balancing:
             self._update_bias(h.trace, bias, usage)
         slots = F.moe_route(experts, e, c)

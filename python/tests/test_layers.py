@@ -22,8 +22,8 @@ FLOORS = (
     ("tracing", ("tensor", "functional", "nn", "optimizer")),
     ("config", ("strategy",)),
     ("parallel", ("mesh", "pipeline", "moe", "distributed")),
-    ("models", ("models", "models.config_checks", "models.llama", "models.ernie4_5",
-                "models.auto")),
+    ("models", ("models", "models.config_checks", "models.llama", "models.qwen2",
+                "models.qwen3", "models.qwen3_moe", "models.ernie4_5", "models.auto")),
     ("compiler", ("cost_model", "compiler")),
     ("planning", ("cost", "autoplan", "autoplan.__main__")),
     ("package", ("",)),                               # loads every floor, links them

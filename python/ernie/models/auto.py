@@ -13,17 +13,31 @@ from pathlib import Path
 
 from ..weights import read_json
 from .ernie4_5 import Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5_MoeForCausalLM
-from .llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+from .llama import LlamaForCausalLM
+from .qwen2 import Qwen2ForCausalLM
+from .qwen3 import Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
+
+
+def _llama_family(model_class):
+    """(config.json -> config, model class) of a Llama-shaped family."""
+    config_class = model_class.config_class
+    return (lambda hf: config_class(**config_class.fields_from_hf(hf)), model_class)
+
 
 # model_type -> (how its config.json becomes a config, the model class).
 FAMILIES = {
-    "llama": (lambda hf: LlamaConfig(**config_from_hf(hf)), LlamaForCausalLM),
+    "llama": _llama_family(LlamaForCausalLM),
+    "qwen2": _llama_family(Qwen2ForCausalLM),
+    "qwen3": _llama_family(Qwen3ForCausalLM),
+    "qwen3_moe": _llama_family(Qwen3MoeForCausalLM),
     "ernie4_5": (Ernie4_5Config.from_json, Ernie4_5ForCausalLM),
     "ernie4_5_moe": (Ernie4_5Config.from_json, Ernie4_5_MoeForCausalLM),
 }
 # Hugging Face's class names -> model_type.
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Ernie4_5ForCausalLM": "ernie4_5",
-                 "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
 
 
 def _config_json(folder) -> dict:

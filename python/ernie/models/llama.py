@@ -38,17 +38,26 @@ a `PipelineLayer` (PaddleNLP's LlamaForCausalLMPipe): built with the same
 seed it has the same values, under names `shared_layers.embed_tokens.weight`
 (tied; else `0.weight` and the head's `<L + 2>.weight`), `<i + 1>.*` for
 decoder layer i and `<L + 1>.weight` for the final norm.
+
+The same code is the Qwen2 and Qwen3 families (ernie.models.qwen2,
+ernie.models.qwen3): a family is a LlamaConfig subclass (its defaults, its
+Hugging Face names, `base_model_prefix` for its parameter names) and a
+LlamaForCausalLM subclass naming it. The config's flags are the
+differences: `qkv_bias` (Qwen2), `qk_norm` and an explicit `head_dim`
+(Qwen3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from .. import _ernie
 from .. import distributed as dist
 from .. import functional as F
+from ..moe import MoELayer
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
 from ..weights import TORCH_DTYPES, hf_folder_index, read_hf_folder, write_hf_folder
@@ -57,6 +66,32 @@ from .config_checks import check_counts, check_finite, check_size
 
 @dataclass
 class LlamaConfig:
+    """The decoder the Llama-shaped families share (Llama, Qwen2, Qwen3).
+
+    The families differ by flags of one mechanism: `qkv_bias` (biases on
+    the q/k/v projections, Qwen2's), `qk_norm` (an RMSNorm over head_dim of
+    each query and key head before rope, Qwen3's) and an explicit
+    `head_dim` (None: hidden_size // num_attention_heads). A family is a
+    subclass with its own defaults and the class-level names below."""
+
+    # The family: Hugging Face's model_type and class, ernie's name for it
+    # in messages and the prefix of its parameter names (Paddle's:
+    # `llama.layers.0.self_attn.q_proj.weight`).
+    model_type: ClassVar[str] = "llama"
+    architecture: ClassVar[str] = "LlamaForCausalLM"
+    family: ClassVar[str] = "Llama"
+    base_model_prefix: ClassVar[str] = "llama"
+    # config.json fields that would make another model: (field, the value
+    # ernie's family computes); anything else is refused naming the field.
+    hf_fixed: ClassVar[tuple] = (("hidden_act", "silu"), ("attention_bias", False),
+                                 ("mlp_bias", False))
+    # config.json fields Hugging Face defaults otherwise than this class.
+    hf_defaults: ClassVar[dict] = {}
+    # The family's config.json fields beyond Llama's (read and written
+    # under the same names), and other names Hugging Face writes them as.
+    hf_keys: ClassVar[tuple] = ()
+    hf_aliases: ClassVar[dict] = {}
+
     vocab_size: int = 256
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -71,30 +106,60 @@ class LlamaConfig:
     initializer_range: float = 0.02
     dtype: str = "f32"
     seed: int = 0
-
-    @property
-    def head_dim(self):
-        return self.hidden_size // self.num_attention_heads
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    qkv_bias: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self):
         check_counts(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                             "num_attention_heads", "num_key_value_heads"))
         check_finite(self, ("rms_norm_eps", "rope_theta"), positive=True)
         check_finite(self, ("initializer_range",), minimum=0.0)
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{type(self).__name__}.{name} must be true or false, got "
+                                f"{getattr(self, name)!r}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError("hidden_size must be a multiple of num_attention_heads "
+                                 "(or give head_dim)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        check_counts(self, ("head_dim",))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         h, d = self.hidden_size, self.head_dim
-        attention = h * (self.num_attention_heads + 2 * self.num_key_value_heads) * d + \
-            self.num_attention_heads * d * h
+        qkv = (self.num_attention_heads + 2 * self.num_key_value_heads) * d
+        attention = h * qkv + self.num_attention_heads * d * h + \
+            (qkv if self.qkv_bias else 0) + (2 * d if self.qk_norm else 0)
         layer = attention + 3 * h * self.intermediate_size + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         check_size(self, self.num_hidden_layers, self.num_hidden_layers * layer + embeddings + h)
 
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (from 0) has a mixture of experts
+        for its MLP (never in the dense families)."""
+        return False
 
-def _linear(cfg, rng, n_in, n_out):
-    layer = Linear(n_in, n_out, bias=False, dtype=cfg.dtype, rng=rng)
+    @classmethod
+    def fields_from_hf(cls, hf: dict, dtype=None) -> dict:
+        """This family's fields from a Hugging Face config.json (a dict);
+        `dtype` None: its torch_dtype. See the module's fields_from_hf."""
+        return fields_from_hf(cls, hf, dtype)
+
+    def to_hf(self, dtype: str) -> dict:
+        """config.json's fields for this config, in Hugging Face's names."""
+        torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+        out = {k: getattr(self, k) for k in _HF_CONFIG_KEYS + self.hf_keys}
+        out.update(architectures=[self.architecture], model_type=self.model_type,
+                   **dict(self.hf_fixed), head_dim=self.head_dim, torch_dtype=torch_dtype,
+                   rope_scaling=None)
+        return out
+
+
+def _linear(cfg, rng, n_in, n_out, bias=False):
+    """A Linear [in, out] drawn from N(0, initializer_range) (a bias starts
+    at zero, as Hugging Face's does)."""
+    layer = Linear(n_in, n_out, bias=bias, dtype=cfg.dtype, rng=rng)
     if layer.weight.value is not None:  # abstract models have no values
         layer.weight.value = rng.normal(0, cfg.initializer_range, size=(n_in, n_out)).astype(
             layer.weight.value.dtype)
@@ -106,13 +171,17 @@ class LlamaAttention(Module):
         super().__init__()
         self.cfg = cfg
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.qkv_bias
         if cfg.fuse_attention_qkv:
-            self.qkv_proj = _linear(cfg, rng, cfg.hidden_size, (hq + 2 * hkv) * d)
+            self.qkv_proj = _linear(cfg, rng, cfg.hidden_size, (hq + 2 * hkv) * d, bias)
         else:
-            self.q_proj = _linear(cfg, rng, cfg.hidden_size, hq * d)
-            self.k_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
-            self.v_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d)
+            self.q_proj = _linear(cfg, rng, cfg.hidden_size, hq * d, bias)
+            self.k_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d, bias)
+            self.v_proj = _linear(cfg, rng, cfg.hidden_size, hkv * d, bias)
         self.o_proj = _linear(cfg, rng, hq * d, cfg.hidden_size)
+        if cfg.qk_norm:  # over each head's head_dim, before rope (Qwen3)
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype)
 
     def forward(self, x, positions):
         cfg = self.cfg
@@ -122,8 +191,11 @@ class LlamaAttention(Module):
             q, k, v = F.split(self.qkv_proj(x), [hq * d, hkv * d, hkv * d], axis=2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = F.rope(q.reshape(b, s, hq, d), positions, cfg.rope_theta)
-        k = F.rope(k.reshape(b, s, hkv, d), positions, cfg.rope_theta)
+        q, k = q.reshape(b, s, hq, d), k.reshape(b, s, hkv, d)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = F.rope(q, positions, cfg.rope_theta)
+        k = F.rope(k, positions, cfg.rope_theta)
         out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True)
         return self.o_proj(out.reshape(b, s, hq * d))
 
@@ -149,16 +221,29 @@ class LlamaMLP(Module):
 
 
 class LlamaDecoderLayer(Module):
-    def __init__(self, cfg: LlamaConfig, rng):
+    """Layer `index` of the decoder: its MLP is an `ernie.moe.MoELayer`
+    where the config makes that layer sparse (`is_moe_layer`, Qwen3-MoE),
+    Llama's SwiGLU elsewhere."""
+
+    def __init__(self, cfg: LlamaConfig, rng, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.self_attn = LlamaAttention(cfg, rng)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = LlamaMLP(cfg, rng)
+        self.is_moe = cfg.is_moe_layer(index)
+        if self.is_moe:
+            self.mlp = MoELayer(cfg.hidden_size, cfg.moe_config(), cfg.dtype, rng,
+                                cfg.initializer_range,
+                                name=f"{cfg.base_model_prefix}.layers.{index}.mlp")
+        else:
+            self.mlp = LlamaMLP(cfg, rng)
 
     def forward(self, x, positions):
         x = x + self.self_attn(self.input_layernorm(x), positions)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        if self.is_moe:  # its routing statistics stay on the layer (last_probs, ...)
+            return x + self.mlp(h)[0]
+        return x + self.mlp(h)
 
 
 class LlamaModel(Module):
@@ -166,7 +251,8 @@ class LlamaModel(Module):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype, rng,
                                       std=cfg.initializer_range)
-        self.layers = LayerList(LlamaDecoderLayer(cfg, rng) for _ in range(cfg.num_hidden_layers))
+        self.layers = LayerList(LlamaDecoderLayer(cfg, rng, i)
+                                for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
 
     def forward(self, input_ids):
@@ -178,13 +264,35 @@ class LlamaModel(Module):
 
 
 class LlamaForCausalLM(Module):
+    """The causal LM of a Llama-shaped family; a family's model is this
+    class with its config class (Qwen2ForCausalLM: Qwen2Config), the
+    decoder under the config's `base_model_prefix` (`llama`, `qwen2`,
+    ...)."""
+
+    config_class = LlamaConfig
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
+        if not isinstance(cfg, self.config_class) or \
+                cfg.model_type != self.config_class.model_type:
+            raise TypeError(f"{type(self).__name__} is built from a "
+                            f"{self.config_class.__name__}, not a {type(cfg).__name__}")
         rng = np.random.default_rng(cfg.seed)
         self.config = cfg
-        self.llama = LlamaModel(cfg, rng)
+        setattr(self, cfg.base_model_prefix, LlamaModel(cfg, rng))
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, rng, cfg.hidden_size, cfg.vocab_size)
+
+    @property
+    def base_model(self) -> "LlamaModel":
+        """The decoder (`self.llama`, `self.qwen2`, ...)."""
+        return self._modules[self.config.base_model_prefix]
+
+    def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
+        """Paddle's tensor-parallel plan (see the module's parallelize_plan)
+        over this model's names."""
+        return parallelize_plan(sequence_parallel, self.config.tie_word_embeddings,
+                                self.config.base_model_prefix)
 
     @classmethod
     def from_pretrained(cls, folder, dtype=None, **overrides):
@@ -194,14 +302,15 @@ class LlamaForCausalLM(Module):
         [in, out] ones (hf_layout; fused projections where the config asks
         for them). `dtype` ("f32", "bf16", ...) defaults to the file's
         torch_dtype; narrow floats are read exactly. `overrides` set other
-        LlamaConfig fields (fuse_attention_qkv, ...).
+        config fields (fuse_attention_qkv, ...).
 
         Built under `ernie.nn.abstract()` nothing is read but the headers:
         the model remembers the folder (`pretrained_weights`) and
         `ernie.compile` loads it into the program, each rank reading only
         its own pieces of each tensor."""
         hf, _ = hf_folder_index(folder)
-        cfg = LlamaConfig(**{**config_from_hf(hf, dtype), **overrides})
+        config_class = cls.config_class
+        cfg = config_class(**{**config_class.fields_from_hf(hf, dtype), **overrides})
         model = cls(cfg)
         # Every field read, for save_pretrained to write back (what ernie
         # does not compute: max_position_embeddings, token ids, ...).
@@ -221,9 +330,11 @@ class LlamaForCausalLM(Module):
         this model, whose config must be the folder's (dtype and fusion
         aside)."""
         hf, _ = hf_folder_index(folder)
-        theirs = config_from_hf(hf, self.config.dtype)
+        theirs = type(self.config).fields_from_hf(hf, self.config.dtype)
+        same = lambda a, b: (tuple(a) == tuple(b) if isinstance(a, (list, tuple))  # noqa: E731
+                             and isinstance(b, (list, tuple)) else a == b)
         differ = {k: (getattr(self.config, k), v) for k, v in theirs.items()
-                  if k != "dtype" and getattr(self.config, k) != v}
+                  if k != "dtype" and not same(getattr(self.config, k), v)}
         if differ:
             raise ValueError(f"{folder}: config.json is another model: " + ", ".join(
                 f"{k} {theirs_v!r} (this model: {ours!r})"
@@ -242,18 +353,23 @@ class LlamaForCausalLM(Module):
         values = {n: p.value for n, p in self.named_parameters()}
         if state is not None:
             values.update({n: state[n] for n in values if n in state})
-        config = {**getattr(self, "hf_config", {}), **config_to_hf(cfg, dtype)}
+        config = {**getattr(self, "hf_config", {}), **cfg.to_hf(dtype)}
+        if "dtype" in config:  # newer transformers' name for torch_dtype
+            config["dtype"] = config["torch_dtype"]
         write_hf_folder(folder, config, hf_state_from_ernie(values, cfg), dtype, max_shard_bytes)
 
     def forward(self, input_ids, labels=None):
-        h = self.llama(input_ids)
-        if self.config.tie_word_embeddings:
-            logits = _tied_head(self.llama.embed_tokens, h)
-        else:
-            logits = self.lm_head(h)
+        logits = self.logits(self.base_model(input_ids))
         if labels is None:
             return logits
         return F.cross_entropy(logits, labels)
+
+    def logits(self, h):
+        """The LM head over the final hidden states (the tied embedding's
+        weight, or lm_head)."""
+        if self.config.tie_word_embeddings:
+            return _tied_head(self.base_model.embed_tokens, h)
+        return self.lm_head(h)
 
 
 # ---------------------------------------------------------------------------
@@ -275,40 +391,85 @@ def _rounded(value, dtype):
 
 
 def config_from_hf(hf: dict, dtype=None) -> dict:
-    """LlamaConfig fields from a Hugging Face config.json; what ernie's Llama
-    does not compute (biases, rope scaling, another activation or head
-    size) is a ValueError rather than a silently different model."""
-    arch = hf.get("architectures") or ["LlamaForCausalLM"]
-    if "LlamaForCausalLM" not in arch and hf.get("model_type") != "llama":
-        raise ValueError(f"config.json describes {arch}, not LlamaForCausalLM")
-    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
-                      ("rope_scaling", None)):
+    """LlamaConfig fields from a Hugging Face config.json (see
+    fields_from_hf)."""
+    return fields_from_hf(LlamaConfig, hf, dtype)
+
+
+def config_to_hf(cfg: LlamaConfig, dtype: str) -> dict:
+    return cfg.to_hf(dtype)
+
+
+def fields_from_hf(config_class, hf: dict, dtype=None) -> dict:
+    """The fields of `config_class` (LlamaConfig or a family's subclass)
+    from a Hugging Face config.json. What the family does not compute is a
+    ValueError naming the field, rather than a silently different model:
+    a field of `hf_fixed` with another value (another activation, biases
+    the family lacks, sliding-window attention, attention dropout), a rope
+    scaling other than the default (`rope_scaling`, or newer transformers'
+    `rope_parameters`), a layer type other than full attention
+    (`layer_types`), an unknown torch_dtype."""
+    name = config_class.family
+    arch = hf.get("architectures") or [config_class.architecture]
+    if config_class.architecture not in arch and hf.get("model_type") != config_class.model_type:
+        raise ValueError(f"config.json describes {arch}, not {config_class.architecture}")
+    for key, want in config_class.hf_fixed:
         if hf.get(key, want) != want:
-            raise ValueError(f"config.json: {key} = {hf[key]!r} is not supported (ernie's "
-                             f"Llama has {want!r})")
-    fields = {k: hf[k] for k in _HF_CONFIG_KEYS if k in hf}
+            raise ValueError(f"config.json: {key} = {str(hf[key])[:80]} is not supported "
+                             f"(ernie's {name} has {want!r})")
+    rope_theta = _rope_theta(hf, name)
+    layer_types = hf.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or any(
+            t != "full_attention" for t in layer_types)):
+        raise ValueError(f"config.json: layer_types = {str(layer_types)[:80]} is not supported "
+                         f"(ernie's {name} has full attention in every layer; sliding-window "
+                         f"attention is not an attention ernie has)")
+    keys = _HF_CONFIG_KEYS + ("head_dim",) + config_class.hf_keys
+    hf = {**{ours: hf[theirs] for theirs, ours in config_class.hf_aliases.items()
+             if theirs in hf and ours not in hf}, **hf}
+    fields = {**config_class.hf_defaults, **{k: hf[k] for k in keys if k in hf}}
+    if rope_theta is not None:
+        fields["rope_theta"] = rope_theta
     fields.setdefault("num_key_value_heads", hf.get("num_attention_heads"))
-    heads = fields.get("num_attention_heads")
-    if "head_dim" in hf and heads and hf["head_dim"] * heads != fields.get("hidden_size"):
-        raise ValueError(f"config.json: head_dim {hf['head_dim']} x {heads} heads is not "
-                         f"hidden_size {fields.get('hidden_size')}")
+    if fields.get("head_dim") is None:
+        fields.pop("head_dim", None)  # hidden_size // num_attention_heads
     if dtype is None:
-        torch_dtype = hf.get("torch_dtype", "float32")
-        if torch_dtype not in TORCH_DTYPES:
-            raise ValueError(f"config.json: torch_dtype {torch_dtype!r} is not one of "
-                             f"{sorted(TORCH_DTYPES)}")
-        dtype = TORCH_DTYPES[torch_dtype]
+        dtype = _dtype_from_hf(hf)
     fields["dtype"] = dtype
     return fields
 
 
-def config_to_hf(cfg: LlamaConfig, dtype: str) -> dict:
-    torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
-    out = {k: getattr(cfg, k) for k in _HF_CONFIG_KEYS}
-    out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-               attention_bias=False, mlp_bias=False, head_dim=cfg.head_dim,
-               torch_dtype=torch_dtype, rope_scaling=None)
-    return out
+def _rope_theta(hf: dict, family: str):
+    """rope_theta of a config.json, which older transformers write as
+    `rope_theta` beside `rope_scaling` and newer ones inside
+    `rope_parameters`; a scaling other than the default is refused."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = hf.get(key)
+        if rope is None:
+            continue
+        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+        if kind != "default":
+            raise ValueError(f"config.json: {key} = {str(rope)[:80]} is not supported (ernie's "
+                             f"{family} computes the default rotary embedding, not "
+                             f"{kind or 'this'} scaling)")
+    parameters = hf.get("rope_parameters")
+    if isinstance(parameters, dict) and "rope_theta" in parameters:
+        if "rope_theta" in hf and hf["rope_theta"] != parameters["rope_theta"]:
+            raise ValueError(f"config.json: rope_theta {hf['rope_theta']!r} and "
+                             f"rope_parameters.rope_theta {parameters['rope_theta']!r} differ")
+        return parameters["rope_theta"]
+    return None
+
+
+def _dtype_from_hf(hf: dict) -> str:
+    """ernie's dtype of config.json's torch_dtype (newer transformers:
+    `dtype`); float32 where it names none."""
+    key = "torch_dtype" if "torch_dtype" in hf else "dtype"
+    torch_dtype = hf.get(key) or "float32"
+    if torch_dtype not in TORCH_DTYPES:
+        raise ValueError(f"config.json: {key} {str(torch_dtype)[:40]!r} is not one of "
+                         f"{sorted(TORCH_DTYPES)}")
+    return TORCH_DTYPES[torch_dtype]
 
 
 def hf_layout(cfg: LlamaConfig) -> list:
@@ -321,47 +482,65 @@ def hf_layout(cfg: LlamaConfig) -> list:
     distributed loader (hf_weight_map) share."""
     h, hq, hkv, d, inter = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                             cfg.head_dim, cfg.intermediate_size)
-    out = [("llama.embed_tokens.weight", "model.embed_tokens.weight", (0, 0),
+    base = cfg.base_model_prefix
+    out = [(f"{base}.embed_tokens.weight", "model.embed_tokens.weight", (0, 0),
             (cfg.vocab_size, h), False)]
 
-    def linears(dst, fused, parts):
+    def linears(dst, fused, parts, bias=False):
         # parts: (Hugging Face name, out features); fused: one parameter.
         column = 0
         for hf, n_out in parts:
-            name = dst + (fused if fused else hf.rsplit(".", 1)[-1]) + ".weight"
-            out.append((name, hf + ".weight", (0, column if fused else 0), (h, n_out), True))
+            name = dst + (fused if fused else hf.rsplit(".", 1)[-1])
+            out.append((name + ".weight", hf + ".weight", (0, column if fused else 0),
+                        (h, n_out), True))
+            if bias:
+                out.append((name + ".bias", hf + ".bias", (column if fused else 0,), (n_out,),
+                            False))
             column += n_out if fused else 0
 
     for i in range(cfg.num_hidden_layers):
-        src, dst = f"model.layers.{i}.", f"llama.layers.{i}."
+        src, dst = f"model.layers.{i}.", f"{base}.layers.{i}."
         out.append((dst + "input_layernorm.weight", src + "input_layernorm.weight", (0,), (h,),
                     False))
         linears(dst + "self_attn.", "qkv_proj" if cfg.fuse_attention_qkv else None,
                 [(src + f"self_attn.{n}_proj", width) for n, width in
-                 (("q", hq * d), ("k", hkv * d), ("v", hkv * d))])
+                 (("q", hq * d), ("k", hkv * d), ("v", hkv * d))], cfg.qkv_bias)
         out.append((dst + "self_attn.o_proj.weight", src + "self_attn.o_proj.weight", (0, 0),
                     (hq * d, h), True))
-        linears(dst + "mlp.", "gate_up_proj" if cfg.fuse_attention_ffn else None,
-                [(src + f"mlp.{n}_proj", inter) for n in ("gate", "up")])
-        out.append((dst + "mlp.down_proj.weight", src + "mlp.down_proj.weight", (0, 0),
-                    (inter, h), True))
+        if cfg.qk_norm:
+            out += [(dst + f"self_attn.{n}_norm.weight", src + f"self_attn.{n}_norm.weight",
+                     (0,), (d,), False) for n in ("q", "k")]
+        if cfg.is_moe_layer(i):
+            # ernie.moe's router [hidden, E] and experts stacked [E, in, out];
+            # Hugging Face's one [out, in] tensor per expert, at [e].
+            e, moe = cfg.num_experts, cfg.moe_intermediate_size
+            out.append((dst + "mlp.gate.weight", src + "mlp.gate.weight", (0, 0), (h, e), True))
+            out += [(dst + f"mlp.experts.{n}_proj.weight", src + f"mlp.experts.{x}.{n}_proj.weight",
+                     (x, 0, 0), (moe, h) if n == "down" else (h, moe), True)
+                    for x in range(e) for n in ("gate", "up", "down")]
+        else:
+            linears(dst + "mlp.", "gate_up_proj" if cfg.fuse_attention_ffn else None,
+                    [(src + f"mlp.{n}_proj", inter) for n in ("gate", "up")])
+            out.append((dst + "mlp.down_proj.weight", src + "mlp.down_proj.weight", (0, 0),
+                        (inter, h), True))
         out.append((dst + "post_attention_layernorm.weight",
                     src + "post_attention_layernorm.weight", (0,), (h,), False))
-    out.append(("llama.norm.weight", "model.norm.weight", (0,), (h,), False))
+    out.append((f"{base}.norm.weight", "model.norm.weight", (0,), (h,), False))
     if not cfg.tie_word_embeddings:
         out.append(("lm_head.weight", "lm_head.weight", (0, 0), (h, cfg.vocab_size), True))
     return out
 
 
 def _hf_leftovers(names, cfg: LlamaConfig, where):
-    """Raises for Hugging Face tensors ernie's Llama has no place for
+    """Raises for Hugging Face tensors the family has no place for
     (besides rotary caches, recomputed, and a tied head's copy)."""
     placed = {hf for _, hf, _, _, _ in hf_layout(cfg)}
     leftover = sorted(n for n in names if n not in placed
                       and not n.endswith("rotary_emb.inv_freq")
                       and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
     if leftover:
-        raise ValueError(f"{where}: weights ernie's Llama has no place for: {leftover[:5]}")
+        raise ValueError(f"{where}: weights ernie's {cfg.family} has no place for: "
+                         f"{leftover[:5]}")
 
 
 def _check_block_shape(where, hf, shape, block, transposed):
@@ -382,23 +561,34 @@ def ernie_state_from_hf(weights: dict, cfg: LlamaConfig, where="weights") -> dic
         _check_block_shape(where, hf, value.shape, block, transposed)
         out.setdefault(name, []).append((offsets, value.T if transposed else value))
     for name, blocks in out.items():
-        if len(blocks) == 1:
+        if len(blocks) == 1 and len(blocks[0][0]) == blocks[0][1].ndim:
             out[name] = blocks[0][1]
             continue
-        shape = tuple(max(off[k] + v.shape[k] for off, v in blocks)
-                      for k in range(blocks[0][1].ndim))
+        # Offsets past the block's rank index the leading dimensions
+        # (stacked experts: [e] of [E, in, out]).
+        lead = len(blocks[0][0]) - blocks[0][1].ndim
+        shape = tuple(max(off[k] + 1 for off, _ in blocks) for k in range(lead)) + tuple(
+            max(off[lead + k] + v.shape[k] for off, v in blocks)
+            for k in range(blocks[0][1].ndim))
         whole = np.empty(shape, dtype=blocks[0][1].dtype)
         for off, v in blocks:
-            whole[tuple(slice(o, o + n) for o, n in zip(off, v.shape))] = v
+            whole[_block(off, v.shape)] = v
         out[name] = whole
     return out
+
+
+def _block(offsets, shape):
+    """The index of a block of `shape` at `offsets` (leading offsets past
+    the block's rank pick one entry of those dimensions)."""
+    lead = len(offsets) - len(shape)
+    return tuple(offsets[:lead]) + tuple(slice(o, o + n) for o, n in zip(offsets[lead:], shape))
 
 
 def hf_state_from_ernie(values: dict, cfg: LlamaConfig) -> dict:
     """The inverse of ernie_state_from_hf, in Hugging Face's order."""
     out = {}
     for name, hf, offsets, block, transposed in hf_layout(cfg):
-        value = np.asarray(values[name])[tuple(slice(o, o + n) for o, n in zip(offsets, block))]
+        value = np.asarray(values[name])[_block(offsets, block)]
         out[hf] = np.ascontiguousarray(value.T if transposed else value)
     return out
 
@@ -471,15 +661,19 @@ class LlamaForCausalLMPipe(PipelineLayer):
                      None if tied else str(n + 2), sequence_parallel)
 
 
-def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False) -> dict:
+def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False,
+                     prefix: str = "llama") -> dict:
     """Paddle's tensor-parallel plan for Llama (`mp_config.parallelize_plan`):
     Megatron's column/row pairs for attention and MLP, the embedding and LM
     head split on the hidden/vocabulary dimension; with sequence_parallel,
     activations between layers (the residual stream and the norms) stay
     split along the sequence. With tie_word_embeddings there is no lm_head:
-    the head reads the embedding's (hidden-split) weight. For
-    LlamaForCausalLMPipe's layer names use its own parallelize_plan()."""
-    return _plan("llama.embed_tokens", "llama.layers.*", "llama.norm",
+    the head reads the embedding's (hidden-split) weight. `prefix` is the
+    family's base_model_prefix (`qwen2`, ...): q/k/v biases split with their
+    columns, Qwen3's per-head q/k norms stay replicated (each rank norms its
+    own heads). For LlamaForCausalLMPipe's layer names use its own
+    parallelize_plan()."""
+    return _plan(f"{prefix}.embed_tokens", f"{prefix}.layers.*", f"{prefix}.norm",
                  None if tie_word_embeddings else "lm_head", sequence_parallel)
 
 

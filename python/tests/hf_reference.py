@@ -1,0 +1,78 @@
+"""The `transformers` side of the parity tests (test_qwen.py), run by the
+reference environment's interpreter (scripts/reference_env.sh) in a
+subprocess: the tests' own environment has neither torch nor transformers.
+
+    python hf_reference.py make FAMILY SEED FOLDER
+        a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
+        "qwen3_moe"), made by transformers with torch.manual_seed(SEED)
+        and saved by its own save_pretrained (f32) into FOLDER.
+    python hf_reference.py run FOLDER IN.npz OUT.npz
+        loads FOLDER with transformers' AutoModelForCausalLM (f32, eval)
+        and writes, for IN's `ids` (and `labels`, Hugging Face's unshifted
+        ones), `logits`, `loss` (what transformers reports) and, under
+        `state/<name>`, every tensor of the loaded model's state_dict in
+        Hugging Face's names.
+
+Every output also holds `versions`: the torch and transformers that made
+it.
+"""
+
+import json
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+            max_position_embeddings=64)
+
+
+def config(family):
+    if family in ("qwen2", "qwen2-tied"):
+        return transformers.Qwen2Config(**TINY, rope_theta=1e6,
+                                        tie_word_embeddings=family == "qwen2-tied")
+    if family == "qwen3":
+        # head_dim 16 != hidden_size / heads (8), as Qwen3's published sizes.
+        return transformers.Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=True)
+    if family == "qwen3_moe":
+        # Layer 1 dense (mlp_only_layers), layers 0 and 2 sparse; the
+        # load-balancing loss on, as a training config would have it.
+        return transformers.Qwen3MoeConfig(
+            **{**TINY, "num_hidden_layers": 3}, head_dim=8, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+            mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.02)
+    raise SystemExit(f"unknown family {family}")
+
+
+def versions():
+    return json.dumps({"torch": torch.__version__, "transformers": transformers.__version__})
+
+
+def make(family, seed, folder):
+    torch.manual_seed(int(seed))
+    model = transformers.AutoModelForCausalLM.from_config(config(family))
+    with torch.no_grad():  # biases and norms away from their initial 0 and 1
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "norm.weight", "layernorm.weight")):
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("mlp.gate.weight"):  # routers far from ties
+                p.mul_(20.0)
+    model.save_pretrained(folder)
+
+
+def run(folder, inp, out):
+    arrays = dict(np.load(inp))
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor(arrays["ids"])
+    with torch.no_grad():
+        result = model(input_ids=ids, labels=torch.tensor(arrays["labels"]))
+    state = {f"state/{k}": v.detach().numpy() for k, v in model.state_dict().items()}
+    np.savez(out, logits=result.logits.numpy(), loss=result.loss.numpy(), versions=versions(),
+             **state)
+
+
+if __name__ == "__main__":
+    {"make": make, "run": run}[sys.argv[1]](*sys.argv[2:])
