@@ -480,6 +480,12 @@ class Program:
             out.append(full)
         return out
 
+    def any_process(self, flag: bool) -> bool:
+        """Whether `flag` is true on any process of the job (one process:
+        `flag`): every process calls it at the same point, and all act alike
+        (a stop request one process received, say)."""
+        return bool(self._require_session().any_process(bool(flag)))
+
     def _where(self) -> str:
         first, count = self._require_session().local_ranks
         return (f"process {self.job.rank} of {self.job.world_size}, mesh ranks "

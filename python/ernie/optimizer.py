@@ -33,6 +33,34 @@ class LinearWarmupCosine(LRScheduler):
         return self.min_lr + 0.5 * (self.base - self.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+class WarmupDecay(LRScheduler):
+    """Linear warm-up from 0 over `warmup_steps`, then `kind` decay to
+    `min_lr` at `total_steps`: "cosine", "linear", or "constant" (the base
+    rate after the warm-up). Steps are 1-based."""
+
+    KINDS = ("cosine", "linear", "constant")
+
+    def __init__(self, learning_rate, warmup_steps, total_steps, kind="cosine", min_lr=0.0):
+        if kind not in self.KINDS:
+            raise ValueError(f"schedule kind {kind!r} is not one of {', '.join(self.KINDS)}")
+        if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
+            raise ValueError("need 0 <= warmup_steps <= total_steps and total_steps > 0")
+        if not 0 <= min_lr <= learning_rate:
+            raise ValueError(f"min_lr {min_lr} must be in [0, learning rate {learning_rate}]")
+        self.kind, self.base, self.min_lr = kind, learning_rate, min_lr
+        self.warmup, self.total = warmup_steps, total_steps
+
+    def __call__(self, step):
+        if self.warmup and step <= self.warmup:
+            return self.base * step / self.warmup
+        if self.kind == "constant":
+            return self.base
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        if self.kind == "linear":
+            return self.base - (self.base - self.min_lr) * progress
+        return self.min_lr + 0.5 * (self.base - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+
 def _number(name, value, low=0.0, below=None):
     """`value` as a float: finite, >= low, and < below when given (PyTorch's
     bounds: a learning rate or weight decay of 0 is allowed, NaN never)."""

@@ -275,6 +275,7 @@ public:
   }
 
   void abort(const std::string &reason) { session_->abort(reason); }
+  bool anyProcess(bool flag) { return session_->anyProcess(flag); }
 
   /// The rows of a global batch (dimension 0) this process's ranks read,
   /// ascending: through `fn`'s batch inputs, or a pipeline's micro-batches
@@ -618,6 +619,13 @@ void bindRuntime(py::module_ &m) {
            },
            py::arg("function"),
            "the global batch's rows this process's ranks read")
+      .def("any_process",
+           [](PySession &s, bool flag) {
+             return translateErrors([&] {
+               return withoutGil([&] { return s.anyProcess(flag); });
+             });
+           },
+           py::arg("flag"), "whether `flag` is true on any process of the job")
       .def("abort", &PySession::abort, py::arg("reason"),
            "fails every process's collectives with `reason`")
       .def_property_readonly("device", [](PySession &s) {

@@ -12,7 +12,8 @@ MODEL is "llama" (the README's example: dp x mp, ZeRO-1, 4 ranks) or "moe"
 on 4 ranks, 1F1B over 2 micro-batches). Process 0 writes OUT/losses.json
 (one loss per step, carried through restarts in the checkpoints' data
 position); OUT/ckpt holds the checkpoints. `--kill-at` SIGKILLs a process
-at the start of a step in the job's first attempt; `--differ-on` makes one
+at the start of a step in the job's first attempt (`--freeze`: SIGSTOPs
+it, a process alive but stuck); `--differ-on` makes one
 process compile a different model (a bug to catch). Used by
 test_multiprocess.py and bench/multiprocess.py.
 """
@@ -36,6 +37,7 @@ p.add_argument("--ranks-per-process", type=int, default=1)
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--local-rows", action="store_true")
 p.add_argument("--kill-at", default=None)
+p.add_argument("--freeze", action="store_true", help="--kill-at stops the process (SIGSTOP) instead")
 p.add_argument("--timeout", type=float, default=60.0)
 p.add_argument("--differ-on", type=int, default=None)
 p.add_argument("--trace", default=None)
@@ -89,7 +91,7 @@ kill_step, kill_process = map(int, args.kill_at.split(":")) if args.kill_at else
 rows = dist.local_batch(program)
 for step in range(start, args.steps):
     if step == kill_step and env.rank == kill_process and restart == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
     ids, labels = batch(step)
     if args.local_rows:
         loss = program.step(ids[rows], labels[rows], rows=rows)

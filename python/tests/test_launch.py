@@ -149,8 +149,29 @@ def test_sigterm_reaches_every_process(tmp_path):
         ready += "ready" in line
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    # Every process acted on it and exited 0: so does the launcher.
+    assert proc.returncode == 0, err
+    assert "SIGTERM: every process stopped cleanly" in err
     assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
+
+
+def test_sigterm_that_kills_a_process_is_the_launcher_s_status(tmp_path):
+    job = script(tmp_path, """
+        print("ready", flush=True)
+        time.sleep(120)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-m", "ernie.distributed.launch",
+                             "--nproc-per-node", "2", "--grace", "5", str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    ready = 0
+    while ready < 2 and time.monotonic() < deadline:
+        ready += "ready" in proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: stopped every process" in err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -26,6 +26,7 @@ FLOORS = (
                 "models.qwen3", "models.qwen3_moe", "models.ernie4_5", "models.auto")),
     ("compiler", ("cost_model", "compiler")),
     ("planning", ("cost", "autoplan", "autoplan.__main__")),
+    ("training", ("train.config", "train.metrics", "train", "train.__main__")),
     ("package", ("",)),                               # loads every floor, links them
 )
 

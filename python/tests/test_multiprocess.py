@@ -154,6 +154,22 @@ def test_a_killed_process_is_named_and_nothing_hangs(trial, tmp_path):
     assert all(p.poll() is not None for p in procs.values())
 
 
+def test_a_frozen_process_is_named_after_the_timeout(tmp_path):
+    """SIGSTOP: the process keeps its connections but never answers; the
+    others' collectives time out and the heartbeat names it."""
+    start = time.monotonic()
+    procs = start_by_hand(2, 2, tmp_path, "--steps", 4, "--kill-at", "2:1", "--freeze")
+    try:
+        _, err = procs[0].communicate(timeout=TIMEOUT + 60)
+        elapsed = time.monotonic() - start
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
+    assert procs[0].returncode not in (0, None)
+    assert re.search(r"process 1 \(mesh ranks 2..3\) has stopped: no heartbeat", err), err[-3000:]
+    assert TIMEOUT - 5 < elapsed < TIMEOUT + 45, elapsed
+
+
 @pytest.mark.parametrize("trial", range(max(1, TRIALS // 2)))
 def test_a_restarted_job_continues_to_the_same_result(trial, alone, tmp_path, build_dir):
     losses, (step, state) = alone("llama")

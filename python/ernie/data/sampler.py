@@ -184,17 +184,29 @@ class DataLoader:
     for batch in loader: ...                # batch.inputs, batch.labels
     state = loader.position()               # JSON: in the checkpoint
     loader = DataLoader.from_position(samples, state, world=4, ranks=[1])
+    loader = DataLoader(samples, 32, positions=local_batch(program))  # a job's process
 
     `position()` is where the next batch starts; a loader made from it on
     any dp degree yields the batches the first would have yielded next.
     """
 
     def __init__(self, samples: PackedSamples, global_batch: int, *, ranks=(0,), world: int = 1,
-                 start_step: int = 0, prefetch: int = 2, steps: int | None = None):
+                 start_step: int = 0, prefetch: int = 2, steps: int | None = None,
+                 positions=None):
         self.samples, self.global_batch, self.world = samples, int(global_batch), int(world)
         self.ranks = [int(r) for r in ranks]
         for r in self.ranks:
             samples.rows_for(0, self.global_batch, r, self.world)  # validates
+        # The rows of each global batch this process reads, by position in
+        # the batch (ernie.distributed.local_batch(program)); None: those
+        # of `ranks`.
+        self.positions = None
+        if positions is not None:
+            self.positions = np.asarray(positions, dtype=np.int64)
+            if self.positions.ndim != 1 or (self.positions.size and (
+                    self.positions.min() < 0 or self.positions.max() >= self.global_batch)):
+                raise ValueError(f"positions must list rows of the global batch of "
+                                 f"{self.global_batch}, not {self.positions.tolist()[:8]}")
         self.next_step = int(start_step)
         self._end = None if steps is None else self.next_step + int(steps)
         self._queue = queue.Queue(maxsize=max(1, int(prefetch)))
@@ -204,6 +216,9 @@ class DataLoader:
         self._thread.start()
 
     def rows(self, step: int) -> np.ndarray:
+        """The global sample indices this loader reads at `step`."""
+        if self.positions is not None:
+            return step * self.global_batch + self.positions
         return np.concatenate([self.samples.rows_for(step, self.global_batch, r, self.world)
                                for r in self.ranks])
 
@@ -246,7 +261,8 @@ class DataLoader:
 
     @classmethod
     def from_position(cls, samples: PackedSamples, position: dict, *, ranks=(0,),
-                      world: int = 1, prefetch: int = 2, steps: int | None = None):
+                      world: int = 1, prefetch: int = 2, steps: int | None = None,
+                      positions=None):
         """The loader that continues `position` (from `position()`) on
         `world` data-parallel ranks. A position of another seed, seq_len,
         split or global batch would give other samples: a ValueError naming
@@ -266,7 +282,8 @@ class DataLoader:
         if position["sample"] != position["step"] * position["global_batch"]:
             raise ValueError("data position: sample is not step * global_batch")
         return cls(samples, position["global_batch"], ranks=ranks, world=world,
-                   start_step=position["step"], prefetch=prefetch, steps=steps)
+                   start_step=position["step"], prefetch=prefetch, steps=steps,
+                   positions=positions)
 
     def close(self) -> None:
         self._stop.set()

@@ -13,7 +13,9 @@ executable (`ernie-run prog.ernie --backend gloo`).
 
 - Output: each line of a process's output prefixed with its rank, or with
   `--log-dir` a file per rank (`rank-<r>.log`, appended on restarts).
-- Signals: SIGINT and SIGTERM are forwarded to every process.
+- Signals: SIGINT and SIGTERM are forwarded to every process, which get
+  `--grace` seconds to act on them (a trainer saves a checkpoint); when all
+  exit 0 the launcher exits 0, else 128 + the signal.
 - Failure: when a process exits non-zero or is killed, the others get
   SIGTERM (then SIGKILL after `--grace` seconds), and the launcher names
   the rank, its exit code or signal and the last lines of its output. With
@@ -103,6 +105,7 @@ class Launcher:
         self.lock = threading.Lock()
         self.logs = {}
         self.stopping = None  # the signal that asked the job to stop
+        self.clean = False    # every process exited 0 after it
 
     def _sink(self, rank, line, out):
         with self.lock:
@@ -166,7 +169,10 @@ class Launcher:
         failed = None
         while True:
             if self.stopping is not None:
-                self._stop(procs)
+                # Forwarded already: each process gets the grace to act on it
+                # (a trainer saves a checkpoint) and exit on its own.
+                self._stop(procs, self.stopping)
+                self.clean = all(p.popen.returncode == 0 for p in procs)
                 return None
             for p in procs:
                 code = p.popen.poll()
@@ -199,6 +205,10 @@ class Launcher:
                 failed = self._run_once(attempt)
                 if self.stopping is not None:
                     name = signal.Signals(self.stopping).name
+                    if self.clean:  # each process acted on it and exited 0 (a checkpoint)
+                        print(f"ernie.distributed.launch: {name}: every process stopped "
+                              f"cleanly", file=sys.stderr, flush=True)
+                        return 0
                     print(f"ernie.distributed.launch: {name}: stopped every process",
                           file=sys.stderr, flush=True)
                     return 128 + self.stopping
@@ -233,8 +243,11 @@ def _parser():
                     help="start the job again this many times after a failure")
     ap.add_argument("--log-dir", "--log_dir", help="write each rank's output to "
                                                    "DIR/rank-<r>.log instead of the terminal")
-    ap.add_argument("--grace", type=float, default=10.0,
-                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    ap.add_argument("--grace", type=float, default=30.0,
+                    help="seconds between SIGTERM and SIGKILL when stopping (default 30: "
+                         "time for a trainer to save a checkpoint)")
+    ap.add_argument("-m", "--module", action="store_true",
+                    help="the script is a module to run as `python -m` (torchrun's -m)")
     ap.add_argument("script", nargs=argparse.REMAINDER,
                     help="a .py file, -m module, or a program, with its arguments")
     return ap
@@ -246,6 +259,8 @@ def _configure(a, env) -> None:
         raise LaunchError("no script to run")
     if a.script[0] == "--":
         a.script = a.script[1:]
+    if a.module:
+        a.script = ["-m", *a.script]
     slurm = "SLURM_PROCID" in env and "RANK" not in env
     if a.nnodes is None:
         a.nnodes = int(env.get("SLURM_NNODES", "1")) if slurm else 1
@@ -285,6 +300,7 @@ def main(argv=None) -> int:
                 and "ERNIE_LAUNCHER" not in env and a.script:
             # Started by torchrun (or a launcher like it): its variables stand.
             script = a.script[1:] if a.script[0] == "--" else a.script
+            script = ["-m", *script] if a.module else script
             os.execvp(_command(script)[0], _command(script))
         _configure(a, env)
         return Launcher(a).run()

@@ -9,6 +9,7 @@ listing the ones it has.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..weights import read_json
@@ -90,3 +91,10 @@ class AutoModelForCausalLM:
         """The family's from_pretrained (its weights, its config; under
         ernie.nn.abstract() only headers are read)."""
         return AutoModelForCausalLM.model_class(folder).from_pretrained(folder, dtype, **overrides)
+
+    @staticmethod
+    def from_config(hf: dict, seed: int = 0, where="the config"):
+        """A new model of the family `hf` names (a config.json's fields,
+        model_type among them), its weights drawn from `seed`."""
+        make_config, model_class = FAMILIES[family_of(hf, where)]
+        return model_class(dataclasses.replace(make_config(hf), seed=seed))

@@ -223,6 +223,18 @@ class Ernie4_5ForCausalLM(Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, rng, cfg.hidden_size, cfg.vocab_size)
 
+    def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
+        """The module's parallelize_plan over this model (sequence
+        parallelism is not part of ERNIE 4.5's plan)."""
+        if sequence_parallel:
+            raise ValueError("ERNIE 4.5's tensor-parallel plan has no sequence-parallel form")
+        return parallelize_plan(self.config.tie_word_embeddings)
+
+    @property
+    def split_spec(self) -> str:
+        """pp_config's split_spec: a stage boundary between decoder layers."""
+        return "model.layers"
+
     def forward(self, input_ids, labels=None):
         h, aux = self.model(input_ids)
         if self.config.tie_word_embeddings:

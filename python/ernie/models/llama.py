@@ -294,6 +294,11 @@ class LlamaForCausalLM(Module):
         return parallelize_plan(sequence_parallel, self.config.tie_word_embeddings,
                                 self.config.base_model_prefix)
 
+    @property
+    def split_spec(self) -> str:
+        """pp_config's split_spec: a stage boundary between decoder layers."""
+        return f"{self.config.base_model_prefix}.layers"
+
     @classmethod
     def from_pretrained(cls, folder, dtype=None, **overrides):
         """The model of a Hugging Face folder (config.json and
