@@ -63,8 +63,8 @@ def config(tmp_path, **sections):
         "eval": {"every": 4, "batches": 2},
         "metrics": {"jsonl": str(tmp_path / "metrics.jsonl"), "sample_ids": True},
     }
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
+    for name, values in sections.items():  # a value of None removes the key
+        base[name] = {k: v for k, v in {**base.get(name, {}), **values}.items() if v is not None}
     lines = []
     for name, values in base.items():
         lines.append(f"[{name}]")
@@ -293,3 +293,15 @@ def test_published_layouts_dry_run(name):
     result = train(REPO / "examples" / "train" / f"{name}.toml", "--dry-run", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "memory per rank" in result.stdout and "plan: mesh" in result.stdout
+
+
+def test_the_plan_search_chooses_the_plan(tmp_path):
+    job = config(tmp_path, parallel={"dp": None, "plan": "auto", "ranks": 2},
+                 training={"steps": 3}, eval={"every": 0})
+    result = train(job)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "plan search: Plan(" in result.stdout
+    assert len(records(tmp_path / "metrics.jsonl")) == 3
+    result = train(job, "--parallel.dp", "2")
+    assert result.returncode == 2
+    assert 'parallel.plan = "auto" chooses dp itself' in result.stderr

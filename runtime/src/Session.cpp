@@ -846,6 +846,18 @@ void Session::abort(const std::string &reason) {
     job_->abort(reason);
 }
 
+bool Session::anyProcess(bool flag) {
+  if (allLocal())
+    return flag;
+  std::vector<int64_t> any(localRanks());
+  onEveryRank([&](int64_t i) {
+    int64_t mine = flag ? 1 : 0;
+    hostAllReduce(*comms_[i], &mine, &any[i], 1, DType::I64, ReduceOp::Max,
+                  program_.mesh().axisNames());
+  });
+  return any[0] != 0;
+}
+
 void Session::initState(const std::string &fn, const StateSource &source,
                         uint64_t seed) {
   if (program_.isPipelined()) {

@@ -78,6 +78,27 @@ class Trainer:
                                 dim_names=[name for name, _ in dims])
         return mesh, ranks
 
+    def _auto_plan(self, optimizer):
+        """plan = "auto": the plan search's fastest plan that fits, over
+        parallel.ranks ranks of parallel.cluster (default: this machine).
+        Returns (mesh, ranks, strategy, description)."""
+        p, t = self.job.parallel, self.job.training
+        chosen = [k for k in ("dp", "mp", "pp", "zero", "micro_batches")
+                  if getattr(p, k) != getattr(type(p)(), k)]
+        if chosen:
+            raise ConfigError(f"parallel.plan = \"auto\" chooses {', '.join(chosen)} itself: "
+                              f"leave them out, or set plan = \"manual\"")
+        env = dist.init_parallel_env()
+        ranks = p.ranks or env.world_size * max(1, p.ranks_per_process)
+        spec = p.cluster or cost.calibrate_cpu(ranks=ranks, repeats=2, profile=False)
+        with abstract():
+            shadow = self._model()
+        best = dist.auto_plan(shadow, cluster=spec, global_batch=t.global_batch,
+                              seq_len=t.seq_len, ranks=ranks, top=1, workers=1,
+                              optimizer=optimizer)[0]
+        strategy = Strategy.from_config(best.config or {})
+        return best.mesh, ranks, strategy, repr(best)
+
     def _environment(self, ranks: int):
         """init_parallel_env with this process's share of the mesh's ranks."""
         env = dist.init_parallel_env()
@@ -151,7 +172,12 @@ class Trainer:
         job, t = self.job, self.job.training
         if job.eval.every and not job.data.valid_fraction:
             raise ConfigError("eval.every needs a held-out split: set data.valid_fraction > 0")
-        mesh, ranks = self._mesh()
+        optimizer = self._optimizer()
+        searched = None
+        if job.parallel.plan == "auto":
+            mesh, ranks, strategy, searched = self._auto_plan(optimizer)
+        else:
+            mesh, ranks = self._mesh()
         env = self._environment(ranks)
         leader = env.rank == 0
         if self.dry_run:
@@ -159,8 +185,10 @@ class Trainer:
                 model = self._model()
         else:
             model = self._model()
-        strategy = self._strategy(model)
-        optimizer = self._optimizer()
+        if searched is None:
+            strategy = self._strategy(model)
+        elif leader:
+            print(f"plan search: {searched}", file=self.stream, flush=True)
         # Before any compute: the data must fit the model.
         train = None if self.dry_run else self._samples(model, "train")
         valid = self._samples(model, "valid") if job.eval.every and not self.dry_run else None

@@ -8,7 +8,8 @@ one place where every key, type and range is checked.
     [training]     global_batch, seq_len, steps, grad_clip, seed, check_finite,
                    recompute, fp8
     [parallel]     dp, mp, pp, zero, micro_batches, sequence_parallel,
-                   ranks_per_process, schedule  (or plan = "auto")
+                   ranks_per_process, schedule; or plan = "auto" with ranks
+                   and cluster (the plan search chooses the rest)
     [checkpoint]   dir, every, keep, resume ("auto" | "never" | a path)
     [eval]         every, batches
     [metrics]      every, jsonl, tensorboard, plot, sample_ids
@@ -92,6 +93,10 @@ class Parallel:
     sequence_parallel: bool = False
     ranks_per_process: int = 0     # 0: every rank of the mesh in this process,
                                    # or the ranks / the launcher's process count
+    ranks: int = 0                 # plan = "auto": the ranks to plan over (0: the
+                                   # launched processes x ranks_per_process, at least 1)
+    cluster: str = ""              # plan = "auto": a shipped cluster or a JSON file
+                                   # ("": this machine, measured by calibrate_cpu)
 
 
 @dataclass
@@ -153,7 +158,7 @@ AT_LEAST = {  # inclusive lower bounds
     "optimizer.weight_decay": 0, "optimizer.eps": 0, "optimizer.momentum": 0,
     "lr_schedule.warmup_steps": 0, "lr_schedule.min_lr": 0,
     "parallel.dp": 1, "parallel.mp": 1, "parallel.pp": 1, "parallel.zero": 0,
-    "parallel.micro_batches": 1, "parallel.ranks_per_process": 0,
+    "parallel.micro_batches": 1, "parallel.ranks_per_process": 0, "parallel.ranks": 0,
     "checkpoint.every": 0, "checkpoint.keep": 1, "eval.every": 0, "eval.batches": 1,
     "metrics.every": 1, "data.valid_fraction": 0, "data.eos_id": -1, "data.prefetch": 1,
 }

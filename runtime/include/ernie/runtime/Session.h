@@ -227,6 +227,11 @@ public:
   /// Fails every process's collectives with `reason` (this process found
   /// its input wrong): they stop instead of waiting for this one.
   void abort(const std::string &reason);
+  /// Whether `flag` is true on any process of the job (this one alone
+  /// without a job): a collective every process makes at the same point,
+  /// so that a request one process received (a SIGTERM) is acted on by
+  /// every process at the same step.
+  bool anyProcess(bool flag);
 
   void initState(const std::string &fn, const StateSource &source,
                  uint64_t seed = 0);
