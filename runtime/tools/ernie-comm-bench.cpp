@@ -1,7 +1,7 @@
 //===- ernie-comm-bench.cpp - all-reduce bandwidth by engine ------------------===//
 //
 //   ernie-comm-bench --ranks-per-process R [--sizes-mib 1,4,16,64]
-//                    [--iterations N]
+//                    [--iterations N] [--collective all_reduce|all_gather|all_to_all]
 //
 // One process of a job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as the
 // launcher sets them; none: a job of this process alone) running R ranks:
@@ -62,6 +62,7 @@ double memcpySeconds(size_t bytes, int n) {
 int main(int argc, char **argv) {
   int64_t perProcess = 1;
   int iterations = 5;
+  std::string collective = "all_reduce";
   std::vector<int64_t> sizes = {1, 4, 16, 64};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -74,6 +75,8 @@ int main(int argc, char **argv) {
     };
     if (arg == "--ranks-per-process") {
       perProcess = std::atoll(value().c_str());
+    } else if (arg == "--collective") {
+      collective = value();
     } else if (arg == "--iterations") {
       iterations = std::atoi(value().c_str());
     } else if (arg == "--sizes-mib") {
@@ -122,12 +125,17 @@ int main(int argc, char **argv) {
       std::vector<std::thread> threads;
       for (int64_t i = 0; i < perProcess; ++i)
         threads.emplace_back([&, i] {
-          std::vector<float> in(count, 1.0f + i), out(count);
+          std::vector<float> in(count, 1.0f + i), out(count * ranks);
           for (int k = 0; k < iterations + 2; ++k) {
             comms[i]->barrier({"dp"});
             auto start = std::chrono::steady_clock::now();
-            comms[i]->allReduce(in.data(), out.data(), count, DType::F32,
-                                ReduceOp::Sum, {"dp"});
+            if (collective == "all_gather")
+              comms[i]->allGather(in.data(), out.data(), bytes / ranks, {"dp"});
+            else if (collective == "all_to_all")
+              comms[i]->allToAll(in.data(), out.data(), bytes / ranks, {"dp"});
+            else
+              comms[i]->allReduce(in.data(), out.data(), count, DType::F32,
+                                  ReduceOp::Sum, {"dp"});
             std::chrono::duration<double> d =
                 std::chrono::steady_clock::now() - start;
             if (k >= 2)

@@ -8,8 +8,9 @@
 // store that rank 0 serves (for hosts without a shared file system).
 //
 // Reductions are made deterministic by construction: members exchange their
-// inputs (all-gather, all-to-all) and each reduces in group order, exactly
-// as the thread engine does, so both give the same bits. A permute posts its
+// inputs (all-to-all) and each reduces its slice in group order, exactly as
+// the thread engine does, so both give the same bits (an all-reduce is that
+// reduce-scatter, then an all-gather of the slices). A permute posts its
 // receive and its send on the group's context before waiting for either
 // (blocking sends around a ring would deadlock), under a slot prefix of its
 // own numbered per group.
