@@ -231,6 +231,25 @@ def test_one_global_order_for_any_dp_degree(tmp_path):
                                                        for g in range(n, 2 * n)]
 
 
+def test_a_process_reads_the_positions_it_is_given(tmp_path):
+    """positions (local_batch's rows of each global batch, any set of them)
+    pick those rows of every step's batch, resumed ones too."""
+    ds, _ = constant_documents(tmp_path)
+    samples = PackedSamples(ds, seq_len=8, seed=5, eos_id=EOS)
+    mine = np.array([1, 4, 5])
+    with DataLoader(samples, 8, positions=mine, steps=3) as loader:
+        got = list(loader)
+    assert [b.rows.tolist() for b in got] == [(s * 8 + mine).tolist() for s in range(3)]
+    assert all(np.array_equal(b.tokens, samples.batch(b.rows)) for b in got)
+    position = {"epoch": 0, "step": 2, "sample": 16, "global_batch": 8, "seed": 5,
+                "seq_len": 8, "split": "train"}
+    with DataLoader.from_position(samples, position, positions=mine, steps=1) as loader:
+        assert next(loader).rows.tolist() == (16 + mine).tolist()
+    for bad in ([8], [-1], [[0, 1]]):
+        with pytest.raises(ValueError, match="positions must list rows of the global batch"):
+            DataLoader(samples, 8, positions=bad)
+
+
 def test_resume_gives_the_same_later_samples_on_another_dp_degree(tmp_path):
     ds, _ = constant_documents(tmp_path)
     samples = PackedSamples(ds, seq_len=8, seed=7, eos_id=EOS)

@@ -301,4 +301,6 @@ class DataLoader:
         self.close()
 
     def __del__(self):
-        self._stop.set()
+        stop = getattr(self, "_stop", None)  # None: __init__ refused its arguments
+        if stop is not None:
+            stop.set()
