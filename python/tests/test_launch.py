@@ -127,6 +127,22 @@ def test_logs_per_rank(tmp_path):
         assert f"hello from {rank}" in (logs / f"rank-{rank}.log").read_text()
 
 
+def sigterm_when_ready(job):
+    """Launches `job` on 2 processes, sends the launcher SIGTERM once both
+    printed "ready"; returns (exit status, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-m", "ernie.distributed.launch",
+                             "--nproc-per-node", "2", "--grace", "5", str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    ready = 0
+    while ready < 2 and time.monotonic() < deadline:
+        ready += "ready" in proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err
+
+
 def test_sigterm_reaches_every_process(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -138,39 +154,19 @@ def test_sigterm_reaches_every_process(tmp_path):
         print("ready", flush=True)
         time.sleep(120)
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-m", "ernie.distributed.launch",
-                             "--nproc-per-node", "2", "--grace", "5", str(job)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    ready = 0
-    while ready < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        ready += "ready" in line
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    code, err = sigterm_when_ready(job)
     # Every process acted on it and exited 0: so does the launcher.
-    assert proc.returncode == 0, err
+    assert code == 0, err
     assert "SIGTERM: every process stopped cleanly" in err
     assert sorted(p.name for p in marks.iterdir()) == ["0", "1"]
 
 
 def test_sigterm_that_kills_a_process_is_the_launcher_s_status(tmp_path):
-    job = script(tmp_path, """
+    code, err = sigterm_when_ready(script(tmp_path, """
         print("ready", flush=True)
         time.sleep(120)
-    """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-m", "ernie.distributed.launch",
-                             "--nproc-per-node", "2", "--grace", "5", str(job)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    ready = 0
-    while ready < 2 and time.monotonic() < deadline:
-        ready += "ready" in proc.stdout.readline()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    """))
+    assert code == 128 + signal.SIGTERM, err
     assert "SIGTERM: stopped every process" in err
 
 

@@ -59,6 +59,12 @@ class Metrics:
     KEYS = ("loss", "lr", "tokens_per_s", "tokens_per_s_per_rank", "step_s", "data_wait_s",
             "mfu", "hfu", "memory_per_rank_bytes", "eval_loss", "samples")
 
+    # What a log line shows, in this order.
+    SHOWN = (("loss", lambda v: f"loss {v:.4f}"), ("eval_loss", lambda v: f"eval {v:.4f}"),
+             ("lr", lambda v: f"lr {v:.3g}"), ("tokens_per_s", lambda v: f"{v:.0f} tok/s"),
+             ("step_s", lambda v: f"{v * 1e3:.0f} ms"), ("mfu", lambda v: f"MFU {v * 100:.1f}%"),
+             ("data_wait_s", lambda v: f"data {v * 1e3:.1f} ms"))
+
     def __init__(self, every=1, jsonl="", tensorboard="", plot="", steps=0, leader=True,
                  stream=None):
         self.every, self.steps, self.leader = every, steps, leader
@@ -94,20 +100,9 @@ class Metrics:
         left = self.steps - step
         eta = elapsed / done * left if done else 0
         parts = [f"step {step}/{self.steps}"]
-        if "loss" in record:
-            parts.append(f"loss {record['loss']:.4f}")
-        if "eval_loss" in record:
-            parts.append(f"eval {record['eval_loss']:.4f}")
-        if "lr" in record:
-            parts.append(f"lr {record['lr']:.3g}")
-        if "tokens_per_s" in record:
-            parts.append(f"{record['tokens_per_s']:.0f} tok/s")
-        if "step_s" in record:
-            parts.append(f"{record['step_s'] * 1e3:.0f} ms")
-        if "mfu" in record:
-            parts.append(f"MFU {record['mfu'] * 100:.1f}%")
-        if "data_wait_s" in record:
-            parts.append(f"data {record['data_wait_s'] * 1e3:.1f} ms")
+        for key, show in self.SHOWN:
+            if key in record:
+                parts.append(show(record[key]))
         parts.append(f"ETA {_duration(eta)}")
         line = " | ".join(parts)
         if self.tty:
