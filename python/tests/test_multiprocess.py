@@ -251,3 +251,17 @@ def test_rows_of_another_process_are_refused_and_stop_the_job(tmp_path):
                      r"\(\[4, 5, 6, 7\]; process 1 of 2, mesh ranks 2..3\)", result.stderr), \
         result.stderr[-3000:]
     assert time.monotonic() - start < TIMEOUT + 40
+
+
+def test_a_job_s_trace_holds_every_rank(tmp_path):
+    """write_trace in a job: every process gathers, process 0 writes one
+    file with every rank's compute and collectives."""
+    trace = tmp_path / "trace.json"
+    result = launch(2, JOB, "llama", tmp_path, "--ranks-per-process", 2, "--steps", 2,
+                    "--trace", trace)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    ranks = {e["pid"] for e in events if e.get("ph") == "X"}
+    assert ranks == {0, 1, 2, 3}
+    assert all(any(e.get("cat") == "collective" and e["pid"] == r for e in events)
+               for r in ranks)
