@@ -8,9 +8,9 @@
   checkpoints.
 - SIGKILL mid-run, then resume: every later step's loss, learning rate and
   sample ids equal the uninterrupted run's, bit for bit on the same mesh;
-  on half the dp degree the same sample ids in the same order and the
-  losses within f32 reduction-order noise (rtol 1e-5: the dp sum of
-  gradients changes order).
+  on half the dp degree, on dp 1 x mp 2 or with ZeRO-1 the same sample ids
+  in the same order and the losses within f32 reduction-order noise (rtol
+  1e-5: the gradients' and partial sums' order changes).
 - SIGTERM saves a checkpoint and exits 0; a NaN loss stops the run naming
   the step; bad data and configs fail before any compute.
 """
@@ -242,11 +242,16 @@ def test_a_killed_job_resumes_to_the_same_run(finished, tmp_path):
             assert resumed[step][key] == whole[step - 1][key], (step, key)
 
 
-def test_resuming_on_half_the_dp_degree_sees_the_same_samples(finished, tmp_path):
+@pytest.mark.parametrize("plan", [("--parallel.dp", "1"),
+                                  ("--parallel.dp", "1", "--parallel.mp", "2"),
+                                  ("--parallel.zero", "1")],
+                         ids=["half-dp", "mp", "zero1"])
+def test_resuming_on_another_plan_sees_the_same_samples(plan, finished, tmp_path):
+    """Killed on dp 2, resumed on dp 1, on dp 1 x mp 2, or with ZeRO-1."""
     _, whole, _ = finished
     job = config(tmp_path)
     kill_after(job, tmp_path, 6)
-    result = train(job, "--parallel.dp", "1")
+    result = train(job, *plan, nproc=2 if "--parallel.zero" in plan else None)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {r["step"]: r for r in records(tmp_path / "metrics.jsonl")}
     assert [rows[s]["samples"] for s in range(1, 13)] == [r["samples"] for r in whole]
