@@ -6,7 +6,8 @@ pp = 2 and 4 and dp x mp x pp = 2 x 2 x 2, with every schedule, and its
 losses over 20 steps stay within 1e-5 (relative) of the single-rank run on
 the same global batch: the single-rank loss is the mean over the whole
 batch, the pipeline's the mean over its micro-batches of their means — the
-same number when every micro-batch has as many tokens (no ignored labels).
+same number when every micro-batch has as many targets (the model shifts the
+labels, so each row's last position has none; no label is -100).
 The parameters at the end agree too, the shared weight included.
 """
 

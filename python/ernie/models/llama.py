@@ -645,10 +645,13 @@ def shift_labels(labels):
     The shift is of the labels (integers, [B, S]) rather than the logits
     ([B, S, vocab]): no copy of the logits, and the plan still decides
     where the logits live. Slicing along the sequence keeps that dimension
-    whole (ernie.slice's sharding rule), so where a plan splits the labels
-    along the sequence (sequence parallelism) they are gathered first, a
-    few bytes per token; the pipeline split places these ops, which read
-    only the labels, on the last stage, where the loss reads them."""
+    whole (ernie.slice's sharding rule): labels a plan split along the
+    sequence would be gathered first, a few bytes per token. Sequence
+    parallelism as parallelize_plan writes it splits only the activations
+    between layers, so the labels stay whole there (split along the batch
+    by dp) and the shift is local, no collective added. The pipeline split
+    places these ops, which read only the labels, on the last stage, where
+    the loss reads them."""
     b, s = labels.shape[0], labels.shape[1]
     last = F.full([b, 1, *labels.shape[2:]], -100, labels.dtype)
     if s == 1:
