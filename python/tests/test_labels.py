@@ -156,10 +156,9 @@ def test_the_option_is_not_in_config_json(tmp_path, family):
 def test_the_trainer_builds_its_model_for_pre_shifted_labels(tmp_path):
     """ernie.train's packed samples come shifted (labels = tokens[:, 1:]): the
     model it builds, from a family or a Hugging Face folder, says so."""
-    fields = {k: v for k, v in TINY.items()}
     job = tmp_path / "job.toml"
     job.write_text('[model]\nfamily = "llama"\nconfig = { '
-                   + ", ".join(f"{k} = {v}" for k, v in fields.items()) + " }\n")
+                   + ", ".join(f"{k} = {v}" for k, v in TINY.items()) + " }\n")
     assert Trainer(load(job))._model().config.pre_shifted_labels is True
     MODELS["llama"]().save_pretrained(tmp_path / "hf")
     job.write_text(f'[model]\npretrained = "{tmp_path / "hf"}"\n')
