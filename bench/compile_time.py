@@ -112,7 +112,7 @@ def loss_fn(p, ids):
     layers = {k: p[k] for k in ("ln1", "ln2", "wq", "wk", "wv", "wo", "wg", "wu", "wd")}
     h, _ = jax.lax.scan(layer, h, layers)
     logits = (rms(h, p["norm"]) @ p["head"]).astype(jnp.float32)
-    labels = jnp.roll(ids, -1, 1)
+    logits, labels = logits[:, :-1], ids[:, 1:]  # Hugging Face's shift, as ernie's model
     picked = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
     return jnp.mean(jax.nn.logsumexp(logits, -1) - picked)
 

@@ -43,7 +43,8 @@ RECIPES = {
 
 def train(fp8_config, steps, data):
     cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, dtype="bf16", seed=0)
+                      num_attention_heads=8, num_key_value_heads=4, dtype="bf16", seed=0,
+                      pre_shifted_labels=True)  # train_llama.batches yields shifted labels
     schedule = ernie.optimizer.LinearWarmupCosine(3e-3, warmup_steps=20, total_steps=steps,
                                                   min_lr=3e-4)
     opt = ernie.optimizer.AdamW(schedule, weight_decay=0.01, multi_precision=True)

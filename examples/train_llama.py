@@ -105,7 +105,7 @@ def main():
 
     cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
-                      seed=0)
+                      seed=0, pre_shifted_labels=True)  # batches() yields shifted labels
     batch, seq = 8, 64
     params = sum(p.value.size for p in LlamaForCausalLM(cfg).parameters())
     print(f"Llama: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "

@@ -26,7 +26,8 @@ from ernie.models.llama import LlamaConfig, LlamaForCausalLM, parallelize_plan  
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/gpu/programs")
 (out / "inputs").mkdir(parents=True, exist_ok=True)
 cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True, seed=0)
+                  num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True, seed=0,
+                  pre_shifted_labels=True)  # labels below are tokens[:, 1:]
 rng = np.random.default_rng(0)
 tokens = rng.integers(0, 256, size=(8, 65))
 ids, labels = tokens[:, :-1].copy(), tokens[:, 1:].copy()

@@ -18,7 +18,7 @@ MODEL = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_
              num_attention_heads=4, num_key_value_heads=2, seed=5)
 RNG = np.random.default_rng(11)
 IDS = RNG.integers(0, MODEL["vocab_size"], size=(4, 32))
-LABELS = np.roll(IDS, -1, axis=1)
+LABELS = IDS  # Hugging Face's labels: the model shifts them
 
 # Megatron's pairs for attention and MLP; the embedding and the LM head are
 # left out, so they are replicated over mp.

@@ -77,9 +77,10 @@ def np_llama(params, ids, labels, cfg):
     head = (params["llama.embed_tokens.weight"].T if cfg.tie_word_embeddings
             else params["lm_head.weight"])
     logits = x @ head
-    z = logits - logits.max(-1, keepdims=True)
+    # Hugging Face's loss: position t against labels[t + 1], the last none.
+    z = logits[:, :-1] - logits[:, :-1].max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    loss = -np.take_along_axis(logp, labels[..., None], -1).mean()
+    loss = -np.take_along_axis(logp, labels[:, 1:, None], -1).mean()
     return logits, loss
 
 

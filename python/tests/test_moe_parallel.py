@@ -36,7 +36,7 @@ TOY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_laye
 B, S, GROUPS, STEPS = 8, 16, 4, 12
 RNG = np.random.default_rng(0)
 IDS = RNG.integers(0, TOY["vocab_size"], (B, S)).astype(np.int64)
-LABELS = np.roll(IDS, -1, 1)
+LABELS = IDS  # Hugging Face's labels: the model shifts them
 
 EXPERT_MP = {
     r"model\.layers\.\d+\.mlp\.experts\.(gate|up)_proj\.weight": dist.ColWiseParallel(),

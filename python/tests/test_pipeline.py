@@ -7,6 +7,8 @@ losses over 20 steps stay within 1e-5 (relative) of the single-rank run on
 the same global batch: the single-rank loss is the mean over the whole
 batch, the pipeline's the mean over its micro-batches of their means — the
 same number when every micro-batch has as many tokens (no ignored labels).
+The labels are random targets, one per position (`pre_shifted_labels`);
+Hugging Face's labels = input_ids under pipelines is test_labels.py's.
 The parameters at the end agree too, the shared weight included.
 """
 
@@ -27,7 +29,7 @@ STEPS = 20
 def config(layers):
     return LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                       tie_word_embeddings=True, seed=7)
+                       tie_word_embeddings=True, seed=7, pre_shifted_labels=True)
 
 
 def data(b=8, s=8, seed=1):

@@ -344,8 +344,8 @@ def write_hf(folder, config, weights):
                                            ("qwen3_moe", {"norm_topk_prob": False})])
 def test_from_pretrained_matches_a_numpy_hugging_face_forward(tmp_path, family, change):
     """f64 weights under Hugging Face's names: ernie's logits and loss are
-    the numpy forward's (Hugging Face's definitions) to rounding; the
-    labels ernie takes are Hugging Face's shifted by one."""
+    the numpy forward's (Hugging Face's definitions) to rounding, the loss
+    of Hugging Face's labels (labels = input_ids) included."""
     cfg = {**SMALL[family], **change}
     w = hf_weights(family, cfg, np.random.default_rng(3))
     model = AutoModelForCausalLM.from_pretrained(write_hf(tmp_path / "hf", cfg, w))
@@ -354,8 +354,7 @@ def test_from_pretrained_matches_a_numpy_hugging_face_forward(tmp_path, family, 
     want_logits, want_loss = hf_numpy_forward(family, w, cfg, ids, ids)
     logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
     np.testing.assert_allclose(logits, want_logits, rtol=1e-10, atol=1e-10)
-    labels = np.concatenate([ids[:, 1:], np.full((2, 1), -100)], 1)
-    loss = ernie.compile(model, None, [ids, labels], differentiate=False).eval(ids, labels)
+    loss = ernie.compile(model, None, [ids, ids], differentiate=False).eval(ids, ids)
     assert loss == pytest.approx(want_loss, rel=1e-10)
 
 
@@ -418,7 +417,7 @@ def test_a_tensor_that_does_not_match_the_config_names_it_and_both_shapes(tmp_pa
 def train(model, mesh_shape, names, config, steps=6):
     rng = np.random.default_rng(21)
     ids = rng.integers(0, model.config.vocab_size, size=(4, 8))
-    labels = np.roll(ids, -1, 1)
+    labels = ids  # Hugging Face's labels: shifted in the model, under every plan
     opt = ernie.optimizer.AdamW(3e-3, weight_decay=0.01)
     mesh = None if mesh_shape is None else \
         dist.ProcessMesh(np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape), names)
@@ -538,7 +537,7 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
     assert model.config.dtype == "f32"
     ids = np.random.default_rng(8).integers(0, model.config.vocab_size, size=(4, 8))
-    labels = np.concatenate([ids[:, 1:], np.full((4, 1), -100)], 1)  # HF's shift, ernie's labels
+    labels = ids  # Hugging Face's labels, as transformers takes them (hf_run)
     theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
     logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
     assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])

@@ -113,7 +113,7 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_laye
             num_attention_heads=4, num_key_value_heads=2, seed=3)
 RNG = np.random.default_rng(11)
 IDS = RNG.integers(0, TINY["vocab_size"], size=(4, 16))
-LABELS = np.roll(IDS, -1, axis=1)
+LABELS = IDS  # Hugging Face's labels: the model shifts them
 PLANS = {
     "1 rank": (None, None, {}),
     "dp2 zero3": ([2], ["dp"], {"dp_config": {"sharding_level": 3}}),
@@ -149,7 +149,7 @@ def test_selective_training_of_written_out_attention_is_bit_identical():
     out), f32, one rank and mp2: the same losses and weights."""
     rng = np.random.default_rng(2)
     ids = rng.integers(0, 128, (2, 16))
-    labels = np.roll(ids, -1, axis=1)
+    labels = np.roll(ids, -1, axis=1)  # GPTModel's own loss takes shifted labels
 
     def train(recompute, mesh=None, config=None):
         model = GPTModel(128, 32, 4, 2)

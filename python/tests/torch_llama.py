@@ -6,7 +6,8 @@ tests' own environment needs no torch.
 
     python torch_llama.py IN.npz OUT.npz
 
-IN holds the config (`config`, a JSON string), `ids`, `labels` and every
+IN holds the config (`config`, a JSON string), `ids`, `labels` (Hugging
+Face's: shifted here, as the model does) and every
 parameter under ernie's name and [in, out] layout. OUT gets, for `f64` (the
 model in float64) and `autocast` (f32 weights under torch.autocast to bf16:
 GEMMs in bf16, softmax, norms and the loss in f32), the loss as
@@ -62,7 +63,9 @@ def loss_and_grads(arrays, cfg, mode):
             mlp = Fn.silu(n2 @ p("mlp.gate_proj.weight")) * (n2 @ p("mlp.up_proj.weight"))
             h = h + mlp @ p("mlp.down_proj.weight")
         logits = rms(h, w["llama.norm.weight"]) @ w["lm_head.weight"]
-        return Fn.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1))
+        # Hugging Face's loss: labels = input_ids, position t against t + 1.
+        return Fn.cross_entropy(logits[:, :-1].reshape(B * (S - 1), -1),
+                                labels[:, 1:].reshape(-1))
 
     if mode == "f64":
         loss = forward()

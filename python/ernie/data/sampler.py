@@ -159,7 +159,9 @@ class PackedSamples:
 
 class Batch:
     """One step's rows of one process: `tokens` (rows, seq_len + 1), their
-    global sample indices `rows`; `inputs` and `labels` are one shift apart."""
+    global sample indices `rows`; `inputs` and `labels` are one shift apart
+    (labels pre-shifted: a model of ernie.models takes them with
+    `pre_shifted_labels=True`)."""
 
     __slots__ = ("step", "rows", "tokens")
 

@@ -93,8 +93,9 @@ class AutoModelForCausalLM:
         return AutoModelForCausalLM.model_class(folder).from_pretrained(folder, dtype, **overrides)
 
     @staticmethod
-    def from_config(hf: dict, seed: int = 0, where="the config"):
+    def from_config(hf: dict, seed: int = 0, where="the config", **overrides):
         """A new model of the family `hf` names (a config.json's fields,
-        model_type among them), its weights drawn from `seed`."""
+        model_type among them), its weights drawn from `seed`; `overrides`
+        set other config fields (pre_shifted_labels, ...)."""
         make_config, model_class = FAMILIES[family_of(hf, where)]
-        return model_class(dataclasses.replace(make_config(hf), seed=seed))
+        return model_class(dataclasses.replace(make_config(hf), seed=seed, **overrides))

@@ -19,9 +19,11 @@ transposed, for each e.
 
 The logits are cast to f32 before the loss (as Hugging Face and Megatron
 compute a bf16 model's cross-entropy); the router and its softmax run in
-f32. The model returns the mean cross-entropy of `labels` (already
-shifted, Paddle's pretraining criterion) plus the MoE layers' weighted
-auxiliary losses.
+f32. The model returns the mean cross-entropy of `labels` plus the MoE
+layers' weighted auxiliary losses. Labels are Hugging Face's (`labels =
+input_ids`, shifted in the model, `-100` ignored); labels the data already
+shifted (Paddle's pretraining criterion) need `pre_shifted_labels=True`
+(`ernie.models.llama.causal_lm_loss`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ from ..nn import Embedding, LayerList, Module, RMSNorm
 from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_json, read_tensors,
                        write_hf_folder)
 from .config_checks import check_counts, check_finite, check_size
-from .llama import _linear, _rounded, _tied_head
+from .llama import _linear, _rounded, _tied_head, causal_lm_loss
+
+# Config fields save_pretrained leaves out of config.json (dtype goes as
+# torch_dtype). pre_shifted_labels says how the loss reads its labels, not
+# what the model is: from_json does not read it from a config.json either.
+_NOT_HF_FIELDS = ("dtype", "seed", "initializer_range", "pre_shifted_labels")
 
 
 @dataclass
@@ -69,11 +76,17 @@ class Ernie4_5Config:
     initializer_range: float = 0.02
     dtype: str = "f32"
     seed: int = 0
+    # False: Hugging Face's labels = input_ids, shifted in the model; True:
+    # labels already shifted by the data (Paddle's). Not in config.json.
+    pre_shifted_labels: bool = False
 
     def __post_init__(self):
         check_counts(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                             "num_attention_heads", "num_key_value_heads",
                             "moe_intermediate_size", "moe_layer_interval"))
+        if not isinstance(self.pre_shifted_labels, bool):
+            raise TypeError(f"Ernie4_5Config.pre_shifted_labels must be true or false, got "
+                            f"{self.pre_shifted_labels!r}")
         check_counts(self, ("moe_num_experts", "moe_k", "moe_num_shared_experts",
                             "moe_layer_start_index"), minimum=0)
         check_counts(self, ("moe_layer_end_index",), minimum=-1)
@@ -133,7 +146,7 @@ class Ernie4_5Config:
             if hf.get(key, want) != want:
                 raise ValueError(f"config.json: {key} = {str(hf[key])[:80]} is not supported "
                                  f"(ernie's Ernie4_5 has {want!r})")
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"pre_shifted_labels"}
         out = {k: v for k, v in hf.items() if k in names}
         if "torch_dtype" in hf and "dtype" not in overrides:
             dtypes = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
@@ -245,7 +258,7 @@ class Ernie4_5ForCausalLM(Module):
             return logits
         if logits.dtype != "f32" and logits.dtype != "f64":
             logits = logits.astype("f32")
-        loss = F.cross_entropy(logits, labels)
+        loss = causal_lm_loss(logits, labels, self.config.pre_shifted_labels)
         if aux is not None:
             loss = loss + (aux.astype(loss.dtype) if aux.dtype != loss.dtype else aux)
         return loss
@@ -339,7 +352,7 @@ class Ernie4_5ForCausalLM(Module):
         torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
         config = dict(getattr(self, "hf_config", {}))  # every field read, ernie's over them
         config.update({f.name: getattr(cfg, f.name) for f in fields(cfg)
-                       if f.name not in ("dtype", "seed", "initializer_range")})
+                       if f.name not in _NOT_HF_FIELDS})
         config.update(architectures=[_HF_ARCH[bool(cfg.moe_num_experts)]],
                       model_type="ernie4_5_moe" if cfg.moe_num_experts else "ernie4_5",
                       hidden_act="silu", use_bias=False, torch_dtype=torch_dtype)

@@ -26,8 +26,13 @@ headers only and the compiled program loads the folder rank by rank
 (`hf_weight_map`, `Program.load_weights`).
 
 `LlamaForCausalLM(input_ids, labels)` returns the mean cross-entropy of the
-logits against `labels`, which the data pipeline has already shifted by one
-(Paddle's pretraining criterion); without labels it returns the logits.
+logits against `labels`; without labels it returns the logits. Labels are
+Hugging Face's: `labels = input_ids`, shifted inside the model (position t
+is scored against labels[t + 1], the last position against nothing), `-100`
+ignored, the mean taken over the targets not ignored. Labels the data
+pipeline already shifted (Paddle's and Megatron's pretraining criterion:
+`labels[t]` is position t's target) need `pre_shifted_labels=True` in the
+config; without it they would give a plausible but wrong loss.
 
 Pipeline parallelism: `pp_config = {"split_spec": "llama.layers"}` divides
 the decoder layers evenly among the pp * vpp_degree chunks (the embedding
@@ -49,6 +54,7 @@ differences: `qkv_bias` (Qwen2), `qk_norm` and an explicit `head_dim`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -109,13 +115,17 @@ class LlamaConfig:
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     qkv_bias: bool = False
     qk_norm: bool = False
+    # How the loss reads its labels, not a property of the weights (never
+    # in config.json): False, Hugging Face's labels = input_ids shifted in
+    # the model; True, labels already shifted by the data (Paddle's).
+    pre_shifted_labels: bool = False
 
     def __post_init__(self):
         check_counts(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                             "num_attention_heads", "num_key_value_heads"))
         check_finite(self, ("rms_norm_eps", "rope_theta"), positive=True)
         check_finite(self, ("initializer_range",), minimum=0.0)
-        for name in ("qkv_bias", "qk_norm"):
+        for name in ("qkv_bias", "qk_norm", "pre_shifted_labels"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{type(self).__name__}.{name} must be true or false, got "
                                 f"{getattr(self, name)!r}")
@@ -367,7 +377,7 @@ class LlamaForCausalLM(Module):
         logits = self.logits(self.base_model(input_ids))
         if labels is None:
             return logits
-        return F.cross_entropy(logits, labels)
+        return causal_lm_loss(logits, labels, self.config.pre_shifted_labels)
 
     def logits(self, h):
         """The LM head over the final hidden states (the tied embedding's
@@ -626,14 +636,45 @@ def _tied_head(embedding, h):
     return F.matmul(h, embedding.p("weight"), transpose_b=True)
 
 
-def _causal_lm_loss(logits, labels):
+def shift_labels(labels):
+    """Hugging Face's labels (labels = input_ids) as each position's target:
+    labels[:, 1:] followed by -100, so position t is scored against
+    labels[t + 1] and the last position, which has no next token, against
+    nothing.
+
+    The shift is of the labels (integers, [B, S]) rather than the logits
+    ([B, S, vocab]): no copy of the logits, and the plan still decides
+    where the logits live. Slicing along the sequence keeps that dimension
+    whole (ernie.slice's sharding rule): labels a plan split along the
+    sequence would be gathered first, a few bytes per token. Sequence
+    parallelism as parallelize_plan writes it splits only the activations
+    between layers, so the labels stay whole there (split along the batch
+    by dp) and the shift is local, no collective added. The pipeline split
+    places these ops, which read only the labels, on the last stage, where
+    the loss reads them."""
+    b, s = labels.shape[0], labels.shape[1]
+    last = F.full([b, 1, *labels.shape[2:]], -100, labels.dtype)
+    if s == 1:
+        return last
+    rest = F.slice(labels, [0, 1] + [0] * (labels.ndim - 2), list(labels.shape))
+    return F.concat([rest, last], axis=1)
+
+
+def causal_lm_loss(logits, labels, pre_shifted_labels: bool = False):
+    """The mean cross-entropy of the logits against the labels, over the
+    targets not -100: Hugging Face's labels (shifted here, shift_labels),
+    or with `pre_shifted_labels` labels already shifted (labels[t] is
+    position t's target)."""
+    if not pre_shifted_labels:
+        labels = shift_labels(labels)
     return F.cross_entropy(logits, labels)
 
 
 class LlamaForCausalLMPipe(PipelineLayer):
     """LlamaForCausalLM as a PipelineLayer: embedding, decoder layers, norm,
     LM head (with tie_word_embeddings a SharedLayerDesc of the embedding),
-    the loss. forward(input_ids, labels) returns the loss. Segmented by
+    the loss. forward(input_ids, labels) returns the loss (labels as
+    LlamaForCausalLM takes them: causal_lm_loss). Segmented by
     decoder layers (seg_method "layer:LlamaDecoderLayer"): each chunk has
     the same number of them."""
 
@@ -652,7 +693,8 @@ class LlamaForCausalLMPipe(PipelineLayer):
             descs.append(SharedLayerDesc("embed_tokens", Embedding, _tied_head, "weight", *embed))
         else:
             descs.append(LayerDesc(_linear, cfg, rng, cfg.hidden_size, cfg.vocab_size))
-        super().__init__(descs, num_stages, loss_fn=_causal_lm_loss, seg_method=seg_method,
+        loss_fn = functools.partial(causal_lm_loss, pre_shifted_labels=cfg.pre_shifted_labels)
+        super().__init__(descs, num_stages, loss_fn=loss_fn, seg_method=seg_method,
                          num_virtual_pipeline_stages=num_virtual_pipeline_stages)
         self.config = cfg
 

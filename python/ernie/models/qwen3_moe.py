@@ -12,8 +12,9 @@ and their probabilities renormalised to sum to 1 when `norm_topk_prob`
 `moe_intermediate_size` stacked [E, in, out], no shared experts, dropless
 (`moe_capacity_factor` None) unless asked.
 
-The loss is Hugging Face's: the mean cross-entropy of `labels` (already
-shifted, as ernie's models take them), plus, when `output_router_logits`,
+The loss is Hugging Face's: the mean cross-entropy of `labels` (Hugging
+Face's labels = input_ids, shifted in the model; pre-shifted ones with
+`pre_shifted_labels`, as for Llama), plus, when `output_router_logits`,
 `router_aux_loss_coef` times the load-balancing loss Hugging Face forms
 over every sparse layer at once (`load_balancing_loss_func`): with L
 sparse layers of T tokens, U_e the choices of expert e and P_e the sum of
@@ -46,7 +47,7 @@ from .. import distributed as dist
 from .. import functional as F
 from ..moe import MoEConfig
 from .config_checks import check_counts, check_finite, check_size
-from .llama import LlamaForCausalLM
+from .llama import LlamaForCausalLM, causal_lm_loss
 from .llama import parallelize_plan as _llama_plan
 from .qwen3 import Qwen3Config
 
@@ -131,8 +132,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         logits = self.logits(self.base_model(input_ids))
         if labels is None:
             return logits
-        loss = F.cross_entropy(logits, labels)
         cfg = self.config
+        loss = causal_lm_loss(logits, labels, cfg.pre_shifted_labels)
         if cfg.output_router_logits and cfg.router_aux_loss_coef:
             aux = self.load_balancing_loss()
             if aux is not None:

@@ -109,14 +109,18 @@ class Trainer:
         return dist.init_parallel_env(ranks_per_process=per)
 
     def _model(self):
+        # The packed samples come shifted (batch.labels = tokens[:, 1:]:
+        # every token of a sample is some position's target), so the model
+        # takes Paddle's pre-shifted labels, not Hugging Face's.
         m, t = self.job.model, self.job.training
         if m.pretrained:
-            return AutoModelForCausalLM.from_pretrained(m.pretrained)
+            return AutoModelForCausalLM.from_pretrained(m.pretrained, pre_shifted_labels=True)
         if "model_type" in m.config and m.config["model_type"] != m.family:
             raise ConfigError(f"model.config.model_type {m.config['model_type']!r} differs from "
                               f"model.family {m.family!r}")
         return AutoModelForCausalLM.from_config({**m.config, "model_type": m.family},
-                                                seed=t.seed, where="[model]")
+                                                seed=t.seed, where="[model]",
+                                                pre_shifted_labels=True)
 
     def _strategy(self, model) -> Strategy:
         p, t = self.job.parallel, self.job.training
