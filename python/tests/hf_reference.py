@@ -1,10 +1,12 @@
-"""The `transformers` side of the parity tests (test_qwen.py), run by the
+"""The `transformers` side of the parity tests (test_qwen.py,
+test_ernie_parity.py), run by the
 reference environment's interpreter (scripts/reference_env.sh) in a
 subprocess: the tests' own environment has neither torch nor transformers.
 
     python hf_reference.py make FAMILY SEED FOLDER
         a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
-        "qwen3_moe"), made by transformers with torch.manual_seed(SEED)
+        "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux"), made
+        by transformers with torch.manual_seed(SEED)
         and saved by its own save_pretrained (f32) into FOLDER.
     python hf_reference.py run FOLDER IN.npz OUT.npz
         loads FOLDER with transformers' AutoModelForCausalLM (f32, eval)
@@ -43,6 +45,18 @@ def config(family):
             **{**TINY, "num_hidden_layers": 3}, head_dim=8, num_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
             mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.02)
+    if family == "ernie4_5":
+        return transformers.Ernie4_5Config(**TINY, head_dim=8, tie_word_embeddings=True,
+                                           use_bias=False)
+    if family.startswith("ernie4_5_moe"):
+        # Layers 1-2 sparse (4 experts, top 2, a shared expert), layer 0 dense.
+        # "-aux": the load-balancing loss on; otherwise off, as the
+        # published configs ship (output_router_logits false).
+        return transformers.Ernie4_5_MoeConfig(
+            **{**TINY, "num_hidden_layers": 3}, head_dim=8, tie_word_embeddings=True,
+            moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_intermediate_size=24,
+            moe_layer_start_index=1, moe_layer_end_index=2,
+            output_router_logits=family.endswith("-aux"), router_aux_loss_coef=0.02)
     raise SystemExit(f"unknown family {family}")
 
 

@@ -70,6 +70,10 @@ class Ernie4_5Config:
     moe_norm_min: float = 1e-12
     moe_capacity_factor: float | None = None  # None: dropless (Hugging Face's)
     router_aux_loss_coef: float = 0.0
+    # Whether the auxiliary load-balancing loss joins the loss, as in
+    # transformers (where it is false by default and in the published
+    # configs); ernie's own configs default to true.
+    output_router_logits: bool = True
     router_orthogonal_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
     moe_aux_free_rate: float = 0.0  # aux-loss-free balancing's bias step (0: off)
@@ -121,7 +125,8 @@ class Ernie4_5Config:
                          intermediate_size=self.moe_intermediate_size,
                          num_shared_experts=self.moe_num_shared_experts,
                          capacity_factor=self.moe_capacity_factor, norm_min=self.moe_norm_min,
-                         aux_loss_coef=self.router_aux_loss_coef,
+                         aux_loss_coef=self.router_aux_loss_coef if self.output_router_logits
+                         else 0.0,
                          orthogonal_loss_coef=self.router_orthogonal_loss_coef,
                          z_loss_coef=self.router_z_loss_coef,
                          aux_free_rate=self.moe_aux_free_rate)
@@ -148,6 +153,9 @@ class Ernie4_5Config:
                                  f"(ernie's Ernie4_5 has {want!r})")
         names = {f.name for f in fields(cls)} - {"pre_shifted_labels"}
         out = {k: v for k, v in hf.items() if k in names}
+        # transformers adds the auxiliary loss only with output_router_logits,
+        # false in the published configs (and by default).
+        out["output_router_logits"] = bool(hf.get("output_router_logits", False))
         if "torch_dtype" in hf and "dtype" not in overrides:
             dtypes = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
             if hf["torch_dtype"] not in dtypes:
