@@ -310,3 +310,24 @@ def test_the_plan_search_chooses_the_plan(tmp_path):
     result = train(job, "--parallel.dp", "2")
     assert result.returncode == 2
     assert 'parallel.plan = "auto" chooses dp itself' in result.stderr
+
+
+def test_export_and_plot_at_the_end(tmp_path):
+    """export.hf writes a Hugging Face folder of the trained state (read back
+    by from_pretrained with the checkpoint's values); --plot a PNG."""
+    pytest.importorskip("matplotlib")
+    from ernie.data import IndexedDataset  # noqa: F401  (the corpus exists)
+    from ernie.models import AutoModelForCausalLM
+    job = config(tmp_path, training={"steps": 3}, eval={"every": 0}, parallel={"dp": 1},
+                 export={"hf": str(tmp_path / "hf")})
+    result = train(job, "--plot", tmp_path / "run.png")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    import ernie
+    ids = np.zeros((8, 32), np.int64)
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [ids, ids])
+    prog.load_checkpoint(tmp_path / "ckpt")
+    state = prog.state_dict()
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.value, state[name], err_msg=name)
