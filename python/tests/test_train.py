@@ -331,3 +331,24 @@ def test_export_and_plot_at_the_end(tmp_path):
     state = prog.state_dict()
     for name, p in model.named_parameters():
         np.testing.assert_array_equal(p.value, state[name], err_msg=name)
+
+
+def test_a_second_sigint_stops_at_once(tmp_path):
+    job = config(tmp_path, training={"steps": 100000}, checkpoint={"every": 0},
+                 parallel={"dp": 1}, eval={"every": 0})
+    proc = train(job, popen=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (
+            (tmp_path / "metrics.jsonl").exists() and
+            len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 2):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    # Either the second signal came before a step boundary (stopped at once,
+    # no checkpoint) or after (the first had saved and exited 0).
+    if proc.returncode == 130:
+        assert "interrupted: SIGINT again" in err
+        assert not list((tmp_path / "ckpt").glob("step-*"))
+    else:
+        assert proc.returncode == 0 and "stopped at step" in out, err[-2000:]

@@ -288,6 +288,12 @@ class Trainer:
         return float(np.mean(losses))
 
     def _on_signal(self, signum, frame):
+        """The first SIGTERM / SIGINT: save at the next step boundary. A
+        second one (Ctrl-C again): stop now, without saving."""
+        if self._stop_requested:
+            signal.signal(signum, signal.SIG_DFL)
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopping without "
+                                    f"a checkpoint")
         self._stop_requested = True
 
     def _train(self, program, model, train, valid, metrics, peak) -> int:

@@ -72,6 +72,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         print(f"ernie.train: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:
+        print(f"ernie.train: interrupted: {e}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
