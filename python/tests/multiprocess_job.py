@@ -9,7 +9,8 @@ every step; a restarted job continues from the newest checkpoint.
 
 MODEL is "llama" (the README's example: dp x mp, ZeRO-1, 4 ranks) or "moe"
 (a toy ERNIE 4.5 MoE pipelined on pp x dp with experts on dp: dp x pp x ep
-on 4 ranks, 1F1B over 2 micro-batches). Process 0 writes OUT/losses.json
+on 4 ranks, 1F1B over 2 micro-batches). Process 0 writes OUT/losses.json,
+OUT/state.npz (state_dict(), gathered from every process)
 (one loss per step, carried through restarts in the checkpoints' data
 position); OUT/ckpt holds the checkpoints. `--kill-at` SIGKILLs a process
 at the start of a step in the job's first attempt (`--freeze`: SIGSTOPs
@@ -101,7 +102,9 @@ for step in range(start, args.steps):
     program.save_checkpoint(ckpt, keep=2, data_position={"losses": losses})
 if args.trace:
     program.write_trace(args.trace)
+state = program.state_dict()  # a collective: every process asks, each gets it all
 if env.rank == 0:
     (args.out / "losses.json").write_text(json.dumps(losses))
+    np.savez(args.out / "state.npz", **state)
 print(f"process {env.rank}: done, {len(losses)} losses, rows {rows.tolist()}", flush=True)
 sys.exit(0)

@@ -105,7 +105,7 @@ def alone(tmp_path_factory, build_dir):
             out = tmp_path_factory.mktemp(f"alone-{model}")
             run_alone(model, out)
             runs[model] = (json.loads((out / "losses.json").read_text()),
-                           final_state(out, build_dir))
+                           final_state(out, build_dir), dict(np.load(out / "state.npz")))
         return runs[model]
     return get
 
@@ -113,7 +113,7 @@ def alone(tmp_path_factory, build_dir):
 @pytest.mark.parametrize("model,rpp,rows", [
     ("llama", 2, "local"), ("llama", 1, "global"), ("moe", 2, "global"), ("moe", 1, "local")])
 def test_a_job_trains_as_one_process_does(model, rpp, rows, alone, tmp_path, build_dir):
-    losses, (step, state) = alone(model)
+    losses, (step, state), state_dict = alone(model)
     args = [JOB, model, tmp_path, "--ranks-per-process", rpp]
     result = launch(4 // rpp, *args, *(["--local-rows"] if rows == "local" else []))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -121,6 +121,12 @@ def test_a_job_trains_as_one_process_does(model, rpp, rows, alone, tmp_path, bui
     got_step, got = final_state(tmp_path, build_dir)
     assert got_step == step and got.keys() == state.keys()
     assert [k for k in state if got[k] != state[k]] == []
+    # state_dict() in a job: gathered from the other processes (pipelines:
+    # from the stage holding each state), the same arrays.
+    theirs = dict(np.load(tmp_path / "state.npz"))
+    assert theirs.keys() == state_dict.keys()
+    for k, v in state_dict.items():
+        np.testing.assert_array_equal(theirs[k], v, err_msg=k)
     # Each process read its own rows: dp 2 splits the 8 rows in halves.
     printed = re.findall(r"process (\d): done, \d+ losses, rows (\[.*\])", result.stdout)
     assert len(printed) == 4 // rpp
@@ -172,7 +178,7 @@ def test_a_frozen_process_is_named_after_the_timeout(tmp_path):
 
 @pytest.mark.parametrize("trial", range(max(1, TRIALS // 2)))
 def test_a_restarted_job_continues_to_the_same_result(trial, alone, tmp_path, build_dir):
-    losses, (step, state) = alone("llama")
+    losses, (step, state), _ = alone("llama")
     rng = random.Random(100 + trial)
     kill = f"{rng.randrange(1, 4)}:{rng.randrange(4)}"
     result = launch(4, "--max-restarts", 1, JOB, "llama", tmp_path, "--kill-at", kill,

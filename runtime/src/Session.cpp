@@ -918,6 +918,10 @@ HostTensor Session::state(const std::string &fn, const std::string &name) {
     for (const Function *f : functionsOfStage(program_, stage))
       if ((spec = findArgument(*f, name)))
         break;
+    if (!spec)
+      throw std::invalid_argument("stage " + std::to_string(stage) +
+                                  " has no function taking state '" + name +
+                                  "'");
     std::vector<HostTensor> global(localRanks(),
                                    HostTensor(spec->type, spec->globalShape));
     onEveryRank([&](int64_t i) {
