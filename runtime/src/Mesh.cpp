@@ -91,4 +91,11 @@ int64_t Mesh::indexInGroup(int64_t rank,
   return index;
 }
 
+std::string Mesh::str() const {
+  std::string text = "[";
+  for (size_t d = 0; d < names_.size(); ++d)
+    text += (d ? ", " : "") + names_[d] + "=" + std::to_string(sizes_[d]);
+  return text + "]";
+}
+
 } // namespace ernie::runtime

@@ -701,15 +701,6 @@ RankRunner::callPipelined(const std::string &fnName,
 Session::Session(Program program, SessionOptions options)
     : Session(std::move(program), options, openDevice(options.device)) {}
 
-/// "[dp=2, pp=2]", for identities and messages.
-static std::string describeMesh(const Mesh &mesh) {
-  std::string text = "[";
-  for (size_t d = 0; d < mesh.axisNames().size(); ++d)
-    text += (d ? ", " : "") + mesh.axisNames()[d] + "=" +
-            std::to_string(mesh.axisSizes()[d]);
-  return text + "]";
-}
-
 Session::Session(Program program, SessionOptions options,
                  std::shared_ptr<Device> device)
     : program_(std::move(program)), device_(std::move(device)),
@@ -720,7 +711,7 @@ Session::Session(Program program, SessionOptions options,
     ProcessGroupOptions job = *options.job;
     if (job.ranksPerProcess * job.processes != mesh.numRanks())
       throw std::invalid_argument(
-          program_.source() + ": its mesh " + describeMesh(mesh) + " has " +
+          program_.source() + ": its mesh " + mesh.str() + " has " +
           std::to_string(mesh.numRanks()) + " ranks, but the job is " +
           std::to_string(job.processes) + " processes x " +
           std::to_string(job.ranksPerProcess) +
@@ -765,7 +756,7 @@ Session::Session(Program program, SessionOptions options,
     refusal = e.what();
   }
   if (job_)
-    job_->join(options.identity + "\nmesh=" + describeMesh(mesh) +
+    job_->join(options.identity + "\nmesh=" + mesh.str() +
                    "\nprocesses=" + std::to_string(job_->options().processes) +
                    "\nranks per process=" + std::to_string(local) +
                    "\ndevice kind=" +

@@ -268,14 +268,6 @@ Options parseOptions(int argc, char **argv) {
   return o;
 }
 
-std::string meshString(const Mesh &mesh) {
-  std::string s = "[";
-  for (size_t i = 0; i < mesh.axisNames().size(); ++i)
-    s += (i ? ", " : "") + mesh.axisNames()[i] + "=" +
-         std::to_string(mesh.axisSizes()[i]);
-  return s + "]";
-}
-
 /// The function to run: the one asked for, else train_step, else the only one.
 std::string chooseFunction(const Program &program, const Options &o) {
   if (!o.function.empty())
@@ -780,14 +772,14 @@ int main(int argc, char **argv) {
     int64_t meshRanks = program.mesh().numRanks();
     if (o.ranks && *o.ranks != meshRanks)
       throw std::invalid_argument(
-          "the program's mesh " + meshString(program.mesh()) + " has " +
+          "the program's mesh " + program.mesh().str() + " has " +
           std::to_string(meshRanks) + " ranks; --ranks asks for " +
           std::to_string(*o.ranks));
     if (const char *world = std::getenv("WORLD_SIZE");
         world && std::getenv("RANK") && std::atoll(world) != meshRanks)
       throw std::invalid_argument(
           "WORLD_SIZE is " + std::string(world) + " but the program's mesh " +
-          meshString(program.mesh()) + " has " + std::to_string(meshRanks) +
+          program.mesh().str() + " has " + std::to_string(meshRanks) +
           " ranks");
     if (o.backend == "threads")
       return runThreads(program, o);
@@ -795,7 +787,7 @@ int main(int argc, char **argv) {
       if (*o.rank < 0 || *o.rank >= meshRanks)
         throw std::invalid_argument("--rank " + std::to_string(*o.rank) +
                                     " is not a rank of the mesh " +
-                                    meshString(program.mesh()));
+                                    program.mesh().str());
       return runRank(program, o);
     }
     return launchProcesses(program, o, argv);

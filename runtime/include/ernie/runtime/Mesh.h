@@ -44,6 +44,9 @@ public:
   /// `rank`'s position in its group over `axes`.
   int64_t indexInGroup(int64_t rank, const std::vector<std::string> &axes) const;
 
+  /// "[dp=2, mp=2]", for messages.
+  std::string str() const;
+
 private:
   std::vector<std::string> names_;
   std::vector<int64_t> sizes_;
