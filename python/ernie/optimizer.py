@@ -16,23 +16,6 @@ class LRScheduler:
         raise NotImplementedError
 
 
-class LinearWarmupCosine(LRScheduler):
-    """Linear warm-up from 0 over `warmup_steps`, then cosine decay to
-    `min_lr` at `total_steps` (steps are 1-based)."""
-
-    def __init__(self, learning_rate, warmup_steps, total_steps, min_lr=0.0):
-        if warmup_steps < 0 or total_steps <= 0 or warmup_steps > total_steps:
-            raise ValueError("need 0 <= warmup_steps <= total_steps and total_steps > 0")
-        self.base, self.warmup, self.total, self.min_lr = learning_rate, warmup_steps, total_steps, min_lr
-
-    def __call__(self, step):
-        if self.warmup and step <= self.warmup:
-            return self.base * step / self.warmup
-        span = max(1, self.total - self.warmup)
-        progress = min(1.0, (step - self.warmup) / span)
-        return self.min_lr + 0.5 * (self.base - self.min_lr) * (1 + math.cos(math.pi * progress))
-
-
 class WarmupDecay(LRScheduler):
     """Linear warm-up from 0 over `warmup_steps`, then `kind` decay to
     `min_lr` at `total_steps`: "cosine", "linear", or "constant" (the base
@@ -59,6 +42,14 @@ class WarmupDecay(LRScheduler):
         if self.kind == "linear":
             return self.base - (self.base - self.min_lr) * progress
         return self.min_lr + 0.5 * (self.base - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+class LinearWarmupCosine(WarmupDecay):
+    """Linear warm-up from 0 over `warmup_steps`, then cosine decay to
+    `min_lr` at `total_steps` (steps are 1-based): WarmupDecay's cosine."""
+
+    def __init__(self, learning_rate, warmup_steps, total_steps, min_lr=0.0):
+        super().__init__(learning_rate, warmup_steps, total_steps, "cosine", min_lr)
 
 
 def _number(name, value, low=0.0, below=None):
