@@ -6,7 +6,7 @@ mesh — and the program file is the one `ernie-run` reads. Every rank runs as
 a thread of this process (the runtime's Session), or under a multi-process
 launch (`ernie.distributed.init_parallel_env`) this process's block of ranks:
 every process compiles the same program and runs its own ranks, groups that
-span processes meeting over Gloo (docs/guide/multi-process.md).
+span processes meeting over Gloo (docs/guide/devices.md).
 
 A mesh with a "pp" axis of size > 1 makes a pipelined program: the model is
 traced on one micro-batch (the example inputs' dimension 0 divided by
@@ -422,13 +422,12 @@ class Program:
         """The traced (unpartitioned) module."""
         return self.traced_mlir
 
-    def local_rows(self, function=None) -> np.ndarray:
+    def local_rows(self) -> np.ndarray:
         """The rows of a global batch this process's ranks read (all of them
         in one process): `ernie.distributed.local_batch`."""
         if self._local_rows is None:
-            fn = function or ("train_step" if self.pipeline is not None else
-                              next(f for f in ("train_step", "forward_grad", "forward")
-                                   if f in self.functions()))
+            fn = "train_step" if self.pipeline is not None else next(
+                f for f in ("train_step", "forward_grad", "forward") if f in self.functions())
             self._local_rows = np.asarray(self._require_session().local_rows(fn),
                                           dtype=np.int64)
         return self._local_rows
@@ -461,7 +460,8 @@ class Program:
             x = _global_array(x)
             if x.dtype != dtype:
                 raise TypeError(f"input {i} has dtype {x.dtype}, compiled for {dtype}")
-            if rows is None or not shape:
+            # Every row here (one process): the rows are the global batch.
+            if rows is None or not shape or len(rows) == shape[0]:
                 if x.shape != shape:
                     local = len(self.local_rows()) if self.job is not None else None
                     hint = (f"; this process's ranks read {local} of its rows: pass those with "
