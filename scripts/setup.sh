@@ -39,7 +39,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   log "creating the virtual environment $VENV"
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import pytest, numpy, pybind11, safetensors, matplotlib, tokenizers" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import pytest, numpy, pybind11, safetensors, matplotlib, tokenizers, tensorboard" 2>/dev/null; then
   log "installing Python test dependencies"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$ROOT/python/requirements-dev.txt"

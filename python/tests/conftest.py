@@ -1,7 +1,9 @@
 """Shared fixtures of the Python tests: where the built tools are."""
 
 import os
+import socket
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,13 @@ def _single_process_job():
     yield
     from ernie.distributed import env
     env._CURRENT = None
+
+
+@contextmanager
+def taken_port():
+    """A loopback port someone listens on while the block runs: a rendezvous
+    store address that is in use."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]

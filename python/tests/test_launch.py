@@ -19,7 +19,7 @@ import pytest
 from ernie.distributed import LaunchError, init_parallel_env
 from ernie.distributed.env import first_slurm_host
 
-from conftest import REPO
+from conftest import REPO, taken_port
 
 DP2 = REPO / "test" / "Tools" / "Inputs" / "repro" / "llama-dp2.ernie"
 
@@ -264,11 +264,7 @@ def test_a_world_size_the_program_does_not_have_is_refused(build_dir):
 
 
 def test_a_store_port_in_use_is_a_clear_error(build_dir):
-    import socket
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         start = time.monotonic()
         result = launch("--nproc-per-node", 2, "--master", f"127.0.0.1:{port}", "--grace", 1,
                         build_dir / "bin" / "ernie-run", DP2, "--steps", 1, "--backend", "gloo",

@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 from ernie import _ernie
+from ernie.distributed.launch import _free_port
 
-from conftest import REPO
+from conftest import taken_port
 
 JOB = Path(__file__).with_name("multiprocess_job.py")
 # A killed process's peers must stop within the job's timeout; they are
@@ -61,17 +62,10 @@ def launch(nproc, *args, timeout=300):
                           capture_output=True, text=True, timeout=timeout, env=clean_env())
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_by_hand(nproc, rpp, out, *args, port=None, only=None):
     """The job's processes started as a launcher would, each with torchrun's
     variables, without a launcher to stop them: what they do on their own."""
-    port = port or free_port()
+    port = port or _free_port()
     procs = {}
     for rank in (only if only is not None else range(nproc)):
         env = clean_env(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
@@ -216,11 +210,7 @@ def test_a_process_compiling_another_program_is_refused(tmp_path):
 
 
 def test_a_store_port_in_use_is_named(tmp_path):
-    import socket
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         start = time.monotonic()
         procs = start_by_hand(2, 2, tmp_path, port=port)
         outputs = {r: p.communicate(timeout=TIMEOUT + 60) for r, p in procs.items()}
