@@ -17,7 +17,8 @@
 //   from a live one (its counter stops), so the error names the rank that
 //   died rather than the peer that happened to notice.
 // - Communicators: each local rank's collectives run in the thread engine
-//   over groups inside this process and over Gloo (CPU) or NCCL (GPU) over
+//   over groups inside this process and over Gloo (CPU) or NCCL (GPU;
+//   unverified: compiled, never run on a GPU) over
 //   groups that span processes (createMixedCommunicator). Both engines
 //   reduce in group order, so a mixed group gives the bits the thread
 //   engine gives for the whole mesh.
@@ -87,6 +88,7 @@ public:
   communicator(const Mesh &mesh, int64_t rank,
                std::unique_ptr<Communicator> local);
   /// Rank `rank`'s NCCL communicator (one rank per process, on its GPU).
+  /// Unverified: compiled, never run on a GPU.
   std::unique_ptr<Communicator> ncclCommunicator(const Mesh &mesh,
                                                  int64_t rank,
                                                  NcclOptions options);
