@@ -7,7 +7,9 @@ one process), global batch 16 x 128, from a random token dataset written
 here. The trainer runs with its data loader (prefetch thread, per-process
 rows), metrics every step (JSONL), no checkpoints or evaluation; the bare
 loop steps the same compiled program on batches read into memory before
-timing. Each takes the steps after the first two (compile, warm-up); the
+timing (and, to price the gradient norm the trainer logs, the same loop on
+a step compiled without it). Each takes the steps after the first two
+(compile, warm-up); the
 runs alternate and the best of `--repeats` counts (the machine is noisy).
 Goal: overhead <= 2 %.
 """
@@ -65,13 +67,17 @@ def trainer_seconds(tmp, steps):
     return times[-1] - times[1]
 
 
-def bare_seconds(tmp, steps):
-    """The same program stepped in a plain loop on batches in memory."""
+def bare_seconds(tmp, steps, grad_norm=True):
+    """The same program stepped in a plain loop on batches in memory
+    (without `grad_norm`: the step does not compute the gradient norm the
+    trainer logs)."""
     cfg = job(tmp, steps)
     trainer = Trainer(cfg, stream=Quiet())
     model = trainer._model()
     mesh, _ = trainer._mesh()
-    program = ernie.compile(model, trainer._optimizer(), [np.zeros((B, S), np.int64)] * 2, mesh,
+    optimizer = trainer._optimizer()
+    optimizer.report_grad_norm = grad_norm
+    program = ernie.compile(model, optimizer, [np.zeros((B, S), np.int64)] * 2, mesh,
                             strategy=trainer._strategy(model), seed=0, check_finite=True)
     samples = PackedSamples(tmp / "corpus", S, seed=0)
     with DataLoader(samples, B, steps=steps) as loader:
@@ -91,17 +97,20 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         dataset(tmp / "corpus")
-        trained, bare = [], []
+        trained, bare, no_norm = [], [], []
         for _ in range(args.repeats):
             bare.append(bare_seconds(tmp, args.steps))
+            no_norm.append(bare_seconds(tmp, args.steps, grad_norm=False))
             trained.append(trainer_seconds(tmp, args.steps))
     n = args.steps - 2
-    t, b = min(trained), min(bare)
+    t, b, u = min(trained), min(bare), min(no_norm)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "unknown CPU")
     print(f"## Trainer overhead ({cpu}, {os.cpu_count()} cores; best of {args.repeats})\n")
     print("| loop | ms per step | tokens/s | overhead |")
     print("|---|---|---|---|")
+    print(f"| bare `program.step`, no gradient norm | {u / n * 1e3:.1f} | {B * S * n / u:.0f} | "
+          f"{(u / b - 1) * 100:+.1f} % |")
     print(f"| bare `program.step` | {b / n * 1e3:.1f} | {B * S * n / b:.0f} | - |")
     print(f"| `ernie.train` | {t / n * 1e3:.1f} | {B * S * n / t:.0f} | "
           f"{(t / b - 1) * 100:+.1f} % (goal <= 2 %) |")

@@ -262,7 +262,7 @@ FailureOr<func::FuncOp> buildGradientFunction(func::FuncOp forward,
 struct StepOptions {
   std::string optimizer;
   double momentum, weightDecay, beta1, beta2, epsilon, clipNorm;
-  bool multiPrecision;
+  bool multiPrecision, gradNorm;
 };
 
 
@@ -288,19 +288,20 @@ struct UpdatePlacement {
   Operation *mark() const { return block->empty() ? nullptr : &block->back(); }
 };
 
-/// Scales every gradient by min(1, clip / (global L2 norm + 1e-6)). In a
-/// pipeline each rank sums its own gradients' squares (a shared parameter's
-/// once) and the partial sums are added in rank order on the last rank.
-void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
-                      double clip, const UpdatePlacement &where) {
+/// The gradients' global L2 norm (f32). In a pipeline each rank sums its
+/// own gradients' squares (a shared parameter's once) and the partial sums
+/// are added in rank order on the last rank that has any; `rank` is where
+/// the norm is (-1: not pipelined).
+Value globalNorm(OpBuilder &b, Location loc, ArrayRef<Value> grads,
+                 const UpdatePlacement &where, int64_t &rank) {
   auto scalar = RankedTensorType::get({}, b.getF32Type());
   std::map<int64_t, Value> partials; // by pipeline rank (-1: not pipelined)
   for (auto [k, g] : llvm::enumerate(grads)) {
     if (!where.countsInNorm[k])
       continue;
-    int64_t rank = where.rankOf[k];
+    int64_t at = where.rankOf[k];
     Operation *mark = where.mark();
-    Value &total = partials[rank];
+    Value &total = partials[at];
     if (!total)
       total = FullOp::create(b, loc, scalar, 0.0);
     auto t = cast<RankedTensorType>(g.getType());
@@ -316,19 +317,31 @@ void clipByGlobalNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
                                                 /*keepdim=*/false)
                                 .getResult();
     total = AddOp::create(b, loc, total, s);
-    where.place(mark, rank);
+    where.place(mark, at);
   }
   Operation *mark = where.mark();
   Value total;
-  for (auto &[rank, partial] : partials)
+  for (auto &[at, partial] : partials)
     total = total ? AddOp::create(b, loc, total, partial).getResult() : partial;
   if (!total)
     total = FullOp::create(b, loc, scalar, 0.0);
   Value norm = SqrtOp::create(b, loc, total);
+  rank = partials.empty() ? -1 : partials.rbegin()->first;
+  where.place(mark, rank);
+  return norm;
+}
+
+/// Scales every gradient by min(1, clip / (norm + 1e-6)), the scale
+/// computed on `normRank` (where the norm is).
+void clipToNorm(OpBuilder &b, Location loc, MutableArrayRef<Value> grads,
+                Value norm, int64_t normRank, double clip,
+                const UpdatePlacement &where) {
+  auto scalar = RankedTensorType::get({}, b.getF32Type());
+  Operation *mark = where.mark();
   Value denom = AddOp::create(b, loc, norm, FullOp::create(b, loc, scalar, 1e-6));
   Value ratio = DivOp::create(b, loc, FullOp::create(b, loc, scalar, clip), denom);
   Value scale = MinimumOp::create(b, loc, ratio, FullOp::create(b, loc, scalar, 1.0));
-  where.place(mark, partials.empty() ? -1 : partials.rbegin()->first);
+  where.place(mark, normRank);
   for (auto [k, g] : llvm::enumerate(grads)) {
     mark = where.mark();
     auto t = cast<RankedTensorType>(g.getType());
@@ -496,8 +509,13 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
       grads[k] = CastOp::create(b, loc, f32Like(argType(i)), grads[k]);
     where.place(mark, where.rankOf[k]);
   }
-  if (opts.clipNorm > 0)
-    clipByGlobalNorm(b, loc, grads, opts.clipNorm, where);
+  Value norm;
+  if (opts.clipNorm > 0 || opts.gradNorm) {
+    int64_t normRank;
+    norm = globalNorm(b, loc, grads, where, normRank);
+    if (opts.clipNorm > 0)
+      clipToNorm(b, loc, grads, norm, normRank, opts.clipNorm, where);
+  }
 
   SmallVector<Value> newParams, newSlots;
   SmallVector<std::string> newSlotNames;
@@ -540,6 +558,8 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   llvm::append_range(results, newParams);
   llvm::append_range(results, newSlots);
   llvm::append_range(results, stateUpdates);
+  if (opts.gradNorm)
+    results.push_back(norm);
   func::ReturnOp::create(b, loc, results);
   SmallVector<Type> resultTypes;
   for (Value v : results)
@@ -568,6 +588,9 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
       // the new values and leaves the state as it is.
       forwardAttrs.remove(1 + r, ErnieDialect::kUpdatesAttrName);
     }
+    if (opts.gradNorm)
+      attrs.set(results.size() - 1, ErnieDialect::kMetricAttrName,
+                b.getStringAttr("grad_norm"));
   }
 
   // Evaluation: the forward alone.
@@ -655,15 +678,21 @@ struct AutodiffPass : ernie::impl::AutodiffPassBase<AutodiffPass> {
     FailureOr<func::FuncOp> gradFn = buildGradientFunction(forward, lossScale);
     if (failed(gradFn))
       return signalPassFailure();
-    if (optimizer == "none")
+    if (optimizer == "none") {
+      if (gradNorm) {
+        module.emitError("grad-norm is a training step's result: it needs "
+                         "optimizer=sgd or adamw");
+        return signalPassFailure();
+      }
       return;
+    }
     for (StringRef taken : {"train_step", "eval_step"})
       if (module.lookupSymbol(taken)) {
         module.emitError() << "the module already has a @" << taken;
         return signalPassFailure();
       }
-    StepOptions opts{optimizer, momentum,  weightDecay, beta1,
-                     beta2,     epsilon,   clipNorm,    multiPrecision};
+    StepOptions opts{optimizer, momentum, weightDecay,    beta1,   beta2,
+                     epsilon,   clipNorm, multiPrecision, gradNorm};
     if (failed(buildSteps(forward, *gradFn, opts)))
       return signalPassFailure();
   }

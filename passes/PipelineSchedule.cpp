@@ -737,6 +737,12 @@ LogicalResult Cutter::cut(func::FuncOp step, StringRef prefix,
         (p.phase != Phase::Forward || p.index != chunks_ - 1))
       return ret.emitError("pipeline split: the loss is not computed on the "
                            "last chunk's forward");
+    if (auto metric = dyn_cast_or_null<StringAttr>(
+            attrs.get(ErnieDialect::kMetricAttrName));
+        metric && p.phase != Phase::Update)
+      return ret.emitError() << "pipeline split: metric '" << metric.getValue()
+                             << "' is computed per micro-batch; a pipelined "
+                                "step reports only what its update computes";
     if (updates && (p.phase == Phase::Forward || p.phase == Phase::Backward)) {
       // New state that is itself a micro-batch's maximum or sum: the update
       // takes the step's (updateStateOncePerStep moved everything else).

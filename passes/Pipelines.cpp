@@ -76,6 +76,7 @@ void mlir::ernie::buildTrainingPipeline(OpPassManager &pm,
     ad.epsilon = o.epsilon;
     ad.clipNorm = o.clipNorm;
     ad.multiPrecision = o.multiPrecision;
+    ad.gradNorm = o.gradNorm;
     pm.addPass(createAutodiffPass(ad));
   }
   if (o.zeroLevel) {

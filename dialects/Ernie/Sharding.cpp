@@ -201,6 +201,20 @@ LogicalResult ErnieDialect::verifyRegionResultAttribute(Operation *op,
                              << resultIndex << " is a unit attribute";
     return success();
   }
+  if (attr.getName() == kMetricAttrName) {
+    auto name = dyn_cast<StringAttr>(attr.getValue());
+    if (!name || name.getValue().empty())
+      return op->emitError() << "'" << kMetricAttrName << "' on result #"
+                             << resultIndex << " must name the metric";
+    auto func = dyn_cast<FunctionOpInterface>(op);
+    auto type = func ? dyn_cast<RankedTensorType>(func.getResultTypes()[resultIndex])
+                     : RankedTensorType();
+    if (func && (!type || type.getRank() != 0 ||
+                 !isa<FloatType>(type.getElementType())))
+      return op->emitError() << "metric '" << name.getValue() << "' (result #"
+                             << resultIndex << ") must be a scalar float tensor";
+    return success();
+  }
   if (attr.getName() == "ernie.grad_of" || attr.getName() == kUpdatesAttrName ||
       attr.getName() == kResidualAttrName ||
       attr.getName() == kGradientAttrName ||

@@ -210,7 +210,13 @@ Writer::writeTensor(Value value, DictionaryAttr attrs, bool isResult,
       updates = u.getValue().str();
     if (isResult && attrs.get(ErnieDialect::kLossAttrName))
       role = fb::Role::Loss;
-    if (isResult && role != fb::Role::Loss && role != fb::Role::Residual &&
+    if (auto m = attrs.getAs<StringAttr>(ErnieDialect::kMetricAttrName);
+        m && isResult) {
+      name = m.getValue().str();
+      role = fb::Role::Metric;
+    }
+    if (isResult && role != fb::Role::Loss && role != fb::Role::Metric &&
+        role != fb::Role::Residual &&
         role != fb::Role::Gradient && role != fb::Role::MicroBatchMax &&
         role != fb::Role::MicroBatchSum)
       role = fb::Role::Input;

@@ -253,6 +253,16 @@ def _job_identity(program_file: bytes, values: dict, pretrained: dict, seed: int
             f"seed={seed}")
 
 
+def _finite_check(check) -> str:
+    """compile()'s `check_finite` as the runtime's word."""
+    if check is True or check is False:
+        return "results" if check else "off"
+    if check in ("off", "results", "tensors"):
+        return check
+    raise ValueError(f"check_finite must be True, False, 'off', 'results' or 'tensors', "
+                     f"not {check!r}")
+
+
 def _as_module(module):
     """A module handle from a handle or module text."""
     return module if isinstance(module, _ernie.Module) else _ernie.parse_module(module)
@@ -279,6 +289,7 @@ class Program:
         self.abstract = abstract
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
+        self.last_metrics = {}  # the last step's metrics by name (grad_norm)
         self.last_io = None  # _record_io
         self.job = None  # the ParallelEnv of a multi-process job
         self._local_rows = None
@@ -286,6 +297,17 @@ class Program:
             self.num_ranks, self._signatures, self.pipeline = _ernie.describe(program_file)
             self._session = None
             return
+        job = parallel_env()
+        self.job = job if job.is_multi_process else None
+        self._session_args = (timeout, trace, device, seed, state_values)
+        self._open_session(_finite_check(check_finite))
+
+    def _open_session(self, check_finite: str):
+        """Loads the program on this process's ranks with its initial state:
+        the parameters the model holds (or drew from the seed), then its
+        pretrained weights."""
+        timeout, trace, device, seed, state_values = self._session_args
+        model, program_file = self.model, self.program_file
         # A model built under ernie.nn.abstract() has no values; its
         # pretrained_weights (from_pretrained) are loaded rank by rank once
         # the state exists (drawn from the seed first, then replaced).
@@ -298,9 +320,8 @@ class Program:
             raise ValueError(f"parameters {valueless[:5]} have no values (the model was built "
                              f"under ernie.nn.abstract()): compile it with abstract=True, or "
                              f"build it with from_pretrained")
-        job = parallel_env()
-        self.job = job if job.is_multi_process else None
-        if self.job is None:
+        job = self.job
+        if job is None:
             self._session = _ernie.Session(program_file, timeout, check_finite, trace, device)
         else:
             # This process runs its own ranks; every process must have
@@ -323,6 +344,23 @@ class Program:
                     self._session.init_state(fn, values, seed)
         if pretrained:
             self.load_weights(pretrained)
+
+    def reopen(self, check_finite=False) -> None:
+        """Loads the program afresh, at its initial state and step 0, with
+        `check_finite` (as compile()'s): a session a failed call stopped
+        (a NaN found, a rank that failed) cannot run again, and a replay
+        that checks every tensor starts here (then load_checkpoint()). One
+        process only: the processes of a job meet once per session."""
+        if self._session is None:
+            raise RuntimeError("an abstract program is never loaded")
+        if self.job is not None:
+            raise RuntimeError("reopen() runs in one process; a job's processes meet once per "
+                               "session (launch the job again)")
+        check = _finite_check(check_finite)
+        self._session = None  # the old ranks stop before the new ones start
+        self.step_count = 0
+        self.last_metrics = {}
+        self._open_session(check)
 
     @functools.cached_property
     def mlir(self) -> str:
@@ -514,9 +552,35 @@ class Program:
         batch = self._check_batch(batch, rows)
         self.step_count += 1
         lr = self.optimizer.get_lr(self.step_count)
-        (loss, *_rest) = self._call("train_step", batch, lr, self.step_count,
-                                    updates=False)
-        return float(loss)
+        results = self._call("train_step", batch, lr, self.step_count, updates=False)
+        self.last_metrics = {name: float(results[i]) for name, i in self._metric_results}
+        return float(results[0])
+
+    @functools.cached_property
+    def _metric_results(self):
+        """(name, index in train_step's results) of the step's metrics: a
+        pipelined step returns them after the loss in stage order."""
+        if self.pipeline is None:
+            sig = self._signatures.get("train_step", {"results": []})
+            return [(r["name"], i) for i, r in enumerate(sig["results"]) if r["role"] == "metric"]
+        names = [r["name"] for s in range(self.pipeline["stages"])
+                 for r in self._signatures.get(f"train_update.{s}", {"results": []})["results"]
+                 if r["role"] == "metric"]
+        return [(name, 1 + k) for k, name in enumerate(names)]
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The gradients' global L2 norm (before clipping) of the last
+        step, when the optimizer was made with report_grad_norm=True."""
+        return self.last_metrics.get("grad_norm")
+
+    def set_check_finite(self, check) -> None:
+        """What the next calls check for NaN and infinity (as compile()'s
+        `check_finite`): False / "off", True / "results" (the loss and the
+        step's metrics) or "tensors" (every tensor an instruction writes;
+        the error names the first that is not finite — slow, for finding
+        a NaN)."""
+        self._require_session().set_check_finite(_finite_check(check))
 
     def eval(self, *batch, rows=None) -> float:
         """The loss on a global batch, parameters unchanged (a pipelined
@@ -930,7 +994,10 @@ def compile(model: Module, optimizer: Optimizer | None, example_inputs, mesh: Pr
     dict, as ernie.cost.load_cluster takes) is what the program will run
     on: sharding propagation and partition then weigh each collective by
     its time there (latency and the links its group crosses) instead of by
-    its bytes, and estimate() defaults to it.
+    its bytes, and estimate() defaults to it. `check_finite` (True: the loss
+    and the step's metrics; "tensors": every tensor written, naming the
+    first that is not finite; see Program.set_check_finite) makes a NaN or
+    infinity an error that stops every rank.
 
     A mesh with a "pp" axis of size > 1 pipelines the model (it needs an
     optimizer): split points come from `pp_config.split_spec`, a

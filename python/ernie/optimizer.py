@@ -70,7 +70,8 @@ def _number(name, value, low=0.0, below=None):
 class Optimizer:
     name = "none"
 
-    def __init__(self, learning_rate=1e-3, weight_decay=0.0, grad_clip=None):
+    def __init__(self, learning_rate=1e-3, weight_decay=0.0, grad_clip=None,
+                 report_grad_norm=False):
         if not callable(learning_rate):
             _number("learning_rate", learning_rate)
         self.learning_rate = learning_rate
@@ -79,6 +80,9 @@ class Optimizer:
         if grad_clip is not None and _number("grad_clip", grad_clip, low=-math.inf) <= 0:
             raise ValueError(f"grad_clip must be positive (or None for no clipping), got {grad_clip!r}")
         self.grad_clip = grad_clip
+        # The step returns the gradients' global norm before clipping
+        # (Program.grad_norm), as torch's clip_grad_norm_ does.
+        self.report_grad_norm = bool(report_grad_norm)
         self.sharding_level = 0   # ZeRO level (dist.shard_optimizer, dp_config)
         self.sharding_axis = None
 
@@ -91,14 +95,17 @@ class Optimizer:
         options = {"optimizer": self.name, "weight-decay": self.weight_decay}
         if self.grad_clip:
             options["clip-norm"] = float(self.grad_clip)
+        if self.report_grad_norm:
+            options["grad-norm"] = True
         return options
 
 
 class SGD(Optimizer):
     name = "sgd"
 
-    def __init__(self, learning_rate=1e-3, momentum=0.0, weight_decay=0.0, grad_clip=None):
-        super().__init__(learning_rate, weight_decay, grad_clip)
+    def __init__(self, learning_rate=1e-3, momentum=0.0, weight_decay=0.0, grad_clip=None,
+                 report_grad_norm=False):
+        super().__init__(learning_rate, weight_decay, grad_clip, report_grad_norm)
         self.momentum = _number("momentum", momentum, below=1.0)
 
     def pass_options(self):
@@ -109,8 +116,9 @@ class AdamW(Optimizer):
     name = "adamw"
 
     def __init__(self, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                 weight_decay=0.01, multi_precision=False, grad_clip=None):
-        super().__init__(learning_rate, weight_decay, grad_clip)
+                 weight_decay=0.01, multi_precision=False, grad_clip=None,
+                 report_grad_norm=False):
+        super().__init__(learning_rate, weight_decay, grad_clip, report_grad_norm)
         self.beta1 = _number("beta1", beta1, below=1.0)
         self.beta2 = _number("beta2", beta2, below=1.0)
         self.epsilon = _number("epsilon", epsilon)

@@ -105,14 +105,18 @@ def current_trace() -> Trace:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The model families are model source as much as a user's file is: an op
+# they build is located at their line, not at whoever called them.
+_MODELS_DIR = os.path.join(_PACKAGE_DIR, "models") + os.sep
 
 
 _OUTSIDE_PACKAGE: dict = {}  # code file name -> whether it is outside ernie
 
 
 def _caller_location() -> str:
-    """file:line of the first frame outside the ernie package, for the op's
-    location (errors and the program file name the user's line). Walks the
+    """file:line of the first frame outside the ernie package or in
+    ernie.models, for the op's location (errors and the program file name
+    the model's line). Walks the
     frames themselves: inspect.stack() reads every frame's source lines,
     which was half of an 80-layer model's compile."""
     frame = sys._getframe(2)
@@ -120,8 +124,9 @@ def _caller_location() -> str:
         name = frame.f_code.co_filename
         outside = _OUTSIDE_PACKAGE.get(name)
         if outside is None:
+            path = os.path.abspath(name)
             outside = _OUTSIDE_PACKAGE[name] = \
-                not os.path.abspath(name).startswith(_PACKAGE_DIR)
+                not path.startswith(_PACKAGE_DIR) or path.startswith(_MODELS_DIR)
         if outside:
             return f"{os.path.basename(name)}:{frame.f_lineno}"
         frame = frame.f_back

@@ -142,6 +142,7 @@ void bindCompile(py::module_ &m) {
   defineOption<double>(options, "epsilon", &Options::epsilon);
   defineOption<double>(options, "clip_norm", &Options::clipNorm);
   defineOption<bool>(options, "multi_precision", &Options::multiPrecision);
+  defineOption<bool>(options, "grad_norm", &Options::gradNorm);
   defineOption<bool>(options, "partition", &Options::partition);
   defineOption<int64_t>(options, "pipeline_stages", &Options::pipelineStages);
   defineOption<int64_t>(options, "virtual_stages", &Options::virtualStages);

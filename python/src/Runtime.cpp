@@ -148,6 +148,7 @@ const char *roleKey(rt::Role r) {
   case rt::Role::Gradient: return "gradient";
   case rt::Role::MicroBatchMax: return "micro_batch_max";
   case rt::Role::MicroBatchSum: return "micro_batch_sum";
+  case rt::Role::Metric: return "metric";
   }
   return "";
 }
@@ -237,7 +238,8 @@ public:
   /// `job`: None (every rank here), or this process's place in a
   /// multi-process job: {"process", "processes", "ranks_per_process",
   /// "store_address", "hostname"}; `identity` what the processes compare.
-  PySession(py::bytes file, double timeoutSeconds, bool checkFinite, bool trace,
+  PySession(py::bytes file, double timeoutSeconds,
+            const std::string &checkFinite, bool trace,
             const std::string &device, py::object job,
             const std::string &identity) {
     std::string bytes = file;
@@ -258,7 +260,8 @@ public:
       throw py::value_error("timeout must be a finite number of seconds > 0, not " +
                             std::to_string(timeoutSeconds));
     options.timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
-    options.executor.checkFinite = checkFinite;
+    options.executor.checkFinite =
+        translateErrors([&] { return rt::parseFiniteCheck(checkFinite); });
     options.executor.trace = trace;
     // A job's processes meet here (up to the timeout): without the GIL.
     session_ = translateErrors([&] {
@@ -276,6 +279,10 @@ public:
 
   void abort(const std::string &reason) { session_->abort(reason); }
   bool anyProcess(bool flag) { return session_->anyProcess(flag); }
+  void setCheckFinite(const std::string &check) {
+    session_->setFiniteCheck(
+        translateErrors([&] { return rt::parseFiniteCheck(check); }));
+  }
 
   /// The rows of a global batch (dimension 0) this process's ranks read,
   /// ascending: through `fn`'s batch inputs, or a pipeline's micro-batches
@@ -605,10 +612,10 @@ py::tuple describeFile(py::bytes file) {
 
 void bindRuntime(py::module_ &m) {
   py::class_<PySession>(m, "Session")
-      .def(py::init<py::bytes, double, bool, bool, std::string, py::object,
-                    std::string>(),
+      .def(py::init<py::bytes, double, std::string, bool, std::string,
+                    py::object, std::string>(),
            py::arg("program"), py::arg("timeout") = 60.0,
-           py::arg("check_finite") = false, py::arg("trace") = false,
+           py::arg("check_finite") = "off", py::arg("trace") = false,
            py::arg("device") = "cpu", py::arg("job") = py::none(),
            py::arg("identity") = "")
       .def_property_readonly("local_ranks", &PySession::localRanks,
@@ -626,6 +633,10 @@ void bindRuntime(py::module_ &m) {
              });
            },
            py::arg("flag"), "whether `flag` is true on any process of the job")
+      .def("set_check_finite", &PySession::setCheckFinite, py::arg("check"),
+           "What the next calls check for NaN and infinity: off, results "
+           "(the loss and the step's metrics) or tensors (every tensor "
+           "written: names the first that is not finite)")
       .def("abort", &PySession::abort, py::arg("reason"),
            "fails every process's collectives with `reason`")
       .def_property_readonly("device", [](PySession &s) {

@@ -12,7 +12,8 @@
   in the same order and the losses within f32 reduction-order noise (rtol
   1e-5: the gradients' and partial sums' order changes).
 - SIGTERM saves a checkpoint and exits 0; a NaN loss stops the run naming
-  the step; bad data and configs fail before any compute.
+  the step, and a replay from the last good checkpoint names the first
+  non-finite tensor; bad data and configs fail before any compute.
 """
 
 import json
@@ -193,8 +194,10 @@ def test_a_job_trains_to_a_falling_validation_loss(finished):
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     assert len(evals) == 3 and evals[-1] < evals[0]
     assert rows[-1]["loss"] < rows[0]["loss"]
-    for key in ("lr", "tokens_per_s", "tokens_per_s_per_rank", "step_s", "data_wait_s", "mfu"):
+    for key in ("lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_rank", "step_s",
+                "data_wait_s", "mfu"):
         assert all(key in r for r in rows), key
+    assert all(0 < r["grad_norm"] < 1e3 for r in rows)
     assert rows[1]["lr"] == pytest.approx(1e-2)  # the end of the 2-step warm-up
     assert "MFU = model FLOPs per step" in result.stdout
     assert "tokens per step: 256 (8 x 32)" in result.stdout
@@ -284,13 +287,35 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
     assert f"at step {step}" in result.stdout
 
 
-def test_a_nan_loss_stops_the_run_naming_the_step(tmp_path):
+def test_a_nan_loss_stops_the_run_naming_the_step_and_the_tensor(tmp_path):
     job = config(tmp_path, optimizer={"lr": 1e30}, lr_schedule={"warmup_steps": 0},
                  parallel={"dp": 1})
     result = train(job)
     assert result.returncode == 1
     assert "ernie.train: stopped: step" in result.stderr
-    assert "finite" in result.stderr
+    assert "is not finite" in result.stderr
+    # The replay from the last good checkpoint names the first tensor that
+    # went non-finite: an instruction of the step, not the loss.
+    assert "replayed from step" in result.stderr, result.stderr[-2000:]
+    assert "is the first tensor of the call that is not finite" in result.stderr
+    assert "instruction #" in result.stderr
+    assert "at llama.py:" in result.stderr  # the model's line that made it
+    # The checkpoints written before the NaN are kept (none of a NaN step).
+    saved = sorted(int(p.name[5:]) for p in (tmp_path / "ckpt").glob("step-*"))
+    stopped = int(result.stderr.split("stopped: step ")[1].split(":")[0])
+    assert saved and max(saved) < stopped
+
+
+def test_check_finite_tensors_in_the_config_names_the_tensor_without_a_replay(tmp_path):
+    job = config(tmp_path, optimizer={"lr": 1e30}, lr_schedule={"warmup_steps": 0},
+                 parallel={"dp": 1}, training={"check_finite": "tensors"})
+    result = train(job)
+    assert result.returncode == 1
+    assert "is the first tensor of the call that is not finite" in result.stderr
+    assert "replayed" not in result.stderr
+    result = train(job, "--training.check_finite", "sometimes")
+    assert result.returncode == 2  # a config error: before any compute
+    assert "training.check_finite" in result.stderr and "tensors" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["ernie45_0p3b", "ernie45_21b_a3b"])

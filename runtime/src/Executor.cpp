@@ -771,6 +771,47 @@ void Executor::execute(const Function &fn, size_t index, Arena &arena) {
   }
 }
 
+const char *finiteCheckName(FiniteCheck check) {
+  switch (check) {
+  case FiniteCheck::Off: return "off";
+  case FiniteCheck::Results: return "results";
+  case FiniteCheck::Tensors: return "tensors";
+  }
+  return "?";
+}
+
+FiniteCheck parseFiniteCheck(const std::string &name) {
+  for (FiniteCheck c :
+       {FiniteCheck::Off, FiniteCheck::Results, FiniteCheck::Tensors})
+    if (name == finiteCheckName(c))
+      return c;
+  throw std::invalid_argument("unknown finite check '" + name +
+                              "' (expected off, results or tensors)");
+}
+
+void Executor::checkWritten(const Function &fn, size_t index,
+                            const Arena &arena) {
+  const Instruction &inst = fn.instructions[index];
+  // A started transfer is checked where its ernie.wait completes it.
+  if (inst.op == "ernie.collective_permute_start" ||
+      bucketedCollective(inst.op))
+    return;
+  for (size_t k = 0; k < inst.results.size(); ++k) {
+    const TensorView &v = arena.buffers[inst.results[k]];
+    if (!isFloat(v.type) || v.numElements() == 0)
+      continue;
+    HostTensor written(v.type, v.shape);
+    device_.synchronize(compute_);
+    device_.download(written.bytes.data(), v.data, written.bytes.size());
+    if (!isFinite(written))
+      fail(fn, index,
+           "result " + std::to_string(k) + " (" + shapeString(v.shape) + "x" +
+               std::string(name(v.type)) +
+               ") is the first tensor of the call that is not finite",
+           /*inCollective=*/false);
+  }
+}
+
 void Executor::fail(const Function &fn, size_t index, const std::string &cause,
                     bool inCollective) {
   const Instruction &inst = fn.instructions[index];
@@ -953,6 +994,8 @@ Executor::runOnDevice(const std::string &name,
     } catch (const std::exception &e) {
       fail(fn, i, e.what(), /*inCollective=*/false);
     }
+    if (options_.checkFinite == FiniteCheck::Tensors)
+      checkWritten(fn, i, *arena);
   }
   if (timed && !fn.instructions.empty())
     device_.record(arena->timing[fn.instructions.size()], compute_);
@@ -1009,18 +1052,22 @@ Executor::runOnDevice(const std::string &name,
       launched[i].durationMicros = int64_t((to - from) * 1000);
       record(std::move(launched[i]));
     }
-  if (options_.checkFinite)
+  if (options_.checkFinite != FiniteCheck::Off)
     for (size_t i = 0; i < fn.results.size(); ++i) {
-      if (fn.results[i].role != Role::Loss)
+      const TensorSpec &res = fn.results[i];
+      if (res.role != Role::Loss && res.role != Role::Metric)
         continue;
-      HostTensor loss = !results[i].empty() ? results[i].download()
-                        : host && (toHost.empty() || toHost[i]) ? (*host)[i]
-                                                                 : into[i]->download();
-      if (isFinite(loss))
+      HostTensor value = !results[i].empty() ? results[i].download()
+                         : host && (toHost.empty() || toHost[i]) ? (*host)[i]
+                                                                  : into[i]->download();
+      if (isFinite(value))
         continue;
-      std::string message = "rank " + std::to_string(rank_) + ": @" + name +
-                            " result " + std::to_string(i) +
-                            " (the loss) is not finite";
+      std::string message =
+          "rank " + std::to_string(rank_) + ": @" + name + " result " +
+          std::to_string(i) +
+          (res.role == Role::Loss ? std::string(" (the loss)")
+                                  : " (the metric '" + res.name + "')") +
+          " is not finite";
       comm_.abort(message);
       throw ExecutionError(message, /*inCollective=*/false);
     }

@@ -75,6 +75,7 @@ Role decode(fb::Role r, const Checker &check) {
   case fb::Role::Gradient: return Role::Gradient;
   case fb::Role::MicroBatchMax: return Role::MicroBatchMax;
   case fb::Role::MicroBatchSum: return Role::MicroBatchSum;
+  case fb::Role::Metric: return Role::Metric;
   }
   check.fail("unknown role code " + std::to_string(int(r)));
 }
@@ -671,15 +672,22 @@ Function decodeFunction(const fb::Function *f, const Mesh &mesh,
       fn.buffers.push_back(std::move(spec));
     }
   if (f->arguments())
-    for (const fb::TensorSpec *t : *f->arguments())
-      fn.arguments.push_back(decodeTensor(
-          t, fn, mesh, check,
-          at + ", argument " + std::to_string(fn.arguments.size())));
+    for (const fb::TensorSpec *t : *f->arguments()) {
+      std::string where = at + ", argument " + std::to_string(fn.arguments.size());
+      fn.arguments.push_back(decodeTensor(t, fn, mesh, check, where));
+      check.require(fn.arguments.back().role != Role::Metric,
+                    where + ": a metric is a result, not an argument");
+    }
   if (f->results())
-    for (const fb::TensorSpec *t : *f->results())
-      fn.results.push_back(decodeTensor(
-          t, fn, mesh, check,
-          at + ", result " + std::to_string(fn.results.size())));
+    for (const fb::TensorSpec *t : *f->results()) {
+      std::string where = at + ", result " + std::to_string(fn.results.size());
+      fn.results.push_back(decodeTensor(t, fn, mesh, check, where));
+      const TensorSpec &res = fn.results.back();
+      check.require(res.role != Role::Metric ||
+                        (res.localShape.empty() && isFloat(res.type) &&
+                         !res.name.empty()),
+                    where + ": a metric must be a named float scalar");
+    }
   if (f->instructions())
     for (const fb::Instruction *i : *f->instructions()) {
       Instruction inst;
@@ -769,6 +777,7 @@ const char *roleName(Role role) {
   case Role::Gradient: return "gradient";
   case Role::MicroBatchMax: return "micro-batch max";
   case Role::MicroBatchSum: return "micro-batch sum";
+  case Role::Metric: return "metric";
   }
   return "?";
 }

@@ -62,6 +62,9 @@ double scalarValue(const HostTensor &t) {
 /// The tag of the loss the last stage sends the others after a pipelined
 /// step: below every program tag (channel * micro_batches + k >= 0).
 constexpr int64_t kLossTag = -1;
+/// The tag of the k-th metric (grad_norm) the stage computing it sends the
+/// others: below the loss's.
+int64_t metricTag(size_t k) { return -2 - static_cast<int64_t>(k); }
 
 /// Rows [begin, begin + count) of `t` along dimension 0 (contiguous).
 HostTensor rowsOf(const HostTensor &t, int64_t begin, int64_t count) {
@@ -313,6 +316,7 @@ RankRunner::Arguments RankRunner::arguments(const Function &fn,
       own(pieceOf(convert(from.input(arg), arg.type), arg, program_.mesh(),
                   comm_.rank()));
       break;
+    case Role::Metric: // (Program::load keeps metrics to results.)
     case Role::Residual:
     case Role::Gradient:
     case Role::MicroBatchMax:
@@ -491,7 +495,8 @@ RankRunner::CallSources RankRunner::microBatch(
 }
 
 std::vector<double> RankRunner::trainPipelined(
-    const std::vector<std::vector<HostTensor>> &micro, double lr, int64_t step) {
+    const std::vector<std::vector<HostTensor>> &micro, double lr, int64_t step,
+    std::map<std::string, HostTensor> &metrics) {
   const PipelineSpec &pipeline = *program_.pipeline();
   const int64_t s = executor_.stage(), lastChunk = program_.numChunks() - 1;
   const bool tracing = executor_.tracing();
@@ -588,6 +593,10 @@ std::vector<double> RankRunner::trainPipelined(
   from.sums = &handed;
   std::vector<DeviceTensor> results = executor_.runOnDevice(
       name, arguments(fn, from).views, 0, updateTargets(fn));
+  for (size_t i = 0; i < results.size(); ++i)
+    if (fn.results[i].role == Role::Metric)
+      metrics[fn.results[i].name] =
+          convert(results[i].download(), DType::F32);
   keepUpdates(fn, results);
   if (tracing)
     executor_.recordSpan("update", name, begin, traceClockMicros());
@@ -666,8 +675,9 @@ RankRunner::callPipelined(const std::string &fnName,
     return message;
   };
   try {
+    std::map<std::string, HostTensor> metrics;
     std::vector<double> losses = fnName == "train_step"
-                                     ? trainPipelined(micro, lr, step)
+                                     ? trainPipelined(micro, lr, step, metrics)
                                      : evalPipelined(micro);
     const int64_t last = (program_.numChunks() - 1) % program_.numStages();
     HostTensor loss(DType::F32, {});
@@ -684,7 +694,33 @@ RankRunner::callPipelined(const std::string &fnName,
       hostRecv(comm_, loss.bytes.data(), loss.bytes.size(),
                program_.rankInStage(comm_.rank(), last), kLossTag);
     }
-    return {loss};
+    // The step's metrics after the loss, in stage order: each from the
+    // stage whose update computes it.
+    std::vector<HostTensor> out{std::move(loss)};
+    if (fnName != "train_step")
+      return out;
+    for (int64_t t = 0; t < program_.numStages(); ++t) {
+      const Function *update =
+          program_.function(t, pipelineFunction("train_update", t));
+      for (const TensorSpec &res : update->results) {
+        if (res.role != Role::Metric)
+          continue;
+        const int64_t tag = metricTag(out.size() - 1);
+        HostTensor value(DType::F32, {});
+        if (executor_.stage() == t) {
+          value = metrics.at(res.name);
+          for (int64_t u = 0; u < program_.numStages(); ++u)
+            if (u != t)
+              hostSend(comm_, value.bytes.data(), value.bytes.size(),
+                       program_.rankInStage(comm_.rank(), u), tag);
+        } else {
+          hostRecv(comm_, value.bytes.data(), value.bytes.size(),
+                   program_.rankInStage(comm_.rank(), t), tag);
+        }
+        out.push_back(std::move(value));
+      }
+    }
+    return out;
   } catch (const ExecutionError &) {
     throw; // The executor stopped the others already.
   } catch (const CommunicationError &e) {
@@ -745,7 +781,8 @@ Session::Session(Program program, SessionOptions options,
                           std::to_string(memory->total));
     }
     // Results are assembled as if every rank ran the same function, except
-    // for pipelines, whose one result (the loss) every rank returns.
+    // for pipelines, whose results (the loss, then the step's metrics)
+    // every rank returns.
     if (program_.numStages() != 1 && !program_.isPipelined())
       throw std::invalid_argument(program_.source() + ": a Session runs one "
                                   "stage; this program has " +
@@ -847,6 +884,11 @@ bool Session::anyProcess(bool flag) {
                   program_.mesh().axisNames());
   });
   return any[0] != 0;
+}
+
+void Session::setFiniteCheck(FiniteCheck check) {
+  for (auto &rank : ranks_)
+    rank->setFiniteCheck(check);
 }
 
 void Session::initState(const std::string &fn, const StateSource &source,

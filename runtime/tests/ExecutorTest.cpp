@@ -1483,7 +1483,7 @@ TEST(ExecutorFaults, ANonFiniteLossFailsOnlyWhenChecked) {
       SCOPED_TRACE(::testing::Message() << name(type) << " " << bad);
       HostTensor x = convert(f32({3}, {1.0f, bad, 2.0f}), type);
       SessionOptions checked = quick();
-      checked.executor.checkFinite = true;
+      checked.executor.checkFinite = FiniteCheck::Results;
       {
         Session session(lossProgram(type), checked);
         try {
@@ -1504,6 +1504,60 @@ TEST(ExecutorFaults, ANonFiniteLossFailsOnlyWhenChecked) {
       float loss = convert(out[0], DType::F32).as<float>()[0];
       EXPECT_FALSE(std::isfinite(loss));
     }
+}
+
+TEST(ExecutorFaults, CheckingTensorsNamesTheFirstInstructionThatWritesANaN) {
+  // x -> exp (overflows at 100) -> sum: the loss, and a "grad_norm" metric.
+  ProgramBuilder pb({"x"}, {2});
+  FunctionBuilder &f = pb.function("step");
+  uint32_t x = f.buffer(DType::F32, {3}), y = f.buffer(DType::F32, {3}),
+           loss = f.buffer(DType::F32, {}), norm = f.buffer(DType::F32, {});
+  f.arg(x)
+      .op("ernie.exp", {x}, {y})
+      .op("ernie.reduce_sum", {y}, {loss}, {{"axes", std::vector<int64_t>{0}}})
+      .op("ernie.reduce_sum", {x}, {norm}, {{"axes", std::vector<int64_t>{0}}})
+      .ret(loss, Tensor().named("loss").as(Role::Loss))
+      .ret(norm, Tensor().named("grad_norm").as(Role::Metric));
+  Program program = pb.parse();
+  HostTensor overflows = f32({3}, {1.0f, 100.0f, 2.0f});
+
+  // Unchecked, the call passes; from the next call on, every tensor is.
+  Session session(program, quick());
+  session.call("step", {overflows});
+  session.setFiniteCheck(FiniteCheck::Tensors);
+  try {
+    session.call("step", {overflows});
+    ADD_FAILURE() << "an overflow passed the tensor check";
+  } catch (const ExecutionError &e) {
+    EXPECT_THAT(e.what(), HasSubstr("@step instruction #0 'ernie.exp'"));
+    EXPECT_THAT(e.what(), HasSubstr("result 0 ([3]xf32) is the first tensor of the "
+                                    "call that is not finite"));
+  }
+  // The results check sees the loss only after the call.
+  SessionOptions results = quick();
+  results.executor.checkFinite = FiniteCheck::Results;
+  Session late(program, results);
+  EXPECT_THROW(
+      {
+        try {
+          late.call("step", {overflows});
+        } catch (const ExecutionError &e) {
+          EXPECT_THAT(e.what(), HasSubstr("@step result 0 (the loss) is not finite"));
+          throw;
+        }
+      },
+      ExecutionError);
+  // A finite loss with a non-finite metric: the metric is named.
+  Session metric(program, results);
+  HostTensor nanOnlyInNorm = f32({3}, {-std::numeric_limits<float>::infinity(), 0.0f, 1.0f});
+  try {
+    metric.call("step", {nanOnlyInNorm});
+    ADD_FAILURE() << "a non-finite metric passed the check";
+  } catch (const ExecutionError &e) {
+    EXPECT_THAT(e.what(), HasSubstr("(the metric 'grad_norm') is not finite"));
+  }
+  EXPECT_EQ(parseFiniteCheck("tensors"), FiniteCheck::Tensors);
+  EXPECT_THROW(parseFiniteCheck("sometimes"), std::invalid_argument);
 }
 
 TEST(ExecutorFaults, APeerThatNeverArrivesIsATimeoutNotAHang) {

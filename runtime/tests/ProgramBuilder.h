@@ -69,6 +69,7 @@ inline fbs::Role encodeRole(Role r) {
   case Role::Gradient: return fbs::Role::Gradient;
   case Role::MicroBatchMax: return fbs::Role::MicroBatchMax;
   case Role::MicroBatchSum: return fbs::Role::MicroBatchSum;
+  case Role::Metric: return fbs::Role::Metric;
   }
   return fbs::Role::Input;
 }

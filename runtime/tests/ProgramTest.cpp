@@ -340,6 +340,25 @@ TEST(ProgramRejects, PipelineRolesWithoutAPipeline) {
   }
 }
 
+TEST(ProgramRejects, AMetricThatIsNotANamedFloatScalarResult) {
+  {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.get("main");
+    f.arg(f.buffer(DType::F32, {}), Tensor().as(Role::Metric).named("grad_norm"));
+    EXPECT_THAT(errorOf(pb), HasSubstr("function @main, argument 1: a metric is a "
+                                       "result, not an argument"));
+  }
+  for (auto [type, shape, name] :
+       {std::tuple{DType::F32, std::vector<int64_t>{3}, "grad_norm"},
+        std::tuple{DType::I64, std::vector<int64_t>{}, "grad_norm"},
+        std::tuple{DType::F32, std::vector<int64_t>{}, ""}}) {
+    ProgramBuilder pb = validProgram();
+    FunctionBuilder &f = pb.get("main");
+    f.ret(f.buffer(type, shape), Tensor().as(Role::Metric).named(name));
+    EXPECT_THAT(errorOf(pb), HasSubstr("a metric must be a named float scalar"));
+  }
+}
+
 TEST(ProgramRejects, AnOpWithoutACpuKernel) {
   ProgramBuilder pb = validProgram();
   FunctionBuilder &f = pb.function("bad");

@@ -3,7 +3,8 @@
 //   ernie-run prog.ernie [--ranks N] [--device cpu|cuda|cuda:N]
 //             [--backend threads|gloo|nccl] [--steps K]
 //             [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]
-//             [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]
+//             [--seed S] [--check-finite[-tensors]] [--timeout SECONDS]
+//             [--quiet]
 //             [--trace FILE] [--save DIR --save-every K [--keep N]]
 //             [--resume PATH]
 //             [--rank R (--store DIR | --store-address HOST:PORT)]
@@ -90,7 +91,7 @@ struct Options {
   int keep = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
-  bool checkFinite = false;
+  FiniteCheck checkFinite = FiniteCheck::Off;
   double timeoutSeconds = 60;
   bool quiet = false;
   int blasThreads = 1;
@@ -104,7 +105,8 @@ const char *kUsage =
     "                 [--backend threads|gloo|nccl] [--steps K]\n"
     "                 [--function NAME] [--inputs DIR] [--outputs DIR] [--lr X]\n"
     "                 [--trace FILE]\n"
-    "                 [--seed S] [--check-finite] [--timeout SECONDS] [--quiet]\n"
+    "                 [--seed S] [--check-finite[-tensors]] [--timeout SECONDS]\n"
+    "                 [--quiet]\n"
     "                 [--blas-threads N]\n"
     "                 [--save DIR --save-every K [--keep N]] [--resume PATH]\n"
     "                 [--rank R (--store DIR | --store-address HOST:PORT)]\n"
@@ -128,7 +130,9 @@ const char *kUsage =
     "  --outputs DIR     writes result<i>.npy of the last step, the final state\n"
     "                    <name>.npy and losses.npy (every step's loss, f64)\n"
     "  --lr X            the learning rate fed to train_step (default 1e-3)\n"
-    "  --check-finite    fail when the loss is NaN or infinite\n"
+    "  --check-finite    fail when the loss (or a metric) is NaN or infinite\n"
+    "  --check-finite-tensors  fail at the first instruction that writes a\n"
+    "                    NaN or infinity, naming it (slow: finds a NaN)\n"
     "  --trace FILE      a Chrome-trace / Perfetto timeline of every\n"
     "                    instruction on every rank (Gloo: FILE.rank<r>.json)\n"
     "  --timeout S       seconds a collective waits for its peers (default 60)\n"
@@ -197,7 +201,9 @@ Options parseOptions(int argc, char **argv) {
     } else if (arg == "--seed") {
       o.seed = parseNumber<uint64_t>(arg, value());
     } else if (arg == "--check-finite") {
-      o.checkFinite = true;
+      o.checkFinite = FiniteCheck::Results;
+    } else if (arg == "--check-finite-tensors") {
+      o.checkFinite = FiniteCheck::Tensors;
     } else if (arg == "--timeout") {
       o.timeoutSeconds = parseNumber<double>(arg, value());
       if (!(o.timeoutSeconds > 0 && o.timeoutSeconds <= 1e9)) // NaN too

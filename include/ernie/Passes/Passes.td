@@ -94,6 +94,12 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
     seeds the backward with that value and divides every gradient by it
     before it is returned.
 
+    With `grad-norm`, `@train_step` also returns the gradients' global L2
+    norm before clipping (f32, computed once when clipping needs it too) as
+    its last result, marked `ernie.metric = "grad_norm"`; in a pipeline it
+    is computed where clipping computes it, on the last rank that holds a
+    parameter.
+
     Results of the loss function after the loss must each update a state
     argument (`ernie.updates` naming an `ernie.opt_state` argument of the same
     type): state a rule of the forward updates, not the optimizer (MoE's
@@ -117,7 +123,7 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
 
     Defaults: `optimizer=none`, `momentum=0`, `weight-decay=0`, `beta1=0.9`,
     `beta2=0.999`, `epsilon=1e-8`, `clip-norm=0` (off),
-    `multi-precision=false`, `loss-scale=1`.
+    `multi-precision=false`, `grad-norm=false`, `loss-scale=1`.
   }];
   let options = [
     Option<"function", "function", "std::string", /*default=*/"\"forward\"",
@@ -136,6 +142,9 @@ def AutodiffPass : Pass<"ernie-autodiff", "ModuleOp"> {
            "Clip gradients to this global L2 norm (0: no clipping)">,
     Option<"multiPrecision", "multi-precision", "bool", /*default=*/"false",
            "Keep f32 master weights for narrower parameters">,
+    Option<"gradNorm", "grad-norm", "bool", /*default=*/"false",
+           "Return the gradients' global L2 norm (before clipping) as the "
+           "step's metric \"grad_norm\"">,
     Option<"lossScale", "loss-scale", "double", /*default=*/"1.0",
            "Static loss scale: the backward starts from this instead of 1 "
            "and the gradients are divided by it (keeps small bf16/f16 "

@@ -91,6 +91,11 @@ struct TrainingPipelineOptions
       *this, "multi-precision",
       llvm::cl::desc("f32 master weights for narrower parameters"),
       llvm::cl::init(AutodiffPassOptions().multiPrecision)};
+  Option<bool> gradNorm{
+      *this, "grad-norm",
+      llvm::cl::desc("Return the gradients' global norm as the step's "
+                     "metric \"grad_norm\""),
+      llvm::cl::init(AutodiffPassOptions().gradNorm)};
 
   // --ernie-auto-parallel-pipeline and what only runs on a partitioned
   // program.

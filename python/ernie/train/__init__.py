@@ -13,8 +13,10 @@ evaluates on the held-out split, logs metrics (config.py, metrics.py),
 checkpoints with the data position and resumes from the newest complete
 checkpoint (`checkpoint.resume = "auto"`) on any mesh. SIGTERM or SIGINT
 saves a checkpoint at the next step boundary (every process at the same
-one) and exits 0; a loss that turns NaN or infinite stops the run naming
-the step, the last good checkpoint kept. `--dry-run` compiles abstractly,
+one) and exits 0; a loss or gradient norm that turns NaN or infinite stops
+the run naming the step, the last good checkpoint kept, and (one process)
+replays the steps since that checkpoint checking every tensor, naming the
+first that is not finite. `--dry-run` compiles abstractly,
 prints the plan and memory per rank, and exits.
 """
 
@@ -157,9 +159,10 @@ class Trainer:
         lr = WarmupDecay(o.lr, s.warmup_steps, t.steps, s.kind, s.min_lr)
         clip = t.grad_clip or None
         if o.name == "sgd":
-            return SGD(lr, momentum=o.momentum, weight_decay=o.weight_decay, grad_clip=clip)
+            return SGD(lr, momentum=o.momentum, weight_decay=o.weight_decay, grad_clip=clip,
+                       report_grad_norm=True)
         return AdamW(lr, beta1=o.beta1, beta2=o.beta2, epsilon=o.eps,
-                     weight_decay=o.weight_decay, grad_clip=clip)
+                     weight_decay=o.weight_decay, grad_clip=clip, report_grad_norm=True)
 
     def _samples(self, model, split):
         d, t = self.job.data, self.job.training
@@ -287,6 +290,41 @@ class Trainer:
                 losses.append(program.eval(batch.inputs, batch.labels, rows=rows))
         return float(np.mean(losses))
 
+    def _nonfinite(self, program, train, rows, step, error, last_good) -> str:
+        """Why the run stops at `step`: the check's error, and where the
+        first non-finite tensor is. One process replays the steps since the
+        last good checkpoint (or from the start) in a fresh session that
+        checks every tensor: the replay is bitwise the run, so it fails at
+        the first tensor that went NaN or infinite, perhaps a step earlier
+        (gradients) than the loss did."""
+        t = self.job.training
+        kept = f"; the last good checkpoint is {last_good}" if last_good else ""
+        message = f"step {step}: {error}{kept}"
+        if not t.locate_nonfinite or t.check_finite == "tensors":
+            return message
+        if program.job is not None:
+            return (message + "; to name the first non-finite tensor, run again with "
+                    "--training.check_finite tensors" +
+                    (f" --checkpoint.resume {last_good}" if last_good else ""))
+        program.reopen(check_finite="tensors")
+        if last_good:
+            meta = program.load_checkpoint(last_good)
+            loader = DataLoader.from_position(train, meta["data_position"]["train"],
+                                              positions=rows, prefetch=self.job.data.prefetch)
+        else:
+            loader = DataLoader(train, t.global_batch, positions=rows,
+                                prefetch=self.job.data.prefetch)
+        replayed_from = program.step_count
+        with loader:
+            while program.step_count < step:
+                batch = next(loader)
+                try:
+                    program.step(batch.inputs, batch.labels, rows=rows)
+                except RuntimeError as e:
+                    return (f"{message}; replayed from step {replayed_from} checking every "
+                            f"tensor: step {program.step_count}: {e}")
+        return message + "; a replay checking every tensor found none (not reproducible)"
+
     def _on_signal(self, signum, frame):
         """The first SIGTERM / SIGINT: save at the next step boundary. A
         second one (Ctrl-C again): stop now, without saving."""
@@ -314,13 +352,14 @@ class Trainer:
                 try:
                     loss = program.step(batch.inputs, batch.labels, rows=rows)
                 except RuntimeError as e:
-                    if "finite" not in str(e):
+                    if "not finite" not in str(e):
                         raise
-                    kept = f"; the last good checkpoint is {last_good}" if last_good else ""
-                    raise TrainingStopped(f"step {step}: {e}{kept}") from None
+                    raise TrainingStopped(self._nonfinite(program, train, rows, step, e,
+                                                          last_good)) from None
                 end = time.perf_counter()
                 seconds = end - begin
                 record = {"loss": loss, "lr": program.optimizer.get_lr(step),
+                          "grad_norm": program.grad_norm,
                           "tokens_per_s": tokens / seconds,
                           "tokens_per_s_per_rank": tokens / seconds / program.num_ranks,
                           "step_s": end - got, "data_wait_s": got - begin,

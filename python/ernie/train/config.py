@@ -6,7 +6,7 @@ one place where every key, type and range is checked.
     [optimizer]    name, lr, weight_decay, beta1, beta2, eps, momentum
     [lr_schedule]  kind (cosine | linear | constant), warmup_steps, min_lr
     [training]     global_batch, seq_len, steps, grad_clip, seed, check_finite,
-                   recompute, fp8
+                   locate_nonfinite, recompute, fp8
     [parallel]     dp, mp, pp, zero, micro_batches, sequence_parallel,
                    ranks_per_process, schedule; or plan = "auto" with ranks
                    and cluster (the plan search chooses the rest)
@@ -76,7 +76,10 @@ class Training:
     steps: int = 100
     grad_clip: float = 0.0         # global-norm bound (0: none)
     seed: int = 0                  # initial weights and the sample order
-    check_finite: bool = True      # a NaN / inf loss stops the run
+    check_finite: str = "results"  # off | results (a NaN / inf loss or gradient norm
+                                   # stops the run) | tensors (every tensor checked: slow)
+    locate_nonfinite: bool = True  # on a NaN (one process): replay from the last good
+                                   # checkpoint checking every tensor, naming the first
     recompute: str = "none"        # none | selective (the attention core) | full (each layer)
     fp8: bool = False              # FP8 GEMMs (current scaling), e4m3 forward, e5m2 gradients
 
@@ -150,6 +153,7 @@ CHOICES = {
     "lr_schedule.kind": ("cosine", "linear", "constant"),
     "parallel.plan": ("manual", "auto"),
     "training.recompute": ("none", "selective", "full"),
+    "training.check_finite": ("off", "results", "tensors"),
     "parallel.schedule": ("FThenB", "1F1B", "VPP"),
 }
 AT_LEAST = {  # inclusive lower bounds
@@ -162,6 +166,7 @@ AT_LEAST = {  # inclusive lower bounds
     "checkpoint.every": 0, "checkpoint.keep": 1, "eval.every": 0, "eval.batches": 1,
     "metrics.every": 1, "data.valid_fraction": 0, "data.eos_id": -1, "data.prefetch": 1,
 }
+AS_WORDS = {"training.check_finite": ("off", "results")}  # a bool's word: (false, true)
 BELOW = {"data.valid_fraction": 1, "optimizer.beta1": 1, "optimizer.beta2": 1}
 AT_MOST = {"parallel.zero": 3}
 
@@ -176,6 +181,8 @@ def _check_value(key: str, value, default):
     kind = type(default)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if key in AS_WORDS and isinstance(value, bool):  # check_finite = true
+        value = AS_WORDS[key][value]
     if kind is bool and not isinstance(value, bool) or \
             kind is not bool and isinstance(value, bool) or not isinstance(value, kind):
         raise ConfigError(f"{key} must be {kind.__name__}, not {type(value).__name__} "

@@ -158,3 +158,17 @@ ernie.mesh @one_more(dp = 1024, mp = 1024, pp = 2)
 
 // expected-error @+1 {{axis names must be non-empty}}
 ernie.mesh @empty_name("" = 2)
+
+// -----
+
+// expected-error @+1 {{metric 'grad_norm' (result #0) must be a scalar float tensor}}
+func.func @metric_not_scalar(%x: tensor<4xf32>) -> (tensor<4xf32> {ernie.metric = "grad_norm"}) {
+  return %x : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'ernie.metric' on result #0 must name the metric}}
+func.func @metric_unnamed(%x: tensor<f32>) -> (tensor<f32> {ernie.metric = ""}) {
+  return %x : tensor<f32>
+}

@@ -66,9 +66,26 @@ struct ExecutionError : std::runtime_error {
   bool inCollective;
 };
 
+/// What a run checks for NaN and infinity, failing (and stopping the other
+/// ranks) at the first value that is not finite.
+enum class FiniteCheck {
+  Off,
+  /// The loss and the step's metrics (grad_norm): a scalar or two per call.
+  Results,
+  /// Every float tensor an instruction writes, as it is written: the error
+  /// names the first instruction whose result is not finite. Slow (a scan
+  /// per result; a download per result on a GPU): for finding a NaN, not
+  /// for every step.
+  Tensors,
+};
+
+/// "off", "results" or "tensors"; parseFiniteCheck throws
+/// std::invalid_argument naming the accepted words.
+const char *finiteCheckName(FiniteCheck check);
+FiniteCheck parseFiniteCheck(const std::string &name);
+
 struct ExecutorOptions {
-  /// Fail when a result marked as the loss is NaN or infinite.
-  bool checkFinite = false;
+  FiniteCheck checkFinite = FiniteCheck::Off;
   /// Record every instruction's start and duration (traceEvents()); on a
   /// GPU, kernels are timed by events on the compute stream.
   bool trace = false;
@@ -151,6 +168,8 @@ public:
   /// they ended.
   std::vector<TraceEvent> traceEvents() const;
   bool tracing() const { return options_.trace; }
+  /// Changes the check from the next call on (a run replayed to find a NaN).
+  void setFiniteCheck(FiniteCheck check) { options_.checkFinite = check; }
   /// Records an interval of the caller's (a pipeline step, say) on the
   /// compute track, when tracing.
   void recordSpan(const std::string &name, const std::string &function,
@@ -192,6 +211,9 @@ private:
   /// Waits for every started transfer, ignoring failures, and forgets them.
   void abandonStarted();
   void record(TraceEvent event);
+  /// FiniteCheck::Tensors: fails at instruction `index` when a float result
+  /// it wrote is not finite.
+  void checkWritten(const Function &fn, size_t index, const Arena &arena);
   [[noreturn]] void fail(const Function &fn, size_t index,
                          const std::string &cause, bool inCollective);
 

@@ -58,6 +58,7 @@ enum class Role {
                  // update takes the step's largest
   MicroBatchSum, // pipeline: a sum over the batch (MoE routing's usage) per
                  // micro-batch; the update takes the step's sum
+  Metric,        // a scalar result the step reports beside the loss, by name
 };
 
 /// The role's name in messages ("optimizer state", "micro-batch max").

@@ -29,9 +29,11 @@
 // summed per name over micro-batches and chunks in schedule order), then
 // @train_update.<s> on the sums. eval_step runs @eval_forward.<c> for every
 // micro-batch, and the rank's chunks in ascending order within it. Both
-// return one result on every rank: the loss, the mean over micro-batches of
-// the last chunk's losses (summed in micro-batch order in f64, stored as an
-// f32 scalar), which the last stage's ranks send to the other stages' ranks.
+// return on every rank the loss, the mean over micro-batches of the last
+// chunk's losses (summed in micro-batch order in f64, stored as an f32
+// scalar), which the last stage's ranks send to the other stages' ranks;
+// train_step then the updates' metrics (Role::Metric, grad_norm), in stage
+// order, each sent likewise by the stage that computes it.
 // initState initialises the stage's state from every function of the stage,
 // then runs @init.<s> (once per RankRunner) when there is one.
 //
@@ -115,6 +117,8 @@ public:
   HostTensor gatherInStage(const TensorSpec &spec, const HostTensor &local);
   /// Whether this rank holds state `name`.
   bool holdsState(const std::string &name) const { return state_.count(name); }
+  /// What the next calls check for NaN and infinity.
+  void setFiniteCheck(FiniteCheck check) { executor_.setFiniteCheck(check); }
 
 private:
   /// Runs one function: what call() does for a program that is not
@@ -156,10 +160,11 @@ private:
                                         const std::vector<HostTensor> &inputs,
                                         double lr, int64_t step);
   /// The schedule of this rank; returns the last chunk's loss per
-  /// micro-batch (empty on other stages).
+  /// micro-batch (empty on other stages) and fills `metrics` with those
+  /// this stage's update computes.
   std::vector<double> trainPipelined(
       const std::vector<std::vector<HostTensor>> &micro, double lr,
-      int64_t step);
+      int64_t step, std::map<std::string, HostTensor> &metrics);
   std::vector<double> evalPipelined(
       const std::vector<std::vector<HostTensor>> &micro);
   void initPipelinedState(const StateSource &source, uint64_t seed);
@@ -232,6 +237,9 @@ public:
   /// so that a request one process received (a SIGTERM) is acted on by
   /// every process at the same step.
   bool anyProcess(bool flag);
+  /// What the next calls check for NaN and infinity on every rank here
+  /// (each process of a job sets its own; they should agree).
+  void setFiniteCheck(FiniteCheck check);
 
   void initState(const std::string &fn, const StateSource &source,
                  uint64_t seed = 0);
@@ -264,7 +272,7 @@ public:
   std::vector<std::vector<TraceEvent>> traceEvents();
 
   /// RankRunner::call on every rank at once; returns the global results
-  /// (pipelined programs: the loss).
+  /// (pipelined programs: the loss, then train_step's metrics).
   /// The first rank to fail stops the others; its error is rethrown.
   std::vector<HostTensor> call(const std::string &fn,
                                const std::vector<HostTensor> &inputs,

@@ -53,6 +53,9 @@ def Ernie_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kStepAttrName = "ernie.step";
     /// The result that is the training loss (unit attr).
     static constexpr ::llvm::StringLiteral kLossAttrName = "ernie.loss";
+    /// A scalar result the step reports beside the loss, by name
+    /// (`{ernie.metric = "grad_norm"}`): monitored, never fed back.
+    static constexpr ::llvm::StringLiteral kMetricAttrName = "ernie.metric";
 
     // Activation recomputation (--ernie-recompute).
     /// On ops: the layer (a recomputation unit) whose forward the op is in,
