@@ -270,3 +270,108 @@ def test_a_plan_prints_as_one_readable_line():
     text = repr(plans[0])
     assert "\n" not in text and text.startswith(f"Plan({plans[0].name}: ")
     assert "s per step" in text and "GiB per rank" in text and "estimate" not in text
+
+
+# -- mixture of experts ------------------------------------------------------
+
+MOE = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2, moe_num_experts=8, moe_k=2,
+           moe_num_shared_experts=1, moe_intermediate_size=64, moe_layer_start_index=1)
+
+
+def moe_model(**over):
+    from ernie.models.ernie4_5 import Ernie4_5Config, Ernie4_5_MoeForCausalLM
+    with ernie.nn.abstract():
+        return Ernie4_5_MoeForCausalLM(Ernie4_5Config(**{**MOE, **over}))
+
+
+def test_expert_layouts_are_every_divisor_and_the_dp_axis():
+    assert autoplan._expert_layouts(0, 8) == [(1, False)]
+    assert autoplan._expert_layouts(8, 1) == [(1, False)]
+    assert autoplan._expert_layouts(8, 8) == [(1, False), (2, False), (4, False), (8, True)]
+    # 6 experts on 4 data ranks: ep 2 on its own axis; 4 does not divide 6.
+    assert autoplan._expert_layouts(6, 4) == [(1, False), (2, False)]
+
+
+def test_a_moe_model_is_searched_over_its_expert_layouts():
+    """ERNIE 4.5 MoE on 8 ranks: the search tries no ep, ep on an axis of
+    its own and ep on the dp axis; every returned plan's memory is the
+    abstract compile's of its mesh and config (exact), ep plans split the
+    experts as named, and explain() says why the chosen layout wins."""
+    m = moe_model()
+    spec = cluster(n=8)
+    plans = dist.auto_plan(m, global_batch=16, seq_len=128, cluster=spec, ranks=8, top=4,
+                           workers=1)
+    ranked = autoplan.auto_plan.last_search["ranked"]
+    layouts = {(c.ep, c.ep_on_dp) for c, _ in ranked}
+    assert {(1, False), (2, False), (4, False), (8, True)} <= layouts
+    assert any(p.candidate.ep > 1 for p in plans)
+    ids = np.zeros((16, 128), np.int64)
+    for p in plans:
+        c = p.candidate
+        width = c.dp * (c.ep if c.ep > 1 and not c.ep_on_dp else 1)
+        assert width * c.mp * c.pp == 8
+        if c.ep > 1:
+            assert p.config["ep_config"]["axis"] == ("dp" if c.ep_on_dp else "ep")
+            assert ("ep" in p.mesh.dim_names) == (not c.ep_on_dp)
+        prog = ernie.compile(autoplan._shallow((type(m), m.config), 4),
+                             ernie.optimizer.AdamW(1e-4), [ids, ids], mesh=p.mesh,
+                             config=p.config or None, abstract=True, cluster=spec)
+        assert p.memory_bytes == prog.report()["peak_bytes_per_rank"]
+        assert p.step_seconds == pytest.approx(prog.estimate()["step_seconds"], rel=1e-9)
+    text = autoplan.explain(plans[0])
+    assert "why " in text and "expert layout" in text
+    assert len(plans[0].alternatives) == len(layouts) - 1
+
+
+def test_a_shallow_moe_copy_is_moe_in_every_layer():
+    m = moe_model()
+    one = autoplan._shallow((type(m), m.config), 1)
+    assert one.config.is_moe_layer(0) and one.config.num_hidden_layers == 1
+    full = autoplan._shallow((type(m), m.config), 4)
+    assert not full.config.is_moe_layer(0)  # the model's own first dense layer
+
+
+def test_qwen3_moe_of_only_sparse_layers_gets_tensor_parallel_plans():
+    """Its own parallelize_plan knows it has no dense MLP (the module-level
+    plan for a dense layer matches nothing there and used to drop every
+    mp > 1 candidate)."""
+    from ernie.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    with ernie.nn.abstract():
+        m = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=64))
+    plans = dist.auto_plan(m, global_batch=8, seq_len=64, cluster=cluster(), ranks=4, top=2,
+                           choices={"mp": [2]}, workers=1)
+    assert plans and all(p.candidate.mp == 2 for p in plans)
+
+
+def _autoplan_cli(*args):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "ernie.autoplan", *args], capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+def test_the_command_line_takes_any_familys_config_json(tmp_path):
+    import json
+    hf = {"model_type": "ernie4_5_moe", "architectures": ["Ernie4_5_MoeForCausalLM"],
+          **MOE, "moe_intermediate_size": 64, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    result = _autoplan_cli("--hf-config", str(tmp_path), "--global-batch", "16", "--seq", "128",
+                           "--ranks", "4", "--top", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epN@dp: over the dp / ZeRO axis itself" in result.stdout
+    assert "why " in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt5"], "--model 'gpt5' is not a family ernie has"),
+    (["--set", "hiden_size=128"], "has no field 'hiden_size'"),
+])
+def test_the_command_line_names_a_bad_model(args, message):
+    result = _autoplan_cli(*args, "--global-batch", "4", "--seq", "16")
+    assert result.returncode == 2 and message in result.stderr, result.stderr

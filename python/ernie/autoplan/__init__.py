@@ -1,12 +1,17 @@
 """The plan, chosen for you: search dp / mp / pp / vpp / sequence parallelism
-/ ZeRO / recomputation / micro-batch size over a cluster, prune by the
+/ ZeRO / recomputation / micro-batch size — and for a mixture-of-experts
+model the expert-parallel degree and whether the experts split over an
+axis of their own or over the dp / ZeRO axis — over a cluster, prune by the
 abstract compile's exact memory, rank by the cost model's step time.
 
 How it scales. A candidate's program is compiled abstractly (no values) at
 two reduced depths, one and two layers per pipeline chunk, and its step
 time, memory and traffic are extrapolated linearly to the model's depth
 (every quantity the report and the cost model give is affine in the
-layers per chunk: each layer adds the same ops, state and collectives).
+layers per chunk: each layer adds the same ops, state and collectives; a
+MoE model's shallow copies make every layer a MoE layer, so the few dense
+layers some families start with are counted as MoE ones until the
+finalists' full-depth compile, which is exact).
 So a candidate costs two small compiles whatever the model's depth. Per
 structure (dp, mp, pp, vpp, sp, micro-batch size) the memory knobs are
 tried from the fastest (no ZeRO, no recomputation) on, stopping at the
@@ -20,7 +25,9 @@ is the abstract compile's report of the real program, exact, and its time
 that program's estimate.
 
     python -m ernie.autoplan --cluster dgx_h100 --global-batch 64 --seq 2048 \\
-        --llama hidden_size=4096,num_hidden_layers=32,num_attention_heads=32,...
+        --model llama --set hidden_size=4096,num_hidden_layers=32,num_attention_heads=32,...
+    python -m ernie.autoplan --hf-config bench/configs/ernie4_5_21b_a3b.json \\
+        --global-batch 512 --seq 4096 --ranks 64
 """
 
 from __future__ import annotations
@@ -41,13 +48,14 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 from .. import cost as _cost
 from .. import distributed as dist
 from ..compiler import compile as ernie_compile
-from ..models.llama import LlamaConfig, LlamaForCausalLM, config_from_hf
+from ..models.auto import FAMILIES, family_of
 from ..nn import LayerList, abstract
 from ..optimizer import AdamW
 from ..weights import read_json
@@ -72,10 +80,18 @@ class Candidate:
     # Under pp: weight-gradient GEMMs add into the f32 micro-batch sums
     # (Megatron's --gradient-accumulation-fusion); False adds after them.
     gradient_accumulation_fusion: bool = True
+    # MoE: the experts split `ep` ways, over an "ep" axis of their own
+    # inside dp (the batch split over dp x ep, dense gradients reduced over
+    # both), or with `ep_on_dp` over the dp / ZeRO axis itself (ep = dp:
+    # Paddle's and ERNIE's expert parallelism on the sharding axis).
+    ep: int = 1
+    ep_on_dp: bool = False
 
     @property
     def name(self) -> str:
         parts = [f"dp{self.dp}", f"mp{self.mp}", f"pp{self.pp}"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}" + ("@dp" if self.ep_on_dp else ""))
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         if self.sequence_parallel:
@@ -104,6 +120,11 @@ class Plan:
     exact: bool  # compiled at full depth (else extrapolated)
     mesh: dist.ProcessMesh | None = None
     config: dict | None = None
+
+    # The best plan the search found for each other expert layout (ep and
+    # its axis), as (candidate name, predicted step seconds, estimate):
+    # what explain() compares the chosen one with.
+    alternatives: list = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -138,9 +159,20 @@ def _layer_list(model):
 
 
 def _tp_plan(model, sequence_parallel):
-    """The family's tensor-parallel plan: the module-level parallelize_plan()
-    beside the model's class, or beside the class it derives from (a user's
-    subclass of LlamaForCausalLM keeps Llama's plan)."""
+    """The family's tensor-parallel plan: the model's own parallelize_plan()
+    (it knows its layers: a Qwen3-MoE of only sparse layers has no dense
+    MLP to split), else the module-level one beside the model's class or
+    beside the class it derives from (a user's subclass of
+    LlamaForCausalLM keeps Llama's plan); None when the family has no
+    sequence-parallel form and `sequence_parallel` asks for one."""
+    own = getattr(model, "parallelize_plan", None)
+    if callable(own):
+        try:
+            return own(sequence_parallel=sequence_parallel)
+        except ValueError:
+            if sequence_parallel:
+                return None
+            raise
     plan_fn = next((getattr(sys.modules.get(cls.__module__), "parallelize_plan", None)
                     for cls in type(model).__mro__
                     if getattr(sys.modules.get(cls.__module__), "parallelize_plan", None)),
@@ -159,16 +191,40 @@ def _tp_plan(model, sequence_parallel):
     return plan_fn(**kwargs)
 
 
+# Config fields that place a family's MoE layers, and the value that makes
+# every layer one (ERNIE 4.5, Qwen3-MoE).
+_EVERY_LAYER_MOE = {"moe_layer_start_index": 0, "moe_layer_end_index": -1,
+                    "moe_layer_interval": 1, "decoder_sparse_step": 1, "mlp_only_layers": ()}
+
+
+def _is_moe(config) -> bool:
+    return callable(getattr(config, "is_moe_layer", None)) and \
+        any(map(config.is_moe_layer, range(config.num_hidden_layers)))
+
+
+def _num_experts(config) -> int:
+    return getattr(config, "moe_num_experts", 0) or getattr(config, "num_experts", 0)
+
+
 def _shallow(family, layers):
     """A new abstract model of `family` ((model class, config): Llama,
-    ERNIE 4.5), `layers` deep."""
+    ERNIE 4.5, Qwen, ...), `layers` deep. A MoE family's is MoE in every
+    layer unless `layers` is its depth: at one or two layers per chunk the
+    first dense layers would otherwise be all there is."""
     model_type, config = family
+    fields = {"num_hidden_layers": layers}
+    if layers != config.num_hidden_layers and _is_moe(config):
+        fields.update({k: v for k, v in _EVERY_LAYER_MOE.items() if hasattr(config, k)})
     with abstract():
-        return model_type(dataclasses.replace(config, num_hidden_layers=layers))
+        return model_type(dataclasses.replace(config, **fields))
 
 
 def _mesh_and_config(model, c: Candidate):
-    axes = [(n, s) for n, s in (("pp", c.pp), ("dp", c.dp), ("mp", c.mp)) if s > 1]
+    # The expert axis inside dp: an expert group's ranks are neighbours
+    # (within a node when ep x mp fits one).
+    own_ep = c.ep if c.ep > 1 and not c.ep_on_dp else 1
+    axes = [(n, s) for n, s in (("pp", c.pp), ("dp", c.dp), ("ep", own_ep), ("mp", c.mp))
+            if s > 1]
     if not axes:
         return None, {}
     names, shape = [a[0] for a in axes], [a[1] for a in axes]
@@ -176,6 +232,8 @@ def _mesh_and_config(model, c: Candidate):
     config: dict = {}
     if c.dp > 1:
         config["dp_config"] = {"sharding_level": c.zero}
+    if c.ep > 1:
+        config["ep_config"] = {"axis": "dp" if c.ep_on_dp else "ep"}
     if c.mp > 1:
         config["mp_config"] = {"parallelize_plan": _tp_plan(model, c.sequence_parallel)}
     if c.pp > 1:
@@ -303,6 +361,7 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
     cfg = model.config
     heads, kv, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
     has_sp = _tp_plan(model, True) is not None
+    experts = _num_experts(cfg) if _is_moe(cfg) else 0
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     for mp in divisors:
         # Megatron keeps tensor parallelism inside a node; heads split evenly.
@@ -327,13 +386,31 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                     # other way is searched only when asked for.
                     fusions = choices.get("gradient_accumulation_fusion", (True,)) \
                         if pp > 1 else (True,)
-                    for sp, fusion in itertools.product(
-                            (False, True) if mp > 1 and has_sp else (False,), fusions):
-                        c = Candidate(dp, mp, pp, vpp, sp, micro_batch_size=mbs, micro_batches=m,
-                                      gradient_accumulation_fusion=fusion)
+                    for sp, fusion, (ep, on_dp) in itertools.product(
+                            (False, True) if mp > 1 and has_sp else (False,), fusions,
+                            _expert_layouts(experts, dp)):
+                        c = Candidate(dp // ep if ep > 1 and not on_dp else dp, mp, pp, vpp, sp,
+                                      micro_batch_size=mbs, micro_batches=m,
+                                      gradient_accumulation_fusion=fusion, ep=ep,
+                                      ep_on_dp=on_dp)
                         if all(allowed(k, getattr(c, k)) for k in
-                               ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size")):
+                               ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size",
+                                "ep", "ep_on_dp")):
                             yield c
+
+
+def _expert_layouts(experts, width):
+    """(ep, on the dp axis) for a MoE model of `experts` experts on `width`
+    data-parallel ranks: none (every rank holds every expert), each divisor
+    of the width that divides the experts on an axis of its own, and the
+    whole width as the dp / ZeRO axis itself. A dense model: none."""
+    if not experts or width == 1:
+        return [(1, False)]
+    layouts = [(1, False)]
+    layouts += [(ep, False) for ep in range(2, width) if width % ep == 0 and experts % ep == 0]
+    if experts % width == 0:
+        layouts.append((width, True))
+    return layouts
 
 
 def _memory_knobs(c: Candidate):
@@ -475,7 +552,8 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
               ranks=None, top=5, memory_fraction=0.9, micro_batch_sizes=(1, 2, 4), max_vpp=2,
               optimizer=None, choices=None, verbose=False, workers=None):
     """The best plans for training `model` (built under ernie.nn.abstract(),
-    with a `config` dataclass: Llama, ERNIE 4.5 dense) on `cluster` (a
+    with a `config` dataclass: any family of ernie.models — Llama, Qwen,
+    ERNIE 4.5 dense and MoE, Qwen3-MoE) on `cluster` (a
     shipped name, a file or a dict; ernie.cost): a list of Plans, fastest
     first, each with predicted step time, MFU, memory per rank (exact: the
     abstract compile's report of the full model) and bytes communicated per
@@ -487,7 +565,8 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     cluster; a plan fits when its peak per rank is at most
     `memory_fraction` of the device's memory. `optimizer` is the
     optimizer to plan for (default AdamW). `choices` narrows the search:
-    {"mp": [4, 8], "pp": [8, 16], "sequence_parallel": [True], ...}
+    {"mp": [4, 8], "pp": [8, 16], "sequence_parallel": [True], "ep": [8],
+    "ep_on_dp": [True], ...}
     (Candidate's fields; "gradient_accumulation_fusion": [False] plans
     for Megatron without it, which the search otherwise leaves out as
     never faster). `workers` processes compile candidates at once
@@ -539,6 +618,10 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             f"the smallest plan, {c.name}, needs {need / 2**30:.1f} GiB per rank")
 
     scored.sort(key=lambda s: s[0])
+    # The fastest of each expert layout, for explain().
+    by_layout = {}
+    for seconds, c, guess in scored:
+        by_layout.setdefault((c.ep, c.ep_on_dp), (c.name, seconds, guess["estimate"]))
     # The best at full depth: exact memory (some may not fit after all).
     finalists = [c for _, c, _ in scored[: 2 * top]]
     exact = _map(_evaluate_job, [(family, c, layers, global_batch, seq_len, spec, optimizer)
@@ -560,8 +643,9 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             continue
         mesh, config = _mesh_and_config(model, c)
         est = e["estimate"]
+        others = [alt for layout, alt in by_layout.items() if layout != (c.ep, c.ep_on_dp)]
         plans.append(Plan(c, est["step_seconds"], est["mfu"], e["memory_bytes"],
-                          e["comm_bytes"], est, True, mesh, config))
+                          e["comm_bytes"], est, True, mesh, config, others))
     plans.sort(key=lambda p: p.step_seconds)
     auto_plan.last_search = {"candidates": len(scored), "compiles": compiles,
                              "seconds": time.perf_counter() - started,
@@ -574,7 +658,8 @@ LEGEND = ("dpN mpN ppN: data, tensor and pipeline parallel degrees; vppN: model 
           "pipeline rank; sp: sequence parallelism; zeroN: ZeRO level N; rc-full[:L], "
           "rc-selective: activation recomputation (L: layers of each stage recomputed, all "
           "when absent); mMxB: M micro-batches of B sequences each; no-gaf: no gradient "
-          "accumulation fusion.")
+          "accumulation fusion; epN: the experts split N ways over an axis of their own "
+          "inside dp (the batch split over dp x ep); epN@dp: over the dp / ZeRO axis itself.")
 
 
 def format_table(plans, ranks_of_published=None, legend=True) -> str:
@@ -603,12 +688,26 @@ def breakdown(estimate: dict) -> list:
 
 
 def explain(plan: Plan) -> str:
-    """The chosen plan's step, part by part (breakdown), as a table."""
+    """The chosen plan's step, part by part (breakdown), as a table; for a
+    MoE model, why its expert layout wins: the fastest plan of each other
+    layout, and the parts of the step where it loses."""
     e = plan.estimate
     total = e["step_seconds"]
     out = [f"{plan.name}: {total:.3f} s per step, MFU {e['mfu'] * 100:.1f} %"]
     for what, s in breakdown(e):
         out.append(f"  {what:36} {s:9.4f} s  {s / total * 100 if total else 0:5.1f} %")
+    if plan.alternatives:
+        c = plan.candidate
+        layout = f"ep{c.ep}" + ("@dp" if c.ep_on_dp else "") if c.ep > 1 else "no ep"
+        out.append(f"why {layout}: the fastest plan of each other expert layout "
+                   f"(extrapolated), and where its step is longer")
+        mine = dict(breakdown(e))
+        for name, seconds, estimate in sorted(plan.alternatives, key=lambda a: a[1]):
+            worse = sorted(((s - mine.get(part, 0.0), part)
+                            for part, s in breakdown(estimate)), reverse=True)
+            because = ", ".join(f"{part} {d:+.4f} s" for d, part in worse[:2] if d > 0)
+            out.append(f"  {name:40} {seconds:9.4f} s  {(seconds / total - 1) * 100:+6.1f} %"
+                       + (f"  ({because})" if because else ""))
     return "\n".join(out)
 
 
@@ -643,13 +742,61 @@ def plot_breakdown(plans, path) -> None:
     plt.close(fig)
 
 
+def _model_from_args(a):
+    """The abstract model the command line describes: a family (--model,
+    or --hf-config's model_type / architectures) and its config fields
+    (config.json's, then --set's)."""
+    hf = {}
+    if a.hf_config:
+        path = Path(a.hf_config)
+        path = path / "config.json" if path.is_dir() else path
+        hf = read_json(path)
+        if not isinstance(hf, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        family = family_of(hf, path)
+        if a.model and a.model != family:
+            raise ValueError(f"--model {a.model} but {path} describes a {family}")
+    else:
+        family = a.model or "llama"
+        if family not in FAMILIES:
+            raise ValueError(f"--model {family!r} is not a family ernie has; it has "
+                             f"{', '.join(sorted(FAMILIES))}")
+        hf = {"model_type": family}
+    make_config, model_class = FAMILIES[family]
+    config_class = getattr(model_class, "config_class", None) or \
+        type(make_config({"model_type": family}))
+    names = {f.name for f in dataclasses.fields(config_class)}
+    fields = {}
+    for item in filter(None, ",".join(filter(None, (a.set, a.llama))).split(",")):
+        key, _, value = item.partition("=")
+        if key not in names:
+            raise ValueError(f"--set {key}: {config_class.__name__} has no field {key!r}")
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value  # a word: dtype=bf16
+    if "dtype" in names and "dtype" not in fields and "torch_dtype" not in hf \
+            and "dtype" not in hf:
+        fields["dtype"] = "bf16"
+    # A config.json's fields, then --set's; without one, the family's
+    # defaults and --set's (checked together: one may need another).
+    config = dataclasses.replace(make_config(hf), **fields) if a.hf_config \
+        else config_class(**fields)
+    with abstract():
+        return model_class(config)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ernie.autoplan",
-                                 description="The best parallel plans for a Llama on a cluster")
+                                 description="The best parallel plans for a model on a cluster")
     ap.add_argument("--cluster", default="dgx_h100",
                     help=f"a shipped cluster ({', '.join(_cost.clusters())}) or a JSON file")
-    ap.add_argument("--hf-config", help="a Hugging Face Llama config.json")
-    ap.add_argument("--llama", default="", help="LlamaConfig fields: key=value,...")
+    ap.add_argument("--hf-config", help="a Hugging Face config.json (or its folder) of any "
+                                        f"family ernie has ({', '.join(sorted(FAMILIES))})")
+    ap.add_argument("--model", help="the family without --hf-config (default llama), as "
+                                    "config.json's model_type")
+    ap.add_argument("--set", default="", help="config fields: key=value,... (JSON values)")
+    ap.add_argument("--llama", default="", help="the same as --set (Llama's fields)")
     ap.add_argument("--global-batch", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--ranks", type=int)
@@ -658,15 +805,11 @@ def main(argv=None):
     ap.add_argument("--png", help="also write the plans' step breakdown as a PNG (matplotlib)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args(argv)
-    fields = {}
-    if a.hf_config:
-        fields.update(config_from_hf(read_json(a.hf_config)))
-    for item in filter(None, a.llama.split(",")):
-        key, _, value = item.partition("=")
-        fields[key] = value if key == "dtype" else json.loads(value)
-    fields.setdefault("dtype", "bf16")
-    with abstract():
-        model = LlamaForCausalLM(LlamaConfig(**fields))
+    try:
+        model = _model_from_args(a)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         plans = auto_plan(model, cluster=a.cluster, global_batch=a.global_batch, seq_len=a.seq,
                           ranks=a.ranks, top=a.top, memory_fraction=a.memory_fraction,
