@@ -418,6 +418,22 @@ static double allReduceTime(double sent, const GroupPlacement &g,
   return std::min(ring, tree);
 }
 
+/// An all-to-all: every rank sends 1/n of its tensor to each peer at
+/// once (NCCL's grouped send/recv), so the bytes bound for the same node
+/// cross its fast links while those bound for other nodes cross the
+/// network, both concurrently; one round of latency. `sent`: the bytes one
+/// rank sends, (n-1)/n of the tensor.
+static double allToAllTime(double sent, const GroupPlacement &g,
+                           const ClusterSpec &c) {
+  double n = double(g.size);
+  double perNode = n / double(g.nodes);
+  double intra = sent * (perNode - 1) / (n - 1), inter = sent - intra;
+  if (g.nodes == 1)
+    return c.intraNode.latency + intra / c.intraNode.bandwidth;
+  return c.interNode.latency + std::max(intra / c.intraNode.bandwidth,
+                                        inter / c.interNode.bandwidth);
+}
+
 double CostModel::collectiveTime(ReshardStep::Kind kind, double sent,
                                  const GroupPlacement &group) const {
   if (group.size <= 1)
@@ -426,9 +442,10 @@ double CostModel::collectiveTime(ReshardStep::Kind kind, double sent,
   switch (kind) {
   case ReshardStep::Kind::AllReduce:
     return allReduceTime(sent, group, link, cluster_);
+  case ReshardStep::Kind::AllToAll:
+    return allToAllTime(sent, group, cluster_);
   case ReshardStep::Kind::ReduceScatter:
   case ReshardStep::Kind::AllGather:
-  case ReshardStep::Kind::AllToAll:
     // Rings: n - 1 hops, each moving 1/n of the tensor.
     return double(group.size - 1) * link.latency + sent / link.bandwidth;
   case ReshardStep::Kind::ShardSlice:
@@ -477,9 +494,12 @@ double CostModel::collectiveTime(Operation *op) const {
   if (isa<AllGatherOp>(op))
     return collectiveTime(Kind::AllGather, share * bytesOf(op->getResult(0)),
                           g);
-  if (isa<ReduceScatterOp, AllToAllOp>(op))
+  if (isa<ReduceScatterOp>(op))
     return collectiveTime(Kind::ReduceScatter,
                           share * bytesOf(op->getOperand(0)), g);
+  if (isa<AllToAllOp>(op))
+    return collectiveTime(Kind::AllToAll, share * bytesOf(op->getOperand(0)),
+                          g);
   if (isa<AllReduceStartOp, ReduceScatterStartOp, AllGatherStartOp>(op)) {
     // A bucket: the blocking op's algorithm over its one message (a gather
     // moves the whole gathered tensors).

@@ -72,6 +72,23 @@ func.func @train_step(%y: tensor<128x64xf32>) -> (tensor<128x64xf32>, tensor<128
 
 // -----
 
+// An all-to-all sends 3/4 of its 32768 bytes (24576 B) to its three peers
+// at once: one round of latency. One node of four: 10 us + 24576 B / 1e10
+// B/s = 12.4576 us (as a ring it was 3·10 + 2.4576 us). Two nodes of two:
+// a third of it (8192 B) stays in the node while 16384 B cross the 1 GB/s
+// network concurrently: 10 + max(0.8192, 16.384) = 26.384 us.
+ernie.mesh @mesh(ep = 4)
+// CHECK: "comm_seconds": {
+// CHECK-NEXT: "ep": 1.245{{[0-9]+}}e-05
+// NODES: "comm_seconds": {
+// NODES-NEXT: "ep": 2.638{{[0-9]+}}e-05
+func.func @train_step(%y: tensor<128x64xf32>) -> tensor<512x16xf32> {
+  %a = ernie.all_to_all %y over @mesh[ep] split_dim = 1, concat_dim = 0 : tensor<128x64xf32> -> tensor<512x16xf32>
+  return %a : tensor<512x16xf32>
+}
+
+// -----
+
 // A bf16 GEMM against the bf16 peak (4e12: 1.048576 us) is memory-bound
 // now: 114688 bytes / 1e11 B/s = 1.14688 us, + 1 us. MFU is measured
 // against the bf16 peak.
