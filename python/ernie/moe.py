@@ -152,8 +152,15 @@ class MoELayer(Module):
         self.e_score_correction_bias = np.zeros(e, np.float32)
         self.token_groups = 1
         # Set by ep_config: the mesh axes the experts split over, and the
-        # other axes that split the tokens (the buffers' groups).
+        # other axes that split the tokens (the buffers' groups). Under
+        # tensor parallelism the tokens reach the layer whole on every mp
+        # rank: `route_axes` (the mp axis) splits them for routing and
+        # dispatch, so each mp rank sends only its share (Megatron's token
+        # split), gathered back over mp for experts that mp splits
+        # (`experts_split_over_route_axes`) and after the combine.
         self.expert_axes, self.group_axes = [], []
+        self.route_axes, self.experts_split_over_route_axes = [], False
+        self.token_shards = 1  # the ranks of the token axes (route axes aside)
         # The last trace's count of dropped choices (a traced i64 scalar);
         # a training program also keeps each step's in its state.
         self.last_dropped = None
@@ -169,7 +176,8 @@ class MoELayer(Module):
             raise ValueError(f"{self.where}: {tokens} tokens do not split into {g} groups")
         tg, e, k = tokens // g, cfg.num_experts, cfg.k
         c = capacity(cfg, tg, self.where)
-        h = x.reshape(g, tg, hidden)
+        whole = x.reshape(g, tg, hidden)
+        h = self._for_routing(whole)
 
         rd = self.router_dtype
         logits = F.matmul(h.astype(rd) if h.dtype != rd else h, self.gate.p("weight"))
@@ -205,16 +213,16 @@ class MoELayer(Module):
             h.trace.state(name, np.zeros((), np.float32))
             h.trace.update_state(name, F.cast(self.last_dropped, "f32"))
         ones = F.full([g, tg, k], 1.0, h.dtype)
-        buf = self._by_experts(self._by_tokens(F.moe_dispatch(h, experts, slots, ones, e, c)))
+        buf = self._to_experts(F.moe_dispatch(h, experts, slots, ones, e, c))
         buf = buf.reshape(e, g * c, hidden)
         gate = F.matmul(buf, self.experts.gate_proj.p("weight"))
         up = F.matmul(buf, self.experts.up_proj.p("weight"))
         y = F.matmul(F.silu(gate) * up, self.experts.down_proj.p("weight"))
-        y = self._by_tokens(self._by_experts(y.reshape(e, g, c, hidden)))
+        y = self._to_tokens(y.reshape(e, g, c, hidden))
         out = F.moe_combine(y, experts, slots,
                             weights.astype(h.dtype) if h.dtype != rd else weights)
         if cfg.num_shared_experts:
-            out = out + self.shared_experts(h)
+            out = out + self.shared_experts(whole)
         return out.reshape(*shape), self._losses(logits, probs, usage, tokens * 1.0)
 
     def bias_name(self) -> str:
@@ -241,18 +249,60 @@ class MoELayer(Module):
     # reshard between them the all-to-all, and keeps propagation from
     # gathering the tokens instead.
 
-    def _by_tokens(self, buffers):
-        token_axes = self.group_axes + [a for a in self.expert_axes if a not in self.group_axes]
-        return self._pin(buffers, [], token_axes)
+    #
+    # Under mp the groups split over the token axes and, within each token
+    # shard, over mp (`route_axes`): the buffers are viewed as [E, shards,
+    # groups per shard, capacity, hidden], so the all-to-all moves the token
+    # axes between the first two dimensions and leaves each mp rank's share
+    # where it is (the bytes fall by mp); experts that mp splits gather the
+    # shares after it (Megatron's expert tensor parallelism), others keep
+    # them split.
 
-    def _by_experts(self, buffers):
-        return self._pin(buffers, self.expert_axes, self.group_axes)
+    def _batch_axes(self):
+        return self.group_axes + [a for a in self.expert_axes if a not in self.group_axes]
 
-    def _pin(self, buffers, expert_axes, group_axes):
+    def _for_routing(self, h):
+        """The tokens [groups, tokens, hidden] split by groups over every
+        axis that routes them (the tensor-parallel one too)."""
+        if not self.route_axes:
+            return h
+        return F.sharding_constraint(h, ("mesh", [self._batch_axes() + self.route_axes, [], []],
+                                         []), _EP_PRIORITY)
+
+    def _to_experts(self, buffers):
+        """Dispatch's buffers [E, groups, capacity, hidden], from split by
+        groups to split by experts."""
         if not self.expert_axes:
             return buffers
-        dims = [list(expert_axes), list(group_axes), [], []]
-        return F.sharding_constraint(buffers, ("mesh", dims, []), _EP_PRIORITY)
+        if not self.route_axes:
+            tokens = self._pin(buffers, [[], self._batch_axes(), [], []])
+            return self._pin(tokens, [self.expert_axes, self.group_axes, [], []])
+        e, g, c, hidden = buffers.shape
+        view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
+        view = self._pin(view, [[], self._batch_axes(), self.route_axes, [], []])
+        keep = [] if self.experts_split_over_route_axes else self.route_axes
+        return self._pin(view, [self.expert_axes, self.group_axes, keep, [], []]) \
+            .reshape(e, g, c, hidden)
+
+    def _to_tokens(self, buffers):
+        """The experts' results [E, groups, capacity, hidden] back to split
+        by groups, for the combine."""
+        if not self.expert_axes:
+            return buffers
+        if not self.route_axes:
+            experts = self._pin(buffers, [self.expert_axes, self.group_axes, [], []])
+            return self._pin(experts, [[], self._batch_axes(), [], []])
+        e, g, c, hidden = buffers.shape
+        view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
+        keep = [] if self.experts_split_over_route_axes else self.route_axes
+        view = self._pin(view, [self.expert_axes, self.group_axes, keep, [], []])
+        return self._pin(view, [[], self._batch_axes(), self.route_axes, [], []]) \
+            .reshape(e, g, c, hidden)
+
+    @staticmethod
+    def _pin(buffers, dims):
+        return F.sharding_constraint(buffers, ("mesh", [list(d) for d in dims], []),
+                                     _EP_PRIORITY)
 
     def _losses(self, logits, probs, usage, tokens):
         cfg, e, rd = self.cfg, self.cfg.num_experts, self.router_dtype

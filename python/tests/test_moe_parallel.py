@@ -10,7 +10,8 @@ Communication: each MoE layer moves its capacity buffers with four
 all-to-alls a step (dispatch and combine, forward and backward); a rank
 sends (ep - 1) / ep of each, which gives the formula
 2 * tokens * k * hidden * bytes * (ep - 1) / ep each way, forward and
-backward, at capacity factor 1.
+backward, at capacity factor 1, tokens being the rank's share: under mp
+each tensor-parallel rank dispatches 1 / mp of its shard's tokens.
 """
 
 import re
@@ -141,6 +142,27 @@ def test_all_to_all_volume_is_the_formula(ep):
     sent = a2a["bytes"] * (ep - 1) / ep
     formula = 2 * tokens * k * hidden * nbytes * (ep - 1) / ep  # each way, fwd + bwd
     assert sent == pytest.approx(moe_layers * 2 * formula)
+
+
+@pytest.mark.parametrize("plan", ["ep2xmp2", "ep2xmp2-sp"])
+def test_each_tensor_parallel_rank_dispatches_its_share_of_the_tokens(plan):
+    """Under mp the tokens are split over mp before dispatch (the plans'
+    losses equal one rank's: test_expert_parallel_training_matches_single_rank):
+    the all-to-all moves tokens / (ep * mp) per rank, half what ep 2 alone
+    moves per rank of its group."""
+    shape, names, config = PLANS[plan]
+    prog, _ = train(shape, names, config, steps=1)
+    cfg = Ernie4_5Config(**TOY)
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    ep, mp = 2, 2
+    tokens = B * S // (ep * mp)
+    a2a = prog.report()["collectives"]["all_to_all[ep]"]
+    assert a2a["count"] == 4 * moe_layers
+    sent = a2a["bytes"] * (ep - 1) / ep
+    formula = 2 * tokens * cfg.moe_k * cfg.hidden_size * 4 * (ep - 1) / ep
+    assert sent == pytest.approx(moe_layers * 2 * formula)
+    alone, _ = train([ep], ["ep"], {"ep_config": {"axis": "ep", "token_groups": 4}}, steps=1)
+    assert a2a["bytes"] * mp == alone.report()["collectives"]["all_to_all[ep]"]["bytes"]
 
 
 def test_bad_expert_plans_name_the_layer():

@@ -411,7 +411,10 @@ def _configure_experts(model, mesh, ep, plan_state):
     data-parallel axis and the expert axes alike (an expert axis that is
     the dp / ZeRO axis is Paddle's ep_degree == sharding_degree), and each
     MoE layer routes one group per token shard (`token_groups` overrides
-    the count)."""
+    the count). Under mp_config the tokens, whole on every mp rank, are
+    split over mp too for routing and dispatch: each tensor-parallel rank
+    dispatches its share, so the all-to-all bytes per rank fall by the mp
+    degree (the groups then count the mp ranks as shards too)."""
     axes = ep.get("axis", "ep")
     axes = [axes] if isinstance(axes, str) else list(axes)
     layers = moe_layers(model)
@@ -428,11 +431,13 @@ def _configure_experts(model, mesh, ep, plan_state):
                          f"{' x '.join(axes)} have {degree} ranks")
     batch_axes = [plan_state["dp_axis"]] if plan_state["dp_axis"] else []
     batch_axes += [a for a in axes if a not in batch_axes]
-    shards = int(np.prod([mesh.get_dim_size(a) for a in batch_axes]))
+    route_axes = [a for a in [plan_state.get("mp_axis")] if a and a not in batch_axes
+                  and mesh.get_dim_size(a) > 1]
+    shards = int(np.prod([mesh.get_dim_size(a) for a in batch_axes + route_axes]))
     groups = ep.get("token_groups", shards)
     if not isinstance(groups, int) or groups < 1 or groups % shards:
         raise ValueError(f"ep_config.token_groups = {groups!r} must be a positive multiple of "
-                         f"the {shards} token shards ({' x '.join(batch_axes)})")
+                         f"the {shards} token shards ({' x '.join(batch_axes + route_axes)})")
     set_token_groups(model, groups)
     for name, layer in layers:
         experts = layer.cfg.num_experts
@@ -444,6 +449,11 @@ def _configure_experts(model, mesh, ep, plan_state):
                 _shard_param(p, mesh, a, 0)
         layer.expert_axes = list(axes)
         layer.group_axes = [a for a in batch_axes if a not in axes]
+        layer.route_axes = route_axes
+        layer.token_shards = int(np.prod([mesh.get_dim_size(a) for a in batch_axes]))
+        layer.experts_split_over_route_axes = any(
+            isinstance(p.placements[mesh.dim_names.index(a)], Shard)
+            for _, p in layer.experts.named_parameters() if p.placements for a in route_axes)
     plan_state["batch_axes"] = batch_axes
 
 
@@ -530,6 +540,7 @@ def parallelize(model: Module, optimizer=None, mesh: ProcessMesh | None = None, 
             raise ValueError(f"mp_config needs a mesh dimension named 'mp'; the mesh has {mesh.dim_names}")
         # Decomposed collective matmuls (--ernie-sequence-parallel-overlap).
         plan_state["sequence_parallel_overlap"] = mp.sequence_parallel_overlap
+        plan_state["mp_axis"] = "mp"
         layers = dict(model.named_sublayers())
         params = dict(model.named_parameters())
         for key, plans in mp.parallelize_plan.items():
