@@ -236,23 +236,52 @@ private:
   llvm::MapVector<Value, ShardingAttr> settled;
 };
 
-/// The sharding of an `add` whose operands are all the same pending sum:
-/// the sum of pending sums is pending, and reducing once after the adds
-/// moves the bytes once instead of once per summand (the gradient of a
-/// value read by q, k and v projections is three partial products).
-ShardingAttr pendingSum(Operation *op,
-                        function_ref<ShardingAttr(Value)> shardingOf) {
-  if (!isa<AddOp>(op))
-    return {};
-  ShardingAttr first = shardingOf(op->getOperand(0));
-  if (!first || !first.isPartial() ||
-      llvm::any_of(first.getPartials(),
-                   [](auto p) { return p.second != ReduceKind::sum; }))
-    return {};
-  for (Value v : op->getOperands().drop_front())
-    if (shardingOf(v) != first)
-      return {};
-  return first;
+/// A pending sum an op passes on unreduced: its operands' shardings and
+/// its result's.
+struct PassedSum {
+  SmallVector<ShardingAttr> operands;
+  ShardingAttr result;
+};
+
+/// Whether `s` is a pending sum (every partial axis a sum).
+bool isPendingSum(ShardingAttr s) {
+  return s && s.isPartial() &&
+         llvm::all_of(s.getPartials(),
+                      [](auto p) { return p.second == ReduceKind::sum; });
+}
+
+/// What an op does with pending sums it is given, when it passes them on:
+/// an `add` whose operands are all the same pending sum keeps it pending
+/// (reducing once after the adds moves the bytes once instead of once per
+/// summand: the gradient of a value read by q, k and v projections is
+/// three partial products), and a `transpose` moves a pending sum's
+/// dimensions and keeps it pending (the sum of transposes is the transpose
+/// of the sum: a tied head's weight gradient, a transposed partial product,
+/// adds to the embedding's pending gradient and both reduce once).
+std::optional<PassedSum>
+passedSum(Operation *op, function_ref<ShardingAttr(Value)> shardingOf) {
+  if (isa<AddOp>(op)) {
+    ShardingAttr first = shardingOf(op->getOperand(0));
+    if (!isPendingSum(first))
+      return std::nullopt;
+    for (Value v : op->getOperands().drop_front())
+      if (shardingOf(v) != first)
+        return std::nullopt;
+    return PassedSum{SmallVector<ShardingAttr>(op->getNumOperands(), first),
+                     first};
+  }
+  if (auto transpose = dyn_cast<TransposeOp>(op)) {
+    ShardingAttr in = shardingOf(transpose.getInput());
+    if (!isPendingSum(in))
+      return std::nullopt;
+    SmallVector<SmallVector<StringRef>> dims;
+    for (int64_t from : transpose.getPerm())
+      dims.emplace_back(in.getDimAxes(from));
+    return PassedSum{{in},
+                     ShardingAttr::get(op->getContext(), in.getMesh(), dims,
+                                       in.getPartials())};
+  }
+  return std::nullopt;
 }
 
 /// Whether every factor of operand (or result) `index` of `rule` occurs in
@@ -406,8 +435,9 @@ bool Propagator::visit(Operation *op, int64_t level) {
     changed |= offerDerived(constraint.getInput(), lookup(constraint.getResult(), level), level);
     return changed;
   }
-  if (ShardingAttr pending = pendingSum(op, [&](Value v) { return lookup(v, level); }))
-    return offerDerived(op->getResult(0), pending, level);
+  if (std::optional<PassedSum> passed =
+          passedSum(op, [&](Value v) { return lookup(v, level); }))
+    return offerDerived(op->getResult(0), passed->result, level);
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);
   if (!ruleOp)
     return false;
@@ -577,9 +607,10 @@ OpPlan Propagator::planOp(Operation *op) {
     plan.operands[0] = constraint.getSharding();
     return plan;
   }
-  if (ShardingAttr pending = pendingSum(op, [&](Value v) { return get(v); });
-      pending && get(op->getResult(0)) == pending) {
-    plan.operands.assign(op->getNumOperands(), pending);
+  if (std::optional<PassedSum> passed =
+          passedSum(op, [&](Value v) { return get(v); });
+      passed && get(op->getResult(0)) == passed->result) {
+    plan.operands = passed->operands;
     return plan;
   }
   auto ruleOp = dyn_cast<ShardingRuleOpInterface>(op);

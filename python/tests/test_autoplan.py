@@ -371,6 +371,7 @@ def test_the_command_line_takes_any_familys_config_json(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "gpt5"], "--model 'gpt5' is not a family ernie has"),
     (["--set", "hiden_size=128"], "has no field 'hiden_size'"),
+    (["--ranks", "64"], "64 ranks but the cluster has 8 devices"),
 ])
 def test_the_command_line_names_a_bad_model(args, message):
     result = _autoplan_cli(*args, "--global-batch", "4", "--seq", "16")

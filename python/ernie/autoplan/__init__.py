@@ -817,6 +817,9 @@ def main(argv=None):
     except NothingFits as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (ValueError, OSError) as e:  # a cluster too small, a file that does not load
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(format_table(plans))
     print()
     print(explain(plans[0]))
