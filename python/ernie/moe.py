@@ -334,6 +334,34 @@ def _count(mask, axis=None, dtype="f32"):
     return F.sum(F.where(mask, ones, zeros), axis=axis)
 
 
+def load_balancing_loss(layers, num_experts: int, k: int):
+    """Hugging Face's load_balancing_loss_func (Mixtral, Qwen3-MoE, ERNIE
+    4.5 MoE) over `layers`, the MoE layers of the trace just made, all at
+    once: E * sum_e (U_e / R) * (P_e / R), with P_e the router
+    probabilities summed over every layer's tokens, U_e the top-k choices
+    of those probabilities (no selection bias: transformers recomputes
+    them) and R the rows (tokens times layers). None without a layer."""
+    layers = list(layers)
+    if not layers:
+        return None
+    if any(m.last_probs is None for m in layers):
+        raise RuntimeError("load_balancing_loss: a MoE layer has not been traced")
+    probs = usage = None
+    rows = 0
+    for m in layers:
+        p = m.last_probs  # [groups, tokens, E]
+        _, chosen = F.topk(F.stop_gradient(p), k)
+        g, t = p.shape[0], p.shape[1]
+        onehot = F.compare(F.broadcast_to(chosen.reshape(g, t, k, 1), [g, t, k, num_experts]),
+                           F.iota([g, t, k, num_experts], 3), "eq")
+        layer_usage = _count(onehot, axis=(0, 1, 2), dtype=p.dtype)
+        layer_probs = F.sum(p, axis=(0, 1))
+        probs = layer_probs if probs is None else probs + layer_probs
+        usage = layer_usage if usage is None else usage + layer_usage
+        rows += g * t
+    return F.sum(probs * usage) * (num_experts / float(rows) ** 2)
+
+
 def moe_layers(model: Module):
     """Every MoELayer of `model`, with its qualified name."""
     return [(name, m) for name, m in model.named_sublayers() if isinstance(m, MoELayer)]

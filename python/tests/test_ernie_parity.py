@@ -3,10 +3,10 @@ model made and saved by transformers (hf_reference.py, in the reference
 environment; skipped without it) loads in ernie with transformers' logits
 (f32: <= 1e-5 relative) and loss. The MoE config as published has
 `output_router_logits: false`: transformers then adds no auxiliary loss,
-and neither may ernie (it did: 6.5e-4 relative off). With it true the two
-differ today: transformers forms one load-balancing loss over every sparse
-layer's routing together, ernie's MoE layers one each (summed); the
-reference script's "ernie4_5_moe-aux" family makes that case.
+and neither may ernie (it did: 6.5e-4 relative off). With it true both add
+router_aux_loss_coef times one load-balancing loss over every sparse
+layer's routing together (`ernie.moe.load_balancing_loss`; the reference
+script's "ernie4_5_moe-aux" family).
 """
 
 import numpy as np
@@ -18,7 +18,7 @@ from ernie.models import AutoModelForCausalLM
 from test_qwen import hf_run, reference
 
 
-@pytest.mark.parametrize("family", ["ernie4_5", "ernie4_5_moe"])
+@pytest.mark.parametrize("family", ["ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux"])
 def test_a_transformers_folder_gives_transformers_numbers(tmp_path, family):
     reference("make", family, 11, tmp_path / "made")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")

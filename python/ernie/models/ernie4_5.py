@@ -19,8 +19,11 @@ transposed, for each e.
 
 The logits are cast to f32 before the loss (as Hugging Face and Megatron
 compute a bf16 model's cross-entropy); the router and its softmax run in
-f32. The model returns the mean cross-entropy of `labels` plus the MoE
-layers' weighted auxiliary losses. Labels are Hugging Face's (`labels =
+f32. The model returns the mean cross-entropy of `labels` plus, with
+`output_router_logits`, `router_aux_loss_coef` times Hugging Face's
+load-balancing loss over every sparse layer at once
+(`ernie.moe.load_balancing_loss`), and the MoE layers' own weighted
+orthogonal and z losses (ERNIE's; zero unless configured). Labels are Hugging Face's (`labels =
 input_ids`, shifted in the model, `-100` ignored); labels the data already
 shifted (Paddle's pretraining criterion) need `pre_shifted_labels=True`
 (`ernie.models.llama.causal_lm_loss`).
@@ -34,7 +37,7 @@ import numpy as np
 
 from .. import functional as F
 from ..distributed import ColWiseParallel, RowWiseParallel
-from ..moe import MoEConfig, MoELayer, SwiGLU
+from ..moe import MoEConfig, MoELayer, SwiGLU, load_balancing_loss
 from ..nn import Embedding, LayerList, Module, RMSNorm
 from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_json, read_tensors,
                        write_hf_folder)
@@ -125,8 +128,9 @@ class Ernie4_5Config:
                          intermediate_size=self.moe_intermediate_size,
                          num_shared_experts=self.moe_num_shared_experts,
                          capacity_factor=self.moe_capacity_factor, norm_min=self.moe_norm_min,
-                         aux_loss_coef=self.router_aux_loss_coef if self.output_router_logits
-                         else 0.0,
+                         # The load-balancing loss is the model's, over every
+                         # layer at once (Ernie4_5ForCausalLM.forward).
+                         aux_loss_coef=0.0,
                          orthogonal_loss_coef=self.router_orthogonal_loss_coef,
                          z_loss_coef=self.router_z_loss_coef,
                          aux_free_rate=self.moe_aux_free_rate)
@@ -266,7 +270,14 @@ class Ernie4_5ForCausalLM(Module):
             return logits
         if logits.dtype != "f32" and logits.dtype != "f64":
             logits = logits.astype("f32")
-        loss = causal_lm_loss(logits, labels, self.config.pre_shifted_labels)
+        cfg = self.config
+        loss = causal_lm_loss(logits, labels, cfg.pre_shifted_labels)
+        if cfg.output_router_logits and cfg.router_aux_loss_coef:
+            balance = load_balancing_loss((layer.mlp for layer in self.model.layers
+                                           if layer.is_moe), cfg.moe_num_experts, cfg.moe_k)
+            if balance is not None:
+                balance = balance * cfg.router_aux_loss_coef
+                aux = balance if aux is None else aux + balance
         if aux is not None:
             loss = loss + (aux.astype(loss.dtype) if aux.dtype != loss.dtype else aux)
         return loss

@@ -34,8 +34,9 @@ expert count as `num_local_experts`; both names are read.
 Parallelism: `model.parallelize_plan()` is Qwen3's Megatron plan with the
 experts' projections split within each expert (column / row); expert
 parallelism is `ep_config` as for ERNIE 4.5 (the experts' dimension 0).
-The load-balancing loss reads every sparse layer's routing at once;
-pipeline stages (pp_config) with it on are not supported.
+The load-balancing loss reads every sparse layer's routing at once
+(ernie.moe.load_balancing_loss); under pp_config each stage's per-expert
+sums travel to the last stage with the activations.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import ClassVar
 
 from .. import distributed as dist
 from .. import functional as F
-from ..moe import MoEConfig
+from ..moe import MoEConfig, load_balancing_loss
 from .config_checks import check_counts, check_finite, check_size
 from .llama import LlamaForCausalLM, causal_lm_loss
 from .llama import parallelize_plan as _llama_plan
@@ -143,22 +144,10 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
     def load_balancing_loss(self):
         """Hugging Face's load_balancing_loss_func over the sparse layers of
-        the trace just made (None without any): E * sum_e (U_e / (L T)) *
-        (P_e / (L T))."""
-        layers = [layer.mlp for layer in self.base_model.layers if layer.is_moe]
-        if not layers:
-            return None
-        if any(m.last_probs is None for m in layers):
-            raise RuntimeError("load_balancing_loss: a sparse layer has not been traced")
-        probs = usage = None
-        rows = 0
-        for m in layers:
-            p = F.sum(m.last_probs, axis=(0, 1))  # [E]: the layer's probabilities summed
-            probs = p if probs is None else probs + p
-            usage = m.last_usage if usage is None else usage + m.last_usage
-            rows += m.last_probs.shape[0] * m.last_probs.shape[1]
-        e = self.config.num_experts
-        return F.sum(probs * usage) * (e / float(rows) ** 2)
+        the trace just made (None without any): ernie.moe.load_balancing_loss."""
+        cfg = self.config
+        return load_balancing_loss((layer.mlp for layer in self.base_model.layers
+                                    if layer.is_moe), cfg.num_experts, cfg.num_experts_per_tok)
 
     def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
         cfg = self.config
