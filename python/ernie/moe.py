@@ -362,6 +362,28 @@ def load_balancing_loss(layers, num_experts: int, k: int):
     return F.sum(probs * usage) * (num_experts / float(rows) ** 2)
 
 
+def expert_padding_flops(model: Module, tokens: int, micro_batches: int = 1) -> float:
+    """FLOPs a training step of `model` on `tokens` tokens spends on empty
+    expert slots, less those it skips for dropped choices: per MoE layer,
+    (E x groups x capacity - tokens x k) rows through the three expert
+    GEMMs, forward and backward (18 x hidden x intermediate FLOPs a row).
+    Subtracted from the FLOPs the program computes, it leaves the model's:
+    6 x active parameters per token, as Megatron counts a MoE step (a
+    dropless layer here gives every expert a slot for every token of its
+    group, E / k times what routing uses). A pipelined program routes each
+    of its `micro_batches` in the layer's groups."""
+    total = 0.0
+    for _, layer in moe_layers(model):
+        cfg = layer.cfg
+        hidden = layer.experts.gate_proj._parameters["weight"].shape[1]
+        groups = layer.token_groups * micro_batches
+        if tokens % groups:
+            raise ValueError(f"{layer.where}: {tokens} tokens do not split into {groups} groups")
+        slots = cfg.num_experts * groups * capacity(cfg, tokens // groups, layer.where)
+        total += 18.0 * hidden * cfg.intermediate_size * (slots - tokens * cfg.k)
+    return total
+
+
 def moe_layers(model: Module):
     """Every MoELayer of `model`, with its qualified name."""
     return [(name, m) for name, m in model.named_sublayers() if isinstance(m, MoELayer)]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cost, cost_model
+from .. import cost
 from .. import distributed as dist
 from ..compiler import compile as compile_program
 from ..data import DataLoader, PackedSamples
@@ -228,7 +228,7 @@ class Trainer:
         if not self.dry_run:  # MFU's peak: this machine's, measured
             try:
                 cluster = cost.calibrate_cpu(ranks=ranks, repeats=2, profile=False)
-                peak = cost_model.estimate(program.module, cluster)
+                peak = program.estimate(cluster)
             except Exception as e:  # a plan the cost model cannot price: no MFU, said so
                 metrics.header(f"MFU: not available ({e})")
         plan = ", ".join(f"{n}={s}" for n, s in zip(program.mesh.dim_names, program.mesh.shape)) \
@@ -244,9 +244,12 @@ class Trainer:
         if peak:
             lines.append(
                 f"MFU = model FLOPs per step ({peak['model_flops'] / 1e9:.3f} GFLOP, counted from "
-                f"the compiled ops; recomputation excluded) / (step time x {ranks} rank(s) x "
+                f"the compiled ops; recomputation excluded"
+                + ("; less the MoE layers' empty expert slots: 6 x active parameters a token"
+                   if peak.get("expert_padding_flops") else "")
+                + f") / (step time x {ranks} rank(s) x "
                 f"peak {peak['peak_flops'] / 1e9:.1f} GFLOP/s per rank, calibrate_cpu's GEMM "
-                f"peak); HFU adds the recomputed FLOPs")
+                f"peak); HFU counts what the program computes, recomputation included")
         for line in lines:
             metrics.header(line)
         return peak
@@ -369,7 +372,10 @@ class Trainer:
                     flops = peak["model_flops"]
                     capacity = seconds * peak["peak_flops"] * peak["ranks"]
                     record["mfu"] = flops / capacity
-                    record["hfu"] = (flops + peak.get("recompute_flops", 0)) / capacity
+                    # Hardware FLOPs: what the program computes (empty expert
+                    # slots too) and recomputes.
+                    record["hfu"] = (peak.get("computed_flops", flops) +
+                                     peak.get("recompute_flops", 0)) / capacity
                 if job.metrics.sample_ids:  # the whole global batch, from its indices
                     first = (step - 1) * t.global_batch
                     record["samples"] = [train.sample_id(g)
