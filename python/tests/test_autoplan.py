@@ -376,3 +376,45 @@ def test_the_command_line_takes_any_familys_config_json(tmp_path):
 def test_the_command_line_names_a_bad_model(args, message):
     result = _autoplan_cli(*args, "--global-batch", "4", "--seq", "16")
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+# -- uneven pipeline stages ----------------------------------------------------
+
+def compiled_for_cluster(m, plan):
+    """The plan's program as the search compiles it (for its cluster)."""
+    ids = np.zeros((BATCH, SEQ), np.int64)
+    return ernie.compile(autoplan._shallow((type(m), m.config), m.config.num_hidden_layers),
+                         ernie.optimizer.AdamW(1e-4), [ids, ids], mesh=plan.mesh,
+                         config=plan.config or None, abstract=True, cluster=cluster())
+
+
+def test_uneven_stages_give_the_end_stages_fewer_layers():
+    assert autoplan.uneven_stages(126, 16) == (7,) + (8,) * 14 + (7,)  # Llama 3 405B
+    assert autoplan.uneven_stages(61, 16) == (3,) + (4,) * 13 + (3, 3)  # DeepSeek-V3
+    assert autoplan.uneven_stages(54, 12) == (4, 4, 4) + (5,) * 6 + (4, 4, 4)
+    with pytest.raises(ValueError):
+        autoplan.uneven_stages(3, 4)
+
+
+def test_a_layer_count_the_stages_do_not_divide_is_searched_with_uneven_stages():
+    """5 layers on pp 2 and pp 4 (the search used to skip both): the plans'
+    memory is the full compile's of layers_per_stage [2, 3] / [1, 2, 1, 1]
+    (exact), and the stage with more layers holds more parameters."""
+    m = model(num_hidden_layers=5)
+    plans = dist.auto_plan(m, global_batch=BATCH, seq_len=SEQ, cluster=cluster(), top=8,
+                           choices={"pp": [2, 4]}, workers=1)
+    assert plans
+    for p in plans:
+        c = p.candidate
+        assert sum(c.layers_per_stage) == 5 and len(c.layers_per_stage) == c.pp
+        assert p.config["pp_config"]["layers_per_stage"] == list(c.layers_per_stage)
+        assert "L" in p.name
+        report = compiled_for_cluster(m, p).report()
+        assert p.memory_bytes == report["peak_bytes_per_rank"]
+    two = next((p for p in plans if p.candidate.pp == 2), None)
+    if two is not None:
+        assert two.candidate.layers_per_stage == (3, 2)
+        report = compiled_for_cluster(m, two).report()
+        params = [st["parameter_bytes"] for st in report["stages"]]
+        # Stage 0: 3 layers and the embedding; stage 1: 2 layers, the head.
+        assert params[0] > params[1] or two.candidate.mp > 1

@@ -86,6 +86,10 @@ class Candidate:
     # Paddle's and ERNIE's expert parallelism on the sharding axis).
     ep: int = 1
     ep_on_dp: bool = False
+    # Layers per pipeline stage when pp does not divide them (empty: even):
+    # the stages holding the embedding and the head one layer fewer first,
+    # as Meta's 126 layers on pp 16 are [7, 8 x 14, 7].
+    layers_per_stage: tuple = ()
 
     @property
     def name(self) -> str:
@@ -94,6 +98,9 @@ class Candidate:
             parts.append(f"ep{self.ep}" + ("@dp" if self.ep_on_dp else ""))
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.layers_per_stage:
+            parts.append("L" + "/".join(f"{n}x{len(run)}" if len(run) > 1 else str(n)
+                                        for n, run, _ in _runs(self.layers_per_stage)))
         if self.sequence_parallel:
             parts.append("sp")
         if self.zero:
@@ -137,6 +144,33 @@ class Plan:
                 f"{self.comm_bytes / 1e9:.2f} GB sent per rank, {how})")
 
     __str__ = __repr__
+
+
+def _runs(counts):
+    """(value, run, run) per run of equal values in `counts` (for names)."""
+    out = []
+    for n, g in itertools.groupby(counts):
+        run = list(g)
+        out.append((n, run, run))
+    return out
+
+
+def uneven_stages(layers: int, pp: int) -> tuple:
+    """Layers per stage for `layers` that `pp` stages do not divide: every
+    stage the ceiling, then one layer fewer on the last, the first, the
+    second last, ... stage until they add up — the stages that also hold
+    the head and the embedding give theirs up first (Meta's Llama 3 405B:
+    126 layers on 16 stages are [7, 8 x 14, 7]; Megatron's
+    --decoder-first/last-pipeline-num-layers)."""
+    if pp < 2 or layers < pp:
+        raise ValueError(f"{layers} layers on {pp} stages")
+    top = -(-layers // pp)
+    counts = [top] * pp
+    order = [i for pair in zip(range(pp - 1, -1, -1), range(pp)) for i in pair]
+    order = list(dict.fromkeys(order))  # last, first, second last, second, ...
+    for i in order[: top * pp - layers]:
+        counts[i] -= 1
+    return tuple(counts)
 
 
 class NothingFits(ValueError):
@@ -240,6 +274,9 @@ def _mesh_and_config(model, c: Candidate):
         config["pp_config"] = {"split_spec": _layer_list(model),
                                "accumulate_steps": c.micro_batches, "vpp_degree": c.vpp,
                                "gradient_accumulation_fusion": c.gradient_accumulation_fusion}
+        # Uneven stages at the model's depth (shallow copies split evenly).
+        if c.layers_per_stage and sum(c.layers_per_stage) == model.config.num_hidden_layers:
+            config["pp_config"]["layers_per_stage"] = list(c.layers_per_stage)
     if c.recompute_layers:
         name = _layer_list(model)
         config["recompute"] = {"granularity": c.recompute,
@@ -255,6 +292,10 @@ def _recomputed_layers(c: Candidate, layers):
     stage's, taken round-robin over the stage's chunks (chunk v of stage s
     is chunk v * pp + s, as the interleaved schedule places them) from each
     chunk's first layer on, so every chunk gives up its share."""
+    if c.layers_per_stage and sum(c.layers_per_stage) == layers:  # uneven: vpp 1
+        starts = [sum(c.layers_per_stage[:s]) for s in range(c.pp)]
+        return sorted(start + j for start, n in zip(starts, c.layers_per_stage)
+                      for j in range(min(c.recompute_layers, n)))
     per_chunk = layers // (c.pp * c.vpp)
     chosen = []
     for stage in range(c.pp):
@@ -328,10 +369,15 @@ def _derived(out, like):
     return out
 
 
-def _extrapolate(one, two, per_chunk):
+def _extrapolate(one, two, per_chunk, stage_layers=()):
     """Affine in the layers per chunk: one at 1, two at 2, wanted at
-    per_chunk."""
-    return _derived(_between(one, two, per_chunk - 1), two)
+    per_chunk; with uneven `stage_layers`, each stage's memory at its own
+    count (the step at the fullest stage's: the pipeline waits for it)."""
+    out = _between(one, two, per_chunk - 1)
+    if stage_layers:
+        for key in ("function_bytes", "state_bytes"):
+            out[key] = [_between(a, b, n - 1) for a, b, n in zip(one[key], two[key], stage_layers)]
+    return _derived(out, two)
 
 
 def _partial_recompute(c: Candidate, kept, recomputed, limit, stage_layers):
@@ -370,11 +416,14 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
             continue
         for pp in (d for d in divisors if (n // mp) % d == 0):
             dp = n // (mp * pp)
-            if global_batch % dp or layers % pp:
+            if global_batch % dp or layers < pp:
                 continue
+            # Stages of unequal layer counts where pp does not divide them
+            # (one model chunk per stage then).
+            uneven = uneven_stages(layers, pp) if layers % pp else ()
             local = global_batch // dp
             for vpp in range(1, max_vpp + 1):
-                if layers % (pp * vpp) or (vpp > 1 and pp == 1):
+                if layers % (pp * vpp) and not (uneven and vpp == 1) or (vpp > 1 and pp == 1):
                     continue
                 sizes = micro_batch_sizes if pp > 1 else (local,)
                 for mbs in sizes:
@@ -393,7 +442,7 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                         c = Candidate(dp // ep if ep > 1 and not on_dp else dp, mp, pp, vpp, sp,
                                       micro_batch_size=mbs, micro_batches=m,
                                       gradient_accumulation_fusion=fusion, ep=ep,
-                                      ep_on_dp=on_dp)
+                                      ep_on_dp=on_dp, layers_per_stage=uneven)
                         if all(allowed(k, getattr(c, k)) for k in
                                ("dp", "mp", "pp", "vpp", "sequence_parallel", "micro_batch_size",
                                 "ep", "ep_on_dp")):
@@ -448,7 +497,8 @@ def _search_structure(job):
             continue
         if best is not None and c.recompute != "full":
             continue
-        per_chunk = config.num_hidden_layers // chunks
+        per_chunk = max(c.layers_per_stage) if c.layers_per_stage else \
+            config.num_hidden_layers // chunks
         try:
             one = _evaluate(family, c, chunks, batch, seq, spec, optimizer)
             # At one layer per chunk the first compile is the model itself.
@@ -459,7 +509,7 @@ def _search_structure(job):
                 lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
             continue
         compiles += 2 if per_chunk > 1 else 1
-        guess = _extrapolate(one, two, per_chunk)
+        guess = _extrapolate(one, two, per_chunk, c.layers_per_stage)
         if closest is None or guess["memory_bytes"] < closest[1]:
             closest = (c, guess["memory_bytes"])
         if verbose:
@@ -634,7 +684,7 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             break
         # A partial recomputation guessed a little short: one more layer
         # per stage until the real program fits (all of them is "full").
-        stage_layers = layers // c.pp
+        stage_layers = max(c.layers_per_stage) if c.layers_per_stage else layers // c.pp
         while e["memory_bytes"] > limit and 0 < c.recompute_layers < stage_layers:
             more = c.recompute_layers + 1
             c = dataclasses.replace(c, recompute_layers=0 if more == stage_layers else more)
@@ -658,7 +708,9 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
 LEGEND = ("dpN mpN ppN: data, tensor and pipeline parallel degrees; vppN: model chunks per "
           "pipeline rank; sp: sequence parallelism; zeroN: ZeRO level N; rc-full[:L], "
           "rc-selective: activation recomputation (L: layers of each stage recomputed, all "
-          "when absent); mMxB: M micro-batches of B sequences each; no-gaf: no gradient "
+          "when absent); L7/8x14/7: layers per pipeline stage where pp does not divide "
+          "them (7, then 8 on 14 stages, then 7); mMxB: M micro-batches of B sequences "
+          "each; no-gaf: no gradient "
           "accumulation fusion; epN: the experts split N ways over an axis of their own "
           "inside dp (the batch split over dp x ep); epN@dp: over the dp / ZeRO axis itself.")
 
