@@ -262,7 +262,8 @@ def test_the_command_line_runs_as_users_run_it():
     assert "BrokenProcessPool" not in result.stderr
     table = result.stdout
     assert table.splitlines()[0].split()[:2] == ["#", "plan"]
-    assert "mMxB: M micro-batches of B sequences" in table and "rc-full[:L]" in table
+    legend = " ".join(table.split())  # wrapped at 100 columns
+    assert "mMxB: M micro-batches of B sequences" in legend and "rc-full[:L]" in legend
 
 
 def test_a_plan_prints_as_one_readable_line():
@@ -397,21 +398,25 @@ def test_uneven_stages_give_the_end_stages_fewer_layers():
 
 
 def test_a_layer_count_the_stages_do_not_divide_is_searched_with_uneven_stages():
-    """5 layers on pp 2 and pp 4 (the search used to skip both): the plans'
-    memory is the full compile's of layers_per_stage [2, 3] / [1, 2, 1, 1]
-    (exact), and the stage with more layers holds more parameters."""
+    """5 layers on pp 2 and pp 4, and interleaved on pp 2 x vpp 2 (the
+    search used to skip them all): the plans' memory is the full compile's
+    of their layers_per_stage (exact), and the stage with more layers holds
+    more parameters."""
     m = model(num_hidden_layers=5)
     plans = dist.auto_plan(m, global_batch=BATCH, seq_len=SEQ, cluster=cluster(), top=8,
                            choices={"pp": [2, 4]}, workers=1)
+    # Interleaved too: 5 layers in 2 x 2 chunks are [1, 2, 1, 1].
+    assert any(c.vpp == 2 and c.layers_per_stage == (1, 2, 1, 1)
+               for c, _ in autoplan.auto_plan.last_search["ranked"])
     assert plans
     for p in plans:
         c = p.candidate
-        assert sum(c.layers_per_stage) == 5 and len(c.layers_per_stage) == c.pp
+        assert sum(c.layers_per_stage) == 5 and len(c.layers_per_stage) == c.pp * c.vpp
         assert p.config["pp_config"]["layers_per_stage"] == list(c.layers_per_stage)
         assert "L" in p.name
         report = compiled_for_cluster(m, p).report()
         assert p.memory_bytes == report["peak_bytes_per_rank"]
-    two = next((p for p in plans if p.candidate.pp == 2), None)
+    two = next((p for p in plans if p.candidate.pp == 2 and p.candidate.vpp == 1), None)
     if two is not None:
         assert two.candidate.layers_per_stage == (3, 2)
         report = compiled_for_cluster(m, two).report()

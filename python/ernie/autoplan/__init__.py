@@ -86,10 +86,22 @@ class Candidate:
     # Paddle's and ERNIE's expert parallelism on the sharding axis).
     ep: int = 1
     ep_on_dp: bool = False
-    # Layers per pipeline stage when pp does not divide them (empty: even):
-    # the stages holding the embedding and the head one layer fewer first,
-    # as Meta's 126 layers on pp 16 are [7, 8 x 14, 7].
+    # Layers per model chunk (pp x vpp of them, chunk v * pp + s on stage
+    # s) when the chunks do not divide the layers (empty: even): the chunks
+    # holding the embedding and the head one layer fewer first, as Meta's
+    # 126 layers on pp 16 are [7, 8 x 14, 7] (pp_config.layers_per_stage).
     layers_per_stage: tuple = ()
+
+    def chunk_layers(self, layers: int) -> list:
+        """Layers of each model chunk of a `layers`-deep model."""
+        if self.layers_per_stage and sum(self.layers_per_stage) == layers:
+            return list(self.layers_per_stage)
+        return [layers // (self.pp * self.vpp)] * (self.pp * self.vpp)
+
+    def stage_layers(self, layers: int) -> list:
+        """Layers each pipeline stage holds (its chunks together)."""
+        chunks = self.chunk_layers(layers)
+        return [sum(chunks[v * self.pp + s] for v in range(self.vpp)) for s in range(self.pp)]
 
     @property
     def name(self) -> str:
@@ -156,11 +168,11 @@ def _runs(counts):
 
 
 def uneven_stages(layers: int, pp: int) -> tuple:
-    """Layers per stage for `layers` that `pp` stages do not divide: every
-    stage the ceiling, then one layer fewer on the last, the first, the
-    second last, ... stage until they add up — the stages that also hold
-    the head and the embedding give theirs up first (Meta's Llama 3 405B:
-    126 layers on 16 stages are [7, 8 x 14, 7]; Megatron's
+    """Layers per stage (or model chunk: pp x vpp of them) for `layers`
+    that `pp` do not divide: every one the ceiling, then one layer fewer on
+    the last, the first, the second last, ... until they add up — the ones
+    that also hold the head and the embedding give theirs up first (Meta's
+    Llama 3 405B: 126 layers on 16 stages are [7, 8 x 14, 7]; Megatron's
     --decoder-first/last-pipeline-num-layers)."""
     if pp < 2 or layers < pp:
         raise ValueError(f"{layers} layers on {pp} stages")
@@ -292,14 +304,12 @@ def _recomputed_layers(c: Candidate, layers):
     stage's, taken round-robin over the stage's chunks (chunk v of stage s
     is chunk v * pp + s, as the interleaved schedule places them) from each
     chunk's first layer on, so every chunk gives up its share."""
-    if c.layers_per_stage and sum(c.layers_per_stage) == layers:  # uneven: vpp 1
-        starts = [sum(c.layers_per_stage[:s]) for s in range(c.pp)]
-        return sorted(start + j for start, n in zip(starts, c.layers_per_stage)
-                      for j in range(min(c.recompute_layers, n)))
-    per_chunk = layers // (c.pp * c.vpp)
+    counts = c.chunk_layers(layers)
+    starts = [sum(counts[:k]) for k in range(len(counts))]
     chosen = []
     for stage in range(c.pp):
-        order = [(v * c.pp + stage) * per_chunk + j for j in range(per_chunk) for v in range(c.vpp)]
+        chunks = [v * c.pp + stage for v in range(c.vpp)]
+        order = [starts[k] + j for j in range(max(counts)) for k in chunks if j < counts[k]]
         chosen += order[:c.recompute_layers]
     return sorted(chosen)
 
@@ -371,8 +381,9 @@ def _derived(out, like):
 
 def _extrapolate(one, two, per_chunk, stage_layers=()):
     """Affine in the layers per chunk: one at 1, two at 2, wanted at
-    per_chunk; with uneven `stage_layers`, each stage's memory at its own
-    count (the step at the fullest stage's: the pipeline waits for it)."""
+    per_chunk; with uneven `stage_layers` (each stage's layers per chunk),
+    each stage's memory at its own count (the step at the fullest chunk's:
+    the pipeline waits for it)."""
     out = _between(one, two, per_chunk - 1)
     if stage_layers:
         for key in ("function_bytes", "state_bytes"):
@@ -418,13 +429,14 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
             dp = n // (mp * pp)
             if global_batch % dp or layers < pp:
                 continue
-            # Stages of unequal layer counts where pp does not divide them
-            # (one model chunk per stage then).
-            uneven = uneven_stages(layers, pp) if layers % pp else ()
             local = global_batch // dp
             for vpp in range(1, max_vpp + 1):
-                if layers % (pp * vpp) and not (uneven and vpp == 1) or (vpp > 1 and pp == 1):
+                if (vpp > 1 and pp == 1) or layers < pp * vpp:
                     continue
+                # Chunks of unequal layer counts where pp x vpp does not
+                # divide the layers.
+                uneven = uneven_stages(layers, pp * vpp) if pp > 1 and layers % (pp * vpp) \
+                    else ()
                 sizes = micro_batch_sizes if pp > 1 else (local,)
                 for mbs in sizes:
                     if local % mbs:
@@ -497,8 +509,7 @@ def _search_structure(job):
             continue
         if best is not None and c.recompute != "full":
             continue
-        per_chunk = max(c.layers_per_stage) if c.layers_per_stage else \
-            config.num_hidden_layers // chunks
+        per_chunk = max(c.chunk_layers(config.num_hidden_layers))
         try:
             one = _evaluate(family, c, chunks, batch, seq, spec, optimizer)
             # At one layer per chunk the first compile is the model itself.
@@ -509,7 +520,9 @@ def _search_structure(job):
                 lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
             continue
         compiles += 2 if per_chunk > 1 else 1
-        guess = _extrapolate(one, two, per_chunk, c.layers_per_stage)
+        guess = _extrapolate(one, two, per_chunk,
+                             [n / c.vpp for n in c.stage_layers(config.num_hidden_layers)]
+                             if c.layers_per_stage else ())
         if closest is None or guess["memory_bytes"] < closest[1]:
             closest = (c, guess["memory_bytes"])
         if verbose:
@@ -519,7 +532,8 @@ def _search_structure(job):
             # Full recomputation fits where keeping everything did not:
             # recompute only as many layers as that takes.
             kept = tried.get((c.zero, "none"))
-            partial = _partial_recompute(c, kept, guess, limit, per_chunk * base.vpp) \
+            partial = _partial_recompute(c, kept, guess, limit,
+                                         max(c.stage_layers(config.num_hidden_layers))) \
                 if c.recompute == "full" and kept is not None else None
             if partial is not None:
                 c, guess = partial
@@ -684,7 +698,7 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
             break
         # A partial recomputation guessed a little short: one more layer
         # per stage until the real program fits (all of them is "full").
-        stage_layers = max(c.layers_per_stage) if c.layers_per_stage else layers // c.pp
+        stage_layers = max(c.stage_layers(layers))
         while e["memory_bytes"] > limit and 0 < c.recompute_layers < stage_layers:
             more = c.recompute_layers + 1
             c = dataclasses.replace(c, recompute_layers=0 if more == stage_layers else more)
@@ -708,8 +722,8 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
 LEGEND = ("dpN mpN ppN: data, tensor and pipeline parallel degrees; vppN: model chunks per "
           "pipeline rank; sp: sequence parallelism; zeroN: ZeRO level N; rc-full[:L], "
           "rc-selective: activation recomputation (L: layers of each stage recomputed, all "
-          "when absent); L7/8x14/7: layers per pipeline stage where pp does not divide "
-          "them (7, then 8 on 14 stages, then 7); mMxB: M micro-batches of B sequences "
+          "when absent); L7/8x14/7: layers per model chunk (pipeline stage x vpp) where "
+          "they do not divide the layers (7, then 8 on 14 chunks, then 7); mMxB: M micro-batches of B sequences "
           "each; no-gaf: no gradient "
           "accumulation fusion; epN: the experts split N ways over an axis of their own "
           "inside dp (the batch split over dp x ep); epN@dp: over the dp / ZeRO axis itself.")
