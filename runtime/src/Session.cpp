@@ -679,6 +679,18 @@ RankRunner::callPipelined(const std::string &fnName,
     std::vector<double> losses = fnName == "train_step"
                                      ? trainPipelined(micro, lr, step, metrics)
                                      : evalPipelined(micro);
+    // `value`, which the ranks of stage `owner` hold, on every stage.
+    auto fromStage = [&](HostTensor &value, int64_t owner, int64_t tag) {
+      if (executor_.stage() != owner) {
+        hostRecv(comm_, value.bytes.data(), value.bytes.size(),
+                 program_.rankInStage(comm_.rank(), owner), tag);
+        return;
+      }
+      for (int64_t t = 0; t < program_.numStages(); ++t)
+        if (t != owner)
+          hostSend(comm_, value.bytes.data(), value.bytes.size(),
+                   program_.rankInStage(comm_.rank(), t), tag);
+    };
     const int64_t last = (program_.numChunks() - 1) % program_.numStages();
     HostTensor loss(DType::F32, {});
     if (executor_.stage() == last) {
@@ -686,14 +698,8 @@ RankRunner::callPipelined(const std::string &fnName,
       for (double l : losses)
         sum += l;
       *loss.as<float>() = static_cast<float>(sum / static_cast<double>(m));
-      for (int64_t t = 0; t < program_.numStages(); ++t)
-        if (t != last)
-          hostSend(comm_, loss.bytes.data(), loss.bytes.size(),
-                   program_.rankInStage(comm_.rank(), t), kLossTag);
-    } else {
-      hostRecv(comm_, loss.bytes.data(), loss.bytes.size(),
-               program_.rankInStage(comm_.rank(), last), kLossTag);
     }
+    fromStage(loss, last, kLossTag);
     // The step's metrics after the loss, in stage order: each from the
     // stage whose update computes it.
     std::vector<HostTensor> out{std::move(loss)};
@@ -705,18 +711,10 @@ RankRunner::callPipelined(const std::string &fnName,
       for (const TensorSpec &res : update->results) {
         if (res.role != Role::Metric)
           continue;
-        const int64_t tag = metricTag(out.size() - 1);
         HostTensor value(DType::F32, {});
-        if (executor_.stage() == t) {
+        if (executor_.stage() == t)
           value = metrics.at(res.name);
-          for (int64_t u = 0; u < program_.numStages(); ++u)
-            if (u != t)
-              hostSend(comm_, value.bytes.data(), value.bytes.size(),
-                       program_.rankInStage(comm_.rank(), u), tag);
-        } else {
-          hostRecv(comm_, value.bytes.data(), value.bytes.size(),
-                   program_.rankInStage(comm_.rank(), t), tag);
-        }
+        fromStage(value, t, metricTag(out.size() - 1));
         out.push_back(std::move(value));
       }
     }
