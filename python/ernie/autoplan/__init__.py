@@ -434,9 +434,15 @@ def _candidates(model, n, devices_per_node, global_batch, micro_batch_sizes, max
                 if (vpp > 1 and pp == 1) or layers < pp * vpp:
                     continue
                 # Chunks of unequal layer counts where pp x vpp does not
-                # divide the layers.
+                # divide the layers, when no stage holds over 1.5x another's
+                # (126 layers on 16 stages, 7 or 8 each, yes; 28 on 16, 1 or
+                # 2, no: a pipeline that deep has nothing to balance).
                 uneven = uneven_stages(layers, pp * vpp) if pp > 1 and layers % (pp * vpp) \
                     else ()
+                if uneven:
+                    per_stage = [sum(uneven[v * pp + s] for v in range(vpp)) for s in range(pp)]
+                    if max(per_stage) > 1.5 * min(per_stage):
+                        continue
                 sizes = micro_batch_sizes if pp > 1 else (local,)
                 for mbs in sizes:
                     if local % mbs:
