@@ -106,13 +106,15 @@ def moe_rows():
         state = (max(st["parameter_bytes"] + st["gradient_bytes"] + st["optimizer_state_bytes"]
                  for st in r["stages"]) if pp > 1 else r["model_state_bytes"])
         hand_state = _hand_state(cfg, ep, mp, pp)
-        a2a = sum(v["bytes"] for k, v in r["collectives"].items() if k.startswith("all_to_all"))
+        # The experts' all-to-alls (over the expert axis, dp here).
+        a2a = r["collectives"]["all_to_all[dp]"]["bytes"]
         # Per MoE layer and micro-batch: four buffers [E, 1 group, C, hidden]
-        # in bf16 (dispatch, combine; forward and backward), hidden split
-        # over mp where the experts are.
+        # in bf16 (dispatch, combine; forward and backward); under mp each
+        # tensor-parallel rank dispatches 1 / mp of the tokens.
         moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
         c = capacity(cfg.moe_config(), seq)
-        hand_a2a = moe_layers * (micro or 1) * 4 * cfg.moe_num_experts * c * cfg.hidden_size * 2
+        hand_a2a = moe_layers * (micro or 1) * 4 * cfg.moe_num_experts * c * cfg.hidden_size * 2 \
+            / mp
         print(f"{name:44s} {params / 1e9:7.1f}B {seconds:7.1f}s {state / 1e9:9.2f}GB "
               f"{hand_state / 1e9:6.2f}GB {a2a / 2**30:8.2f}GiB {hand_a2a / 2**30:8.2f}GiB")
 
