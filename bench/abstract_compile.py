@@ -1,7 +1,9 @@
 """Compile time and per-rank model state of full-size models, compiled
 abstractly (no tensor allocated): Llama-70B on dp x mp = 8 x 8 and a
-7.5 B-parameter GPT on dp = 64, each at ZeRO levels 0-3, and Llama-70B on
-dp x pp x mp = 8 x 16 x 8 (1024 ranks; 16 micro-batches, 1F1B) at ZeRO-1.
+7.5 B-parameter GPT on dp = 64, each at ZeRO levels 0-3, Llama-70B on
+dp x pp x mp = 8 x 16 x 8 (1024 ranks; 16 micro-batches, 1F1B) at ZeRO-1,
+ERNIE 4.5 MoE (21B-A3B, 300B-A47B) and the Qwen families' published sizes
+(Qwen2.5-7B and -72B, Qwen3-8B, Qwen3-30B-A3B) beside hand counts.
 
     PYTHONPATH=build/python .venv/bin/python bench/abstract_compile.py
 
@@ -58,6 +60,7 @@ def main():
                        "mp_config": {"parallelize_plan": parallelize_plan()}}, [ids, ids])
     pipeline_row(cfg)
     moe_rows()
+    qwen_rows()
 
 
 def moe_rows():
@@ -117,6 +120,86 @@ def moe_rows():
             / mp
         print(f"{name:44s} {params / 1e9:7.1f}B {seconds:7.1f}s {state / 1e9:9.2f}GB "
               f"{hand_state / 1e9:6.2f}GB {a2a / 2**30:8.2f}GiB {hand_a2a / 2**30:8.2f}GiB")
+
+
+# Published shapes (each model's config.json on the Hugging Face hub) and
+# the parameter counts its model card gives.
+QWEN = [
+    ("Qwen2.5-7B", "qwen2", 7.61e9, dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        rope_theta=1e6, tie_word_embeddings=False)),
+    ("Qwen2.5-72B", "qwen2", 72.7e9, dict(
+        hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+        rope_theta=1e6, tie_word_embeddings=False)),
+    ("Qwen3-8B", "qwen3", 8.2e9, dict(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        rope_theta=1e6, tie_word_embeddings=False)),
+    ("Qwen3-30B-A3B", "qwen3_moe", 30.5e9, dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        norm_topk_prob=True, rope_theta=1e6, tie_word_embeddings=False)),
+]
+
+
+def _qwen_hand_params(family, f):
+    """The parameter count by hand: embedding and untied head, per layer
+    q/k/v/o (q/k/v biases for Qwen2, per-head q/k norms for Qwen3), the MLP
+    (SwiGLU, or the router and every expert) and two norms, the final norm."""
+    h, layers = f["hidden_size"], f["num_hidden_layers"]
+    d = f.get("head_dim", h // f["num_attention_heads"])
+    q, kv = f["num_attention_heads"] * d, f["num_key_value_heads"] * d
+    attn = h * q * 2 + h * kv * 2
+    attn += q + 2 * kv if family == "qwen2" else 2 * d
+    if family == "qwen3_moe":
+        mlp = h * f["num_experts"] + f["num_experts"] * 3 * h * f["moe_intermediate_size"]
+    else:
+        mlp = 3 * h * f["intermediate_size"]
+    return layers * (attn + mlp + 2 * h) + 2 * f["vocab_size"] * h + h
+
+
+def qwen_rows():
+    """The Qwen families' published sizes compiled abstractly (bf16, AdamW
+    with f32 master weights) on dp 8 at ZeRO-1, one 4096-token sequence per
+    rank (Qwen3-30B-A3B: its experts on the ZeRO axis, capacity factor
+    1.25): parameters beside the model card's and a hand count, model state
+    per rank beside a hand count (bf16 parameters and gradients whole, f32
+    master and moments over dp; experts' all of it over ep = dp; the
+    routers are f32, which the hand count takes as bf16: 0.04 GB for
+    Qwen3-30B-A3B's 48)."""
+    from ernie.models.auto import FAMILIES
+    print(f"\n{'Qwen model (dp 8, ZeRO-1)':30s} {'params':>9s} {'card':>7s} {'hand':>9s} "
+          f"{'compile':>8s} {'state/rank':>11s} {'hand':>9s}")
+    mesh = dist.ProcessMesh(list(range(8)), ["dp"])
+    ids = np.zeros((8, 4096), np.int64)
+    for name, family, card, fields in QWEN:
+        make_config, model_class = FAMILIES[family]
+        cfg = make_config({"model_type": family, **fields, "torch_dtype": "bfloat16"})
+        if family == "qwen3_moe":
+            import dataclasses
+            cfg = dataclasses.replace(cfg, moe_capacity_factor=1.25)
+        with ernie.nn.abstract():
+            model = model_class(cfg)
+        params = sum(int(np.prod(p.shape)) for p in model.parameters())
+        config = {"dp_config": {"sharding_level": 1}}
+        experts = 0
+        if family == "qwen3_moe":
+            config["ep_config"] = {"axis": "dp"}
+            experts = fields["num_hidden_layers"] * fields["num_experts"] * 3 * \
+                fields["hidden_size"] * fields["moe_intermediate_size"]
+        t = time.time()
+        prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True),
+                             [ids, ids], mesh=mesh, config=config, abstract=True)
+        seconds = time.time() - t
+        state = prog.report()["model_state_bytes"]
+        dense = params - experts
+        hand_state = dense * 4 + dense * 12 / 8 + experts * 16 / 8
+        print(f"{name:30s} {params / 1e9:8.3f}B {card / 1e9:6.2f}B "
+              f"{_qwen_hand_params(family, fields) / 1e9:8.3f}B {seconds:7.1f}s "
+              f"{state / 1e9:9.2f}GB {hand_state / 1e9:7.2f}GB")
 
 
 def _hand_state(cfg, ep, mp, pp):
