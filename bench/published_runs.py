@@ -126,43 +126,28 @@ def rows():
     r = {}
     rc_full = dict(recompute="full", gradient_accumulation_fusion=False)
 
-    # 0. Narayanan 145.6B, 1536 A100: tp8 pp8 dp24, 47 % of peak (hardware FLOPs).
-    row = RUNS[0]
-    r[0] = dict(model=lambda: gpt_as_llama(row["shape"]), cluster=selene(1536), batch=2304,
-                seq=2048, ranks=1536,
-                published=Candidate(dp=24, mp=8, pp=8, micro_batch_size=1, micro_batches=96,
-                                    **rc_full),
-                stated=dict(dp=24, mp=8, pp=8),
-                assumed="vpp1* mbs1* no-gaf*",
-                choices={"mp": [4, 8], "pp": [4, 8, 16], "vpp": [1], "micro_batch_size": [1],
-                         "gradient_accumulation_fusion": [False]},
-                metric="hfu", figure=148 / 312,
-                figure_note="148 TFLOP/s = 47.4 % of 312, hardware FLOPs (full recompute counted)")
-    # 1. Narayanan 1T, 3072 A100: tp8 pp64 dp6, 52 %.
-    row1 = RUNS[1]
-    r[1] = dict(model=lambda: gpt_as_llama(row1["shape"]), cluster=selene(3072), batch=3072,
-                seq=2048, ranks=3072,
-                published=Candidate(dp=6, mp=8, pp=64, micro_batch_size=1, micro_batches=512,
-                                    **rc_full),
-                stated=dict(dp=6, mp=8, pp=64),
-                assumed="vpp1* mbs1* no-gaf*",
-                choices={"mp": [8], "pp": [32, 64, 128], "vpp": [1], "micro_batch_size": [1],
-                         "gradient_accumulation_fusion": [False]},
-                metric="hfu", figure=163 / 312,
-                figure_note="163 TFLOP/s = 52.2 % of 312, hardware FLOPs (full recompute counted)")
-    # 2. Narayanan 174.6B, 384 A100: tp*pp = 96 (split not stated), dp4.
-    row2 = RUNS[2]
-    r[2] = dict(model=lambda: gpt_as_llama(row2["shape"]), cluster=selene(384), batch=1536,
-                seq=2048, ranks=384,
-                published=Candidate(dp=4, mp=8, pp=12, micro_batch_size=1, micro_batches=384,
-                                    **rc_full),
-                stated=dict(dp=4),
-                assumed="tp8* pp12* (only tp*pp=96 stated) mbs1 no-gaf*",
-                choices={"mp": [4, 8], "pp": [12, 24], "vpp": [1], "micro_batch_size": [1],
-                         "gradient_accumulation_fusion": [False]},
-                metric="hfu", figure=153 / 312,
-                figure_note="153 TFLOP/s = 49.0 % of 312, hardware FLOPs (full recompute counted)",
-                rank_on=dict(dp=4, mp=8, pp=12))
+    # 0-2. Narayanan et al. 2021 (hardware FLOPs: full recomputation counted).
+    def narayanan(row, gpus, batch, dp, mp, pp, tflops, choices, stated=None, assumed=None,
+                  **extra):
+        return dict(model=lambda: gpt_as_llama(row["shape"]), cluster=selene(gpus), batch=batch,
+                    seq=2048, ranks=gpus,
+                    published=Candidate(dp=dp, mp=mp, pp=pp, micro_batch_size=1,
+                                        micro_batches=batch // dp, **rc_full),
+                    stated=stated or dict(dp=dp, mp=mp, pp=pp),
+                    assumed=assumed or "vpp1* mbs1* no-gaf*",
+                    choices={**choices, "vpp": [1], "micro_batch_size": [1],
+                             "gradient_accumulation_fusion": [False]},
+                    metric="hfu", figure=tflops / 312,
+                    figure_note=f"{tflops} TFLOP/s = {tflops / 312 * 100:.1f} % of 312, hardware "
+                                f"FLOPs (full recompute counted)", **extra)
+    # 0. 145.6B, 1536 A100: tp8 pp8 dp24, 47 % of peak.
+    r[0] = narayanan(RUNS[0], 1536, 2304, 24, 8, 8, 148, {"mp": [4, 8], "pp": [4, 8, 16]})
+    # 1. 1T, 3072 A100: tp8 pp64 dp6, 52 %.
+    r[1] = narayanan(RUNS[1], 3072, 3072, 6, 8, 64, 163, {"mp": [8], "pp": [32, 64, 128]})
+    # 2. 174.6B, 384 A100: tp*pp = 96 (split not stated), dp4.
+    r[2] = narayanan(RUNS[2], 384, 1536, 4, 8, 12, 153, {"mp": [4, 8], "pp": [12, 24]},
+                     stated=dict(dp=4), assumed="tp8* pp12* (only tp*pp=96 stated) mbs1 no-gaf*",
+                     rank_on=dict(dp=4, mp=8, pp=12))
     # 3. Korthikanti GPT-3 175B, 64 A100: tp8 pp8 dp1 vpp3 sp selective, MFU 51.4 / HFU 52.8.
     row3 = RUNS[3]
     r[3] = dict(model=lambda: gpt_as_llama(row3["shape"]), cluster=selene(64), batch=64,
