@@ -148,41 +148,31 @@ def rows():
     r[2] = narayanan(RUNS[2], 384, 1536, 4, 8, 12, 153, {"mp": [4, 8], "pp": [12, 24]},
                      stated=dict(dp=4), assumed="tp8* pp12* (only tp*pp=96 stated) mbs1 no-gaf*",
                      rank_on=dict(dp=4, mp=8, pp=12))
-    # 3. Korthikanti GPT-3 175B, 64 A100: tp8 pp8 dp1 vpp3 sp selective, MFU 51.4 / HFU 52.8.
-    row3 = RUNS[3]
-    r[3] = dict(model=lambda: gpt_as_llama(row3["shape"]), cluster=selene(64), batch=64,
-                seq=2048, ranks=64,
-                published=Candidate(dp=1, mp=8, pp=8, vpp=3, sequence_parallel=True,
-                                    recompute="selective", micro_batch_size=1, micro_batches=64),
-                stated=dict(dp=1, mp=8, pp=8, vpp=3, sequence_parallel=True),
-                assumed="gaf*",
-                choices={"mp": [4, 8], "pp": [4, 8, 16], "vpp": [1, 2, 3],
-                         "micro_batch_size": [1]},
-                max_vpp=3, metric="mfu", figure=0.514,
-                figure_note="MFU 51.4 % (model FLOPs; HFU 52.8 %)", hfu_figure=0.528)
-    # 4. MT-NLG 530B, 2240 A100: tp8 pp35 dp8 vpp3 sp selective, MFU 54.2.
-    row4 = RUNS[4]
-    r[4] = dict(model=lambda: gpt_as_llama(row4["shape"]), cluster=selene(2240), batch=2240,
-                seq=2048, ranks=2240,
-                published=Candidate(dp=8, mp=8, pp=35, vpp=3, sequence_parallel=True,
-                                    recompute="selective", micro_batch_size=1, micro_batches=280),
-                stated=dict(dp=8, mp=8, pp=35, vpp=3, sequence_parallel=True),
-                assumed="gaf*",
-                choices={"mp": [8], "pp": [35], "vpp": [1, 3], "micro_batch_size": [1]},
-                max_vpp=3, metric="mfu", figure=0.542,
-                figure_note="MFU 54.2 % (model FLOPs)")
-    # 5. Korthikanti GPT 1T, 512 A100: tp8 pp64 dp1 sp selective, MFU 56.3 / HFU 57.0.
-    row5 = RUNS[5]
-    r[5] = dict(model=lambda: gpt_as_llama(row5["shape"]), cluster=selene(512), batch=512,
-                seq=2048, ranks=512,
-                published=Candidate(dp=1, mp=8, pp=64, sequence_parallel=True,
-                                    recompute="selective", micro_batch_size=1,
-                                    micro_batches=512),
-                stated=dict(dp=1, mp=8, pp=64, sequence_parallel=True),
-                assumed="vpp1* gaf*",
-                choices={"mp": [8], "pp": [32, 64], "vpp": [1, 2], "micro_batch_size": [1]},
-                metric="mfu", figure=0.563,
-                figure_note="MFU 56.3 % (model FLOPs; HFU 57.0 %)", hfu_figure=0.570)
+    # 3-5. Korthikanti et al. 2022 (MFU, model FLOPs): sp, selective recomputation.
+    # (Each run's global batch is its GPU count of 2048-token sequences.)
+    def korthikanti(row, gpus, dp, pp, vpp, mfu, choices, assumed="gaf*", hfu=None, **extra):
+        batch = gpus
+        return dict(model=lambda: gpt_as_llama(row["shape"]), cluster=selene(gpus), batch=batch,
+                    seq=2048, ranks=gpus,
+                    published=Candidate(dp=dp, mp=8, pp=pp, vpp=vpp, sequence_parallel=True,
+                                        recompute="selective", micro_batch_size=1,
+                                        micro_batches=batch // dp),
+                    stated=dict(dp=dp, mp=8, pp=pp, **({"vpp": vpp} if vpp > 1 else {}),
+                                sequence_parallel=True),
+                    assumed=assumed, choices={**choices, "micro_batch_size": [1]},
+                    metric="mfu", figure=mfu,
+                    figure_note=f"MFU {mfu * 100:.1f} % (model FLOPs"
+                                + (f"; HFU {hfu * 100:.1f} %)" if hfu else ")"),
+                    **({"hfu_figure": hfu} if hfu else {}), **extra)
+    # 3. GPT-3 175B, 64 A100: tp8 pp8 dp1 vpp3, MFU 51.4 / HFU 52.8.
+    r[3] = korthikanti(RUNS[3], 64, 1, 8, 3, 0.514,
+                       {"mp": [4, 8], "pp": [4, 8, 16], "vpp": [1, 2, 3]}, hfu=0.528, max_vpp=3)
+    # 4. MT-NLG 530B, 2240 A100: tp8 pp35 dp8 vpp3, MFU 54.2.
+    r[4] = korthikanti(RUNS[4], 2240, 8, 35, 3, 0.542, {"mp": [8], "pp": [35], "vpp": [1, 3]},
+                       max_vpp=3)
+    # 5. GPT 1T, 512 A100: tp8 pp64 dp1, MFU 56.3 / HFU 57.0.
+    r[5] = korthikanti(RUNS[5], 512, 1, 64, 1, 0.563, {"mp": [8], "pp": [32, 64], "vpp": [1, 2]},
+                       assumed="vpp1* gaf*", hfu=0.570)
     # 6, 7. Llama 3 405B, 8,192 and 16,384 H100: tp8 pp16 dp64/128, MFU 43 / 41.
     for i, dp, figure in ((6, 64, 0.43), (7, 128, 0.41)):
         row6 = RUNS[i]
