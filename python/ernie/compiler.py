@@ -795,10 +795,11 @@ class Program:
         est = cost_model.estimate(self.module, cluster)
         # A MoE step computes empty expert slots too: MFU counts the model's
         # FLOPs (6 x active parameters a token), not the padding.
+        tokens = self._inputs[0][0][:2] if self._inputs else ()  # [batch, sequence]
         padding = expert_padding_flops(
-            self.model, int(np.prod(self._inputs[0][0][:2])) if self._inputs else 0,
+            self.model, int(np.prod(tokens)),
             self.pipeline["micro_batches"] if self.pipeline else 1) \
-            if self.model is not None and self._inputs and len(self._inputs[0][0]) >= 2 else 0.0
+            if self.model is not None and len(tokens) == 2 else 0.0
         if padding:
             est["computed_flops"] = est["model_flops"]
             est["expert_padding_flops"] = padding

@@ -272,32 +272,32 @@ class MoELayer(Module):
     def _to_experts(self, buffers):
         """Dispatch's buffers [E, groups, capacity, hidden], from split by
         groups to split by experts."""
-        if not self.expert_axes:
-            return buffers
-        if not self.route_axes:
-            tokens = self._pin(buffers, [[], self._batch_axes(), [], []])
-            return self._pin(tokens, [self.expert_axes, self.group_axes, [], []])
-        e, g, c, hidden = buffers.shape
-        view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
-        view = self._pin(view, [[], self._batch_axes(), self.route_axes, [], []])
-        keep = [] if self.experts_split_over_route_axes else self.route_axes
-        return self._pin(view, [self.expert_axes, self.group_axes, keep, [], []]) \
-            .reshape(e, g, c, hidden)
+        return self._reshard(buffers, to_experts=True)
 
     def _to_tokens(self, buffers):
         """The experts' results [E, groups, capacity, hidden] back to split
         by groups, for the combine."""
+        return self._reshard(buffers, to_experts=False)
+
+    def _reshard(self, buffers, to_experts):
+        """`buffers` pinned by tokens then by experts (or the reverse): the
+        all-to-all between the two layouts comes out of partition. Under mp
+        the buffers are viewed as [E, token shards, groups per shard, ...]."""
         if not self.expert_axes:
             return buffers
-        if not self.route_axes:
-            experts = self._pin(buffers, [self.expert_axes, self.group_axes, [], []])
-            return self._pin(experts, [[], self._batch_axes(), [], []])
         e, g, c, hidden = buffers.shape
-        view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
-        keep = [] if self.experts_split_over_route_axes else self.route_axes
-        view = self._pin(view, [self.expert_axes, self.group_axes, keep, [], []])
-        return self._pin(view, [[], self._batch_axes(), self.route_axes, [], []]) \
-            .reshape(e, g, c, hidden)
+        if self.route_axes:
+            keep = [] if self.experts_split_over_route_axes else self.route_axes
+            view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
+            by_tokens = [[], self._batch_axes(), self.route_axes, [], []]
+            by_experts = [self.expert_axes, self.group_axes, keep, [], []]
+        else:
+            view = buffers
+            by_tokens = [[], self._batch_axes(), [], []]
+            by_experts = [self.expert_axes, self.group_axes, [], []]
+        first, then = (by_tokens, by_experts) if to_experts else (by_experts, by_tokens)
+        out = self._pin(self._pin(view, first), then)
+        return out.reshape(e, g, c, hidden) if self.route_axes else out
 
     @staticmethod
     def _pin(buffers, dims):

@@ -796,12 +796,12 @@ void Executor::checkWritten(const Function &fn, size_t index,
   if (inst.op == "ernie.collective_permute_start" ||
       bucketedCollective(inst.op))
     return;
+  device_.synchronize(compute_); // the instruction's results are written
   for (size_t k = 0; k < inst.results.size(); ++k) {
     const TensorView &v = arena.buffers[inst.results[k]];
     if (!isFloat(v.type) || v.numElements() == 0)
       continue;
     HostTensor written(v.type, v.shape);
-    device_.synchronize(compute_);
     device_.download(written.bytes.data(), v.data, written.bytes.size());
     if (!isFinite(written))
       fail(fn, index,

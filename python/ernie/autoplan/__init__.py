@@ -111,8 +111,8 @@ class Candidate:
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         if self.layers_per_stage:
-            parts.append("L" + "/".join(f"{n}x{len(run)}" if len(run) > 1 else str(n)
-                                        for n, run, _ in _runs(self.layers_per_stage)))
+            parts.append("L" + "/".join(f"{n}x{times}" if times > 1 else str(n)
+                                        for n, times in _runs(self.layers_per_stage)))
         if self.sequence_parallel:
             parts.append("sp")
         if self.zero:
@@ -159,12 +159,8 @@ class Plan:
 
 
 def _runs(counts):
-    """(value, run, run) per run of equal values in `counts` (for names)."""
-    out = []
-    for n, g in itertools.groupby(counts):
-        run = list(g)
-        out.append((n, run, run))
-    return out
+    """(value, how many in a row) per run of equal values in `counts`."""
+    return [(n, len(list(run))) for n, run in itertools.groupby(counts)]
 
 
 def uneven_stages(layers: int, pp: int) -> tuple:

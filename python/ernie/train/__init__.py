@@ -267,16 +267,21 @@ class Trainer:
             where = root
         elif c.resume not in ("auto", "never"):
             where = Path(c.resume)
-        if where is None:
+        return self._loader_from(program, train, rows, where), where
+
+    def _loader_from(self, program, train, rows, checkpoint):
+        """The training data from the start, or (`checkpoint` a path) from
+        the position saved with it, after loading it into `program`."""
+        if checkpoint is None:
             return DataLoader(train, self.job.training.global_batch, positions=rows,
-                              prefetch=self.job.data.prefetch), None
-        meta = program.load_checkpoint(where)
+                              prefetch=self.job.data.prefetch)
+        meta = program.load_checkpoint(checkpoint)
         position = (meta.get("data_position") or {}).get("train")
         if position is None:
-            raise ConfigError(f"{where}: the checkpoint has no data position (not one "
+            raise ConfigError(f"{checkpoint}: the checkpoint has no data position (not one "
                               f"ernie.train saved)")
         return DataLoader.from_position(train, position, positions=rows,
-                                        prefetch=self.job.data.prefetch), where
+                                        prefetch=self.job.data.prefetch)
 
     def _save(self, program, loader):
         root = self._checkpoint_dir()
@@ -310,13 +315,7 @@ class Trainer:
                     "--training.check_finite tensors" +
                     (f" --checkpoint.resume {last_good}" if last_good else ""))
         program.reopen(check_finite="tensors")
-        if last_good:
-            meta = program.load_checkpoint(last_good)
-            loader = DataLoader.from_position(train, meta["data_position"]["train"],
-                                              positions=rows, prefetch=self.job.data.prefetch)
-        else:
-            loader = DataLoader(train, t.global_batch, positions=rows,
-                                prefetch=self.job.data.prefetch)
+        loader = self._loader_from(program, train, rows, last_good)
         replayed_from = program.step_count
         with loader:
             while program.step_count < step:
