@@ -3,6 +3,7 @@
 #include "ernie/runtime/Checkpoint.h"
 #include "ernie/runtime/BoundedInput.h"
 #include "ernie/runtime/Checksum.h"
+#include "ernie/runtime/HfLayout.h"
 #include "ernie/runtime/Device.h"
 #include "ernie/runtime/Safetensors.h"
 
@@ -401,6 +402,21 @@ void forEachRun(const std::vector<int64_t> &lo, const std::vector<int64_t> &hi,
 /// Removes checkpoint directory `dir` without ever leaving a step-* name on
 /// a partly deleted one: it is renamed out of the way first (a kill during
 /// the removal leaves a hidden directory the next save clears).
+/// A checkpoint of weights alone (ernie-ckpt import-hf): a program
+/// loading it takes its parameters (master weights from them) and keeps
+/// its optimizer state and step count at their start.
+bool isWeightsOnly(const Manifest &m) {
+  auto it = m.metadata.find("weights_only");
+  return it != m.metadata.end() && it->is_boolean() && it->get<bool>();
+}
+
+const std::string kMasterSuffix = ":master";
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 void discard(const fs::path &dir) {
   fs::path gone = dir.parent_path() / (".tmp-" + dir.filename().string() +
                                        "-gone-" + std::to_string(::getpid()));
@@ -944,18 +960,28 @@ readCheckpointShards(const Program &program, const RankRunner &runner,
                      int64_t rank, const std::string &dir, IoMeter *meter) {
   Manifest m = readManifest(dir);
   FileCache files(&m, meter);
+  const bool weightsOnly = isWeightsOnly(m);
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
     auto it = m.tensors.find(name);
+    if (weightsOnly && it == m.tensors.end() && endsWith(name, kMasterSuffix))
+      it = m.tensors.find(name.substr(0, name.size() - kMasterSuffix.size()));
+    if (weightsOnly && it == m.tensors.end() && spec.role != Role::Parameter)
+      continue; // optimizer state starts afresh
     if (it == m.tensors.end())
-      fail(m.dir.string() + ": the checkpoint has no tensor '" + name + "'");
+      fail(m.dir.string() + ": the checkpoint has no tensor '" + name + "'" +
+           (weightsOnly ? " (it holds weights only, and this is a parameter)" : ""));
     const SavedTensor &saved = it->second;
-    if (saved.type != spec.type || saved.globalShape != spec.globalShape)
-      fail(m.dir.string() + ": tensor '" + name + "' is " +
+    // Weights convert to the program's dtype (round to nearest even), as a
+    // Hugging Face folder's do; a training checkpoint's state must match.
+    bool converts = weightsOnly && isFloat(saved.type) && isFloat(spec.type);
+    if ((saved.type != spec.type && !converts) || saved.globalShape != spec.globalShape)
+      fail(m.dir.string() + ": tensor '" + it->first + "' is " +
            std::string(runtime::name(saved.type)) + shapeString(saved.globalShape) +
            " in the checkpoint, the program wants " +
-           std::string(runtime::name(spec.type)) + shapeString(spec.globalShape));
+           std::string(runtime::name(spec.type)) + shapeString(spec.globalShape) +
+           (name != it->first ? " for '" + name + "'" : ""));
     out.emplace(name, readPiece(program, spec, rank, saved, m.dir.string(),
                                 files, meter));
   }
@@ -997,14 +1023,11 @@ readWeightShards(const Program &program, const RankRunner &runner,
     indexPieces(saved, "the weight map", name);
     return saved;
   };
-  const std::string masterSuffix = ":master";
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     std::string source = name;
-    if (!weights.count(name) && name.size() > masterSuffix.size() &&
-        name.compare(name.size() - masterSuffix.size(), masterSuffix.size(),
-                     masterSuffix) == 0)
-      source = name.substr(0, name.size() - masterSuffix.size());
+    if (!weights.count(name) && endsWith(name, kMasterSuffix))
+      source = name.substr(0, name.size() - kMasterSuffix.size());
     auto it = weights.find(source);
     if (it == weights.end())
       continue;
@@ -1096,33 +1119,41 @@ std::string describeCheckpoint(const std::string &dir) {
 
 namespace {
 
-/// Writes the global tensors `names` of checkpoint `m` as safetensors file
-/// `out` (under a temporary name, renamed once complete), one tensor in
-/// memory at a time.
-void writeGlobalTensors(const Manifest &m, const std::vector<std::string> &names,
-                        const fs::path &out) {
-  std::vector<SafetensorsWriter::Tensor> header;
-  for (const std::string &name : names)
-    header.push_back({name, m.tensors.at(name).type, m.tensors.at(name).globalShape});
-  fs::path tmp = out.string() + ".tmp";
-  FileCache files(&m);
-  // Every piece is in its file before the output is created or a whole
-  // tensor allocated: the pieces' bytes bound what is allocated.
+/// Global tensor `name` of checkpoint `m`, from its pieces.
+HostTensor readWhole(const Manifest &m, FileCache &files, const std::string &name) {
+  const SavedTensor &saved = m.tensors.at(name);
+  HostTensor whole(saved.type, saved.globalShape);
+  for (const Piece &p : saved.pieces) {
+    HostTensor piece(saved.type, p.shape);
+    files.read(p, 0, piece.bytes.size(), piece.bytes.data());
+    insertBlock(piece.bytes.data(), p.shape, whole.bytes.data(), saved.globalShape,
+                p.offsets, byteSize(saved.type));
+  }
+  return whole;
+}
+
+/// Every piece of the states `names` is in its file before anything is
+/// written or a whole tensor allocated: the pieces' bytes bound what is
+/// allocated.
+void requirePieces(const Manifest &m, FileCache &files,
+                   const std::vector<std::string> &names) {
   for (const std::string &name : names)
     for (const Piece &p : m.tensors.at(name).pieces)
       requireListedPiece(files, name, m.tensors.at(name), p);
+}
+
+/// Writes safetensors file `out` of the tensors `header` (under a
+/// temporary name, fsynced and renamed once complete), each tensor's bytes
+/// from `bytesOf(i)` in order: one tensor in memory at a time.
+void writeTensorFile(const fs::path &out,
+                     const std::vector<SafetensorsWriter::Tensor> &header,
+                     const std::function<HostTensor(size_t)> &bytesOf) {
+  fs::path tmp = out.string() + ".tmp";
   try {
     SafetensorsWriter writer(tmp.string(), header, {{"format", "pt"}});
-    for (const std::string &name : names) {
-      const SavedTensor &saved = m.tensors.at(name);
-      HostTensor whole(saved.type, saved.globalShape);
-      for (const Piece &p : saved.pieces) {
-        HostTensor piece(saved.type, p.shape);
-        files.read(p, 0, piece.bytes.size(), piece.bytes.data());
-        insertBlock(piece.bytes.data(), p.shape, whole.bytes.data(),
-                    saved.globalShape, p.offsets, byteSize(saved.type));
-      }
-      writer.append(whole.bytes.data(), whole.bytes.size());
+    for (size_t i = 0; i < header.size(); ++i) {
+      HostTensor t = bytesOf(i);
+      writer.append(t.bytes.data(), t.bytes.size());
     }
     writer.finish();
     fsyncPath(tmp, false);
@@ -1134,8 +1165,61 @@ void writeGlobalTensors(const Manifest &m, const std::vector<std::string> &names
   }
 }
 
+/// Writes the global tensors `names` of checkpoint `m` as safetensors file
+/// `out`.
+void writeGlobalTensors(const Manifest &m, const std::vector<std::string> &names,
+                        const fs::path &out) {
+  std::vector<SafetensorsWriter::Tensor> header;
+  for (const std::string &name : names)
+    header.push_back({name, m.tensors.at(name).type, m.tensors.at(name).globalShape});
+  FileCache files(&m);
+  requirePieces(m, files, names);
+  writeTensorFile(out, header, [&](size_t i) { return readWhole(m, files, names[i]); });
+}
+
 bool isSafetensorsPath(const std::string &path) {
   return fs::path(path).extension() == ".safetensors";
+}
+
+/// Hugging Face's sharded layout: consecutive tensors of `bytes` into files
+/// of at most `maxShardBytes` (a larger tensor alone; 0: one file).
+std::vector<std::vector<size_t>> shardsOf(const std::vector<uint64_t> &bytes,
+                                          uint64_t maxShardBytes) {
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t size = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (maxShardBytes && !shards.back().empty() && size + bytes[i] > maxShardBytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().push_back(i);
+    size += bytes[i];
+  }
+  return shards;
+}
+
+/// model.safetensors, or model-00001-of-00003.safetensors, ...
+std::string shardName(size_t i, size_t count) {
+  if (count == 1)
+    return "model.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, count);
+  return name;
+}
+
+/// Writes `out`'s model.safetensors.index.json for tensors `names` in
+/// `shards` (none for a single file).
+void writeShardIndex(const fs::path &out, const std::vector<std::string> &names,
+                     const std::vector<std::vector<size_t>> &shards, uint64_t total) {
+  if (shards.size() < 2)
+    return;
+  json weightMap = json::object();
+  for (size_t i = 0; i < shards.size(); ++i)
+    for (size_t k : shards[i])
+      weightMap[names[k]] = shardName(i, shards.size());
+  writeSynced(out / "model.safetensors.index.json",
+              json{{"metadata", {{"total_size", total}}}, {"weight_map", weightMap}}
+                      .dump(2) + "\n");
 }
 
 } // namespace
@@ -1152,48 +1236,32 @@ void consolidateCheckpoint(const std::string &dir, const std::string &out,
     writeGlobalTensors(m, all, out);
     return;
   }
-  // Hugging Face's sharded layout: files of at most maxShardBytes (a larger
-  // tensor alone in its file) and an index of which file holds each tensor.
-  std::vector<std::vector<std::string>> shards(1);
-  uint64_t size = 0, total = 0;
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
   for (const std::string &name : all) {
     const SavedTensor &t = m.tensors.at(name);
-    uint64_t bytes = elementCount(t.globalShape) * byteSize(t.type);
-    if (maxShardBytes && !shards.back().empty() && size + bytes > maxShardBytes) {
-      shards.emplace_back();
-      size = 0;
-    }
-    shards.back().push_back(name);
-    size += bytes;
-    total += bytes;
+    bytes.push_back(elementCount(t.globalShape) * byteSize(t.type));
+    total += bytes.back();
   }
+  std::vector<std::vector<size_t>> shards = shardsOf(bytes, maxShardBytes);
   fs::create_directories(out);
-  auto shardName = [&](size_t i) {
-    if (shards.size() == 1)
-      return std::string("model.safetensors");
-    char name[64];
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1,
-                  shards.size());
-    return std::string(name);
-  };
-  json weightMap = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    writeGlobalTensors(m, shards[i], fs::path(out) / shardName(i));
-    for (const std::string &name : shards[i])
-      weightMap[name] = shardName(i);
+    std::vector<std::string> names;
+    for (size_t k : shards[i])
+      names.push_back(all[k]);
+    writeGlobalTensors(m, names, fs::path(out) / shardName(i, shards.size()));
   }
-  if (shards.size() > 1)
-    writeSynced(fs::path(out) / "model.safetensors.index.json",
-                json{{"metadata", {{"total_size", total}}}, {"weight_map", weightMap}}
-                        .dump(2) + "\n");
+  writeShardIndex(out, all, shards, total);
 }
 
-std::string importCheckpoint(const std::string &source, const std::string &root,
-                             int64_t step) {
-  // The files to import: one, or a folder's model.safetensors or the files
-  // its index lists (each tensor in the file the index names).
+namespace {
+
+/// The safetensors files of `source` (one file, or a folder's
+/// model.safetensors or the files its index lists) and, for an index,
+/// which file each tensor is listed for.
+std::vector<std::string> weightFiles(const std::string &source,
+                                     std::map<std::string, std::string> &listed) {
   std::vector<std::string> files;
-  std::map<std::string, std::string> listed;
   if (!fs::is_directory(source)) {
     files.push_back(source);
   } else if (fs::path index = fs::path(source) / "model.safetensors.index.json";
@@ -1216,6 +1284,23 @@ std::string importCheckpoint(const std::string &source, const std::string &root,
     fail(source + ": neither a safetensors file nor a folder with "
                   "model.safetensors or model.safetensors.index.json");
   }
+  return files;
+}
+
+/// Checks that the tensors of an index are in the files it lists them for.
+void checkListed(const std::string &source, const std::map<std::string, std::string> &listed,
+                 const std::set<std::string> &seen) {
+  for (const auto &entry : listed)
+    if (!seen.count(entry.first))
+      fail(source + ": tensor '" + entry.first + "' is listed but in no file");
+}
+
+} // namespace
+
+std::string importCheckpoint(const std::string &source, const std::string &root,
+                             int64_t step) {
+  std::map<std::string, std::string> listed;
+  std::vector<std::string> files = weightFiles(source, listed);
   std::string dir = beginCheckpoint(root, step);
   try {
     std::set<std::string> seen;
@@ -1245,13 +1330,238 @@ std::string importCheckpoint(const std::string &source, const std::string &root,
       }
       writer.finish();
     }
-    for (const auto &entry : listed)
-      if (!seen.count(entry.first))
-        fail(source + ": tensor '" + entry.first +
-             "' is listed but in no file");
+    checkListed(source, listed, seen);
     return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
   } catch (...) {
     removeQuietly(dir); // a failed import leaves no temporary folder
+    throw;
+  }
+}
+
+namespace {
+
+/// `t` ([..., r, c]) with its last two dimensions swapped.
+HostTensor swapLastTwo(const HostTensor &t) {
+  size_t rank = t.shape.size();
+  std::vector<int64_t> shape = t.shape;
+  std::swap(shape[rank - 2], shape[rank - 1]);
+  HostTensor out(t.type, shape);
+  const int64_t rows = t.shape[rank - 2], cols = t.shape[rank - 1];
+  const int64_t matrices = rows * cols > 0 ? t.numElements() / (rows * cols) : 0;
+  const size_t e = byteSize(t.type);
+  for (int64_t m = 0; m < matrices; ++m)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        std::memcpy(out.bytes.data() + ((m * cols + j) * rows + i) * e,
+                    t.bytes.data() + ((m * rows + i) * cols + j) * e, e);
+  return out;
+}
+
+/// The shape of Hugging Face tensor `t`'s block in its state of `stateShape`:
+/// its own (unswapped when transposed), with the leading unit dimensions
+/// of one expert of a stack; the state's own when the tensor only adds
+/// unit dimensions (ERNIE's [1, E] selection bias of the [E] state).
+std::vector<int64_t> blockInState(const HfTensor &t, const std::vector<int64_t> &stateShape) {
+  std::vector<int64_t> block = t.shape;
+  if (t.transposed)
+    std::swap(block[block.size() - 2], block[block.size() - 1]);
+  while (block.size() < stateShape.size())
+    block.insert(block.begin(), 1);
+  if (block.size() > stateShape.size()) {
+    if (elementCount(block) != elementCount(stateShape))
+      fail("tensor '" + t.name + "' " + shapeString(t.shape) + " is no block of state '" +
+           t.state + "' " + shapeString(stateShape));
+    block = stateShape;
+  }
+  return block;
+}
+
+/// The element type a config.json's torch_dtype (or transformers 5's
+/// dtype) names, if any.
+std::optional<DType> configDtype(const json &config) {
+  for (const char *key : {"torch_dtype", "dtype"})
+    if (auto it = config.find(key); it != config.end() && it->is_string()) {
+      std::string name = it->get<std::string>();
+      if (name == "float32")
+        return DType::F32;
+      if (name == "bfloat16")
+        return DType::BF16;
+      if (name == "float16")
+        return DType::F16;
+      fail(std::string("config.json: ") + key + " = '" + name +
+           "' is not float32, bfloat16 or float16");
+    }
+  return std::nullopt;
+}
+
+const char *torchDtype(DType type) {
+  switch (type) {
+  case DType::F32:
+    return "float32";
+  case DType::BF16:
+    return "bfloat16";
+  case DType::F16:
+    return "float16";
+  default:
+    fail("a Hugging Face folder holds float32, bfloat16 or float16 weights, not " +
+         std::string(name(type)));
+  }
+}
+
+} // namespace
+
+void exportHfFolder(const std::string &dir, const std::string &out,
+                    const std::string &configPath, std::optional<DType> dtype,
+                    uint64_t maxShardBytes) {
+  Manifest m = readManifest(dir);
+  json config = readBoundedJson(configPath);
+  NamedShapes states;
+  for (const auto &[name, t] : m.tensors)
+    states.emplace_back(name, t.globalShape);
+  std::vector<HfTensor> tensors;
+  try {
+    tensors = hfTensorsOfStates(config, states);
+  } catch (const std::runtime_error &e) {
+    fail(configPath + " and " + m.dir.string() + ": " + e.what());
+  }
+  // Floats in the dtype asked, else the config's, else each state's own.
+  std::optional<DType> floats = dtype ? dtype : configDtype(config);
+  if (floats)
+    torchDtype(*floats);
+  std::vector<std::string> names, used;
+  std::vector<SafetensorsWriter::Tensor> header;
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const HfTensor &t : tensors) {
+    DType own = m.tensors.at(t.state).type;
+    DType type = floats && isFloat(own) ? *floats : own;
+    names.push_back(t.name);
+    header.push_back({t.name, type, t.shape});
+    bytes.push_back(elementCount(t.shape) * byteSize(type));
+    total += bytes.back();
+    if (used.empty() || used.back() != t.state)
+      used.push_back(t.state);
+  }
+  FileCache files(&m);
+  requirePieces(m, files, used);
+  std::vector<std::vector<size_t>> shards = shardsOf(bytes, maxShardBytes);
+  fs::create_directories(out);
+  std::string cachedState;
+  HostTensor cached;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::vector<SafetensorsWriter::Tensor> shardHeader;
+    for (size_t k : shards[i])
+      shardHeader.push_back(header[k]);
+    writeTensorFile(fs::path(out) / shardName(i, shards.size()), shardHeader, [&](size_t j) {
+      const HfTensor &t = tensors[shards[i][j]];
+      if (cachedState != t.state) { // a stack's experts come one after another
+        cached = readWhole(m, files, t.state);
+        cachedState = t.state;
+      }
+      std::vector<int64_t> block = blockInState(t, cached.shape);
+      HostTensor piece(cached.type, block);
+      extractBlock(cached.bytes.data(), cached.shape, t.offsets, piece.bytes.data(), block,
+                   byteSize(cached.type));
+      if (t.transposed) { // [1, in, out] of a stack: the expert's [out, in]
+        piece.shape.erase(piece.shape.begin(),
+                          piece.shape.end() - static_cast<ptrdiff_t>(t.shape.size()));
+        piece = swapLastTwo(piece);
+      }
+      piece.shape = t.shape; // the same elements in the file's shape
+      return piece.type == shardHeader[j].type ? piece : convert(piece, shardHeader[j].type);
+    });
+  }
+  writeShardIndex(out, names, shards, total);
+  if (floats) {
+    config["torch_dtype"] = torchDtype(*floats);
+    if (config.contains("dtype"))
+      config["dtype"] = torchDtype(*floats);
+  }
+  writeSynced(fs::path(out) / "config.json", config.dump(2) + "\n");
+}
+
+std::string importHfFolder(const std::string &folder, const std::string &root,
+                           int64_t step) {
+  fs::path configPath = fs::path(folder) / "config.json";
+  if (!fs::is_directory(folder) || !fs::exists(configPath))
+    fail(folder + ": no config.json (not a Hugging Face model folder)");
+  json config = readBoundedJson(configPath.string());
+  std::map<std::string, std::string> listed;
+  std::vector<std::string> files = weightFiles(folder, listed);
+  std::vector<std::unique_ptr<SafetensorsFile>> opened;
+  std::map<std::string, size_t> fileOf;
+  NamedShapes found;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    opened.push_back(std::make_unique<SafetensorsFile>(files[i]));
+    for (const SafetensorsEntry &e : opened.back()->tensors()) {
+      if (listed.count(e.name) && listed[e.name] != files[i])
+        fail(files[i] + ": tensor '" + e.name + "' is listed for another file");
+      if (!seen.insert(e.name).second)
+        fail(files[i] + ": tensor '" + e.name + "' appears in two files");
+      found.emplace_back(e.name, e.shape);
+      fileOf[e.name] = i;
+    }
+  }
+  checkListed(folder, listed, seen);
+  NamedShapes states;
+  std::vector<HfTensor> tensors;
+  try {
+    std::tie(states, tensors) = statesOfHfTensors(config, found);
+  } catch (const std::runtime_error &e) {
+    fail(folder + ": " + e.what());
+  }
+  std::map<std::string, std::vector<const HfTensor *>> parts;
+  for (const HfTensor &t : tensors)
+    parts[t.state].push_back(&t);
+  // A state in its first tensor's dtype, assembled from its tensors.
+  auto assemble = [&](const std::string &state, const std::vector<int64_t> &shape) {
+    const auto &mine = parts.at(state);
+    DType type = opened[fileOf[mine.front()->name]]->find(mine.front()->name)->type;
+    HostTensor whole(type, shape);
+    for (const HfTensor *t : mine) {
+      HostTensor x = opened[fileOf[t->name]]->read(t->name);
+      if (x.type != type)
+        x = convert(x, type);
+      if (t->transposed)
+        x = swapLastTwo(x);
+      insertBlock(x.bytes.data(), blockInState(*t, shape), whole.bytes.data(), shape,
+                  t->offsets, byteSize(type));
+    }
+    return whole;
+  };
+  // Rank files of up to 2 GiB (a larger state alone), held in memory while
+  // their checksums go into the header.
+  constexpr uint64_t kFileBytes = 2ull << 30;
+  std::string dir = beginCheckpoint(root, step);
+  try {
+    size_t next = 0, fileIndex = 0;
+    while (next < states.size()) {
+      std::vector<std::pair<std::string, HostTensor>> group;
+      uint64_t size = 0;
+      while (next < states.size() && (group.empty() || size < kFileBytes)) {
+        const auto &[state, shape] = states[next++];
+        group.emplace_back(state, assemble(state, shape));
+        size += group.back().second.bytes.size();
+      }
+      std::vector<SafetensorsWriter::Tensor> header;
+      json pieces = json::object();
+      for (const auto &[state, t] : group) {
+        header.push_back({state, t.type, t.shape});
+        pieces[state] = {{"offsets", std::vector<int64_t>(t.shape.size(), 0)},
+                         {"global_shape", t.shape},
+                         {"xxh3", blockChecksums(t.bytes.data(), t.bytes.size())}};
+      }
+      SafetensorsWriter writer((fs::path(dir) / rankFile(fileIndex++)).string(), header,
+                               {{kPiecesKey, pieces.dump()}});
+      for (const auto &[state, t] : group)
+        writer.append(t.bytes.data(), t.bytes.size());
+      writer.finish();
+    }
+    json metadata = {{"weights_only", true}, {"hf_folder", fs::absolute(folder).string()}};
+    return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, metadata.dump(), 0);
+  } catch (...) {
+    removeQuietly(dir);
     throw;
   }
 }

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,7 +131,10 @@ CheckpointInfo readCheckpointInfo(const std::string &dir);
 /// resolved one) and resharded to the runner's layout: its pieces, to
 /// replace the runner's (RankRunner::replaceLocalState) once every rank has
 /// read its own. Every state must be in the checkpoint with the same dtype
-/// and global shape; errors name the file and the tensor.
+/// and global shape; errors name the file and the tensor. A weights-only
+/// checkpoint (importHfFolder's) must hold every parameter, in any float
+/// dtype (converted); a master weight not in it is read from its
+/// parameter's pieces, and other states it lacks keep their values.
 std::map<std::string, HostTensor>
 readCheckpointShards(const Program &program, const RankRunner &runner,
                      int64_t rank, const std::string &dir,
@@ -200,6 +204,27 @@ void consolidateCheckpoint(const std::string &dir, const std::string &out,
 /// Face does); each tensor one piece. Returns its directory.
 std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step);
+
+/// Writes checkpoint `dir`'s parameters as a Hugging Face model folder
+/// `out` for the model config.json `configPath` describes (HfLayout.h: its
+/// names, [out, in] Linears, one tensor per expert, a tied head once, the
+/// selection biases; no optimizer state): model.safetensors, or past
+/// `maxShardBytes` numbered shards and an index, and config.json with
+/// torch_dtype set. Floats are written as `dtype`, else as the config's
+/// torch_dtype, else as saved (round to nearest even). One state in memory
+/// at a time. A config of another model is an error naming the state and
+/// the field.
+void exportHfFolder(const std::string &dir, const std::string &out,
+                    const std::string &configPath, std::optional<DType> dtype,
+                    uint64_t maxShardBytes = 0);
+
+/// A weights-only checkpoint `<root>/step-<step>` of Hugging Face folder
+/// `folder` in ernie's names and layout (the inverse of exportHfFolder):
+/// a program of any mesh loads it with readCheckpointShards, taking its
+/// parameters (converted to the program's dtypes) and keeping its
+/// optimizer state as it starts. Returns its directory.
+std::string importHfFolder(const std::string &folder, const std::string &root,
+                           int64_t step = 0);
 
 } // namespace ernie::runtime
 
