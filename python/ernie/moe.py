@@ -183,8 +183,10 @@ class MoELayer(Module):
         logits = F.matmul(h.astype(rd) if h.dtype != rd else h, self.gate.p("weight"))
         probs = F.softmax(logits, -1)
         initial = np.asarray(self.e_score_correction_bias, _NUMPY[rd]).reshape(e)
+        # The bias is state even where it does not move: checkpoints hold it
+        # (ernie-ckpt export-hf writes it) and a program loading one reads it.
         balancing = cfg.aux_free_rate and h.trace.updates_state
-        bias = h.trace.state(self.bias_name(), initial) if balancing else F.constant(initial)
+        bias = h.trace.state(self.bias_name(), initial)
         scores = F.stop_gradient(probs) + F.broadcast_to(bias, probs.shape)
         _, experts = F.topk(scores, k)  # [g, tg, k]
         chosen = F.compare(F.broadcast_to(experts.reshape(g, tg, k, 1), [g, tg, k, e]),

@@ -15,6 +15,7 @@ import math
 import os
 import stat
 import struct
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,25 @@ def save_file(tensors: dict, path, metadata=None, dtype=None):
             array = array.astype(_NUMPY[SAFETENSORS_DTYPES[kind]])
         items.append((name, SAFETENSORS_DTYPES[kind], array))
     _ernie.write_safetensors(str(path), items, {k: str(v) for k, v in (metadata or {}).items()})
+
+
+HfTensor = namedtuple("HfTensor", "name shape state offsets transposed")
+HfTensor.__doc__ = """A tensor of a Hugging Face folder (`name`, `shape`) and where it lies in
+an ernie state: the block at `offsets` (past the tensor's rank they pick
+an expert of a stack), with its last two dimensions swapped when
+`transposed` ([out, in] Linears)."""
+
+
+def hf_layout(hf_config: dict, states) -> list:
+    """The Hugging Face tensors (HfTensor) of ernie states [(name, shape)]
+    of the model `hf_config` (a config.json) describes: the runtime's rule
+    table (runtime/include/ernie/runtime/HfLayout.h), the one
+    `ernie-ckpt export-hf` and `import-hf` use. Slots other than the
+    aux-free selection bias are skipped; a state the family has no tensor
+    for is a ValueError naming it."""
+    return [HfTensor(name, tuple(shape), state, tuple(offsets), transposed)
+            for name, shape, state, offsets, transposed in _ernie.hf_layout(
+                json.dumps(hf_config), [(n, list(s)) for n, s in states])]
 
 
 def hf_folder_index(folder):

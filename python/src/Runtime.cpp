@@ -4,6 +4,8 @@
 
 #include "ernie/runtime/Checkpoint.h"
 #include "ernie/runtime/FloatConvert.h"
+#include "ernie/runtime/HfLayout.h"
+#include "ernie/runtime/BoundedInput.h"
 #include "ernie/runtime/PipelineSchedule.h"
 #include "ernie/runtime/Safetensors.h"
 #include "ernie/runtime/Session.h"
@@ -706,6 +708,21 @@ void bindRuntime(py::module_ &m) {
         return py::make_tuple(tensors, file->metadata());
       }, py::arg("path"),
         "({name: (dtype, shape)}, metadata) of a safetensors file; no data read");
+  m.def("hf_layout", [](const std::string &configJson, const rt::NamedShapes &states) {
+        std::vector<rt::HfTensor> tensors;
+        try {
+          tensors = rt::hfTensorsOfStates(rt::parseBoundedJson(configJson, "config.json"),
+                                          states);
+        } catch (const std::runtime_error &e) {
+          throw py::value_error(e.what());
+        }
+        py::list out;
+        for (const rt::HfTensor &t : tensors)
+          out.append(py::make_tuple(t.name, t.shape, t.state, t.offsets, t.transposed));
+        return out;
+      }, py::arg("config_json"), py::arg("states"),
+        "[(Hugging Face name, its shape, state, offsets, transposed)] of ernie "
+        "states [(name, shape)] of the model config.json describes (HfLayout.h)");
   m.def("read_safetensors", &readSafetensors, py::arg("path"),
         "({name: (dtype, array)}, metadata) of a safetensors file");
   m.def("write_safetensors", &writeSafetensors, py::arg("path"),

@@ -1433,13 +1433,14 @@ void exportHfFolder(const std::string &dir, const std::string &out,
   std::vector<uint64_t> bytes;
   uint64_t total = 0;
   for (const HfTensor &t : tensors) {
-    DType own = m.tensors.at(t.state).type;
+    // A selection bias the checkpoint lacks is written as zeros.
+    DType own = m.tensors.count(t.state) ? m.tensors.at(t.state).type : DType::F32;
     DType type = floats && isFloat(own) ? *floats : own;
     names.push_back(t.name);
     header.push_back({t.name, type, t.shape});
     bytes.push_back(elementCount(t.shape) * byteSize(type));
     total += bytes.back();
-    if (used.empty() || used.back() != t.state)
+    if ((used.empty() || used.back() != t.state) && m.tensors.count(t.state))
       used.push_back(t.state);
   }
   FileCache files(&m);
@@ -1454,6 +1455,8 @@ void exportHfFolder(const std::string &dir, const std::string &out,
       shardHeader.push_back(header[k]);
     writeTensorFile(fs::path(out) / shardName(i, shards.size()), shardHeader, [&](size_t j) {
       const HfTensor &t = tensors[shards[i][j]];
+      if (!m.tensors.count(t.state))
+        return HostTensor(shardHeader[j].type, t.shape);
       if (cachedState != t.state) { // a stack's experts come one after another
         cached = readWhole(m, files, t.state);
         cachedState = t.state;

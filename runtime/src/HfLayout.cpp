@@ -185,7 +185,6 @@ const HfFamily &hfFamilyOf(const json &config) {
 std::vector<HfTensor> hfTensorsOfStates(const json &config, const NamedShapes &states) {
   const HfFamily &family = hfFamilyOf(config);
   const std::string base = family.basePrefix + ".";
-  checkAgainstConfig(config, states, base, "state");
   bool isTied = tied(config, family);
   bool head = false;
   std::vector<HfTensor> out;
@@ -215,19 +214,30 @@ std::vector<HfTensor> hfTensorsOfStates(const json &config, const NamedShapes &s
                      matrix ? swapped(block) : block, state, offsets, matrix});
     }
   };
+  // The selection bias of each router; a checkpoint without the slot
+  // (no aux-free balancing) has Hugging Face's zeros.
+  std::set<std::string> biases;
+  auto biasOf = [&](const std::string &gate, const std::vector<int64_t> &shape) {
+    std::string stem = gate.substr(base.size(), gate.size() - base.size() - 11);
+    std::vector<int64_t> hfShape = shape;
+    if (family.biasMatrix)
+      hfShape.insert(hfShape.begin(), 1);
+    biases.insert(gate);
+    return HfTensor{kHfBase + stem + family.biasTensor, hfShape, gate + kBiasSlot,
+                    std::vector<int64_t>(shape.size(), 0), false};
+  };
+  std::vector<std::pair<std::string, int64_t>> gates;
   for (const auto &[name, shape] : states) {
+    if (!family.biasTensor.empty() && endsWith(name, ".mlp.gate.weight") &&
+        startsWith(name, base) && shape.size() == 2)
+      gates.emplace_back(name, shape[1]);
     if (size_t colon = name.find(':'); colon != std::string::npos) {
       // The selection bias, a slot of `<layer>.mlp.gate.weight`.
       std::string owner = name.substr(0, colon);
       if (family.biasTensor.empty() || !endsWith(name, kBiasSlot) ||
           !startsWith(owner, base) || !endsWith(owner, ".mlp.gate.weight"))
         continue; // optimizer state, master weights, routing counters
-      std::string stem = owner.substr(base.size(), owner.size() - base.size() - 11);
-      std::vector<int64_t> hfShape = shape;
-      if (family.biasMatrix)
-        hfShape.insert(hfShape.begin(), 1);
-      out.push_back({kHfBase + stem + family.biasTensor, hfShape, name,
-                     std::vector<int64_t>(shape.size(), 0), false});
+      out.push_back(biasOf(owner, shape));
       continue;
     }
     if (startsWith(name, "optimizer."))
@@ -266,9 +276,13 @@ std::vector<HfTensor> hfTensorsOfStates(const json &config, const NamedShapes &s
             shape.size() == 2 && !endsWith(rest, "embed_tokens.weight"));
     }
   }
+  for (const auto &[gate, experts] : gates)
+    if (!biases.count(gate))
+      out.push_back(biasOf(gate, {experts}));
   if (!isTied && !head)
     fail("states have no '" + kHead + "', but config.json does not tie the head "
          "to the embedding (tie_word_embeddings)");
+  checkAgainstConfig(config, states, base, "state");
   return out;
 }
 

@@ -38,11 +38,12 @@ import numpy as np
 from .. import functional as F
 from ..distributed import ColWiseParallel, RowWiseParallel
 from ..moe import MoEConfig, MoELayer, SwiGLU, load_balancing_loss
-from ..nn import Embedding, LayerList, Module, RMSNorm
+from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
 from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_json, read_tensors,
                        write_hf_folder)
+from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite, check_size
-from .llama import _linear, _rounded, _tied_head, causal_lm_loss
+from .llama import _dtype_from_hf, _linear, _rounded, _tied_head, causal_lm_loss
 
 # Config fields save_pretrained leaves out of config.json (dtype goes as
 # torch_dtype). pre_shifted_labels says how the loss reads its labels, not
@@ -144,7 +145,8 @@ class Ernie4_5Config:
     @classmethod
     def from_json(cls, path_or_dict, **overrides):
         """The fields of a Hugging Face config.json (a path or a dict) this
-        model computes; `torch_dtype` becomes `dtype`. A field that would
+        model computes; `torch_dtype` (or transformers 5's `dtype`) becomes
+        `dtype`, float32 where none is named. A field that would
         make another model (biases, another activation) is a ValueError."""
         hf = path_or_dict
         if not isinstance(hf, dict):
@@ -160,12 +162,8 @@ class Ernie4_5Config:
         # transformers adds the auxiliary loss only with output_router_logits,
         # false in the published configs (and by default).
         out["output_router_logits"] = bool(hf.get("output_router_logits", False))
-        if "torch_dtype" in hf and "dtype" not in overrides:
-            dtypes = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
-            if hf["torch_dtype"] not in dtypes:
-                raise ValueError(f"config.json: torch_dtype {str(hf['torch_dtype'])[:40]!r} is "
-                                 f"not one of {sorted(dtypes)}")
-            out["dtype"] = dtypes[hf["torch_dtype"]]
+        # transformers 5 writes torch_dtype as `dtype`, in torch's names.
+        out["dtype"] = _dtype_from_hf(hf)
         out.update(overrides)
         return cls(**out)
 
@@ -325,17 +323,14 @@ class Ernie4_5ForCausalLM(Module):
         _, index = hf_folder_index(folder)
         _check_leftovers(index, cfg, folder)
         out = {}
-        for name, hf, expert in _hf_names(cfg):
-            if hf not in index:
-                raise ValueError(f"{folder}: no tensor '{hf}' (for ernie's '{name}')")
-            path, _, shape = index[hf]
-            want = self._hf_shape(name, expert)
-            if tuple(shape) != want:
-                raise ValueError(f"{path}: tensor '{hf}' has shape {list(shape)}, the config "
-                                 f"makes it {list(want)}")
-            rank = len(dict(self.named_parameters())[name].shape)
-            offsets = [expert if expert is not None else 0] + [0] * (rank - 1)
-            out.setdefault(name, []).append((path, hf, offsets, _is_linear(name)))
+        for t in _hf_tensors(cfg):
+            if t.name not in index:
+                raise ValueError(f"{folder}: no tensor '{t.name}' (for ernie's '{t.state}')")
+            path, _, shape = index[t.name]
+            if tuple(shape) != t.shape:
+                raise ValueError(f"{path}: tensor '{t.name}' has shape {list(shape)}, the "
+                                 f"config makes it {list(t.shape)}")
+            out.setdefault(t.state, []).append((path, t.name, list(t.offsets), t.transposed))
         return out
 
     def load_selection_biases(self, folder):
@@ -348,11 +343,6 @@ class Ernie4_5ForCausalLM(Module):
                 value = read_tensors(index[name][0], [name])[name]
                 self.model.layers[i].mlp.e_score_correction_bias = np.asarray(
                     value, np.float32).reshape(-1)
-
-    def _hf_shape(self, name, expert):
-        shape = dict(self.named_parameters())[name].shape
-        shape = shape[1:] if expert is not None else shape
-        return tuple(reversed(shape)) if _is_linear(name) else tuple(shape)
 
     def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
         """Writes the model as a Hugging Face folder in Hugging Face's names
@@ -368,99 +358,91 @@ class Ernie4_5ForCausalLM(Module):
         self._name_parameters()
         biases = {i: (state or {}).get(l.mlp.bias_name(), l.mlp.e_score_correction_bias)
                   for i, l in enumerate(self.model.layers) if l.is_moe}
-        torch_dtype = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
-        config = dict(getattr(self, "hf_config", {}))  # every field read, ernie's over them
-        config.update({f.name: getattr(cfg, f.name) for f in fields(cfg)
-                       if f.name not in _NOT_HF_FIELDS})
-        config.update(architectures=[_HF_ARCH[bool(cfg.moe_num_experts)]],
-                      model_type="ernie4_5_moe" if cfg.moe_num_experts else "ernie4_5",
-                      hidden_act="silu", use_bias=False, torch_dtype=torch_dtype)
+        # Every field read, ernie's over them.
+        config = {**getattr(self, "hf_config", {}), **_hf_config(cfg, dtype)}
         write_hf_folder(folder, config, hf_state_from_ernie(values, biases, cfg), dtype,
                         max_shard_bytes)
 
 
 _HF_ARCH = {False: "Ernie4_5ForCausalLM", True: "Ernie4_5_MoeForCausalLM"}
-_PROJ = ("gate_proj", "up_proj", "down_proj")
+_BIAS_SLOT = ":e_score_correction_bias"
 
 
-def _hf_names(cfg: Ernie4_5Config):
-    """(ernie parameter, Hugging Face tensor, expert index or None) for every
-    Hugging Face weight tensor: Linears are transposed, experts are slices
-    [e] of the stacked parameter."""
-    out = [("model.embed_tokens.weight", "model.embed_tokens.weight", None)]
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out += [(p + n, p + n, None) for n in ("input_layernorm.weight",
-                                               "post_attention_layernorm.weight")]
-        out += [(p + f"self_attn.{n}.weight",) * 2 + (None,)
-                for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        if not cfg.is_moe_layer(i):
-            out += [(p + f"mlp.{n}.weight",) * 2 + (None,) for n in _PROJ]
-            continue
-        out.append((p + "mlp.gate.weight", p + "mlp.gate.weight", None))
-        out += [(p + f"mlp.experts.{n}.weight", p + f"mlp.experts.{e}.{n}.weight", e)
-                for e in range(cfg.moe_num_experts) for n in _PROJ]
-        if cfg.moe_num_shared_experts:
-            out += [(p + f"mlp.shared_experts.{n}.weight",) * 2 + (None,) for n in _PROJ]
-    out.append(("model.norm.weight", "model.norm.weight", None))
-    if not cfg.tie_word_embeddings:
-        out.append(("lm_head.weight", "lm_head.weight", None))
-    return out
+def _hf_config(cfg: Ernie4_5Config, dtype: str) -> dict:
+    """config.json's fields for `cfg`, Hugging Face's names and dtype."""
+    config = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in _NOT_HF_FIELDS}
+    config.update(architectures=[_HF_ARCH[bool(cfg.moe_num_experts)]],
+                  model_type="ernie4_5_moe" if cfg.moe_num_experts else "ernie4_5",
+                  hidden_act="silu", use_bias=False,
+                  torch_dtype={v: k for k, v in TORCH_DTYPES.items()}[dtype])
+    return config
+
+
+def _hf_tensors(cfg: Ernie4_5Config, biases: bool = False) -> list:
+    """Hugging Face's tensors of the model `cfg` builds (weights.hf_layout,
+    the runtime's rule table): Linears transposed, experts slices [e] of
+    the stacked parameters; with `biases` also each MoE layer's selection
+    bias (`moe_statics.e_score_correction_bias` [1, E] of the state [E])."""
+    with abstract():
+        model = (Ernie4_5_MoeForCausalLM if cfg.moe_num_experts else Ernie4_5ForCausalLM)(cfg)
+    model._name_parameters()
+    states = [(name, p.shape) for name, p in model.named_parameters()]
+    return [t for t in weights_layout(_hf_config(cfg, cfg.dtype), states)
+            if biases or not t.state.endswith(_BIAS_SLOT)]
 
 
 def _bias_names(cfg):
-    return {f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias": i
-            for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)}
+    """{Hugging Face's selection-bias tensor: its layer index}."""
+    return {t.name: int(t.state.split(".")[2]) for t in _hf_tensors(cfg, biases=True)
+            if t.state.endswith(_BIAS_SLOT)}
 
 
 def _check_leftovers(names, cfg, where):
     """Raises for Hugging Face tensors the model has no place for (besides
     rotary caches and a tied head's copy)."""
-    known = {hf for _, hf, _ in _hf_names(cfg)} | set(_bias_names(cfg))
+    known = {t.name for t in _hf_tensors(cfg, biases=True)}
     leftover = sorted(n for n in names if n not in known and not n.endswith("inv_freq")
                       and not (cfg.tie_word_embeddings and n == "lm_head.weight"))
     if leftover:
         raise ValueError(f"{where}: weights ernie's Ernie4_5 has no place for: {leftover[:5]}")
 
 
-def _is_linear(name):
-    return not name.endswith(("layernorm.weight", "norm.weight", "embed_tokens.weight"))
+def _expert(t):
+    """The expert index of a tensor of stacked experts, else None."""
+    return t.offsets[0] if len(t.offsets) > len(t.shape) else None
 
 
 def ernie_state_from_hf(weights: dict, cfg: Ernie4_5Config, where="weights"):
     """(ernie parameters, {MoE layer index: selection bias [E]}) from
     Hugging Face's tensors."""
-    names = _hf_names(cfg)
-    bias_names = _bias_names(cfg)
     _check_leftovers(weights, cfg, where)
     state, stacks = {}, {}
-    for name, hf, expert in names:
-        if hf not in weights:
-            raise ValueError(f"{where}: no tensor '{hf}' (for ernie's '{name}')")
-        value = np.asarray(weights[hf])
-        value = value.T if _is_linear(name) else value
-        if expert is None:
-            state[name] = value
+    for t in _hf_tensors(cfg):
+        if t.name not in weights:
+            raise ValueError(f"{where}: no tensor '{t.name}' (for ernie's '{t.state}')")
+        value = np.asarray(weights[t.name])
+        value = value.T if t.transposed else value
+        if _expert(t) is None:
+            state[t.state] = value
         else:
-            stacks.setdefault(name, {})[expert] = value
+            stacks.setdefault(t.state, {})[_expert(t)] = value
     for name, by_expert in stacks.items():
         state[name] = np.stack([by_expert[e] for e in range(cfg.moe_num_experts)])
     biases = {i: np.asarray(weights.get(n, np.zeros(cfg.moe_num_experts)),
                             np.float32).reshape(-1)
-              for n, i in bias_names.items()}
+              for n, i in _bias_names(cfg).items()}
     return state, biases
 
 
 def hf_state_from_ernie(values: dict, biases: dict, cfg: Ernie4_5Config) -> dict:
     """The inverse of ernie_state_from_hf, in Hugging Face's order."""
     out = {}
-    for name, hf, expert in _hf_names(cfg):
-        value = np.asarray(values[name])
-        value = value[expert] if expert is not None else value
-        out[hf] = np.ascontiguousarray(value.T if _is_linear(name) else value)
-    for i, bias in biases.items():
-        out[f"model.layers.{i}.mlp.moe_statics.e_score_correction_bias"] = np.asarray(
-            bias, np.float32).reshape(1, -1)
+    for t in _hf_tensors(cfg):
+        value = np.asarray(values[t.state])
+        value = value[_expert(t)] if _expert(t) is not None else value
+        out[t.name] = np.ascontiguousarray(value.T if t.transposed else value)
+    for name, i in _bias_names(cfg).items():
+        out[name] = np.asarray(biases[i], np.float32).reshape(1, -1)
     return out
 
 

@@ -64,9 +64,10 @@ from .. import _ernie
 from .. import distributed as dist
 from .. import functional as F
 from ..moe import MoELayer
-from ..nn import Embedding, LayerList, Linear, Module, RMSNorm
+from ..nn import Embedding, LayerList, Linear, Module, RMSNorm, abstract
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
 from ..weights import TORCH_DTYPES, hf_folder_index, read_hf_folder, write_hf_folder
+from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite, check_size
 
 
@@ -488,62 +489,34 @@ def _dtype_from_hf(hf: dict) -> str:
 
 
 def hf_layout(cfg: LlamaConfig) -> list:
-    """Where each of Hugging Face's tensors goes, in Hugging Face's order:
+    """Where each of Hugging Face's tensors goes, in the parameters' order:
     (ernie parameter, Hugging Face name, offsets in the parameter, the
-    block's shape in the parameter, transposed). Linears are Hugging Face's
+    block's shape in the parameter, transposed). The runtime's rule table
+    (weights.hf_layout, which `ernie-ckpt export-hf` uses too) over the
+    parameters of the model `cfg` builds: Linears are Hugging Face's
     [out, in], ernie's [in, out] (transposed); fused q/k/v and gate/up are
-    blocks at column offsets of one parameter; a tied LM head has no
-    tensor of its own. The one mapping the readers, the writer and the
-    distributed loader (hf_weight_map) share."""
-    h, hq, hkv, d, inter = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                            cfg.head_dim, cfg.intermediate_size)
-    base = cfg.base_model_prefix
-    out = [(f"{base}.embed_tokens.weight", "model.embed_tokens.weight", (0, 0),
-            (cfg.vocab_size, h), False)]
+    blocks at column offsets of one parameter; stacked experts [E, in, out]
+    hold one tensor per expert at [e]; a tied LM head has no tensor of its
+    own. The one mapping the readers, the writer and the distributed loader
+    (hf_weight_map) share."""
+    with abstract():
+        model = _model_class(cfg)(cfg)
+    states = [(name, p.shape) for name, p in model.named_parameters()]
+    return [(t.state, t.name, t.offsets,
+             tuple(reversed(t.shape)) if t.transposed else t.shape, t.transposed)
+            for t in weights_layout(cfg.to_hf(cfg.dtype), states)]
 
-    def linears(dst, fused, parts, bias=False):
-        # parts: (Hugging Face name, out features); fused: one parameter.
-        column = 0
-        for hf, n_out in parts:
-            name = dst + (fused if fused else hf.rsplit(".", 1)[-1])
-            out.append((name + ".weight", hf + ".weight", (0, column if fused else 0),
-                        (h, n_out), True))
-            if bias:
-                out.append((name + ".bias", hf + ".bias", (column if fused else 0,), (n_out,),
-                            False))
-            column += n_out if fused else 0
 
-    for i in range(cfg.num_hidden_layers):
-        src, dst = f"model.layers.{i}.", f"{base}.layers.{i}."
-        out.append((dst + "input_layernorm.weight", src + "input_layernorm.weight", (0,), (h,),
-                    False))
-        linears(dst + "self_attn.", "qkv_proj" if cfg.fuse_attention_qkv else None,
-                [(src + f"self_attn.{n}_proj", width) for n, width in
-                 (("q", hq * d), ("k", hkv * d), ("v", hkv * d))], cfg.qkv_bias)
-        out.append((dst + "self_attn.o_proj.weight", src + "self_attn.o_proj.weight", (0, 0),
-                    (hq * d, h), True))
-        if cfg.qk_norm:
-            out += [(dst + f"self_attn.{n}_norm.weight", src + f"self_attn.{n}_norm.weight",
-                     (0,), (d,), False) for n in ("q", "k")]
-        if cfg.is_moe_layer(i):
-            # ernie.moe's router [hidden, E] and experts stacked [E, in, out];
-            # Hugging Face's one [out, in] tensor per expert, at [e].
-            e, moe = cfg.num_experts, cfg.moe_intermediate_size
-            out.append((dst + "mlp.gate.weight", src + "mlp.gate.weight", (0, 0), (h, e), True))
-            out += [(dst + f"mlp.experts.{n}_proj.weight", src + f"mlp.experts.{x}.{n}_proj.weight",
-                     (x, 0, 0), (moe, h) if n == "down" else (h, moe), True)
-                    for x in range(e) for n in ("gate", "up", "down")]
-        else:
-            linears(dst + "mlp.", "gate_up_proj" if cfg.fuse_attention_ffn else None,
-                    [(src + f"mlp.{n}_proj", inter) for n in ("gate", "up")])
-            out.append((dst + "mlp.down_proj.weight", src + "mlp.down_proj.weight", (0, 0),
-                        (inter, h), True))
-        out.append((dst + "post_attention_layernorm.weight",
-                    src + "post_attention_layernorm.weight", (0,), (h,), False))
-    out.append((f"{base}.norm.weight", "model.norm.weight", (0,), (h,), False))
-    if not cfg.tie_word_embeddings:
-        out.append(("lm_head.weight", "lm_head.weight", (0, 0), (h, cfg.vocab_size), True))
-    return out
+def _model_class(cfg: LlamaConfig):
+    """The model class of `cfg`'s family (LlamaForCausalLM or the
+    subclass whose config_class it is)."""
+    classes = [LlamaForCausalLM]
+    while classes:
+        cls = classes.pop()
+        if cls.config_class is type(cfg):
+            return cls
+        classes += cls.__subclasses__()
+    raise TypeError(f"no model class is built from a {type(cfg).__name__}")
 
 
 def _hf_leftovers(names, cfg: LlamaConfig, where):

@@ -71,7 +71,9 @@ std::vector<std::string> hfFamilyNames();
 
 /// The Hugging Face tensors of ernie states `states` (a checkpoint's or a
 /// program's, global shapes), grouped by state in the states' order. Slots
-/// other than the selection bias and `optimizer.*` are skipped; a state
+/// other than the selection bias and `optimizer.*` are skipped; a router
+/// of a family with selection biases has one even where the states lack
+/// it (its state then absent: zeros, as transformers starts it); a state
 /// that is no parameter of the family, a fused width or a head that
 /// disagrees with `config` throws naming it.
 std::vector<HfTensor> hfTensorsOfStates(const nlohmann::json &config,
