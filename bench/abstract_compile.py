@@ -142,27 +142,39 @@ QWEN = [
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
         num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
         norm_topk_prob=True, rope_theta=1e6, tie_word_embeddings=False)),
+    ("Mistral-7B-v0.1", "mistral", 7.24e9, dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+        sliding_window=4096, tie_word_embeddings=False)),
+    ("Mixtral-8x7B", "mixtral", 46.7e9, dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+        num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6,
+        tie_word_embeddings=False)),
 ]
+_MOE = ("qwen3_moe", "mixtral")
 
 
 def _qwen_hand_params(family, f):
     """The parameter count by hand: embedding and untied head, per layer
-    q/k/v/o (q/k/v biases for Qwen2, per-head q/k norms for Qwen3), the MLP
+    q/k/v/o (q/k/v biases for Qwen2, per-head q/k norms for Qwen3, neither
+    for Mistral and Mixtral), the MLP
     (SwiGLU, or the router and every expert) and two norms, the final norm."""
     h, layers = f["hidden_size"], f["num_hidden_layers"]
     d = f.get("head_dim", h // f["num_attention_heads"])
     q, kv = f["num_attention_heads"] * d, f["num_key_value_heads"] * d
     attn = h * q * 2 + h * kv * 2
-    attn += q + 2 * kv if family == "qwen2" else 2 * d
-    if family == "qwen3_moe":
-        mlp = h * f["num_experts"] + f["num_experts"] * 3 * h * f["moe_intermediate_size"]
+    attn += q + 2 * kv if family == "qwen2" else 2 * d if family.startswith("qwen3") else 0
+    if family in _MOE:
+        e = f.get("num_experts", f.get("num_local_experts"))
+        mlp = h * e + e * 3 * h * f.get("moe_intermediate_size", f["intermediate_size"])
     else:
         mlp = 3 * h * f["intermediate_size"]
     return layers * (attn + mlp + 2 * h) + 2 * f["vocab_size"] * h + h
 
 
 def qwen_rows():
-    """The Qwen families' published sizes compiled abstractly (bf16, AdamW
+    """The Qwen, Mistral and Mixtral published sizes compiled abstractly (bf16, AdamW
     with f32 master weights) on dp 8 at ZeRO-1, one 4096-token sequence per
     rank (Qwen3-30B-A3B: its experts on the ZeRO axis, capacity factor
     1.25): parameters beside the model card's and a hand count, model state
@@ -171,14 +183,14 @@ def qwen_rows():
     routers are f32, which the hand count takes as bf16: 0.04 GB for
     Qwen3-30B-A3B's 48)."""
     from ernie.models.auto import FAMILIES
-    print(f"\n{'Qwen model (dp 8, ZeRO-1)':30s} {'params':>9s} {'card':>7s} {'hand':>9s} "
+    print(f"\n{'Model (dp 8, ZeRO-1)':30s} {'params':>9s} {'card':>7s} {'hand':>9s} "
           f"{'compile':>8s} {'state/rank':>11s} {'hand':>9s}")
     mesh = dist.ProcessMesh(list(range(8)), ["dp"])
     ids = np.zeros((8, 4096), np.int64)
     for name, family, card, fields in QWEN:
         make_config, model_class = FAMILIES[family]
         cfg = make_config({"model_type": family, **fields, "torch_dtype": "bfloat16"})
-        if family == "qwen3_moe":
+        if family in _MOE:
             import dataclasses
             cfg = dataclasses.replace(cfg, moe_capacity_factor=1.25)
         with ernie.nn.abstract():
@@ -186,10 +198,10 @@ def qwen_rows():
         params = sum(int(np.prod(p.shape)) for p in model.parameters())
         config = {"dp_config": {"sharding_level": 1}}
         experts = 0
-        if family == "qwen3_moe":
+        if family in _MOE:
             config["ep_config"] = {"axis": "dp"}
-            experts = fields["num_hidden_layers"] * fields["num_experts"] * 3 * \
-                fields["hidden_size"] * fields["moe_intermediate_size"]
+            experts = fields["num_hidden_layers"] * cfg.num_experts * 3 * \
+                fields["hidden_size"] * cfg.moe_intermediate_size
         t = time.time()
         prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True),
                              [ids, ids], mesh=mesh, config=config, abstract=True)

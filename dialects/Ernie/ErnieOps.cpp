@@ -1042,7 +1042,8 @@ LogicalResult RopeOp::verify() {
 /// The result type of attention over `query`, `key`, `value`, or an error.
 static FailureOr<RankedTensorType>
 inferAttentionType(std::optional<Location> loc, Value query, Value key,
-                   Value value, bool causal, std::optional<APFloat> scale) {
+                   Value value, bool causal, std::optional<APFloat> scale,
+                   std::optional<int64_t> window) {
   auto q = rankedOperand(loc, query, "query");
   auto k = rankedOperand(loc, key, "key");
   auto v = rankedOperand(loc, value, "value");
@@ -1077,6 +1078,10 @@ inferAttentionType(std::optional<Location> loc, Value query, Value key,
                              seq, " and ", k->getDimSize(1));
   if (scale && !(scale->convertToDouble() > 0))
     return emitOptionalError(loc, "scale must be positive");
+  if (window && (!causal || *window < 1))
+    return emitOptionalError(loc, "a sliding window needs causal attention "
+                                  "and at least one key, got window ",
+                             *window, causal ? "" : " without causal");
   return RankedTensorType::get({batch, seq, heads, v->getDimSize(3)},
                                q->getElementType());
 }
@@ -1087,7 +1092,7 @@ LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
                                             SmallVectorImpl<Type> &inferred) {
   FailureOr<RankedTensorType> type = inferAttentionType(
       loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue(),
-      adaptor.getCausal(), adaptor.getScale());
+      adaptor.getCausal(), adaptor.getScale(), adaptor.getWindow());
   if (failed(type))
     return failure();
   inferred.push_back(*type);
@@ -1099,7 +1104,7 @@ LogicalResult AttentionGradOp::inferReturnTypes(
     SmallVectorImpl<Type> &inferred) {
   FailureOr<RankedTensorType> out = inferAttentionType(
       loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue(),
-      adaptor.getCausal(), adaptor.getScale());
+      adaptor.getCausal(), adaptor.getScale(), adaptor.getWindow());
   if (failed(out))
     return failure();
   if (adaptor.getDout().getType() != *out)

@@ -742,7 +742,7 @@ LogicalResult AttentionOp::buildGradient(OpBuilder &builder, ValueRange grads,
   return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
     auto grad = AttentionGradOp::create(h.b, h.loc, getQuery(), getKey(),
                                         getValue(), g, getCausalAttr(),
-                                        getScaleAttr());
+                                        getScaleAttr(), getWindowAttr());
     out.append({grad.getDquery(), grad.getDkey(), grad.getDvalue()});
   });
 }

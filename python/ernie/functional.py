@@ -218,12 +218,20 @@ def rope(x: Tensor, positions: Tensor, theta=10000.0, interleaved=False) -> Tens
     return _one("ernie.rope", [x, positions], {"theta": float(theta), "interleaved": interleaved})
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, causal=False, scale=None) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, causal=False, scale=None,
+              window=None) -> Tensor:
     """Scaled dot-product attention, [batch, seq, heads, head_dim] layout;
-    k and v may have fewer heads (grouped-query attention)."""
+    k and v may have fewer heads (grouped-query attention). `window` (with
+    `causal`): each query sees only the last `window` keys, itself
+    included (sliding-window attention, Mistral's `sliding_window`)."""
     attrs = {"causal": causal}
     if scale is not None:
         attrs["scale"] = float(scale)
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal:
+            raise ValueError(f"attention: a sliding window is a number of keys >= 1 with "
+                             f"causal=True, not window={window!r} (causal={causal})")
+        attrs["window"] = window
     return _one("ernie.attention", [q, k, v], attrs)
 
 

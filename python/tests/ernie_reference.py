@@ -200,7 +200,7 @@ def _rope(x, pos, theta, interleaved):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def _attention_probs(q, k, causal, scale):
+def _attention_probs(q, k, causal, scale, window=None):
     hq, hkv = q.shape[2], k.shape[2]
     group = hq // hkv
     d = q.shape[3]
@@ -208,20 +208,23 @@ def _attention_probs(q, k, causal, scale):
     probs = []
     for h in range(hq):
         s = np.einsum("bsd,btd->bst", q[:, :, h], k[:, :, h // group]) * scale
-        if causal:
-            s = np.where(np.tril(np.ones(s.shape[1:], bool)), s, -np.inf)
+        if causal:  # keys t <= s, and s - window < t with a sliding window
+            seen = np.tril(np.ones(s.shape[1:], bool))
+            if window:
+                seen &= np.triu(np.ones(s.shape[1:], bool), -(window - 1))
+            s = np.where(seen, s, -np.inf)
         probs.append(_softmax(s, -1))
     return probs, group, scale
 
 
-def _attention(q, k, v, causal, scale):
-    probs, group, _ = _attention_probs(q, k, causal, scale)
+def _attention(q, k, v, causal, scale, window=None):
+    probs, group, _ = _attention_probs(q, k, causal, scale, window)
     return np.stack([np.einsum("bst,btd->bsd", p, v[:, :, h // group])
                      for h, p in enumerate(probs)], axis=2)
 
 
-def _attention_grad(q, k, v, dout, causal, scale):
-    probs, group, scale = _attention_probs(q, k, causal, scale)
+def _attention_grad(q, k, v, dout, causal, scale, window=None):
+    probs, group, scale = _attention_probs(q, k, causal, scale, window)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for h, p in enumerate(probs):
         kv = h // group
@@ -419,9 +422,10 @@ def evaluate_op(op, args):
     if n == "rope":
         return [_rope(args[0], args[1], p.get("theta", 10000.0), p.get("interleaved", False))]
     if n == "attention":
-        return [_attention(*args, p.get("causal", False), p.get("scale"))]
+        return [_attention(*args, p.get("causal", False), p.get("scale"), p.get("window"))]
     if n == "attention_grad":
-        return list(_attention_grad(*args, p.get("causal", False), p.get("scale")))
+        return list(_attention_grad(*args, p.get("causal", False), p.get("scale"),
+                                    p.get("window")))
     if n == "cross_entropy":
         return [_cross_entropy(args[0], args[1], p.get("ignore_index", -100), p.get("reduction", "mean"))]
     if n == "cross_entropy_grad":

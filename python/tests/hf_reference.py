@@ -5,7 +5,8 @@ subprocess: the tests' own environment has neither torch nor transformers.
 
     python hf_reference.py make FAMILY SEED FOLDER
         a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
-        "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux"), made
+        "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux",
+        "mistral", "mixtral"), made
         by transformers with torch.manual_seed(SEED)
         and saved by its own save_pretrained (f32) into FOLDER.
     python hf_reference.py run FOLDER IN.npz OUT.npz
@@ -57,6 +58,13 @@ def config(family):
             moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_intermediate_size=24,
             moe_layer_start_index=1, moe_layer_end_index=2,
             output_router_logits=family.endswith("-aux"), router_aux_loss_coef=0.02)
+    if family == "mistral":
+        # A window of 3 on the tests' 8 tokens: most queries lose keys.
+        return transformers.MistralConfig(**TINY, sliding_window=3, head_dim=8)
+    if family == "mixtral":
+        return transformers.MixtralConfig(
+            **{**TINY, "intermediate_size": 24}, sliding_window=5, num_local_experts=4,
+            num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.02)
     raise SystemExit(f"unknown family {family}")
 
 
@@ -71,7 +79,8 @@ def make(family, seed, folder):
         for name, p in model.named_parameters():
             if name.endswith(("bias", "norm.weight", "layernorm.weight")):
                 p.add_(0.1 * torch.randn_like(p))
-            if name.endswith("mlp.gate.weight"):  # routers far from ties
+            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                # routers far from ties
                 p.mul_(20.0)
     model.save_pretrained(folder)
 

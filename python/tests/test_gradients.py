@@ -210,7 +210,7 @@ def test_rope(ernie_opt, interleaved):
     check_gradients(ernie_opt, src, [rand(2, 4, 2, 6), np.array([0, 1, 2, 7])], [0])
 
 
-@pytest.mark.parametrize("causal", ["", " {causal}"])
+@pytest.mark.parametrize("causal", ["", " {causal}", " {causal, window = 2 : i64}"])
 def test_attention(ernie_opt, causal):
     src = loss_of(["%q: tensor<1x4x4x3xf64> {p}", "%k: tensor<1x4x2x3xf64> {p}", "%v: tensor<1x4x2x3xf64> {p}"],
                   f"  %o = ernie.attention %q, %k, %v{causal} : tensor<1x4x4x3xf64>, tensor<1x4x2x3xf64>, tensor<1x4x2x3xf64> -> tensor<1x4x4x3xf64>\n"

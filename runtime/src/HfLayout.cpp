@@ -26,11 +26,19 @@ const HfFamily kFamilies[] = {
     {"qwen3_moe", "qwen3_moe", false, "", false},
     {"ernie4_5", "model", true, "", false},
     {"ernie4_5_moe", "model", true, "moe_statics.e_score_correction_bias", true},
+    {"mistral", "mistral", false, "", false},
+    {"mixtral", "mixtral", false, "", false,
+     {{".mlp.gate.weight", ".block_sparse_moe.gate.weight"},
+      {".mlp.experts.", ".block_sparse_moe.experts."},
+      {".gate_proj.weight", ".w1.weight"},
+      {".up_proj.weight", ".w3.weight"},
+      {".down_proj.weight", ".w2.weight"}}},
 };
 const std::pair<const char *, const char *> kArchitectures[] = {
     {"LlamaForCausalLM", "llama"},         {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"},         {"Qwen3MoeForCausalLM", "qwen3_moe"},
     {"Ernie4_5ForCausalLM", "ernie4_5"},   {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
+    {"MistralForCausalLM", "mistral"},     {"MixtralForCausalLM", "mixtral"},
 };
 
 const std::string kBiasSlot = ":e_score_correction_bias";
@@ -142,6 +150,22 @@ bool splitExpert(const std::string &name, std::string &stack, int64_t &expert,
   expert = std::stoll(digits);
   proj = name.substr(end + 1);
   return true;
+}
+
+/// `name` with each of `family`'s renames applied, ernie's spelling to
+/// Hugging Face's (`toHf`) or back.
+std::string renamed(const HfFamily &family, std::string name, bool toHf) {
+  auto apply = [&](const std::string &from, const std::string &to) {
+    if (size_t at = name.find(from); at != std::string::npos)
+      name.replace(at, from.size(), to);
+  };
+  if (toHf)
+    for (const auto &[ours, theirs] : family.renames)
+      apply(ours, theirs);
+  else
+    for (auto it = family.renames.rbegin(); it != family.renames.rend(); ++it)
+      apply(it->second, it->first);
+  return name;
 }
 
 std::vector<int64_t> swapped(std::vector<int64_t> shape) {
@@ -283,6 +307,8 @@ std::vector<HfTensor> hfTensorsOfStates(const json &config, const NamedShapes &s
     fail("states have no '" + kHead + "', but config.json does not tie the head "
          "to the embedding (tie_word_embeddings)");
   checkAgainstConfig(config, states, base, "state");
+  for (HfTensor &t : out)
+    t.name = renamed(family, t.name, true);
   return out;
 }
 
@@ -300,18 +326,19 @@ statesOfHfTensors(const json &config, const NamedShapes &tensors) {
     if (stateIndex.emplace(state, states.size()).second)
       states.emplace_back(state, shape);
   };
-  for (const auto &[name, shape] : tensors) {
-    if (endsWith(name, "rotary_emb.inv_freq") || (isTied && name == kHead))
+  for (const auto &[hfName, shape] : tensors) {
+    if (endsWith(hfName, "rotary_emb.inv_freq") || (isTied && hfName == kHead))
       continue;
+    const std::string name = renamed(family, hfName, false);
     if (name == kHead) {
       std::vector<int64_t> s = shape.size() == 2 ? swapped(shape) : shape;
       addState(kHead, s);
-      out.push_back({name, shape, kHead, std::vector<int64_t>(shape.size(), 0),
+      out.push_back({hfName, shape, kHead, std::vector<int64_t>(shape.size(), 0),
                      shape.size() == 2});
       continue;
     }
     if (!startsWith(name, kHfBase))
-      fail("tensor '" + name + "' is not a weight of a " + family.modelType +
+      fail("tensor '" + hfName + "' is not a weight of a " + family.modelType +
            " model (whose weights are under '" + kHfBase + "' and '" + kHead + "')");
     std::string rest = name.substr(kHfBase.size());
     std::string stack, proj;
@@ -323,23 +350,23 @@ statesOfHfTensors(const json &config, const NamedShapes &tensors) {
         n *= d;
       std::string state = base + stem + "gate.weight" + kBiasSlot;
       addState(state, {n});
-      out.push_back({name, shape, state, {0}, false});
+      out.push_back({hfName, shape, state, {0}, false});
     } else if (shape.size() == 2 && splitExpert(rest, stack, expert, proj)) {
       std::string state = base + stack + "." + proj;
       auto &[expertShape, seen] = stacks[state];
       if (seen.empty())
         expertShape = shape;
       if (shape != expertShape)
-        fail("tensor '" + name + "' is " + shapeText(shape) + ", the other experts of '" +
+        fail("tensor '" + hfName + "' is " + shapeText(shape) + ", the other experts of '" +
              state + "' " + shapeText(expertShape));
       if (!seen.insert(expert).second)
-        fail("tensor '" + name + "' appears twice");
+        fail("tensor '" + hfName + "' appears twice");
       addState(state, {0, shape[1], shape[0]}); // the count once every expert is seen
-      out.push_back({name, shape, state, {expert, 0, 0}, true});
+      out.push_back({hfName, shape, state, {expert, 0, 0}, true});
     } else {
       bool transposed = shape.size() == 2 && !endsWith(rest, "embed_tokens.weight");
       addState(base + rest, transposed ? swapped(shape) : shape);
-      out.push_back({name, shape, base + rest, std::vector<int64_t>(shape.size(), 0),
+      out.push_back({hfName, shape, base + rest, std::vector<int64_t>(shape.size(), 0),
                      transposed});
     }
   }

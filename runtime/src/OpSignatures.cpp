@@ -623,6 +623,8 @@ std::vector<int64_t> attentionShape(OpCheck &c) {
             "causal attention needs query and key sequences of one length");
   c.require(!c.has("scale") || c.number("scale", 1.0) > 0.0,
             "scale must be positive");
+  c.require(!c.has("window") || (c.flag("causal") && c.integer("window") >= 1),
+            "a sliding window needs causal attention and at least one key");
   return {q.shape[0], q.shape[1], q.shape[2], v.shape[3]};
 }
 

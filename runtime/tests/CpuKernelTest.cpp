@@ -471,13 +471,16 @@ double weightedSum(const std::vector<double> &y, const std::vector<double> &w) {
 }
 
 TEST(CpuKernels, AttentionGradientMatchesFiniteDifferences) {
-  for (bool causal : {false, true}) {
+  // window 0: none; 2: a sliding window of two keys (causal only).
+  for (auto [causal, window] : {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 2}}) {
     auto q = make<double>({1, 4, 4, 3}, DType::F64, 11);
     auto k = make<double>({1, 4, 2, 3}, DType::F64, 12);
     auto v = make<double>({1, 4, 2, 3}, DType::F64, 13);
     auto w = make<double>({1, 4, 4, 3}, DType::F64, 14); // dout
     Attrs attrs;
     attrs.set("causal", causal);
+    if (window)
+      attrs.set("window", int64_t(window));
     auto forward = [&](Owned<double> &qq, Owned<double> &kk, Owned<double> &vv) {
       auto o = make<double>({1, 4, 4, 3}, DType::F64);
       run("ernie.attention", {qq.view(), kk.view(), vv.view()}, {o.view()}, attrs);
@@ -495,24 +498,29 @@ TEST(CpuKernels, AttentionGradientMatchesFiniteDifferences) {
         x->data[i] = saved - h;
         double down = forward(q, k, v);
         x->data[i] = saved;
-        EXPECT_NEAR(g->data[i], (up - down) / (2 * h), 1e-7) << "causal=" << causal;
+        EXPECT_NEAR(g->data[i], (up - down) / (2 * h), 1e-7)
+            << "causal=" << causal << " window=" << window;
       }
   }
 }
 
 TEST(CpuKernels, AttentionInQueryStripsMatchesTheWholeMatrix) {
   // 150 queries: strips of 64, 64 and 22, the causal ones stopping at their
-  // last row's key. The forward equals softmax over the whole score matrix
-  // (written out here), and the gradients finite differences, at a sample
-  // of entries of every strip.
+  // last row's key (a window of 40 reaching back across strip boundaries).
+  // The forward equals softmax over the whole score matrix (written out
+  // here), and the gradients finite differences, at a sample of entries of
+  // every strip.
   const int64_t s = 150, hq = 2, hkv = 1, d = 4;
-  for (bool causal : {false, true}) {
+  for (auto [causal, window] :
+       {std::pair<bool, int64_t>{false, 0}, {true, 0}, {true, 40}}) {
     auto q = make<double>({1, s, hq, d}, DType::F64, 21);
     auto k = make<double>({1, s, hkv, d}, DType::F64, 22);
     auto v = make<double>({1, s, hkv, d}, DType::F64, 23);
     auto w = make<double>({1, s, hq, d}, DType::F64, 24);
     Attrs attrs;
     attrs.set("causal", causal);
+    if (window)
+      attrs.set("window", window);
     auto o = make<double>({1, s, hq, d}, DType::F64);
     run("ernie.attention", {q.view(), k.view(), v.view()}, {o.view()}, attrs);
     double scale = 1.0 / std::sqrt(double(d)), worst = 0;
@@ -520,7 +528,8 @@ TEST(CpuKernels, AttentionInQueryStripsMatchesTheWholeMatrix) {
       for (int64_t i = 0; i < s; ++i) {
         std::vector<double> score(s, -INFINITY);
         double peak = -INFINITY, total = 0;
-        for (int64_t t = 0; t < s && (!causal || t <= i); ++t) {
+        for (int64_t t = window ? std::max<int64_t>(0, i - window + 1) : 0;
+             t < s && (!causal || t <= i); ++t) {
           double dot = 0;
           for (int64_t c = 0; c < d; ++c)
             dot += q.data[(i * hq + h) * d + c] * k.data[t * d + c];
@@ -536,7 +545,7 @@ TEST(CpuKernels, AttentionInQueryStripsMatchesTheWholeMatrix) {
           worst = std::max(worst, std::abs(o.data[(i * hq + h) * d + c] - want));
         }
       }
-    EXPECT_LT(worst, 1e-12) << "causal=" << causal;
+    EXPECT_LT(worst, 1e-12) << "causal=" << causal << " window=" << window;
 
     auto forward = [&] {
       auto out = make<double>({1, s, hq, d}, DType::F64);
@@ -557,7 +566,7 @@ TEST(CpuKernels, AttentionInQueryStripsMatchesTheWholeMatrix) {
         double down = forward();
         x->data[i] = saved;
         EXPECT_NEAR(g->data[i], (up - down) / (2 * step), 1e-7)
-            << "causal=" << causal << " entry " << i;
+            << "causal=" << causal << " window=" << window << " entry " << i;
       }
   }
 }

@@ -381,17 +381,24 @@ std::vector<Case> cases() {
   struct Att {
     int64_t b, s, hq, hkv, d;
     bool causal;
+    int64_t window; // 0: none
   };
-  for (Att a : {Att{2, 33, 4, 2, 16, true}, Att{1, 70, 2, 2, 64, false},
-                Att{1, 65, 4, 1, 128, true}})
+  // The window of 37 on 150 rows crosses the kernels' blocks of 64 and
+  // tiles of 32 both ways.
+  for (Att a : {Att{2, 33, 4, 2, 16, true, 0}, Att{1, 70, 2, 2, 64, false, 0},
+                Att{1, 65, 4, 1, 128, true, 0}, Att{1, 150, 2, 1, 32, true, 37}})
     for (DType t : {kF32, kBF16}) {
       std::string n = "attention_" + tag(t) + "_s" + std::to_string(a.s) + "_d" +
-                      std::to_string(a.d) + (a.causal ? "_causal" : "");
+                      std::to_string(a.d) + (a.causal ? "_causal" : "") +
+                      (a.window ? "_window" + std::to_string(a.window) : "");
       Shape q{a.b, a.s, a.hq, a.d}, kv{a.b, a.s, a.hkv, a.d};
-      add({n, "ernie.attention", {{t, q}, {t, kv}, {t, kv}}, {{t, q}},
-           {{"causal", a.causal}}, Tol::Accumulated});
+      Attrs attrs = {{"causal", a.causal}};
+      if (a.window)
+        attrs.set("window", a.window);
+      add({n, "ernie.attention", {{t, q}, {t, kv}, {t, kv}}, {{t, q}}, attrs,
+           Tol::Accumulated});
       add({n + "_grad", "ernie.attention_grad", {{t, q}, {t, kv}, {t, kv}, {t, q}},
-           {{t, q}, {t, kv}, {t, kv}}, {{"causal", a.causal}}, Tol::Accumulated});
+           {{t, q}, {t, kv}, {t, kv}}, attrs, Tol::Accumulated});
     }
   for (DType t : {kF32, kBF16})
     for (const char *reduction : {"mean", "sum", "none"}) {

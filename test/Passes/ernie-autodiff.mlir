@@ -166,16 +166,17 @@ func.func @forward(%t: tensor<4x4xf32> {ernie.param = "t"}, %ids: tensor<3xi64>)
 
 // -----
 
-// RoPE's gradient rotates back; attention's is one op.
+// RoPE's gradient rotates back; attention's is one op, with the forward's
+// mask (a sliding window here).
 // CHECK-LABEL: func.func @forward_grad
 // CHECK-DAG: %[[NEG:.+]] = ernie.neg %{{.*}} : tensor<8xi64>
 // CHECK-DAG: ernie.rope %{{.*}}, %[[NEG]], theta = 1.000000e+04
-// CHECK-DAG: ernie.attention_grad %{{.*}} {causal}
+// CHECK-DAG: ernie.attention_grad %{{.*}} {causal, window = 4 : i64}
 // CHECK: return
 func.func @forward(%q: tensor<1x8x4x16xf32> {ernie.param = "q"}, %k: tensor<1x8x2x16xf32> {ernie.param = "k"},
                    %v: tensor<1x8x2x16xf32> {ernie.param = "v"}, %pos: tensor<8xi64>) -> tensor<f32> {
   %qr = ernie.rope %q, %pos, theta = 10000.0 : tensor<1x8x4x16xf32>, tensor<8xi64>
-  %o = ernie.attention %qr, %k, %v {causal} : tensor<1x8x4x16xf32>, tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32> -> tensor<1x8x4x16xf32>
+  %o = ernie.attention %qr, %k, %v {causal, window = 4 : i64} : tensor<1x8x4x16xf32>, tensor<1x8x2x16xf32>, tensor<1x8x2x16xf32> -> tensor<1x8x4x16xf32>
   %l = ernie.reduce_sum %o axes = [0, 1, 2, 3] : tensor<1x8x4x16xf32> -> tensor<f32>
   return %l : tensor<f32>
 }

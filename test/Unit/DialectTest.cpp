@@ -73,7 +73,8 @@ TEST_F(ErnieDialectTest, AttentionInfersGroupedQueryShape) {
       b, {tensor({2, 16, 8, 32}), tensor({2, 16, 2, 32}), tensor({2, 16, 2, 24})});
   auto attn = AttentionOp::create(b, b.getUnknownLoc(), entry->getArgument(0),
                                   entry->getArgument(1), entry->getArgument(2),
-                                  /*causal=*/true, /*scale=*/nullptr);
+                                  /*causal=*/true, /*scale=*/nullptr,
+                                  /*window=*/nullptr);
   EXPECT_EQ(attn.getType(), tensor({2, 16, 8, 24}));
   func::ReturnOp::create(b, b.getUnknownLoc());
   EXPECT_TRUE(succeeded(verify(*module)));

@@ -18,6 +18,8 @@ from .llama import LlamaForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
+from .mistral import MistralForCausalLM
+from .mixtral import MixtralForCausalLM
 
 
 def _llama_family(model_class):
@@ -32,13 +34,16 @@ FAMILIES = {
     "qwen2": _llama_family(Qwen2ForCausalLM),
     "qwen3": _llama_family(Qwen3ForCausalLM),
     "qwen3_moe": _llama_family(Qwen3MoeForCausalLM),
+    "mistral": _llama_family(MistralForCausalLM),
+    "mixtral": _llama_family(MixtralForCausalLM),
     "ernie4_5": (Ernie4_5Config.from_json, Ernie4_5ForCausalLM),
     "ernie4_5_moe": (Ernie4_5Config.from_json, Ernie4_5_MoeForCausalLM),
 }
 # Hugging Face's class names -> model_type.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                  "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
+                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
+                 "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral"}
 
 
 def _config_json(folder) -> dict:

@@ -98,6 +98,9 @@ class LlamaConfig:
     # under the same names), and other names Hugging Face writes them as.
     hf_keys: ClassVar[tuple] = ()
     hf_aliases: ClassVar[dict] = {}
+    # Flags of the shared decoder the family fixes (Qwen2: q/k/v biases,
+    # Qwen3: q/k norms; only Mistral's families have a sliding window).
+    family_flags: ClassVar[dict] = {"sliding_window": None}
 
     vocab_size: int = 256
     hidden_size: int = 64
@@ -116,6 +119,9 @@ class LlamaConfig:
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     qkv_bias: bool = False
     qk_norm: bool = False
+    # Sliding-window attention (Mistral's): each query sees the last
+    # `sliding_window` keys, itself included; None: every earlier key.
+    sliding_window: int | None = None
     # How the loss reads its labels, not a property of the weights (never
     # in config.json): False, Hugging Face's labels = input_ids shifted in
     # the model; True, labels already shifted by the data (Paddle's).
@@ -130,6 +136,12 @@ class LlamaConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{type(self).__name__}.{name} must be true or false, got "
                                 f"{getattr(self, name)!r}")
+        for name, want in self.family_flags.items():
+            if getattr(self, name) != want:
+                raise ValueError(f"{type(self).__name__}: {self.family} has {name} = {want!r}, "
+                                 f"not {getattr(self, name)!r}")
+        if self.sliding_window is not None:
+            check_counts(self, ("sliding_window",))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError("hidden_size must be a multiple of num_attention_heads "
@@ -207,7 +219,7 @@ class LlamaAttention(Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = F.rope(q, positions, cfg.rope_theta)
         k = F.rope(k, positions, cfg.rope_theta)
-        out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True)
+        out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True, window=cfg.sliding_window)
         return self.o_proj(out.reshape(b, s, hq * d))
 
 

@@ -39,13 +39,9 @@ class Qwen2Config(LlamaConfig):
     hf_fixed: ClassVar[tuple] = (("hidden_act", "silu"), ("use_sliding_window", False),
                                  ("attention_dropout", 0.0))
 
-    qkv_bias: bool = True
+    family_flags: ClassVar[dict] = {"qkv_bias": True, "qk_norm": False, "sliding_window": None}
 
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.qkv_bias or self.qk_norm:
-            raise ValueError("Qwen2Config: Qwen2 has biases on q/k/v (qkv_bias=True) and no "
-                             "q/k norm (qk_norm=False); for Qwen3 use Qwen3Config")
+    qkv_bias: bool = True
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

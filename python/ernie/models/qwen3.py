@@ -37,13 +37,9 @@ class Qwen3Config(LlamaConfig):
                                  ("use_sliding_window", False), ("attention_dropout", 0.0))
     hf_defaults: ClassVar[dict] = {"head_dim": 128}
 
-    qk_norm: bool = True
+    family_flags: ClassVar[dict] = {"qkv_bias": False, "qk_norm": True, "sliding_window": None}
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.qkv_bias or not self.qk_norm:
-            raise ValueError("Qwen3Config: Qwen3 has q/k norms (qk_norm=True) and no biases "
-                             "(qkv_bias=False); for Qwen2 use Qwen2Config")
+    qk_norm: bool = True
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -153,23 +153,25 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         cfg = self.config
         dense = not all(map(cfg.is_moe_layer, range(cfg.num_hidden_layers)))
         sparse = any(map(cfg.is_moe_layer, range(cfg.num_hidden_layers)))
-        return parallelize_plan(sequence_parallel, cfg.tie_word_embeddings, dense, sparse)
+        return parallelize_plan(sequence_parallel, cfg.tie_word_embeddings, dense, sparse,
+                                cfg.base_model_prefix)
 
 
 def parallelize_plan(sequence_parallel: bool = False, tie_word_embeddings: bool = False,
-                     dense_layers: bool = True, sparse_layers: bool = True) -> dict:
+                     dense_layers: bool = True, sparse_layers: bool = True,
+                     prefix: str = Qwen3MoeConfig.base_model_prefix) -> dict:
     """Qwen3's Megatron plan (ernie.models.llama.parallelize_plan) over
     Qwen3-MoE's names, the stacked experts' gate/up split by columns and
     down by rows within each expert (their expert dimension is
     ep_config's); the router stays replicated. Without dense layers
     (every layer sparse, the published sizes) the dense MLP's entries are
     left out, without sparse ones the experts'."""
-    plan = _llama_plan(sequence_parallel, tie_word_embeddings, Qwen3MoeConfig.base_model_prefix)
+    plan = _llama_plan(sequence_parallel, tie_word_embeddings, prefix)
     if not dense_layers:
-        del plan["qwen3_moe.layers.*.mlp.(gate|up|gate_up)_proj"]
-        del plan["qwen3_moe.layers.*.mlp.down_proj"]
+        del plan[f"{prefix}.layers.*.mlp.(gate|up|gate_up)_proj"]
+        del plan[f"{prefix}.layers.*.mlp.down_proj"]
     if sparse_layers:
-        experts = r"qwen3_moe\.layers\.\d+\.mlp\.experts\."
+        experts = prefix + r"\.layers\.\d+\.mlp\.experts\."
         plan.update({experts + r"(gate|up)_proj\.weight": dist.ColWiseParallel(),
                      experts + r"down_proj\.weight": dist.RowWiseParallel()})
     return plan

@@ -212,20 +212,23 @@ double expRow(const double *row, double peak, double *e, int64_t n) {
 /// Softmax probabilities P [rows, end] (row stride `end`) of query rows
 /// [s0, s0 + rows) of one head against keys [0, end): S = scale * Q K^T by
 /// GEMM, then per row the max-subtracted softmax over the visible keys
-/// (t <= row when causal); masked entries are 0.
+/// (t <= row when causal, and t > row - window with a sliding window);
+/// masked entries are 0.
 template <typename T>
 void probabilities(const T *qh, int64_t ldq, const T *kh, int64_t ldk,
                    int64_t s0, int64_t rows, int64_t end, int64_t d,
-                   bool causal, T scale, T *p) {
+                   bool causal, int64_t window, T scale, T *p) {
   stridedGemm(false, true, rows, end, d, scale, qh + s0 * ldq, ldq, kh, ldk,
               T(0), p, end);
   for (int64_t r = 0; r < rows; ++r) {
     T *row = p + r * end;
     int64_t last = causal ? s0 + r : end - 1;
-    T peak = rowMax(row, last + 1);
-    T total = expRow(row, peak, row, last + 1);
-    for (int64_t t = 0; t <= last; ++t)
+    int64_t first = window ? std::max<int64_t>(0, s0 + r - window + 1) : 0;
+    T peak = rowMax(row + first, last + 1 - first);
+    T total = expRow(row + first, peak, row + first, last + 1 - first);
+    for (int64_t t = first; t <= last; ++t)
       row[t] /= total;
+    std::fill(row, row + first, T(0));
     for (int64_t t = last + 1; t < end; ++t)
       row[t] = T(0);
   }
@@ -242,10 +245,11 @@ void attention(const std::vector<TensorView> &in,
               backward ? "ernie.attention_grad" : "ernie.attention");
   Layout4 Q(in[0]), K(in[1]), V(in[2]);
   bool causal = attrs.getBool("causal");
+  int64_t window = attrs.getInt("window", 0); // 0: every key up to the row
   // The verifier guarantees these; a kernel called past it must not read
   // out of bounds.
   if (K.h == 0 || Q.h % K.h != 0 || Q.b != K.b || Q.d != K.d ||
-      K.s != V.s || (causal && Q.s != K.s))
+      K.s != V.s || (causal && Q.s != K.s) || window < 0 || (window && !causal))
     throw KernelError("ernie.attention: query, key and value shapes do not "
                       "match (causal attention needs equal sequence lengths)");
   int64_t group = Q.h / K.h;
@@ -280,7 +284,7 @@ void attention(const std::vector<TensorView> &in,
           const T *kh = kvHead(k, b, kv, K.d), *vh = kvHead(v, b, kv, V.d);
           forEachStrip([&](int64_t s0, int64_t rows, int64_t end) {
             probabilities(qHead(q, b, h, Q.d), ldq, kh, ldk, s0, rows, end,
-                          Q.d, causal, scale, p);
+                          Q.d, causal, window, scale, p);
             stridedGemm(false, false, rows, V.d, end, T(1), p, end, vh, ldv,
                         T(0), qHead(o, b, h, V.d) + s0 * ldo, ldo);
           });
@@ -298,8 +302,8 @@ void attention(const std::vector<TensorView> &in,
         const T *qh = qHead(q, b, h, Q.d), *doh = qHead(dout, b, h, V.d);
         const T *kh = kvHead(k, b, kv, K.d), *vh = kvHead(v, b, kv, V.d);
         forEachStrip([&](int64_t s0, int64_t rows, int64_t end) {
-          probabilities(qh, ldq, kh, ldk, s0, rows, end, Q.d, causal, scale,
-                        p);
+          probabilities(qh, ldq, kh, ldk, s0, rows, end, Q.d, causal, window,
+                        scale, p);
           const T *dos = doh + s0 * ldo, *qs = qh + s0 * ldq;
           // dV += P^T dO; dP = dO V^T.
           stridedGemm(true, false, end, V.d, rows, T(1), p, end, dos, ldo,

@@ -45,6 +45,7 @@ struct Shape {
   int64_t B, Sq, Sk, Hq, Hkv, D, Dv;
   bool causal;
   double scale;
+  int64_t window; // sliding window (causal only); 0: every key up to the row
   // Element offsets of [b, s, h, 0] in q/out (Hq heads) and k/v (Hkv).
   __device__ int64_t q(int64_t b, int64_t s, int64_t h) const {
     return ((b * Sq + s) * Hq + h) * D;
@@ -101,7 +102,8 @@ struct QueryBlock {
 
 /// Calls visit(keyRow, valueRow) for every key this thread's query row
 /// sees, in order, the keys staged tile by tile in shared memory by the
-/// whole block; a causal block stops at its last row's key.
+/// whole block; a causal block stops at its last row's key, and under a
+/// sliding window starts at its first row's first key.
 template <int T, typename C, typename Visit>
 __device__ void forEachVisibleKey(const Shape &s, const QueryBlock &qb,
                                   const typename Io<T>::Raw *k,
@@ -110,7 +112,8 @@ __device__ void forEachVisibleKey(const Shape &s, const QueryBlock &qb,
   const int64_t end =
       s.causal ? std::min<int64_t>(s.Sk, std::min<int64_t>(s.Sq, qb.s0 + kRows))
                : s.Sk;
-  for (int64_t t0 = 0; t0 < end; t0 += kTileRows) {
+  const int64_t begin = s.window ? std::max<int64_t>(0, qb.s0 - s.window + 1) : 0;
+  for (int64_t t0 = begin; t0 < end; t0 += kTileRows) {
     const int n = int(std::min<int64_t>(kTileRows, end - t0));
     __syncthreads();
     stageKeys<T>(s, k, v, qb.b, qb.kv, t0, n, kSh, vSh);
@@ -120,6 +123,8 @@ __device__ void forEachVisibleKey(const Shape &s, const QueryBlock &qb,
     for (int j = 0; j < n; ++j) {
       if (s.causal && t0 + j > qb.row)
         break;
+      if (s.window && t0 + j <= qb.row - s.window)
+        continue;
       visit(kSh + j * s.D, vSh + j * s.Dv);
     }
   }
@@ -261,12 +266,15 @@ __global__ void dkvKernel(Shape s, const typename Io<T>::Raw *q,
     }
   }
   const C scale = C(s.scale);
-  // A causal key block is seen by queries from its first row on.
+  // A causal key block is seen by queries from its first row on, and
+  // under a sliding window up to its last row's window.
   const int64_t first = s.causal ? t0 : 0;
+  const int64_t last =
+      s.window ? std::min<int64_t>(s.Sq, t0 + kRows - 1 + s.window) : s.Sq;
   for (int64_t hi = 0; hi < group; ++hi) {
     const int64_t h = kv * group + hi;
-    for (int64_t r0 = first; r0 < s.Sq; r0 += kTileRows) {
-      const int n = int(std::min<int64_t>(kTileRows, s.Sq - r0));
+    for (int64_t r0 = first; r0 < last; r0 += kTileRows) {
+      const int n = int(std::min<int64_t>(kTileRows, last - r0));
       __syncthreads();
       stageRows<T>(qSh, q, n, s.D, [&](int r) { return s.q(b, r0 + r, h); });
       stageRows<T>(doSh, dout, n, s.Dv,
@@ -279,7 +287,7 @@ __global__ void dkvKernel(Shape s, const typename Io<T>::Raw *q,
       if (!active)
         continue;
       for (int j = 0; j < n; ++j) {
-        if (s.causal && r0 + j < t)
+        if ((s.causal && r0 + j < t) || (s.window && r0 + j >= t + s.window))
           continue;
         C dot = 0, dp = 0;
         for (int c = 0; c < s.D; ++c)
@@ -332,10 +340,11 @@ void attention(const std::vector<TensorView> &in,
   const char *op = backward ? "ernie.attention_grad" : "ernie.attention";
   const TensorView &q = in[0], &k = in[1], &v = in[2];
   Shape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2],
-          q.shape[3], v.shape[3], attrs.getBool("causal"), 0};
+          q.shape[3], v.shape[3], attrs.getBool("causal"), 0,
+          attrs.getInt("window", 0)};
   if (s.Hkv == 0 || s.Hq % s.Hkv != 0 || q.shape[0] != k.shape[0] ||
       q.shape[3] != k.shape[3] || k.shape[1] != v.shape[1] ||
-      (s.causal && s.Sq != s.Sk))
+      (s.causal && s.Sq != s.Sk) || s.window < 0 || (s.window && !s.causal))
     throw KernelError(std::string(op) +
                       ": query, key and value shapes do not match (causal "
                       "attention needs equal sequence lengths)");

@@ -666,6 +666,22 @@ func.func @attention_groups(%q: tensor<2x16x6x8xf32>, %k: tensor<2x16x4x8xf32>) 
 
 // -----
 
+func.func @attention_window_without_causal(%q: tensor<2x16x4x8xf32>) {
+  // expected-error @+1 {{a sliding window needs causal attention and at least one key, got window 4 without causal}}
+  %0 = ernie.attention %q, %q, %q {window = 4 : i64} : tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32> -> tensor<2x16x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @attention_empty_window(%q: tensor<2x16x4x8xf32>) {
+  // expected-error @+1 {{a sliding window needs causal attention and at least one key, got window 0}}
+  %0 = ernie.attention %q, %q, %q {causal, window = 0 : i64} : tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32> -> tensor<2x16x4x8xf32>
+  return
+}
+
+// -----
+
 func.func @attention_causal(%q: tensor<2x16x4x8xf32>, %k: tensor<2x12x4x8xf32>) {
   // expected-error @+1 {{causal attention needs query and key sequences of one length, got 16 and 12}}
   %0 = ernie.attention %q, %k, %k {causal} : tensor<2x16x4x8xf32>, tensor<2x12x4x8xf32>, tensor<2x12x4x8xf32> -> tensor<2x16x4x8xf32>

@@ -13,6 +13,8 @@
 //   - PaddleNLP's fused `qkv_proj` and `gate_up_proj` are column blocks of
 //     Hugging Face's q/k/v and gate/up (widths from the config);
 //   - a tied head has no tensor of its own;
+//   - a family may spell some names otherwise (Mixtral's experts are
+//     `block_sparse_moe.experts.<e>.w1/w3/w2`): a table of renames;
 //   - the aux-free selection bias, a slot of the router's weight
 //     (`...mlp.gate.weight:e_score_correction_bias` [E]), is the family's
 //     tensor (ERNIE 4.5: `...mlp.moe_statics.e_score_correction_bias`
@@ -61,6 +63,9 @@ struct HfFamily {
   /// when the family has none; `biasMatrix`: stored as [1, E].
   std::string biasTensor;
   bool biasMatrix = false;
+  /// Substrings Hugging Face spells otherwise, (ernie's, theirs), applied
+  /// in order (Mixtral's `block_sparse_moe.experts.<e>.w1`).
+  std::vector<std::pair<std::string, std::string>> renames = {};
 };
 
 /// The family config.json `config` describes (by model_type, else by

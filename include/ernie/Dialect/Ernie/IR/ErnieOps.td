@@ -807,7 +807,9 @@ def Ernie_AttentionOp : Ernie_InferredOp<"attention",
     `value` have `hkv` heads with `hq % hkv == 0`: query head `h` attends
     with key/value head `h / (hq / hkv)` (grouped-query attention; `hkv == 1`
     is multi-query). `scale` defaults to `1/sqrt(head_dim)`. With `causal`,
-    query `i` sees keys `0..i` (query and key sequences are equally long).
+    query `i` sees keys `0..i` (query and key sequences are equally long);
+    with a `window` too (sliding-window attention, Mistral's
+    `sliding_window`), only the last `window` of them, `i - window + 1..i`.
 
     ```mlir
     %o = ernie.attention %q, %k, %v {causal} : tensor<2x16x8x32xf32>, tensor<2x16x2x32xf32>, tensor<2x16x2x32xf32> -> tensor<2x16x8x32xf32>
@@ -815,7 +817,8 @@ def Ernie_AttentionOp : Ernie_InferredOp<"attention",
   }];
   let arguments = (ins Ernie_FloatTensor:$query, Ernie_FloatTensor:$key,
                        Ernie_FloatTensor:$value, UnitAttr:$causal,
-                       OptionalAttr<F64Attr>:$scale);
+                       OptionalAttr<F64Attr>:$scale,
+                       OptionalAttr<I64Attr>:$window);
   let results = (outs Ernie_FloatTensor:$result);
   let assemblyFormat = [{
     $query `,` $key `,` $value attr-dict `:` type($query) `,` type($key) `,`
@@ -839,7 +842,8 @@ def Ernie_AttentionGradOp : Ernie_InferredOp<"attention_grad",
   }];
   let arguments = (ins Ernie_FloatTensor:$query, Ernie_FloatTensor:$key,
                        Ernie_FloatTensor:$value, Ernie_FloatTensor:$dout,
-                       UnitAttr:$causal, OptionalAttr<F64Attr>:$scale);
+                       UnitAttr:$causal, OptionalAttr<F64Attr>:$scale,
+                       OptionalAttr<I64Attr>:$window);
   let results = (outs Ernie_FloatTensor:$dquery, Ernie_FloatTensor:$dkey,
                       Ernie_FloatTensor:$dvalue);
   let assemblyFormat = [{
