@@ -42,18 +42,40 @@ bool isFloatTensor(Type type) {
   return t && isa<FloatType>(t.getElementType());
 }
 
+/// How many of the forward's results are metrics (`ernie.metric`, last).
+unsigned countMetrics(func::FuncOp forward) {
+  unsigned n = 0;
+  for (unsigned r = 1; r < forward.getNumResults(); ++r)
+    n += bool(forward.getResultAttr(r, ErnieDialect::kMetricAttrName));
+  return n;
+}
+
 /// The forward's results after the loss: each the new value of a state
 /// argument (`ernie.opt_state` = name) it names by `ernie.updates`, of that
 /// argument's type — a rule, not a gradient, updates it (MoE's aux-free
-/// balancing bias). Not differentiated; the step carries them.
+/// balancing bias) — then the metrics it reports (`ernie.metric`, float
+/// scalars: an auxiliary loss apart from the loss). Not differentiated; the
+/// step carries them.
 LogicalResult checkStateUpdates(func::FuncOp forward) {
+  unsigned firstMetric = forward.getNumResults() - countMetrics(forward);
   for (unsigned r = 1; r < forward.getNumResults(); ++r) {
+    if (auto metric = forward.getResultAttrOfType<StringAttr>(
+            r, ErnieDialect::kMetricAttrName)) {
+      auto type = dyn_cast<RankedTensorType>(forward.getResultTypes()[r]);
+      if (r < firstMetric || !type || type.getRank() != 0 ||
+          !isa<FloatType>(type.getElementType()))
+        return forward.emitError("result #")
+               << r << " (metric '" << metric.getValue()
+               << "') must be a float scalar after the state updates";
+      continue;
+    }
     auto name = forward.getResultAttrOfType<StringAttr>(
         r, ErnieDialect::kUpdatesAttrName);
     if (!name)
       return forward.emitError("result #")
              << r << " of the loss function is not the loss: extra results "
-             << "must update a state argument (ernie.updates)";
+             << "must update a state argument (ernie.updates) or be a "
+             << "metric (ernie.metric)";
     bool found = false;
     for (unsigned i = 0; i < forward.getNumArguments() && !found; ++i)
       if (auto arg = forward.getArgAttrOfType<StringAttr>(
@@ -368,7 +390,8 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
      : forward.getArgAttr(i, ErnieDialect::kOptStateAttrName) ? stateIdx
                                                               : batchIdx)
         .push_back(i);
-  unsigned nUpdates = forward.getNumResults() - 1;
+  unsigned nMetrics = countMetrics(forward);
+  unsigned nUpdates = forward.getNumResults() - 1 - nMetrics;
   // Parameters are float tensors (checked); batch arguments may be anything.
   auto argType = [&](unsigned i) {
     return cast<RankedTensorType>(forward.getArgumentTypes()[i]);
@@ -476,7 +499,8 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   auto call = func::CallOp::create(b, loc, gradFn, callArgs);
   Value loss = call.getResult(0);
   SmallVector<Value> grads(call.getResults().slice(1, nParams));
-  SmallVector<Value> stateUpdates(call.getResults().take_back(nUpdates));
+  SmallVector<Value> stateUpdates(call.getResults().slice(1 + nParams, nUpdates));
+  SmallVector<Value> metrics(call.getResults().take_back(nMetrics));
 
   UpdatePlacement where;
   where.block = entry;
@@ -558,6 +582,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   llvm::append_range(results, newParams);
   llvm::append_range(results, newSlots);
   llvm::append_range(results, stateUpdates);
+  llvm::append_range(results, metrics);
   if (opts.gradNorm)
     results.push_back(norm);
   func::ReturnOp::create(b, loc, results);
@@ -588,6 +613,10 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
       // the new values and leaves the state as it is.
       forwardAttrs.remove(1 + r, ErnieDialect::kUpdatesAttrName);
     }
+    unsigned firstMetric = 1 + nParams + nSlots + nUpdates;
+    for (unsigned m = 0; m < nMetrics; ++m)
+      attrs.set(firstMetric + m, ErnieDialect::kMetricAttrName,
+                forwardAttrs.get(1 + nUpdates + m, ErnieDialect::kMetricAttrName));
     if (opts.gradNorm)
       attrs.set(results.size() - 1, ErnieDialect::kMetricAttrName,
                 b.getStringAttr("grad_norm"));
@@ -608,7 +637,7 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   // The loss alone: evaluating updates no state.
   auto eval = func::FuncOp::create(
       b, loc, "eval_step",
-      b.getFunctionType(evalInputs, forward.getResultTypes().take_front()));
+      b.getFunctionType(evalInputs, {}));
   eval.setAllArgAttrs(evalAttrs);
   Block *evalEntry = eval.addEntryBlock();
   b.setInsertionPointToEnd(evalEntry);
@@ -618,8 +647,16 @@ LogicalResult buildSteps(func::FuncOp forward, func::FuncOp gradFn,
   for (auto [k, i] : llvm::enumerate(llvm::concat<unsigned>(stateIdx, batchIdx)))
     evalArgs[i] = evalEntry->getArgument(nParams + k);
   auto evalCall = func::CallOp::create(b, loc, forward, evalArgs);
-  func::ReturnOp::create(b, loc, evalCall.getResults().take_front());
+  // The loss and the metrics.
+  SmallVector<Value> evalResults{evalCall.getResult(0)};
+  llvm::append_range(evalResults, evalCall.getResults().take_back(nMetrics));
+  func::ReturnOp::create(b, loc, evalResults);
+  eval.setType(b.getFunctionType(evalInputs, ValueRange(evalResults).getTypes()));
   eval.setResultAttr(0, ErnieDialect::kLossAttrName, b.getUnitAttr());
+  for (unsigned m = 0; m < nMetrics; ++m)
+    eval.setResultAttr(1 + m, ErnieDialect::kMetricAttrName,
+                       forward.getResultAttr(1 + nUpdates + m,
+                                             ErnieDialect::kMetricAttrName));
   return success();
 }
 

@@ -225,8 +225,10 @@ def _trace(model, example_inputs, mesh, dp_axis, micro_batches=1, split_points=N
         loss = out[0] if isinstance(out, (tuple, list)) else out
         if not isinstance(loss, Tensor):
             raise TypeError(f"the model must return a traced Tensor, not {type(loss).__name__}")
-        trace.tracer.finish([loss.handle] + [t.handle for _, t in trace.state_updates],
-                            [name for name, _ in trace.state_updates])
+        trace.tracer.finish([loss.handle] + [t.handle for _, t in trace.state_updates]
+                            + [t.handle for _, t in trace.metrics],
+                            [name for name, _ in trace.state_updates],
+                            [name for name, _ in trace.metrics])
     finally:
         for _, p in params:
             p.traced = None
@@ -291,6 +293,7 @@ class Program:
         self._inputs = [(a.shape, a.dtype) for a in map(_global_array, example_inputs)]
         self.step_count = 0
         self.last_metrics = {}  # the last step's metrics by name (grad_norm)
+        self.eval_metrics = {}  # the last eval's metrics (aux_loss, lm_loss)
         self.last_io = None  # _record_io
         self.job = None  # the ParallelEnv of a multi-process job
         self._local_rows = None
@@ -592,7 +595,11 @@ class Program:
                 raise RuntimeError("this pipelined program has no evaluation step")
         else:
             fn = "eval_step" if "eval_step" in self.functions() else "forward"
-        (loss, *_rest) = self._call(fn, self._check_batch(batch, rows))
+        (loss, *rest) = self._call(fn, self._check_batch(batch, rows))
+        if self.pipeline is None and fn == "eval_step":
+            results = self._signatures[fn]["results"][1:]
+            self.eval_metrics = {r["name"]: float(v) for r, v in zip(results, rest)
+                                 if r["role"] == "metric"}
         return float(loss)
 
     def forward(self, *batch, rows=None):

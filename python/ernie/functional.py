@@ -235,6 +235,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal=False, scale=None,
     return _one("ernie.attention", [q, k, v], attrs)
 
 
+def report_metric(name: str, x: Tensor) -> None:
+    """Reports float scalar `x` as metric `name` of a training step (an
+    auxiliary loss apart from the loss): Program.last_metrics after step(),
+    Program.eval_metrics after eval(), the trainer's log. Not reported by
+    a program that does not train, or a pipelined one."""
+    x.trace.report_metric(name, x)
+
+
 def cross_entropy(logits: Tensor, labels: Tensor, reduction="mean", ignore_index=-100) -> Tensor:
     return _one("ernie.cross_entropy", [logits, labels],
                 {"reduction": reduction, "ignore_index": ignore_index})

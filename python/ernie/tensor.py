@@ -58,6 +58,9 @@ class Trace:
         self.updates_state = updates_state
         self.state_values = {}
         self.state_updates = []
+        # Named float scalars a training step reports beside its loss
+        # (`ernie.metric`, report_metric): recorded with the state.
+        self.metrics = []
         # Activation recomputation: id(module) -> layer name for the layers
         # it recomputes; the ops recorded inside one carry its name
         # (`ernie.layer`, read by --ernie-recompute). `layer`: the one open.
@@ -73,6 +76,21 @@ class Trace:
         self.state_values[name] = value
         return Tensor(self, self.tracer.argument(list(value.shape), dtype_name(value.dtype),
                                                  None, None, None, name))
+
+    def report_metric(self, name, value: "Tensor"):
+        """Reports float scalar `value` as the step's metric `name` (an
+        auxiliary loss apart from the loss): the program's train and eval
+        steps return it (Program.last_metrics). Ignored where the program
+        does not train, or is pipelined (a per-micro-batch metric is not
+        one of the step's)."""
+        if not self.updates_state or self.split_points:
+            return
+        if any(n == name for n, _ in self.metrics):
+            raise ValueError(f"metric '{name}' is reported twice")
+        if value.shape != () or value.dtype not in ("f32", "f64", "bf16", "f16"):
+            raise ValueError(f"metric '{name}' must be a float scalar, got "
+                             f"{value.dtype}{list(value.shape)}")
+        self.metrics.append((name, value.astype("f32") if value.dtype != "f32" else value))
 
     def update_state(self, name, value: "Tensor"):
         if name not in self.state_values:

@@ -261,11 +261,14 @@ public:
   }
 
   /// Returns `results`; result i + 1 is the new value of state
-  /// `updates[i]` (the loss comes first).
+  /// `updates[i]` (the loss comes first), the last ones the metrics
+  /// `metrics` names.
   void finish(const std::vector<int> &results,
-              const std::vector<std::string> &updates) {
-    if (updates.size() + 1 != results.size() && !(results.empty() && updates.empty()))
-      throw py::value_error("finish: one state name per result after the first");
+              const std::vector<std::string> &updates,
+              const std::vector<std::string> &metrics) {
+    if (updates.size() + metrics.size() + 1 != results.size() &&
+        !(results.empty() && updates.empty() && metrics.empty()))
+      throw py::value_error("finish: one state or metric name per result after the first");
     SmallVector<Value> values;
     for (int id : results)
       values.push_back(value(id));
@@ -275,6 +278,9 @@ public:
     fn_.setAllArgAttrs(argAttrs_);
     for (auto [i, name] : llvm::enumerate(updates))
       fn_.setResultAttr(i + 1, ec::ErnieDialect::kUpdatesAttrName,
+                        b_.getStringAttr(name));
+    for (auto [i, name] : llvm::enumerate(metrics))
+      fn_.setResultAttr(1 + updates.size() + i, ec::ErnieDialect::kMetricAttrName,
                         b_.getStringAttr(name));
     DiagnosticCollector diagnostics(&context());
     if (failed(verify(*module_)))
@@ -327,7 +333,8 @@ void bindTracer(py::module_ &m) {
       .def("type_of", &Tracer::typeOf)
       .def("set_layer", &Tracer::setLayer, py::arg("name"))
       .def("finish", &Tracer::finish, py::arg("results"),
-           py::arg("updates") = std::vector<std::string>())
+           py::arg("updates") = std::vector<std::string>(),
+           py::arg("metrics") = std::vector<std::string>())
       .def("module", &Tracer::module,
            "The traced module (a copy, held in C++)")
       .def("text", &Tracer::text, "The traced module's text");

@@ -12,7 +12,8 @@ subprocess: the tests' own environment has neither torch nor transformers.
     python hf_reference.py run FOLDER IN.npz OUT.npz
         loads FOLDER with transformers' AutoModelForCausalLM (f32, eval)
         and writes, for IN's `ids` (and `labels`, Hugging Face's unshifted
-        ones), `logits`, `loss` (what transformers reports) and, under
+        ones), `logits`, `loss` (what transformers reports), `aux_loss`
+        (an MoE model's, when transformers reports one) and, under
         `state/<name>`, every tensor of the loaded model's state_dict in
         Hugging Face's names.
 
@@ -93,8 +94,11 @@ def run(folder, inp, out):
     with torch.no_grad():
         result = model(input_ids=ids, labels=torch.tensor(arrays["labels"]))
     state = {f"state/{k}": v.detach().numpy() for k, v in model.state_dict().items()}
+    extra = {}
+    if getattr(result, "aux_loss", None) is not None:  # MoE: the balancing loss apart
+        extra["aux_loss"] = result.aux_loss.numpy()
     np.savez(out, logits=result.logits.numpy(), loss=result.loss.numpy(), versions=versions(),
-             **state)
+             **extra, **state)
 
 
 if __name__ == "__main__":

@@ -55,3 +55,21 @@ def test_output_router_logits_decides_the_auxiliary_loss_and_round_trips(tmp_pat
         again = json.loads((tmp_path / f"again-{flag}" / "config.json").read_text())
         assert (again["output_router_logits"], again["router_aux_loss_coef"]) == (flag, 0.5)
     assert losses[True] > losses[False]  # the balancing loss is positive
+
+
+@pytest.mark.parametrize("family", ["ernie4_5_moe-aux"])
+def test_the_auxiliary_loss_is_reported_apart_as_transformers_does(tmp_path, family):
+    """With output_router_logits the loss is transformers' (LM loss plus
+    router_aux_loss_coef x the balancing loss); the training program's
+    eval reports the balancing loss as transformers' outputs.aux_loss and
+    the LM loss apart (Program.eval_metrics)."""
+    reference("make", family, 11, tmp_path / "made")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
+    ids = np.random.default_rng(12).integers(0, model.config.vocab_size, size=(4, 8))
+    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-3), [ids, ids])
+    loss = prog.eval(ids, ids)
+    assert loss == pytest.approx(float(theirs["loss"]), rel=1e-6)
+    assert prog.eval_metrics["aux_loss"] == pytest.approx(float(theirs["aux_loss"]), rel=1e-5)
+    assert prog.eval_metrics["lm_loss"] + model.config.router_aux_loss_coef * \
+        prog.eval_metrics["aux_loss"] == pytest.approx(loss, rel=1e-6)

@@ -464,6 +464,30 @@ def test_training_under_plans_matches_single_rank(family, shape, names, sp):
         assert any(k.endswith("[mp]") for k in prog.report()["collectives"])
 
 
+def test_the_auxiliary_loss_is_a_metric_of_the_step_under_every_plan():
+    """Qwen3-MoE with output_router_logits: each step reports lm_loss and
+    aux_loss apart (loss = lm_loss + coef x aux_loss), the same on dp x ep
+    as on one rank; a pipelined program reports none (per micro-batch
+    metrics are not the step's) and still trains."""
+    progs = {}
+    for case, shape, names, config in [
+            ("one", None, None, None),
+            ("dp2xep2", [2, 2], ["dp", "ep"], {"dp_config": {}, "ep_config": {"axis": "ep"}})]:
+        progs[case] = train(FAMILY_MODELS["qwen3_moe"](), shape, names, config, steps=2)
+    (one, losses), (split, split_losses) = progs["one"], progs["dp2xep2"]
+    coef = one.model.config.router_aux_loss_coef
+    assert set(one.last_metrics) == {"lm_loss", "aux_loss"}
+    assert one.last_metrics["lm_loss"] + coef * one.last_metrics["aux_loss"] == \
+        pytest.approx(losses[-1], rel=1e-6)
+    for name, value in one.last_metrics.items():
+        assert split.last_metrics[name] == pytest.approx(value, rel=1e-5), name
+    pipelined, piped = train(FAMILY_MODELS["qwen3_moe"](), [2], ["pp"], {
+        "pp_config": {"split_spec": "qwen3_moe.layers", "accumulate_steps": 2}}, steps=2)
+    assert pipelined.last_metrics == {}
+    # Its loss is the micro-batches' mean, each with its own balancing loss.
+    np.testing.assert_allclose(piped, losses, rtol=1e-3)
+
+
 # ---------------------------------------------------------------------------
 # Parity with transformers itself (the reference environment)
 # ---------------------------------------------------------------------------

@@ -274,9 +274,11 @@ class Ernie4_5ForCausalLM(Module):
             balance = load_balancing_loss((layer.mlp for layer in self.model.layers
                                            if layer.is_moe), cfg.moe_num_experts, cfg.moe_k)
             if balance is not None:
+                F.report_metric("aux_loss", balance)  # transformers' outputs.aux_loss
                 balance = balance * cfg.router_aux_loss_coef
                 aux = balance if aux is None else aux + balance
         if aux is not None:
+            F.report_metric("lm_loss", loss)
             loss = loss + (aux.astype(loss.dtype) if aux.dtype != loss.dtype else aux)
         return loss
 

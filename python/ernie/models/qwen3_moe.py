@@ -138,6 +138,9 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         if cfg.output_router_logits and cfg.router_aux_loss_coef:
             aux = self.load_balancing_loss()
             if aux is not None:
+                # transformers' outputs.aux_loss (unweighted), apart.
+                F.report_metric("lm_loss", loss)
+                F.report_metric("aux_loss", aux)
                 loss = loss + (aux.astype(loss.dtype) if aux.dtype != loss.dtype else aux) * \
                     cfg.router_aux_loss_coef
         return loss

@@ -366,7 +366,7 @@ class Trainer:
                           "tokens_per_s_per_rank": tokens / seconds / program.num_ranks,
                           "step_s": end - got, "data_wait_s": got - begin,
                           "memory_per_rank_bytes": program.report().get("peak_bytes_per_rank")
-                          if step == 1 else None}
+                          if step == 1 else None, **program.last_metrics}
                 if peak:
                     flops = peak["model_flops"]
                     capacity = seconds * peak["peak_flops"] * peak["ranks"]

@@ -58,11 +58,14 @@ class Metrics:
     value is not known yet)."""
 
     # What JSONL and TensorBoard carry, in this order.
-    KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_rank", "step_s",
+    # lm_loss and aux_loss: what a model reports apart (F.report_metric).
+    KEYS = ("loss", "lm_loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
+            "tokens_per_s_per_rank", "step_s",
             "data_wait_s", "mfu", "hfu", "memory_per_rank_bytes", "eval_loss", "samples")
 
     # What a log line shows, in this order.
     SHOWN = (("loss", lambda v: f"loss {v:.4f}"), ("eval_loss", lambda v: f"eval {v:.4f}"),
+             ("aux_loss", lambda v: f"aux {v:.3g}"),
              ("lr", lambda v: f"lr {v:.3g}"), ("grad_norm", lambda v: f"|g| {v:.3g}"),
              ("tokens_per_s", lambda v: f"{v:.0f} tok/s"),
              ("step_s", lambda v: f"{v * 1e3:.0f} ms"), ("mfu", lambda v: f"MFU {v * 100:.1f}%"),
