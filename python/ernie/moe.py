@@ -61,6 +61,14 @@ class MoEConfig:
     # Renormalise the k chosen probabilities to sum to 1 (Hugging Face's
     # norm_topk_prob; False: the softmax's own values weight the experts).
     norm_topk_prob: bool = True
+    # DeepSeek-V3's router: "sigmoid" scores instead of a softmax; the
+    # experts in `num_groups` groups of which each token keeps the
+    # `topk_groups` whose two best scores (bias included) sum highest, and
+    # chooses its k among theirs; the weights times `scaling_factor`.
+    scoring: str = "softmax"
+    num_groups: int = 1
+    topk_groups: int = 1
+    scaling_factor: float = 1.0
 
     def __post_init__(self):
         for name in ("capacity_factor", "norm_min", "aux_loss_coef", "orthogonal_loss_coef",
@@ -77,6 +85,16 @@ class MoEConfig:
                              f"{self.num_experts}]")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"MoEConfig.scoring is softmax or sigmoid, not {self.scoring!r}")
+        if (self.num_groups < 1 or self.num_experts % self.num_groups
+                or not 1 <= self.topk_groups <= self.num_groups
+                or (self.num_groups > 1 and self.num_experts // self.num_groups < 2)):
+            raise ValueError(f"{self.num_experts} experts do not form {self.num_groups} groups "
+                             f"of at least 2 with {self.topk_groups} kept (n_group, topk_group)")
+        if not math.isfinite(self.scaling_factor) or self.scaling_factor <= 0:
+            raise ValueError(f"MoEConfig.scaling_factor must be positive, got "
+                             f"{self.scaling_factor!r}")
 
 
 def capacity(cfg: MoEConfig, tokens_per_group: int, where: str = "MoE layer") -> int:
@@ -181,13 +199,15 @@ class MoELayer(Module):
 
         rd = self.router_dtype
         logits = F.matmul(h.astype(rd) if h.dtype != rd else h, self.gate.p("weight"))
-        probs = F.softmax(logits, -1)
+        probs = F.softmax(logits, -1) if cfg.scoring == "softmax" else F.sigmoid(logits)
         initial = np.asarray(self.e_score_correction_bias, _NUMPY[rd]).reshape(e)
         # The bias is state even where it does not move: checkpoints hold it
         # (ernie-ckpt export-hf writes it) and a program loading one reads it.
         balancing = cfg.aux_free_rate and h.trace.updates_state
         bias = h.trace.state(self.bias_name(), initial)
         scores = F.stop_gradient(probs) + F.broadcast_to(bias, probs.shape)
+        if cfg.num_groups > 1:
+            scores = self._best_groups(scores, g, tg)
         _, experts = F.topk(scores, k)  # [g, tg, k]
         chosen = F.compare(F.broadcast_to(experts.reshape(g, tg, k, 1), [g, tg, k, e]),
                            F.iota([g, tg, k, e], 3), "eq")  # one-hot of each choice
@@ -197,6 +217,8 @@ class MoELayer(Module):
         if cfg.norm_topk_prob:
             norm = F.maximum(F.sum(weights, axis=2, keepdim=True), cfg.norm_min)
             weights = weights / norm
+        if cfg.scaling_factor != 1.0:
+            weights = weights * cfg.scaling_factor
 
         usage = _count(chosen, axis=(0, 1, 2), dtype=rd)  # choices per expert
         # The trace's router probabilities [groups, tokens, E] and choices
@@ -226,6 +248,24 @@ class MoELayer(Module):
         if cfg.num_shared_experts:
             out = out + self.shared_experts(whole)
         return out.reshape(*shape), self._losses(logits, probs, usage, tokens * 1.0)
+
+    def _best_groups(self, scores, g, tg):
+        """`scores` [g, tg, E] with every expert outside the token's
+        `topk_groups` best groups at -inf: a group's score is the sum of
+        its two best experts' (DeepSeek-V3's group-limited routing)."""
+        cfg = self.cfg
+        n, size = cfg.num_groups, cfg.num_experts // cfg.num_groups
+        grouped = scores.reshape(g, tg, n, size)
+        best, _ = F.topk(grouped, 2)  # [g, tg, n, 2]
+        _, kept = F.topk(F.sum(best, axis=3), cfg.topk_groups)  # [g, tg, topk_groups]
+        picked = F.compare(F.broadcast_to(kept.reshape(g, tg, cfg.topk_groups, 1),
+                                          [g, tg, cfg.topk_groups, n]),
+                           F.iota([g, tg, cfg.topk_groups, n], 3), "eq")
+        keep = _count(picked, axis=(2,), dtype=scores.dtype)  # [g, tg, n]: 1 kept, 0 not
+        keep = F.broadcast_to(keep.reshape(g, tg, n, 1), [g, tg, n, size]).reshape(
+            g, tg, n * size)
+        return F.where(F.compare(keep, 0.0, "gt"), scores,
+                       F.full([g, tg, n * size], -np.inf, scores.dtype))
 
     def bias_name(self) -> str:
         """The selection bias's state name, a slot of the router's weight:

@@ -6,7 +6,7 @@ subprocess: the tests' own environment has neither torch nor transformers.
     python hf_reference.py make FAMILY SEED FOLDER
         a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
         "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux",
-        "mistral", "mixtral"), made
+        "mistral", "mixtral", "deepseek_v3", "deepseek_v3-plain"), made
         by transformers with torch.manual_seed(SEED)
         and saved by its own save_pretrained (f32) into FOLDER.
     python hf_reference.py run FOLDER IN.npz OUT.npz
@@ -66,6 +66,19 @@ def config(family):
         return transformers.MixtralConfig(
             **{**TINY, "intermediate_size": 24}, sliding_window=5, num_local_experts=4,
             num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.02)
+    if family.startswith("deepseek_v3"):
+        # MLA with q/k heads of 8 + 8 and values of 12; 8 experts in 4
+        # groups of 2, 2 groups kept, top 2, a shared expert, layer 0 dense.
+        # "-plain": no query bottleneck, rope on halves (not interleaved).
+        plain = family.endswith("-plain")
+        return transformers.DeepseekV3Config(
+            **{**TINY, "num_hidden_layers": 3, "num_key_value_heads": 4},  # MLA: every head
+            moe_intermediate_size=16,
+            n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+            q_lora_rank=None if plain else 16, kv_lora_rank=16, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=12, rope_interleave=not plain,
+            num_nextn_predict_layers=0)
     raise SystemExit(f"unknown family {family}")
 
 
@@ -83,6 +96,9 @@ def make(family, seed, folder):
             if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
                 # routers far from ties
                 p.mul_(20.0)
+        for name, buffer in model.named_buffers():  # DeepSeek's selection biases
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn_like(buffer))
     model.save_pretrained(folder)
 
 

@@ -23,7 +23,7 @@ FLOORS = (
     ("config", ("strategy",)),
     ("parallel", ("mesh", "pipeline", "moe", "distributed")),
     ("models", ("models", "models.config_checks", "models.llama", "models.qwen2",
-                "models.qwen3", "models.qwen3_moe", "models.mistral", "models.mixtral",
+                "models.qwen3", "models.qwen3_moe", "models.mistral", "models.mixtral", "models.deepseek_v3",
                 "models.ernie4_5", "models.auto")),
     ("compiler", ("cost_model", "compiler")),
     ("planning", ("cost", "autoplan", "autoplan.__main__")),

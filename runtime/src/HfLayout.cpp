@@ -27,6 +27,7 @@ const HfFamily kFamilies[] = {
     {"ernie4_5", "model", true, "", false},
     {"ernie4_5_moe", "model", true, "moe_statics.e_score_correction_bias", true},
     {"mistral", "mistral", false, "", false},
+    {"deepseek_v3", "model", false, "gate.e_score_correction_bias", false},
     {"mixtral", "mixtral", false, "", false,
      {{".mlp.gate.weight", ".block_sparse_moe.gate.weight"},
       {".mlp.experts.", ".block_sparse_moe.experts."},
@@ -39,6 +40,7 @@ const std::pair<const char *, const char *> kArchitectures[] = {
     {"Qwen3ForCausalLM", "qwen3"},         {"Qwen3MoeForCausalLM", "qwen3_moe"},
     {"Ernie4_5ForCausalLM", "ernie4_5"},   {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
     {"MistralForCausalLM", "mistral"},     {"MixtralForCausalLM", "mixtral"},
+    {"DeepseekV3ForCausalLM", "deepseek_v3"},
 };
 
 const std::string kBiasSlot = ":e_score_correction_bias";

@@ -20,6 +20,7 @@ from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .mistral import MistralForCausalLM
 from .mixtral import MixtralForCausalLM
+from .deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 
 
 def _llama_family(model_class):
@@ -36,6 +37,7 @@ FAMILIES = {
     "qwen3_moe": _llama_family(Qwen3MoeForCausalLM),
     "mistral": _llama_family(MistralForCausalLM),
     "mixtral": _llama_family(MixtralForCausalLM),
+    "deepseek_v3": (DeepseekV3Config.from_hf, DeepseekV3ForCausalLM),
     "ernie4_5": (Ernie4_5Config.from_json, Ernie4_5ForCausalLM),
     "ernie4_5_moe": (Ernie4_5Config.from_json, Ernie4_5_MoeForCausalLM),
 }
@@ -43,7 +45,8 @@ FAMILIES = {
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                  "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
-                 "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral"}
+                 "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+                 "DeepseekV3ForCausalLM": "deepseek_v3"}
 
 
 def _config_json(folder) -> dict:
