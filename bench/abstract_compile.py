@@ -61,6 +61,7 @@ def main():
     pipeline_row(cfg)
     moe_rows()
     qwen_rows()
+    deepseek_row()
 
 
 def moe_rows():
@@ -212,6 +213,35 @@ def qwen_rows():
         print(f"{name:30s} {params / 1e9:8.3f}B {card / 1e9:6.2f}B "
               f"{_qwen_hand_params(family, fields) / 1e9:8.3f}B {seconds:7.1f}s "
               f"{state / 1e9:9.2f}GB {hand_state / 1e9:7.2f}GB")
+
+
+def deepseek_row():
+    """DeepSeek-V3 (671B without its multi-token-prediction module; its
+    published config.json less the yarn rope scaling ernie refuses) in
+    bf16, AdamW with f32 master weights, on 64 ranks: dp 64 at ZeRO-1 with
+    the routed experts on the ZeRO axis (ep = dp = 64, 4 experts a rank),
+    one 4096-token sequence per rank, capacity factor 1.25: parameters
+    beside the report's 671B and a hand count, model state per rank beside
+    a hand count (the routers are f32, counted as bf16 by hand)."""
+    from ernie.models.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
+    cfg = DeepseekV3Config(dtype="bf16", moe_capacity_factor=1.25)
+    with ernie.nn.abstract():
+        model = DeepseekV3ForCausalLM(cfg)
+    params = sum(int(np.prod(p.shape)) for p in model.parameters())
+    experts = (cfg.num_hidden_layers - cfg.first_k_dense_replace) * cfg.n_routed_experts * 3 * \
+        cfg.hidden_size * cfg.moe_intermediate_size
+    mesh = dist.ProcessMesh(list(range(64)), ["dp"])
+    ids = np.zeros((64, 4096), np.int64)
+    t = time.time()
+    prog = ernie.compile(model, ernie.optimizer.AdamW(1e-4, multi_precision=True), [ids, ids],
+                         mesh=mesh, config={"dp_config": {"sharding_level": 1},
+                                            "ep_config": {"axis": "dp"}}, abstract=True)
+    seconds = time.time() - t
+    state = prog.report()["model_state_bytes"]
+    dense = params - experts
+    hand_state = dense * 4 + dense * 12 / 64 + experts * 16 / 64
+    print(f"{'DeepSeek-V3 (dp=ep 64, ZeRO-1)':30s} {params / 1e9:8.3f}B {671:6d}B "
+          f"{'':9s} {seconds:7.1f}s {state / 1e9:9.2f}GB {hand_state / 1e9:7.2f}GB")
 
 
 def _hand_state(cfg, ep, mp, pp):
