@@ -111,6 +111,7 @@ def small(**changes):
 
 @pytest.mark.parametrize("shape,names,extra", [
     ([2, 2], ["dp", "mp"], {}),
+    ([2], ["mp"], {"sp": True}),
     ([2, 2], ["dp", "ep"], {"dp_config": {"sharding_level": 1}}),
     ([2, 2], ["ep", "mp"], {}),
     ([2, 2], ["pp", "mp"], {}),
@@ -119,10 +120,11 @@ def test_training_under_plans_matches_single_rank(shape, names, extra):
     _, want = train(small(), None, None, None)
     model = small()
     config = dict(extra)
+    sp = config.pop("sp", False)
     if "dp" in names:
         config.setdefault("dp_config", {"sharding_level": 0})
     if "mp" in names:
-        config["mp_config"] = {"parallelize_plan": model.parallelize_plan()}
+        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
     if "ep" in names:
         config["ep_config"] = {"axis": "ep"}
     if "pp" in names:
@@ -175,3 +177,33 @@ def test_transformers_parity_both_ways(tmp_path, build_dir, family):
                 hf_state[name].shape), err_msg=f"{folder}: {name}")
         assert ours_loss == pytest.approx(float(out["loss"]), rel=1e-5), folder
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["v_head_dim"] == 12
+
+
+def test_rank_by_rank_loading_and_fp8(tmp_path):
+    """Built abstractly, from_pretrained reads headers only and the
+    program on dp x mp loads each rank's pieces: the logits of the eager
+    model. fp8 (current scaling) on dp x mp equals fp8 on one rank (1e-5,
+    the first steps: scales are global)."""
+    small().save_pretrained(tmp_path / "folder")
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path / "folder")
+    ids = np.random.default_rng(2).integers(0, 64, size=(4, 8))
+    want = ernie.compile(eager, None, [ids], differentiate=False).forward(ids)
+    with ernie.nn.abstract():
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "folder")
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), ["dp", "mp"])
+    got = ernie.compile(model, None, [ids], differentiate=False, mesh=mesh, config={
+        "dp_config": {}, "mp_config": {"parallelize_plan": model.parallelize_plan()}}
+    ).forward(ids)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    def fp8_losses(mesh=None, config=None):
+        model = small()
+        opt = ernie.optimizer.AdamW(3e-3)
+        prog = ernie.compile(model, opt, [ids, ids], mesh=mesh, config=config,
+                             fp8_config={"recipe": "current"})
+        assert "ernie.scaled_matmul" in prog.mlir
+        return [prog.step(ids, ids) for _ in range(3)]
+    model = small()
+    np.testing.assert_allclose(
+        fp8_losses(mesh, {"dp_config": {}, "mp_config": {
+            "parallelize_plan": model.parallelize_plan()}}), fp8_losses(), rtol=1e-5)

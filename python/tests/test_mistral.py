@@ -212,3 +212,23 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
     assert prog.eval(ids, ids) == pytest.approx(float(trained["loss"]), rel=1e-5)
     assert json.loads((tmp_path / "trained" / "config.json").read_text())["sliding_window"] == \
         model.config.sliding_window
+
+
+@pytest.mark.parametrize("family", ["mistral", "mixtral"])
+def test_fp8_under_dp_mp_equals_one_rank(family):
+    """fp8 (current scaling) on every projection, the windowed attention in
+    between: dp x mp equals one rank for the first steps (1e-5; the scales
+    are global)."""
+    import ernie.distributed as dist
+    ids = np.random.default_rng(4).integers(0, 64, size=(4, 8))
+
+    def losses(mesh=None, config=None):
+        model = small(family)
+        if config is not None:
+            config["mp_config"] = {"parallelize_plan": model.parallelize_plan()}
+        prog = ernie.compile(model, ernie.optimizer.AdamW(3e-3), [ids, ids], mesh=mesh,
+                             config=config, fp8_config={"recipe": "current"})
+        assert "ernie.scaled_matmul" in prog.mlir
+        return [prog.step(ids, ids) for _ in range(3)]
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), ["dp", "mp"])
+    np.testing.assert_allclose(losses(mesh, {"dp_config": {}}), losses(), rtol=1e-5)

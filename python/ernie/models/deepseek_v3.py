@@ -264,7 +264,7 @@ class DeepseekV3ForCausalLM(Module):
         return causal_lm_loss(logits, labels, self.config.pre_shifted_labels)
 
     def parallelize_plan(self, sequence_parallel: bool = False) -> dict:
-        return parallelize_plan(self.config.tie_word_embeddings)
+        return parallelize_plan(self.config.tie_word_embeddings, sequence_parallel)
 
     @property
     def split_spec(self) -> str:
@@ -378,13 +378,15 @@ class DeepseekV3ForCausalLM(Module):
         write_hf_folder(folder, config, out, dtype, max_shard_bytes)
 
 
-def parallelize_plan(tie_word_embeddings: bool = False) -> dict:
+def parallelize_plan(tie_word_embeddings: bool = False, sequence_parallel: bool = False) -> dict:
     """Megatron's plan for MLA and the MLPs: the per-head projections
     (q_b_proj or q_proj, kv_b_proj) split by columns, o_proj by rows; the
     latent projections and norms replicated (each rank computes the small
     latents whole); the dense MLPs, the shared experts and each routed
     expert's projections column/row (the experts' dimension is
-    ep_config's); the embedding and an untied LM head on the vocabulary."""
+    ep_config's); the embedding and an untied LM head on the vocabulary.
+    With sequence_parallel, the residual stream and its norms stay split
+    along the sequence between the blocks (Llama's markers)."""
     layer = r"model\.layers\.\d+\."
     mlp = layer + r"mlp\.(?:shared_experts\.|experts\.)?"
     plan = {
@@ -396,4 +398,13 @@ def parallelize_plan(tie_word_embeddings: bool = False) -> dict:
     }
     if not tie_word_embeddings:
         plan["lm_head"] = dist.ColWiseParallel()
+    if sequence_parallel:
+        layers = "model.layers.*"
+        plan.update({
+            r"model\.embed_tokens": [dist.ColWiseParallel(), dist.SequenceParallelBegin()],
+            f"{layers}.(input|post_attention)_layernorm": dist.SequenceParallelEnable(),
+            f"{layers}.self_attn": dist.SequenceParallelDisable(),
+            f"{layers}.mlp": dist.SequenceParallelDisable(),
+            "model.norm": dist.SequenceParallelEnd(),
+        })
     return plan
