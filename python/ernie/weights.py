@@ -210,6 +210,62 @@ def hf_layout(hf_config: dict, states) -> list:
                 json.dumps(hf_config), [(n, list(s)) for n, s in states])]
 
 
+def is_fused(index) -> str | None:
+    """The first tensor of a folder index (hf_folder_index's) in
+    transformers' fused expert layout (`save_original_format=False`:
+    `experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), or
+    None."""
+    return next((n for n, (_, _, shape) in index.items() if len(shape) == 3 and
+                 n.endswith((".experts.gate_up_proj", ".experts.down_proj"))), None)
+
+
+def hf_folder_states(folder) -> dict:
+    """{ernie state: float32 array} of a Hugging Face folder, by the
+    runtime's rule table in its reading direction (the one `ernie-ckpt
+    import-hf` uses): any layout it reads, transformers' fused experts
+    included. Each tensor's bytes are read once per block it fills."""
+    config, index = hf_folder_index(folder)
+    states, placed = _ernie.hf_states(json.dumps(config), [(n, list(shape))
+                                                          for n, (_, _, shape) in index.items()])
+    out = {name: np.zeros(shape, np.float32) for name, shape in states}
+    for name, shape, state, offsets, transposed, source, source_shape in placed:
+        value = read_tensors(index[name][0], [name])[name]
+        if source_shape:
+            value = value[tuple(slice(o, o + n) for o, n in zip(source, source_shape))]
+        if transposed:
+            value = np.swapaxes(value, -1, -2)
+        target = out[state]
+        if value.size == target.size and value.ndim != target.ndim:  # [1, E] of [E]
+            target[...] = value.reshape(target.shape)
+            continue
+        lead = len(offsets) - value.ndim
+        where = tuple(offsets[:lead]) + tuple(slice(o, o + n)
+                                              for o, n in zip(offsets[lead:], value.shape))
+        target[where] = value
+    return out
+
+
+def fused_folder_states(folder, index, params) -> dict:
+    """hf_folder_states of a folder in transformers' fused layout, each of
+    `params` ({name: Parameter}) checked against its shape. A model built
+    under ernie.nn.abstract() reads per-expert tensors rank by rank, which
+    this layout lacks: refused, naming the ways that work."""
+    fused = is_fused(index)
+    if all(p.value is None for p in params.values()):
+        raise ValueError(f"{folder}: tensor '{fused}' holds its experts fused (transformers' "
+                         f"save_original_format=False), which ernie reads whole, not rank by "
+                         f"rank: load it outside ernie.nn.abstract(), or make a checkpoint of "
+                         f"it with `ernie-ckpt import-hf` and Program.load_checkpoint it")
+    states = hf_folder_states(folder)
+    for name, p in params.items():
+        if name not in states:
+            raise ValueError(f"{folder}: no tensor for ernie's '{name}'")
+        if states[name].shape != tuple(p.shape):
+            raise ValueError(f"{folder}: ernie's '{name}' is {list(states[name].shape)} in the "
+                             f"folder, the config makes it {list(p.shape)}")
+    return states
+
+
 def hf_folder_index(folder):
     """(config dict, {tensor name: (file path, ernie element type, shape)})
     of a Hugging Face model folder, from config.json, the index and the

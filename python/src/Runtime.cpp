@@ -723,6 +723,23 @@ void bindRuntime(py::module_ &m) {
       }, py::arg("config_json"), py::arg("states"),
         "[(Hugging Face name, its shape, state, offsets, transposed)] of ernie "
         "states [(name, shape)] of the model config.json describes (HfLayout.h)");
+  m.def("hf_states", [](const std::string &configJson, const rt::NamedShapes &tensors) {
+        std::pair<rt::NamedShapes, std::vector<rt::HfTensor>> found;
+        try {
+          found = rt::statesOfHfTensors(rt::parseBoundedJson(configJson, "config.json"),
+                                        tensors);
+        } catch (const std::runtime_error &e) {
+          throw py::value_error(e.what());
+        }
+        py::list placed;
+        for (const rt::HfTensor &t : found.second)
+          placed.append(py::make_tuple(t.name, t.shape, t.state, t.offsets, t.transposed,
+                                       t.sourceOffsets, t.sourceShape));
+        return py::make_tuple(found.first, placed);
+      }, py::arg("config_json"), py::arg("tensors"),
+        "([(state, shape)], [(Hugging Face name, shape, state, offsets, transposed, "
+        "source offsets, source shape)]) of a folder's tensors [(name, shape)] "
+        "(HfLayout.h's reading direction)");
   m.def("read_safetensors", &readSafetensors, py::arg("path"),
         "({name: (dtype, array)}, metadata) of a safetensors file");
   m.def("write_safetensors", &writeSafetensors, py::arg("path"),

@@ -8,7 +8,9 @@ subprocess: the tests' own environment has neither torch nor transformers.
         "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux",
         "mistral", "mixtral", "deepseek_v3", "deepseek_v3-plain"), made
         by transformers with torch.manual_seed(SEED)
-        and saved by its own save_pretrained (f32) into FOLDER.
+        and saved by its own save_pretrained (f32) into FOLDER; FAMILY+fused
+        saves transformers' own layout (save_original_format=False: experts
+        fused into experts.gate_up_proj / experts.down_proj).
     python hf_reference.py run FOLDER IN.npz OUT.npz
         loads FOLDER with transformers' AutoModelForCausalLM (f32, eval)
         and writes, for IN's `ids` (and `labels`, Hugging Face's unshifted
@@ -88,6 +90,7 @@ def versions():
 
 def make(family, seed, folder):
     torch.manual_seed(int(seed))
+    family, fused = family.removesuffix("+fused"), family.endswith("+fused")
     model = transformers.AutoModelForCausalLM.from_config(config(family))
     with torch.no_grad():  # biases and norms away from their initial 0 and 1
         for name, p in model.named_parameters():
@@ -99,7 +102,8 @@ def make(family, seed, folder):
         for name, buffer in model.named_buffers():  # DeepSeek's selection biases
             if name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.3 * torch.randn_like(buffer))
-    model.save_pretrained(folder)
+    # "+fused": transformers' own layout (experts fused, its own names).
+    model.save_pretrained(folder, save_original_format=not fused)
 
 
 def run(folder, inp, out):

@@ -257,3 +257,36 @@ def test_transformers_loads_an_exported_training_checkpoint(tmp_path, ckpt, fami
     made = hf_run(tmp_path / "made", ids, tmp_path, "made")
     logits = other.forward(ids)
     assert np.linalg.norm(logits - made["logits"]) <= 1e-5 * np.linalg.norm(made["logits"])
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "ernie4_5_moe", "deepseek_v3"])
+def test_transformers_fused_expert_layout_loads(tmp_path, ckpt, family):
+    """A folder in transformers' own layout (save_original_format=False:
+    experts fused into [E, 2I, H] and [E, H, I] tensors, transformers'
+    in-memory names): from_pretrained gives transformers' logits on that
+    folder, import-hf gives a checkpoint a program on a mesh loads to the
+    same logits, and built abstractly (rank by rank) it is refused saying
+    what works."""
+    reference("make", family + "+fused", 5, tmp_path / "made")
+    from ernie.weights import hf_folder_index, is_fused
+    assert is_fused(hf_folder_index(tmp_path / "made")[1])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
+    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, size=(4, 8))
+    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
+    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
+
+    done = ckpt("import-hf", tmp_path / "made", tmp_path / "root")
+    assert done.returncode == 0, done.stderr
+    fresh = AutoModelForCausalLM.from_config(
+        json.loads((tmp_path / "made" / "config.json").read_text()), seed=4)
+    mesh = dist.ProcessMesh(np.arange(4).reshape(2, 2), ["ep", "mp"])
+    other = ernie.compile(fresh, None, [ids], differentiate=False, mesh=mesh, config={
+        "mp_config": {"parallelize_plan": fresh.parallelize_plan()}, "ep_config": {"axis": "ep"}})
+    other.load_checkpoint(tmp_path / "root")
+    got = other.forward(ids)
+    assert np.linalg.norm(got - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
+
+    with ernie.nn.abstract():
+        with pytest.raises(ValueError, match="holds its experts fused .* `ernie-ckpt import-hf`"):
+            AutoModelForCausalLM.from_pretrained(tmp_path / "made")

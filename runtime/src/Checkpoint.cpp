@@ -1358,11 +1358,11 @@ HostTensor swapLastTwo(const HostTensor &t) {
 }
 
 /// The shape of Hugging Face tensor `t`'s block in its state of `stateShape`:
-/// its own (unswapped when transposed), with the leading unit dimensions
+/// its own or its source block's (unswapped when transposed), with the leading unit dimensions
 /// of one expert of a stack; the state's own when the tensor only adds
 /// unit dimensions (ERNIE's [1, E] selection bias of the [E] state).
 std::vector<int64_t> blockInState(const HfTensor &t, const std::vector<int64_t> &stateShape) {
-  std::vector<int64_t> block = t.shape;
+  std::vector<int64_t> block = t.sourceShape.empty() ? t.shape : t.sourceShape;
   if (t.transposed)
     std::swap(block[block.size() - 2], block[block.size() - 1]);
   while (block.size() < stateShape.size())
@@ -1524,6 +1524,12 @@ std::string importHfFolder(const std::string &folder, const std::string &root,
     HostTensor whole(type, shape);
     for (const HfTensor *t : mine) {
       HostTensor x = opened[fileOf[t->name]]->read(t->name);
+      if (!t->sourceShape.empty()) { // one block of a fused tensor
+        HostTensor block(x.type, t->sourceShape);
+        extractBlock(x.bytes.data(), x.shape, t->sourceOffsets, block.bytes.data(),
+                     t->sourceShape, byteSize(x.type));
+        x = std::move(block);
+      }
       if (x.type != type)
         x = convert(x, type);
       if (t->transposed)

@@ -25,7 +25,8 @@ const HfFamily kFamilies[] = {
     {"qwen3", "qwen3", false, "", false},
     {"qwen3_moe", "qwen3_moe", false, "", false},
     {"ernie4_5", "model", true, "", false},
-    {"ernie4_5_moe", "model", true, "moe_statics.e_score_correction_bias", true},
+    {"ernie4_5_moe", "model", true, "moe_statics.e_score_correction_bias", true, {},
+     {{".mlp.moe_statics.", ".mlp.gate.moe_statics."}}},
     {"mistral", "mistral", false, "", false},
     {"deepseek_v3", "model", false, "gate.e_score_correction_bias", false},
     {"mixtral", "mixtral", false, "", false,
@@ -156,19 +157,23 @@ bool splitExpert(const std::string &name, std::string &stack, int64_t &expert,
 
 /// `name` with each of `family`'s renames applied, ernie's spelling to
 /// Hugging Face's (`toHf`) or back.
-std::string renamed(const HfFamily &family, std::string name, bool toHf) {
+std::string renamed(const HfFamily &family, std::string name, bool toHf,
+                    bool fused = false) {
   auto apply = [&](const std::string &from, const std::string &to) {
     if (size_t at = name.find(from); at != std::string::npos)
       name.replace(at, from.size(), to);
   };
+  const auto &renames = fused ? family.fusedRenames : family.renames;
   if (toHf)
-    for (const auto &[ours, theirs] : family.renames)
+    for (const auto &[ours, theirs] : renames)
       apply(ours, theirs);
   else
-    for (auto it = family.renames.rbegin(); it != family.renames.rend(); ++it)
+    for (auto it = renames.rbegin(); it != renames.rend(); ++it)
       apply(it->second, it->first);
   return name;
 }
+
+const std::string kFusedGateUp = ".experts.gate_up_proj", kFusedDown = ".experts.down_proj";
 
 std::vector<int64_t> swapped(std::vector<int64_t> shape) {
   std::swap(shape[shape.size() - 2], shape[shape.size() - 1]);
@@ -328,10 +333,35 @@ statesOfHfTensors(const json &config, const NamedShapes &tensors) {
     if (stateIndex.emplace(state, states.size()).second)
       states.emplace_back(state, shape);
   };
+  // transformers' own layout: its experts fused, its own names.
+  bool fused = false;
+  for (const auto &[hfName, shape] : tensors)
+    fused |= shape.size() == 3 && (endsWith(hfName, kFusedGateUp) || endsWith(hfName, kFusedDown));
   for (const auto &[hfName, shape] : tensors) {
     if (endsWith(hfName, "rotary_emb.inv_freq") || (isTied && hfName == kHead))
       continue;
-    const std::string name = renamed(family, hfName, false);
+    const std::string name = renamed(family, hfName, false, fused);
+    if (shape.size() == 3 && endsWith(name, kFusedGateUp) && startsWith(name, kHfBase)) {
+      // [E, 2I, H]: rows [0, I) of each expert are its gate, [I, 2I) its up.
+      if (shape[1] % 2)
+        fail("tensor '" + hfName + "' is " + shapeText(shape) + ": gate and up halves "
+             "need an even second dimension");
+      std::string stack = base + name.substr(kHfBase.size(), name.size() - kHfBase.size() -
+                                                                 kFusedGateUp.size()) + ".experts.";
+      std::vector<int64_t> half = {shape[0], shape[1] / 2, shape[2]};
+      for (auto [proj, row] : {std::pair{"gate_proj.weight", int64_t(0)},
+                               std::pair{"up_proj.weight", shape[1] / 2}}) {
+        addState(stack + proj, {shape[0], shape[2], shape[1] / 2});
+        out.push_back({hfName, shape, stack + proj, {0, 0, 0}, true, {0, row, 0}, half});
+      }
+      continue;
+    }
+    if (shape.size() == 3 && endsWith(name, kFusedDown) && startsWith(name, kHfBase)) {
+      std::string state = base + name.substr(kHfBase.size()) + ".weight"; // [E, I, H]
+      addState(state, {shape[0], shape[2], shape[1]});
+      out.push_back({hfName, shape, state, {0, 0, 0}, true});
+      continue;
+    }
     if (name == kHead) {
       std::vector<int64_t> s = shape.size() == 2 ? swapped(shape) : shape;
       addState(kHead, s);

@@ -44,12 +44,12 @@ from .. import distributed as dist
 from .. import functional as F
 from ..moe import MoEConfig, MoELayer, SwiGLU
 from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
-from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_tensors,
-                       write_hf_folder)
+from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
+                       read_hf_folder, read_tensors, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite
 from .llama import (_block, _dtype_from_hf, _linear, _rope_theta, _rounded, _tied_head,
-                    causal_lm_loss)
+                    causal_lm_loss, load_fused_folder)
 
 # config.json fields that would make another model: (field, what ernie computes).
 _FIXED = (("hidden_act", "silu"), ("attention_bias", False), ("attention_dropout", 0.0),
@@ -302,6 +302,8 @@ class DeepseekV3ForCausalLM(Module):
         hf, index = hf_folder_index(folder)
         model = cls(DeepseekV3Config.from_hf(hf, dtype, **overrides))
         object.__setattr__(model, "hf_config", dict(hf))
+        if is_fused(index):  # transformers' own layout
+            return load_fused_folder(model, folder, index)
         model._check_folder(index, folder)
         tensors = model._hf_tensors()
         for t in tensors:

@@ -39,11 +39,12 @@ from .. import functional as F
 from ..distributed import ColWiseParallel, RowWiseParallel
 from ..moe import MoEConfig, MoELayer, SwiGLU, load_balancing_loss
 from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
-from ..weights import (TORCH_DTYPES, hf_folder_index, read_hf_folder, read_json, read_tensors,
-                       write_hf_folder)
+from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
+                       read_hf_folder, read_json, read_tensors, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite, check_size
-from .llama import _dtype_from_hf, _linear, _rounded, _tied_head, causal_lm_loss
+from .llama import (_dtype_from_hf, _linear, _rounded, _tied_head, causal_lm_loss,
+                    load_fused_folder)
 
 # Config fields save_pretrained leaves out of config.json (dtype goes as
 # torch_dtype). pre_shifted_labels says how the loss reads its labels, not
@@ -295,12 +296,14 @@ class Ernie4_5ForCausalLM(Module):
         torch_dtype; `overrides` set other config fields (the capacity
         factor, loss coefficients). A tensor the model has no place for, or
         one it lacks, is a ValueError naming it."""
-        hf, _ = hf_folder_index(folder)
+        hf, index = hf_folder_index(folder)
         if dtype is not None:
             overrides["dtype"] = dtype
         cfg = Ernie4_5Config.from_json(hf, **overrides)
         model = cls(cfg)
         object.__setattr__(model, "hf_config", dict(hf))  # written back by save_pretrained
+        if is_fused(index):  # transformers' own layout
+            return load_fused_folder(model, folder, index)
         if all(p.value is None for p in model.parameters()):  # built abstract
             object.__setattr__(model, "pretrained_weights", model.hf_weight_map(folder))
             model.load_selection_biases(folder)

@@ -66,7 +66,8 @@ from .. import functional as F
 from ..moe import MoELayer
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm, abstract
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
-from ..weights import TORCH_DTYPES, hf_folder_index, read_hf_folder, write_hf_folder
+from ..weights import (TORCH_DTYPES, fused_folder_states, hf_folder_index, is_fused,
+                       read_hf_folder, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite, check_size
 
@@ -336,7 +337,7 @@ class LlamaForCausalLM(Module):
         the model remembers the folder (`pretrained_weights`) and
         `ernie.compile` loads it into the program, each rank reading only
         its own pieces of each tensor."""
-        hf, _ = hf_folder_index(folder)
+        hf, index = hf_folder_index(folder)
         config_class = cls.config_class
         cfg = config_class(**{**config_class.fields_from_hf(hf, dtype), **overrides})
         model = cls(cfg)
@@ -344,6 +345,8 @@ class LlamaForCausalLM(Module):
         # does not compute: max_position_embeddings, token ids, ...).
         object.__setattr__(model, "hf_config", dict(hf))
         params = dict(model.named_parameters())
+        if is_fused(index):  # transformers' own layout
+            return load_fused_folder(model, folder, index)
         if all(p.value is None for p in params.values()):  # abstract
             object.__setattr__(model, "pretrained_weights", hf_weight_map(folder, cfg))
             return model
@@ -407,6 +410,21 @@ class LlamaForCausalLM(Module):
 _HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                    "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
                    "tie_word_embeddings")
+
+
+def load_fused_folder(model, folder, index):
+    """`model` with its parameters, and its MoE layers' selection biases,
+    from a folder in transformers' fused layout (weights.fused_folder_states:
+    the runtime's rules in their reading direction)."""
+    params = dict(model.named_parameters())
+    state = fused_folder_states(folder, index, params)
+    for name, p in params.items():
+        p.value = _rounded(state[name], p.dtype).astype(p.value.dtype)
+    model._name_parameters()
+    for _, layer in model.named_sublayers():
+        if isinstance(layer, MoELayer) and layer.bias_name() in state:
+            layer.e_score_correction_bias = state[layer.bias_name()]
+    return model
 
 
 def _rounded(value, dtype):

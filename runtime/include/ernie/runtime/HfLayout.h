@@ -52,6 +52,10 @@ struct HfTensor {
   std::vector<int64_t> offsets;
   /// The tensor holds the block with its last two dimensions swapped.
   bool transposed = false;
+  /// Where the block lies in the tensor and its shape there, when the
+  /// tensor holds several (transformers' fused experts: gate and up rows
+  /// of one `experts.gate_up_proj`); empty: the whole tensor.
+  std::vector<int64_t> sourceOffsets = {}, sourceShape = {};
 };
 
 /// A family's naming, by config.json's model_type.
@@ -66,6 +70,10 @@ struct HfFamily {
   /// Substrings Hugging Face spells otherwise, (ernie's, theirs), applied
   /// in order (Mixtral's `block_sparse_moe.experts.<e>.w1`).
   std::vector<std::pair<std::string, std::string>> renames = {};
+  /// The renames of transformers' own layout (`save_original_format=False`:
+  /// the names it computes with, experts fused into
+  /// `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]).
+  std::vector<std::pair<std::string, std::string>> fusedRenames = {};
 };
 
 /// The family config.json `config` describes (by model_type, else by
@@ -85,7 +93,9 @@ std::vector<HfTensor> hfTensorsOfStates(const nlohmann::json &config,
                                         const NamedShapes &states);
 
 /// The ernie states (global shapes, in order of first appearance) that
-/// Hugging Face tensors `tensors` fill, and where each tensor goes.
+/// Hugging Face tensors `tensors` fill, and where each tensor goes; a
+/// folder in transformers' fused layout (experts as `experts.gate_up_proj`
+/// and `experts.down_proj`) is read by its own renames.
 /// Rotary caches and a tied head's copy are skipped; a tensor that is no
 /// weight of the family, a stack of experts with a gap or experts of
 /// different shapes throws naming it.
