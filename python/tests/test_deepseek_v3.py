@@ -17,7 +17,7 @@ from ernie.models import AutoConfig, AutoModelForCausalLM
 from ernie.models.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 from ernie.weights import read_hf_folder
 
-from test_qwen import hf_run, reference, train, unfused, write_config
+from test_qwen import hf_run, plan_config, reference, train, unfused, write_config
 
 # DeepSeek-V3's published config.json, its yarn rope scaling left out
 # (ernie's rope has none: with it the config is refused, below).
@@ -109,28 +109,18 @@ def small(**changes):
     return DeepseekV3ForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("shape,names,extra", [
-    ([2, 2], ["dp", "mp"], {}),
-    ([2], ["mp"], {"sp": True}),
-    ([2, 2], ["dp", "ep"], {"dp_config": {"sharding_level": 1}}),
-    ([2, 2], ["ep", "mp"], {}),
-    ([2, 2], ["pp", "mp"], {}),
+@pytest.mark.parametrize("shape,names,sp,zero", [
+    ([2, 2], ["dp", "mp"], False, 0),
+    ([2], ["mp"], True, 0),
+    ([2, 2], ["dp", "ep"], False, 1),
+    ([2, 2], ["ep", "mp"], False, 0),
+    ([2, 2], ["pp", "mp"], False, 0),
 ])
-def test_training_under_plans_matches_single_rank(shape, names, extra):
+def test_training_under_plans_matches_single_rank(shape, names, sp, zero):
     _, want = train(small(), None, None, None)
     model = small()
-    config = dict(extra)
-    sp = config.pop("sp", False)
-    if "dp" in names:
-        config.setdefault("dp_config", {"sharding_level": 0})
-    if "mp" in names:
-        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
-    if "ep" in names:
-        config["ep_config"] = {"axis": "ep"}
-    if "pp" in names:
-        # 3 layers on 2 stages: the dense layer alone, then the two MoE layers.
-        config["pp_config"] = {"split_spec": model.split_spec, "accumulate_steps": 2,
-                               "layers_per_stage": [1, 2]}
+    # 3 layers on 2 pipeline stages: the dense layer alone, then the MoE two.
+    config = plan_config(model, names, sp, zero, layers_per_stage=[1, 2])
     _, got = train(model, shape, names, config)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert got[-1] < got[0]

@@ -17,7 +17,7 @@ from ernie.models.mistral import MistralConfig, MistralForCausalLM
 from ernie.models.mixtral import MixtralConfig, MixtralForCausalLM
 from ernie.weights import read_hf_folder
 
-from test_qwen import hf_run, reference, train, unfused, write_config
+from test_qwen import hf_run, plan_config, reference, train, unfused, write_config
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
@@ -148,17 +148,7 @@ def test_mixtral_writes_hugging_faces_names(tmp_path):
 def test_training_under_plans_matches_single_rank(family, shape, names, sp):
     _, want = train(small(family), None, None, None)
     model = small(family)
-    config = {}
-    if "dp" in names:
-        config["dp_config"] = {"sharding_level": 1}
-    if "mp" in names:
-        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
-    if "pp" in names:
-        config["pp_config"] = {"split_spec": f"{model.config.base_model_prefix}.layers",
-                               "accumulate_steps": 2}
-    if "ep" in names:
-        config["ep_config"] = {"axis": "ep"}
-    _, got = train(model, shape, names, config)
+    _, got = train(model, shape, names, plan_config(model, names, sp, zero=1))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert got[-1] < got[0]
 

@@ -425,6 +425,22 @@ def train(model, mesh_shape, names, config, steps=6):
     return prog, [prog.step(ids, labels) for _ in range(steps)]
 
 
+def plan_config(model, names, sp=False, zero=0, **pp):
+    """The config of a plan on mesh axes `names`: dp (ZeRO level `zero`),
+    mp (the model's plan, with sequence parallelism `sp`), pp on the
+    family's split points (2 micro-batches; `pp` adds pp_config keys), ep."""
+    config = {}
+    if "dp" in names:
+        config["dp_config"] = {"sharding_level": zero}
+    if "mp" in names:
+        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
+    if "pp" in names:
+        config["pp_config"] = {"split_spec": model.split_spec, "accumulate_steps": 2, **pp}
+    if "ep" in names:
+        config["ep_config"] = {"axis": "ep"}
+    return config
+
+
 FAMILY_MODELS = {
     "qwen2-tied": lambda: Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=True, seed=3)),
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=16, seed=3)),
@@ -447,17 +463,7 @@ def test_training_under_plans_matches_single_rank(family, shape, names, sp):
     (`<prefix>.layers`) and ep: the losses of one rank."""
     _, want = train(FAMILY_MODELS[family](), None, None, None)
     model = FAMILY_MODELS[family]()
-    config = {}
-    if "dp" in names:
-        config["dp_config"] = {"sharding_level": 0}
-    if "mp" in names:
-        config["mp_config"] = {"parallelize_plan": model.parallelize_plan(sp)}
-    if "pp" in names:
-        config["pp_config"] = {"split_spec": f"{model.config.base_model_prefix}.layers",
-                               "accumulate_steps": 2}
-    if "ep" in names:
-        config["ep_config"] = {"axis": "ep"}
-    prog, got = train(model, shape, names, config)
+    prog, got = train(model, shape, names, plan_config(model, names, sp))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert got[-1] < got[0]  # it learns
     if "mp" in names:

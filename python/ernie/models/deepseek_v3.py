@@ -42,12 +42,13 @@ import numpy as np
 
 from .. import distributed as dist
 from .. import functional as F
-from ..moe import MoEConfig, MoELayer, SwiGLU
+from ..moe import MoEConfig
 from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
 from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
                        read_hf_folder, read_tensors, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite
+from .ernie4_5 import Ernie4_5DecoderLayer
 from .llama import (_block, _dtype_from_hf, _linear, _rope_theta, _rounded, _tied_head,
                     causal_lm_loss, load_fused_folder)
 
@@ -200,24 +201,10 @@ class DeepseekV3Attention(Module):
         return self.o_proj(out.reshape(b, s, heads * dv))
 
 
-class DeepseekV3DecoderLayer(Module):
-    def __init__(self, cfg: DeepseekV3Config, rng, index: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = DeepseekV3Attention(cfg, rng)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.is_moe = cfg.is_moe_layer(index)
-        if self.is_moe:
-            self.mlp = MoELayer(cfg.hidden_size, cfg.moe_config(), cfg.dtype, rng,
-                                cfg.initializer_range, name=f"model.layers.{index}.mlp")
-        else:
-            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.dtype, rng,
-                              cfg.initializer_range)
+class DeepseekV3DecoderLayer(Ernie4_5DecoderLayer):
+    """ERNIE 4.5's layer (a dense SwiGLU, or the MoE layer) around MLA."""
 
-    def forward(self, x, positions):
-        x = x + self.self_attn(self.input_layernorm(x), positions)
-        h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h)[0] if self.is_moe else self.mlp(h))
+    attention_class = DeepseekV3Attention
 
 
 class DeepseekV3Model(Module):
@@ -225,7 +212,7 @@ class DeepseekV3Model(Module):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype, rng,
                                       cfg.initializer_range)
-        self.layers = LayerList([DeepseekV3DecoderLayer(cfg, rng, i)
+        self.layers = LayerList([DeepseekV3DecoderLayer(cfg, i, rng)
                                  for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
 
@@ -233,7 +220,7 @@ class DeepseekV3Model(Module):
         x = self.embed_tokens(input_ids)
         positions = F.iota([input_ids.shape[1]], 0)
         for layer in self.layers:
-            x = layer(x, positions)
+            x, _ = layer(x, positions)  # no weighted MoE losses: DeepSeek has none
         return self.norm(x)
 
 

@@ -192,10 +192,15 @@ class Ernie4_5Attention(Module):
 
 
 class Ernie4_5DecoderLayer(Module):
+    """Attention, then a SwiGLU or (on the config's MoE layers) an
+    `ernie.moe.MoELayer`, each behind an RMSNorm with a residual."""
+
+    attention_class = Ernie4_5Attention
+
     def __init__(self, cfg: Ernie4_5Config, index: int, rng):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = Ernie4_5Attention(cfg, rng)
+        self.self_attn = self.attention_class(cfg, rng)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.is_moe = cfg.is_moe_layer(index)
         if self.is_moe:
