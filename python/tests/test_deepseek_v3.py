@@ -17,7 +17,8 @@ from ernie.models import AutoConfig, AutoModelForCausalLM
 from ernie.models.deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM
 from ernie.weights import read_hf_folder
 
-from test_qwen import hf_run, plan_config, reference, train, unfused, write_config
+from test_qwen import (assert_transformers_numbers, hf_run, plan_config, reference, train,
+                       unfused, write_config)
 
 # DeepSeek-V3's published config.json, its yarn rope scaling left out
 # (ernie's rope has none: with it the config is refused, below).
@@ -137,11 +138,7 @@ def test_transformers_parity_both_ways(tmp_path, build_dir, family):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
     assert np.abs(model.model.layers[1].mlp.e_score_correction_bias).max() > 0
     ids = np.random.default_rng(8).integers(0, model.config.vocab_size, size=(4, 8))
-    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
-    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
-    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
-    loss = ernie.compile(model, None, [ids, ids], differentiate=False).eval(ids, ids)
-    assert loss == pytest.approx(float(theirs["loss"]), rel=1e-5)
+    assert_transformers_numbers(model, tmp_path / "made", ids, tmp_path)
 
     mesh = dist.ProcessMesh(np.arange(8).reshape(2, 2, 2), ["dp", "mp", "ep"])
     prog = ernie.compile(model, ernie.optimizer.AdamW(1e-2), [ids, ids], mesh=mesh, config={

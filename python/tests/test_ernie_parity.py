@@ -15,7 +15,7 @@ import pytest
 import ernie
 from ernie.models import AutoModelForCausalLM
 
-from test_qwen import hf_run, reference
+from test_qwen import assert_transformers_numbers, hf_run, reference
 
 
 @pytest.mark.parametrize("family", ["ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux"])
@@ -23,11 +23,7 @@ def test_a_transformers_folder_gives_transformers_numbers(tmp_path, family):
     reference("make", family, 11, tmp_path / "made")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
     ids = np.random.default_rng(12).integers(0, model.config.vocab_size, size=(4, 8))
-    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
-    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
-    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
-    loss = ernie.compile(model, None, [ids, ids], differentiate=False).eval(ids, ids)
-    assert loss == pytest.approx(float(theirs["loss"]), rel=1e-6)
+    assert_transformers_numbers(model, tmp_path / "made", ids, tmp_path, loss_rtol=1e-6)
 
 
 def test_output_router_logits_decides_the_auxiliary_loss_and_round_trips(tmp_path):

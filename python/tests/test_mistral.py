@@ -17,7 +17,8 @@ from ernie.models.mistral import MistralConfig, MistralForCausalLM
 from ernie.models.mixtral import MixtralConfig, MixtralForCausalLM
 from ernie.weights import read_hf_folder
 
-from test_qwen import hf_run, plan_config, reference, train, unfused, write_config
+from test_qwen import (assert_transformers_numbers, hf_run, plan_config, reference, train,
+                       unfused, write_config)
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2)
@@ -177,11 +178,7 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
     reference("make", family, 7, tmp_path / "made")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "made")
     ids = np.random.default_rng(8).integers(0, model.config.vocab_size, size=(4, 8))
-    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
-    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
-    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
-    loss = ernie.compile(model, None, [ids, ids], differentiate=False).eval(ids, ids)
-    assert loss == pytest.approx(float(theirs["loss"]), rel=1e-5)
+    assert_transformers_numbers(model, tmp_path / "made", ids, tmp_path)
 
     mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape), names)
     config = {"dp_config": {}, "mp_config": {"parallelize_plan": model.parallelize_plan()}}

@@ -532,6 +532,18 @@ def hf_run(folder, ids, tmp_path, tag):
     return out
 
 
+def assert_transformers_numbers(model, folder, ids, tmp_path, loss_rtol=1e-5):
+    """ernie's logits (f32: <= 1e-5 relative in norm) and loss (labels =
+    ids) of `model` are transformers' on `folder`; returns transformers'
+    outputs (hf_run)."""
+    theirs = hf_run(folder, ids, tmp_path, "made")
+    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
+    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
+    loss = ernie.compile(model, None, [ids, ids], differentiate=False).eval(ids, ids)
+    assert loss == pytest.approx(float(theirs["loss"]), rel=loss_rtol)
+    return theirs
+
+
 def unfused(state):
     """transformers 5 holds a layer's experts fused in memory
     (`mlp.experts.gate_up_proj` [E, 2 I, H], `mlp.experts.down_proj` [E, H,
@@ -568,11 +580,7 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
     assert model.config.dtype == "f32"
     ids = np.random.default_rng(8).integers(0, model.config.vocab_size, size=(4, 8))
     labels = ids  # Hugging Face's labels, as transformers takes them (hf_run)
-    theirs = hf_run(tmp_path / "made", ids, tmp_path, "made")
-    logits = ernie.compile(model, None, [ids], differentiate=False).forward(ids)
-    assert np.linalg.norm(logits - theirs["logits"]) <= 1e-5 * np.linalg.norm(theirs["logits"])
-    loss = ernie.compile(model, None, [ids, labels], differentiate=False).eval(ids, labels)
-    assert loss == pytest.approx(float(theirs["loss"]), rel=1e-5)
+    assert_transformers_numbers(model, tmp_path / "made", ids, tmp_path)
 
     mesh = dist.ProcessMesh(np.arange(int(np.prod(shape))).reshape(shape), names)
     config = {"dp_config": {"sharding_level": 0},
