@@ -6,7 +6,8 @@ subprocess: the tests' own environment has neither torch nor transformers.
     python hf_reference.py make FAMILY SEED FOLDER
         a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
         "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux",
-        "mistral", "mixtral", "deepseek_v3", "deepseek_v3-plain"), made
+        "mistral", "mixtral", "deepseek_v3", "deepseek_v3-plain",
+        "llama-rope"), made
         by transformers with torch.manual_seed(SEED)
         and saved by its own save_pretrained (f32) into FOLDER; FAMILY+fused
         saves transformers' own layout (save_original_format=False: experts
@@ -61,6 +62,12 @@ def config(family):
             moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_intermediate_size=24,
             moe_layer_start_index=1, moe_layer_end_index=2,
             output_router_logits=family.endswith("-aux"), router_aux_loss_coef=0.02)
+    if family == "llama-rope":
+        # Llama 3.1's rope scaling, its original context shrunk to 16 so that
+        # the tiny model's frequencies fall in all three bands.
+        return transformers.LlamaConfig(**TINY, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     if family == "mistral":
         # A window of 3 on the tests' 8 tokens: most queries lose keys.
         return transformers.MistralConfig(**TINY, sliding_window=3, head_dim=8)

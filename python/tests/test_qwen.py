@@ -154,7 +154,7 @@ def test_published_sizes_have_their_parameter_counts(tmp_path):
 @pytest.mark.parametrize("family,change,field", [
     ("qwen2", {"use_sliding_window": True}, "use_sliding_window"),
     ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling"),
-    ("qwen2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+    ("qwen2", {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_scaling"),
     ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
      "rope_parameters"),
     ("qwen2", {"layer_types": ["full_attention"] * 20 + ["sliding_attention"] * 4},
@@ -165,6 +165,7 @@ def test_published_sizes_have_their_parameter_counts(tmp_path):
     ("qwen3", {"attention_bias": True}, "attention_bias"),
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window"),
     ("qwen3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
+    ("qwen3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
     ("qwen3", {"head_dim": 0}, "head_dim"),
     ("qwen3_moe", {"num_experts_per_tok": 129}, "num_experts_per_tok = 129"),
     ("qwen3_moe", {"mlp_only_layers": "all"}, "mlp_only_layers"),
@@ -182,8 +183,8 @@ def test_fields_a_family_cannot_express_are_refused_naming_them(tmp_path, family
 def test_unknown_families_list_the_known_ones(tmp_path):
     folder = write_config(tmp_path, {**QWEN2_5_0_5B, "model_type": "qwen9",
                                      "architectures": ["Qwen9ForCausalLM"]})
-    with pytest.raises(ValueError, match=r"'qwen9'.*it has ernie4_5, ernie4_5_moe, llama, qwen2, "
-                                         r"qwen3, qwen3_moe"):
+    with pytest.raises(ValueError, match=r"'qwen9'.*it has deepseek_v3, ernie4_5, ernie4_5_moe, "
+                                         r"llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"):
         AutoModelForCausalLM.from_pretrained(folder)
     # No model_type: the architectures name the family.
     config = {k: v for k, v in QWEN3_0_6B.items() if k != "model_type"}
@@ -565,7 +566,8 @@ def unfused(state):
 
 
 PARITY = [("qwen2", [2, 2], ["dp", "mp"]), ("qwen2-tied", [2, 2], ["dp", "mp"]),
-          ("qwen3", [2, 2], ["dp", "mp"]), ("qwen3_moe", [2, 2, 2], ["dp", "mp", "ep"])]
+          ("qwen3", [2, 2], ["dp", "mp"]), ("qwen3_moe", [2, 2, 2], ["dp", "mp", "ep"]),
+          ("llama-rope", [2, 2], ["dp", "mp"])]  # Llama 3.1's rope scaling
 
 
 @pytest.mark.parametrize("family,shape,names", PARITY)

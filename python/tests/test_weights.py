@@ -251,7 +251,7 @@ def test_bad_folders_are_clear_errors(tmp_path):
     write_hf(tmp_path / "extra", HF_CONFIG, {**w, "model.layers.0.self_attn.q_proj.bias": np.zeros(16, np.float32)})
     with pytest.raises(ValueError, match="no place for.*q_proj.bias"):
         LlamaForCausalLM.from_pretrained(tmp_path / "extra")
-    write_hf(tmp_path / "scaled", {**HF_CONFIG, "rope_scaling": {"type": "linear", "factor": 2.0}}, w)
+    write_hf(tmp_path / "scaled", {**HF_CONFIG, "rope_scaling": {"type": "yarn", "factor": 2.0}}, w)
     with pytest.raises(ValueError, match="rope_scaling"):
         LlamaForCausalLM.from_pretrained(tmp_path / "scaled")
     wrong = {**w, "model.norm.weight": np.ones(17, np.float32)}
@@ -475,7 +475,7 @@ def test_auto_classes_pick_the_family_from_config_json(tmp_path):
     config.update(model_type="qwen9", architectures=["Qwen9ForCausalLM"])
     (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"model_type 'qwen9'.*not a family ernie has; it has "
-                                         r"ernie4_5, ernie4_5_moe, llama"):
+                                         r"deepseek_v3, ernie4_5, ernie4_5_moe, llama"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "llama")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         AutoConfig.from_pretrained(tmp_path / "nowhere")

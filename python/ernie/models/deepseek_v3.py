@@ -49,7 +49,8 @@ from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite
 from .ernie4_5 import Ernie4_5DecoderLayer
-from .llama import (_block, _dtype_from_hf, _linear, _rope_theta, _rounded, _tied_head,
+from . import rope_scaling
+from .llama import (_block, _dtype_from_hf, _linear, _rounded, _tied_head,
                     causal_lm_loss, load_fused_folder)
 
 # config.json fields that would make another model: (field, what ernie computes).
@@ -144,7 +145,10 @@ class DeepseekV3Config:
                                  f"(ernie's DeepSeek-V3 has {want!r})")
         names = {f.name for f in fields(cls)} - set(_OURS)
         out = {k: v for k, v in hf.items() if k in names}
-        theta = _rope_theta(hf, cls.family)
+        theta, scaling = rope_scaling.from_hf(hf, cls.family)
+        if scaling is not None:
+            raise ValueError(f"config.json: rope_scaling {scaling['rope_type']} is not supported "
+                             f"(ernie's DeepSeek-V3 computes the default rotary embedding)")
         if theta is not None:
             out["rope_theta"] = theta
         out["dtype"] = dtype or _dtype_from_hf(hf)

@@ -69,6 +69,7 @@ from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
 from ..weights import (TORCH_DTYPES, fused_folder_states, hf_folder_index, is_fused,
                        read_hf_folder, write_hf_folder)
 from ..weights import hf_layout as weights_layout
+from . import rope_scaling
 from .config_checks import check_counts, check_finite, check_size
 
 
@@ -120,6 +121,9 @@ class LlamaConfig:
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     qkv_bias: bool = False
     qk_norm: bool = False
+    # Hugging Face's rotary scaling ({"rope_type": "llama3" or "linear",
+    # ...}, models.rope_scaling); None: the default rotary embedding.
+    rope_scaling: dict | None = None
     # Sliding-window attention (Mistral's): each query sees the last
     # `sliding_window` keys, itself included; None: every earlier key.
     sliding_window: int | None = None
@@ -143,6 +147,9 @@ class LlamaConfig:
                                  f"not {getattr(self, name)!r}")
         if self.sliding_window is not None:
             check_counts(self, ("sliding_window",))
+        if self.rope_scaling is not None:
+            self.rope_scaling = rope_scaling.checked(dict(self.rope_scaling),
+                                                     f"{type(self).__name__}.rope_scaling")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError("hidden_size must be a multiple of num_attention_heads "
@@ -176,7 +183,7 @@ class LlamaConfig:
         out = {k: getattr(self, k) for k in _HF_CONFIG_KEYS + self.hf_keys}
         out.update(architectures=[self.architecture], model_type=self.model_type,
                    **dict(self.hf_fixed), head_dim=self.head_dim, torch_dtype=torch_dtype,
-                   rope_scaling=None)
+                   rope_scaling=self.rope_scaling)
         return out
 
 
@@ -218,8 +225,8 @@ class LlamaAttention(Module):
         q, k = q.reshape(b, s, hq, d), k.reshape(b, s, hkv, d)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = F.rope(q, positions, cfg.rope_theta)
-        k = F.rope(k, positions, cfg.rope_theta)
+        q = rope_scaling.rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+        k = rope_scaling.rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
         out = F.attention(q, k, v.reshape(b, s, hkv, d), causal=True, window=cfg.sliding_window)
         return self.o_proj(out.reshape(b, s, hq * d))
 
@@ -463,7 +470,7 @@ def fields_from_hf(config_class, hf: dict, dtype=None) -> dict:
         if hf.get(key, want) != want:
             raise ValueError(f"config.json: {key} = {str(hf[key])[:80]} is not supported "
                              f"(ernie's {name} has {want!r})")
-    rope_theta = _rope_theta(hf, name)
+    rope_theta, scaling = rope_scaling.from_hf(hf, name)
     layer_types = hf.get("layer_types")
     if layer_types is not None and (not isinstance(layer_types, list) or any(
             t != "full_attention" for t in layer_types)):
@@ -476,6 +483,7 @@ def fields_from_hf(config_class, hf: dict, dtype=None) -> dict:
     fields = {**config_class.hf_defaults, **{k: hf[k] for k in keys if k in hf}}
     if rope_theta is not None:
         fields["rope_theta"] = rope_theta
+    fields["rope_scaling"] = scaling
     fields.setdefault("num_key_value_heads", hf.get("num_attention_heads"))
     if fields.get("head_dim") is None:
         fields.pop("head_dim", None)  # hidden_size // num_attention_heads
@@ -483,28 +491,6 @@ def fields_from_hf(config_class, hf: dict, dtype=None) -> dict:
         dtype = _dtype_from_hf(hf)
     fields["dtype"] = dtype
     return fields
-
-
-def _rope_theta(hf: dict, family: str):
-    """rope_theta of a config.json, which older transformers write as
-    `rope_theta` beside `rope_scaling` and newer ones inside
-    `rope_parameters`; a scaling other than the default is refused."""
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = hf.get(key)
-        if rope is None:
-            continue
-        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-        if kind != "default":
-            raise ValueError(f"config.json: {key} = {str(rope)[:80]} is not supported (ernie's "
-                             f"{family} computes the default rotary embedding, not "
-                             f"{kind or 'this'} scaling)")
-    parameters = hf.get("rope_parameters")
-    if isinstance(parameters, dict) and "rope_theta" in parameters:
-        if "rope_theta" in hf and hf["rope_theta"] != parameters["rope_theta"]:
-            raise ValueError(f"config.json: rope_theta {hf['rope_theta']!r} and "
-                             f"rope_parameters.rope_theta {parameters['rope_theta']!r} differ")
-        return parameters["rope_theta"]
-    return None
 
 
 def _dtype_from_hf(hf: dict) -> str:
