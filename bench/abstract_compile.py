@@ -216,8 +216,7 @@ def qwen_rows():
 
 
 def deepseek_row():
-    """DeepSeek-V3 (671B without its multi-token-prediction module; its
-    published config.json less the yarn rope scaling ernie refuses) in
+    """DeepSeek-V3 (671B without its multi-token-prediction module) in
     bf16, AdamW with f32 master weights, on 64 ranks: dp 64 at ZeRO-1 with
     the routed experts on the ZeRO axis (ep = dp = 64, 4 experts a rank),
     one 4096-token sequence per rank, capacity factor 1.25: parameters

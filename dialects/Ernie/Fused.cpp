@@ -67,20 +67,27 @@ FusedCompute mlir::ernie::getFusedCompute(Operation *op) {
 }
 
 ArrayRef<int64_t> FusedOp::getIterationShape() {
+  // The widest value's; on a tie an op's over an input (a broadcast that
+  // only adds unit dimensions, [2, 8, 4] to [2, 8, 1, 4], ties with its
+  // input, and the region iterates over what the ops compute), the first
+  // op's among ops. The runtime's fused kernels pick the same (Fused.cpp).
   ArrayRef<int64_t> widest;
   int64_t elements = -1;
-  auto consider = [&](Type type) {
+  bool input = false;
+  auto consider = [&](Type type, bool isInput) {
     auto t = cast<RankedTensorType>(type);
-    if (t.getNumElements() > elements) {
+    if (t.getNumElements() > elements ||
+        (t.getNumElements() == elements && input && !isInput)) {
       elements = t.getNumElements();
       widest = t.getShape();
+      input = isInput;
     }
   };
   for (Value arg : getBody().getArguments())
-    consider(arg.getType());
+    consider(arg.getType(), true);
   for (Operation &op : getBody().front().without_terminator())
     for (Type t : op.getResultTypes())
-      consider(t);
+      consider(t, false);
   return widest;
 }
 

@@ -7,7 +7,7 @@ subprocess: the tests' own environment has neither torch nor transformers.
         a tiny random model of FAMILY ("qwen2", "qwen2-tied", "qwen3",
         "qwen3_moe", "ernie4_5", "ernie4_5_moe", "ernie4_5_moe-aux",
         "mistral", "mixtral", "deepseek_v3", "deepseek_v3-plain",
-        "llama-rope"), made
+        "llama-rope", "qwen2-yarn", "deepseek_v3-yarn"), made
         by transformers with torch.manual_seed(SEED)
         and saved by its own save_pretrained (f32) into FOLDER; FAMILY+fused
         saves transformers' own layout (save_original_format=False: experts
@@ -62,6 +62,16 @@ def config(family):
             moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_intermediate_size=24,
             moe_layer_start_index=1, moe_layer_end_index=2,
             output_router_logits=family.endswith("-aux"), router_aux_loss_coef=0.02)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32, "beta_slow": 1}
+    if family == "qwen2-yarn":  # Qwen's long-context scaling
+        return transformers.Qwen2Config(**TINY, rope_parameters={**yarn, "rope_theta": 1e6})
+    if family == "deepseek_v3-yarn":  # the published V3's kind, mscale folded into softmax
+        cfg = config("deepseek_v3")
+        cfg.rope_parameters = {**yarn, "rope_theta": 10000.0, "mscale": 1.0,
+                               "mscale_all_dim": 1.0}
+        return transformers.DeepseekV3Config(**{**cfg.to_dict(), "rope_parameters":
+                                                cfg.rope_parameters})
     if family == "llama-rope":
         # Llama 3.1's rope scaling, its original context shrunk to 16 so that
         # the tiny model's frequencies fall in all three bands.

@@ -20,8 +20,7 @@ from ernie.weights import read_hf_folder
 from test_qwen import (assert_transformers_numbers, hf_run, plan_config, reference, train,
                        unfused, write_config)
 
-# DeepSeek-V3's published config.json, its yarn rope scaling left out
-# (ernie's rope has none: with it the config is refused, below).
+# DeepSeek-V3's published config.json.
 DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
                "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
                "moe_intermediate_size": 2048, "num_hidden_layers": 61,
@@ -33,7 +32,10 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "norm_topk_prob": True, "scoring_func": "sigmoid", "hidden_act": "silu",
                "rms_norm_eps": 1e-6, "rope_theta": 10000, "tie_word_embeddings": False,
                "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
-               "attention_bias": False, "attention_dropout": 0.0}
+               "attention_bias": False, "attention_dropout": 0.0,
+               "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                                "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                "type": "yarn"}}
 
 TINY = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=48,
                         moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
@@ -64,7 +66,8 @@ def test_the_published_size_has_its_parameter_count(tmp_path):
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"rope_scaling": {"type": "yarn", "factor": 40}}, "rope_scaling"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2}}, "rope_scaling"),
+    ({"rope_scaling": {"type": "yarn", "factor": 40}}, "original_max_position_embeddings"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),
     ({"n_group": 7}, "n_group"),
@@ -127,7 +130,7 @@ def test_training_under_plans_matches_single_rank(shape, names, sp, zero):
     assert got[-1] < got[0]
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v3-plain"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v3-plain", "deepseek_v3-yarn"])
 def test_transformers_parity_both_ways(tmp_path, build_dir, family):
     """A transformers-made folder (non-zero selection biases): ernie's
     logits (<= 1e-5 relative) and loss are transformers'; after 5 steps on

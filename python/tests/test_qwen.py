@@ -567,7 +567,8 @@ def unfused(state):
 
 PARITY = [("qwen2", [2, 2], ["dp", "mp"]), ("qwen2-tied", [2, 2], ["dp", "mp"]),
           ("qwen3", [2, 2], ["dp", "mp"]), ("qwen3_moe", [2, 2, 2], ["dp", "mp", "ep"]),
-          ("llama-rope", [2, 2], ["dp", "mp"])]  # Llama 3.1's rope scaling
+          ("llama-rope", [2, 2], ["dp", "mp"]),  # Llama 3.1's rope scaling
+          ("qwen2-yarn", [2, 2], ["dp", "mp"])]  # YaRN
 
 
 @pytest.mark.parametrize("family,shape,names", PARITY)

@@ -426,3 +426,20 @@ func.func @train_backward.1(%logits: tensor<4x16xf32> {ernie.residual = "residua
   %g = ernie.cross_entropy_grad %logits, %labels, %seed : tensor<4x16xf32>, tensor<4xi64>, tensor<f32> -> tensor<4x16xf32>
   return %g : tensor<4x16xf32>
 }
+
+// -----
+
+// A broadcast that only adds a unit dimension ties with its input in
+// elements: the region iterates over what the ops compute (2x8x1x4), not
+// over the input's shape, so it verifies (the rope tables of a single-head
+// key, DeepSeek's).
+// CHECK-LABEL: func.func @unit_broadcast
+// CHECK: ernie.fused
+// CHECK: ernie.broadcast %{{.+}}, dims = [0, 1, 3] : tensor<2x8x4xf32> -> tensor<2x8x1x4xf32>
+// CHECK: ernie.mul {{.+}} : tensor<2x8x1x4xf32>
+func.func @unit_broadcast(%t: tensor<2x8x4xf32>, %x: tensor<2x8x1x4xf32>) -> tensor<2x8x1x4xf32> {
+  %b = ernie.broadcast %t, dims = [0, 1, 3] : tensor<2x8x4xf32> -> tensor<2x8x1x4xf32>
+  %y = ernie.mul %x, %b : tensor<2x8x1x4xf32>
+  %z = ernie.add %y, %x : tensor<2x8x1x4xf32>
+  return %z : tensor<2x8x1x4xf32>
+}

@@ -29,8 +29,10 @@ it: its tensors in a folder are skipped.
 Parameter names are Hugging Face's (`model.layers.{i}.self_attn.kv_b_proj.
 weight`, ...), Linears [in, out] and experts stacked [E, in, out]; folders
 are read and written through the runtime's rule table
-(`ernie.weights.hf_layout`). Rope scaling (the published V3's `yarn`) is
-refused naming the field: ernie's rope has none.
+(`ernie.weights.hf_layout`). The published V3's yarn rope scaling is
+computed as transformers does (models.rope_scaling: the scaled
+frequencies, cos/sin scaled by its attention factor, and the softmax scale
+by mscale(factor, mscale_all_dim)^2).
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ class DeepseekV3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_interleave: bool = True
+    # Hugging Face's rope scaling (the published V3: yarn, factor 40), or
+    # None (models.rope_scaling).
+    rope_scaling: dict | None = None
     tie_word_embeddings: bool = False
     num_nextn_predict_layers: int = 0
     initializer_range: float = 0.02
@@ -117,6 +122,9 @@ class DeepseekV3Config:
                 raise TypeError(f"DeepseekV3Config.{name} must be true or false, got "
                                 f"{getattr(self, name)!r}")
         self.moe_config()  # the router's fields, checked
+        if self.rope_scaling is not None:
+            self.rope_scaling = rope_scaling.checked(dict(self.rope_scaling),
+                                                     "DeepseekV3Config.rope_scaling")
 
     @property
     def qk_head_dim(self) -> int:
@@ -146,9 +154,7 @@ class DeepseekV3Config:
         names = {f.name for f in fields(cls)} - set(_OURS)
         out = {k: v for k, v in hf.items() if k in names}
         theta, scaling = rope_scaling.from_hf(hf, cls.family)
-        if scaling is not None:
-            raise ValueError(f"config.json: rope_scaling {scaling['rope_type']} is not supported "
-                             f"(ernie's DeepSeek-V3 computes the default rotary embedding)")
+        out["rope_scaling"] = scaling
         if theta is not None:
             out["rope_theta"] = theta
         out["dtype"] = dtype or _dtype_from_hf(hf)
@@ -157,8 +163,7 @@ class DeepseekV3Config:
     def to_hf(self, dtype: str) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _OURS}
         out.update(dict(_FIXED), architectures=[self.architecture], model_type=self.model_type,
-                   torch_dtype={v: k for k, v in TORCH_DTYPES.items()}[dtype],
-                   rope_scaling=None)
+                   torch_dtype={v: k for k, v in TORCH_DTYPES.items()}[dtype])
         return out
 
 
@@ -195,13 +200,15 @@ class DeepseekV3Attention(Module):
         latent, k_rot = F.split(self.kv_a_proj_with_mqa(x), [cfg.kv_lora_rank, rot], axis=2)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).reshape(b, s, heads, nope + dv)
         k_pass, v = F.split(kv, [nope, dv], axis=3)
-        q_rot = F.rope(q_rot, positions, cfg.rope_theta, interleaved=cfg.rope_interleave)
-        k_rot = F.rope(k_rot.reshape(b, s, 1, rot), positions, cfg.rope_theta,
-                       interleaved=cfg.rope_interleave)
+        q_rot = rope_scaling.rope(q_rot, positions, cfg.rope_theta, cfg.rope_scaling,
+                                  cfg.rope_interleave)
+        k_rot = rope_scaling.rope(k_rot.reshape(b, s, 1, rot), positions, cfg.rope_theta,
+                                  cfg.rope_scaling, cfg.rope_interleave)
         k_rot = F.broadcast_to(k_rot, [b, s, heads, rot])  # one rope key for every head
         q = F.concat([q_pass, q_rot], axis=3)
         k = F.concat([k_pass, k_rot], axis=3)
-        out = F.attention(q, k, v, causal=True, scale=cfg.qk_head_dim ** -0.5)
+        out = F.attention(q, k, v, causal=True, scale=cfg.qk_head_dim ** -0.5 *
+                          rope_scaling.softmax_scale(cfg.rope_scaling))
         return self.o_proj(out.reshape(b, s, heads * dv))
 
 

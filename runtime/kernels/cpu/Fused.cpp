@@ -97,11 +97,19 @@ Compiled compile(const FusedBody &body) {
   if (body.inputs > body.values.size())
     bad("a fused body has fewer values than inputs");
   Compiled c;
-  // The iteration shape: the widest value's (as ernie.fused defines it).
+  // The iteration shape: the widest value's, on a tie an op's over an
+  // input, the first op's among ops (as ernie.fused defines it).
   const std::vector<int64_t> *shape = nullptr;
-  for (const FusedValue &v : body.values)
-    if (!shape || elementCount(v.shape) > elementCount(*shape))
+  bool input = false;
+  for (size_t i = 0; i < body.values.size(); ++i) {
+    const FusedValue &v = body.values[i];
+    bool isInput = i < body.inputs;
+    if (!shape || elementCount(v.shape) > elementCount(*shape) ||
+        (elementCount(v.shape) == elementCount(*shape) && input && !isInput)) {
       shape = &v.shape;
+      input = isInput;
+    }
+  }
   if (!shape)
     bad("a fused body has no values");
   const std::vector<int64_t> iteration = *shape;
