@@ -609,3 +609,21 @@ def test_transformers_parity_both_ways(tmp_path, family, shape, names):
         np.testing.assert_array_equal(hf_state[name], value, err_msg=name)
     ours_loss = prog.eval(ids, labels)
     assert ours_loss == pytest.approx(float(trained["loss"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen2-tied", "qwen3", "qwen3_moe"])
+def test_fp8_under_dp_mp_equals_one_rank(family):
+    """fp8 (current scaling) on every projection (Qwen2's biases, Qwen3's
+    q/k norms and Qwen3-MoE's experts between them): dp x mp equals one
+    rank for the first steps (1e-5; the scales are global)."""
+    ids = np.random.default_rng(4).integers(0, 64, size=(4, 8))
+
+    def losses(shape=None, names=None):
+        model = FAMILY_MODELS[family]()
+        mesh = None if shape is None else dist.ProcessMesh(np.arange(4).reshape(shape), names)
+        prog = ernie.compile(model, ernie.optimizer.AdamW(3e-3), [ids, ids], mesh=mesh,
+                             config=None if names is None else plan_config(model, names),
+                             fp8_config={"recipe": "current"})
+        assert "ernie.scaled_matmul" in prog.mlir
+        return [prog.step(ids, ids) for _ in range(3)]
+    np.testing.assert_allclose(losses([2, 2], ["dp", "mp"]), losses(), rtol=1e-5)
