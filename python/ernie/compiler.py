@@ -734,8 +734,11 @@ class Program:
         of its own pieces, each block's checksum verified before any state
         changes. `directory` is a checkpoint or a directory of them (the
         newest one whose files are all present is taken). Sets the step count;
-        returns the saved metadata ({"data_position": ..., ...}). `progress`
-        and `last_io` as in save_checkpoint."""
+        returns the saved metadata ({"data_position": ..., ...}). A
+        weights-only checkpoint (`ernie-ckpt import-hf`'s, metadata
+        {"weights_only": true}) sets the parameters (converted to their
+        dtypes) and leaves the optimizer state and step count at their
+        start. `progress` and `last_io` as in save_checkpoint."""
         step, text, nbytes, seconds = self._require_session().load_checkpoint(
             str(directory), progress)
         self._record_io(nbytes, seconds)
