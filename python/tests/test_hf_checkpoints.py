@@ -69,9 +69,14 @@ ERNIE_MOE = Ernie4_5Config(vocab_size=64, hidden_size=32, intermediate_size=48,
                            moe_aux_free_rate=0.01, seed=3)
 
 
-@pytest.mark.parametrize("case", ["llama-fused-dp2xmp2", "ernie_moe-dp2xep2"])
+@pytest.mark.parametrize("case", ["llama-fused-dp2xmp2", "llama-tied-pp2xmp2", "ernie_moe-dp2xep2"])
 def test_export_hf_writes_what_save_pretrained_writes(tmp_path, ckpt, case):
-    if case.startswith("llama"):
+    if case == "llama-tied-pp2xmp2":  # a pipelined checkpoint: the tied embedding's replicas
+        model = LlamaForCausalLM(LlamaConfig(**{**LLAMA.__dict__, "tie_word_embeddings": True}))
+        prog, _ = trained(model, [2, 2], ["pp", "mp"], {
+            "mp_config": {"parallelize_plan": model.parallelize_plan()},
+            "pp_config": {"split_spec": model.split_spec, "accumulate_steps": 2}})
+    elif case.startswith("llama"):
         model = LlamaForCausalLM(LLAMA)
         prog, _ = trained(model, [2, 2], ["dp", "mp"],
                           {"mp_config": {"parallelize_plan": model.parallelize_plan()}})
