@@ -210,6 +210,23 @@ def hf_layout(hf_config: dict, states) -> list:
                 json.dumps(hf_config), [(n, list(s)) for n, s in states])]
 
 
+def folder_weight_map(folder, index, tensors) -> dict:
+    """{state: [(file, tensor, offsets, transposed)]} (Program.load_weights'
+    weight map) of Hugging Face tensors `tensors` (HfTensor) in a folder's
+    index (hf_folder_index's): a tensor the folder lacks, or holds in
+    another shape, is a ValueError naming it (and both shapes)."""
+    out = {}
+    for t in tensors:
+        if t.name not in index:
+            raise ValueError(f"{folder}: no tensor '{t.name}' (for ernie's '{t.state}')")
+        path, _, shape = index[t.name]
+        if tuple(shape) != t.shape:
+            raise ValueError(f"{path}: tensor '{t.name}' has shape {list(shape)}, the config "
+                             f"makes it {list(t.shape)}")
+        out.setdefault(t.state, []).append((path, t.name, list(t.offsets), t.transposed))
+    return out
+
+
 def is_fused(index) -> str | None:
     """The first tensor of a folder index (hf_folder_index's) in
     transformers' fused expert layout (`save_original_format=False`:

@@ -399,9 +399,6 @@ void forEachRun(const std::vector<int64_t> &lo, const std::vector<int64_t> &hi,
   }
 }
 
-/// Removes checkpoint directory `dir` without ever leaving a step-* name on
-/// a partly deleted one: it is renamed out of the way first (a kill during
-/// the removal leaves a hidden directory the next save clears).
 /// A checkpoint of weights alone (ernie-ckpt import-hf): a program
 /// loading it takes its parameters (master weights from them) and keeps
 /// its optimizer state and step count at their start.
@@ -410,13 +407,9 @@ bool isWeightsOnly(const Manifest &m) {
   return it != m.metadata.end() && it->is_boolean() && it->get<bool>();
 }
 
-const std::string kMasterSuffix = ":master";
-
-bool endsWith(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
+/// Removes checkpoint directory `dir` without ever leaving a step-* name on
+/// a partly deleted one: it is renamed out of the way first (a kill during
+/// the removal leaves a hidden directory the next save clears).
 void discard(const fs::path &dir) {
   fs::path gone = dir.parent_path() / (".tmp-" + dir.filename().string() +
                                        "-gone-" + std::to_string(::getpid()));
@@ -965,8 +958,8 @@ readCheckpointShards(const Program &program, const RankRunner &runner,
   for (const std::string &name : runner.stateNames()) {
     const TensorSpec &spec = runner.stateSpec(name);
     auto it = m.tensors.find(name);
-    if (weightsOnly && it == m.tensors.end() && endsWith(name, kMasterSuffix))
-      it = m.tensors.find(name.substr(0, name.size() - kMasterSuffix.size()));
+    if (weightsOnly && it == m.tensors.end() && !masterWeightOf(name).empty())
+      it = m.tensors.find(masterWeightOf(name));
     if (weightsOnly && it == m.tensors.end() && spec.role != Role::Parameter)
       continue; // optimizer state starts afresh
     if (it == m.tensors.end())
@@ -1026,8 +1019,8 @@ readWeightShards(const Program &program, const RankRunner &runner,
   std::map<std::string, HostTensor> out;
   for (const std::string &name : runner.stateNames()) {
     std::string source = name;
-    if (!weights.count(name) && endsWith(name, kMasterSuffix))
-      source = name.substr(0, name.size() - kMasterSuffix.size());
+    if (!weights.count(name) && !masterWeightOf(name).empty())
+      source = masterWeightOf(name);
     auto it = weights.find(source);
     if (it == weights.end())
       continue;
@@ -1287,50 +1280,70 @@ std::vector<std::string> weightFiles(const std::string &source,
   return files;
 }
 
-/// Checks that the tensors of an index are in the files it lists them for.
-void checkListed(const std::string &source, const std::map<std::string, std::string> &listed,
-                 const std::set<std::string> &seen) {
+/// A weights source's files (weightFiles), each opened once, with the file
+/// that holds each tensor: every tensor in the file its index lists it
+/// for, none in two files, none listed but missing.
+struct WeightSource {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, size_t> fileOf;
+};
+
+WeightSource openWeightSource(const std::string &source) {
+  std::map<std::string, std::string> listed;
+  std::vector<std::string> paths = weightFiles(source, listed);
+  WeightSource out;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    out.files.push_back(std::make_unique<SafetensorsFile>(paths[i]));
+    for (const SafetensorsEntry &e : out.files.back()->tensors()) {
+      if (listed.count(e.name) && listed[e.name] != paths[i])
+        fail(paths[i] + ": tensor '" + e.name + "' is listed for another file");
+      if (!out.fileOf.emplace(e.name, i).second)
+        fail(paths[i] + ": tensor '" + e.name + "' appears in two files");
+    }
+  }
   for (const auto &entry : listed)
-    if (!seen.count(entry.first))
+    if (!out.fileOf.count(entry.first))
       fail(source + ": tensor '" + entry.first + "' is listed but in no file");
+  return out;
+}
+
+/// Writes rank file `path` of a checkpoint being made, each of `header`'s
+/// tensors one whole piece from `tensorOf(i)`: called twice, for the
+/// checksums the header carries and then for the bytes, so that one
+/// tensor is held at a time.
+void writeWholeTensors(const fs::path &path,
+                       const std::vector<SafetensorsWriter::Tensor> &header,
+                       const std::function<HostTensor(size_t)> &tensorOf) {
+  json pieces = json::object();
+  for (size_t i = 0; i < header.size(); ++i) {
+    HostTensor t = tensorOf(i);
+    pieces[header[i].name] = {{"offsets", std::vector<int64_t>(t.shape.size(), 0)},
+                              {"global_shape", t.shape},
+                              {"xxh3", blockChecksums(t.bytes.data(), t.bytes.size())}};
+  }
+  SafetensorsWriter writer(path.string(), header, {{kPiecesKey, pieces.dump()}});
+  for (size_t i = 0; i < header.size(); ++i) {
+    HostTensor t = tensorOf(i);
+    writer.append(t.bytes.data(), t.bytes.size());
+  }
+  writer.finish();
 }
 
 } // namespace
 
 std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step) {
-  std::map<std::string, std::string> listed;
-  std::vector<std::string> files = weightFiles(source, listed);
+  WeightSource in = openWeightSource(source);
   std::string dir = beginCheckpoint(root, step);
   try {
-    std::set<std::string> seen;
-    for (size_t i = 0; i < files.size(); ++i) {
-      SafetensorsFile in(files[i]);
+    for (size_t i = 0; i < in.files.size(); ++i) {
+      const SafetensorsFile &file = *in.files[i];
       std::vector<SafetensorsWriter::Tensor> header;
-      json pieces = json::object();
-      for (const SafetensorsEntry &e : in.tensors()) {
-        if (!listed.empty() && listed.count(e.name) &&
-            listed[e.name] != files[i])
-          fail(files[i] + ": tensor '" + e.name +
-               "' is listed for another file");
-        if (!seen.insert(e.name).second)
-          fail(files[i] + ": tensor '" + e.name + "' appears in two files");
-        HostTensor t = in.read(e.name);
-        pieces[e.name] = {
-            {"offsets", std::vector<int64_t>(e.shape.size(), 0)},
-            {"global_shape", e.shape},
-            {"xxh3", blockChecksums(t.bytes.data(), t.bytes.size())}};
+      for (const SafetensorsEntry &e : file.tensors())
         header.push_back({e.name, e.type, e.shape});
-      }
-      SafetensorsWriter writer((fs::path(dir) / rankFile(i)).string(), header,
-                               {{kPiecesKey, pieces.dump()}});
-      for (const SafetensorsEntry &e : in.tensors()) {
-        HostTensor t = in.read(e.name);
-        writer.append(t.bytes.data(), t.bytes.size());
-      }
-      writer.finish();
+      writeWholeTensors(fs::path(dir) / rankFile(i), header,
+                        [&](size_t j) { return file.read(header[j].name); });
     }
-    checkListed(source, listed, seen);
     return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, "{}", 0);
   } catch (...) {
     removeQuietly(dir); // a failed import leaves no temporary folder
@@ -1381,15 +1394,11 @@ std::vector<int64_t> blockInState(const HfTensor &t, const std::vector<int64_t> 
 std::optional<DType> configDtype(const json &config) {
   for (const char *key : {"torch_dtype", "dtype"})
     if (auto it = config.find(key); it != config.end() && it->is_string()) {
-      std::string name = it->get<std::string>();
-      if (name == "float32")
-        return DType::F32;
-      if (name == "bfloat16")
-        return DType::BF16;
-      if (name == "float16")
-        return DType::F16;
-      fail(std::string("config.json: ") + key + " = '" + name +
-           "' is not float32, bfloat16 or float16");
+      std::optional<DType> type = parseTorchDtype(it->get<std::string>());
+      if (!type)
+        fail(std::string("config.json: ") + key + " = '" + it->get<std::string>() +
+             "' is not float32, bfloat16 or float16");
+      return type;
     }
   return std::nullopt;
 }
@@ -1409,6 +1418,13 @@ const char *torchDtype(DType type) {
 }
 
 } // namespace
+
+std::optional<DType> parseTorchDtype(const std::string &name) {
+  for (DType type : {DType::F32, DType::BF16, DType::F16})
+    if (name == torchDtype(type))
+      return type;
+  return std::nullopt;
+}
 
 void exportHfFolder(const std::string &dir, const std::string &out,
                     const std::string &configPath, std::optional<DType> dtype,
@@ -1489,24 +1505,11 @@ std::string importHfFolder(const std::string &folder, const std::string &root,
   if (!fs::is_directory(folder) || !fs::exists(configPath))
     fail(folder + ": no config.json (not a Hugging Face model folder)");
   json config = readBoundedJson(configPath.string());
-  std::map<std::string, std::string> listed;
-  std::vector<std::string> files = weightFiles(folder, listed);
-  std::vector<std::unique_ptr<SafetensorsFile>> opened;
-  std::map<std::string, size_t> fileOf;
+  WeightSource in = openWeightSource(folder);
   NamedShapes found;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < files.size(); ++i) {
-    opened.push_back(std::make_unique<SafetensorsFile>(files[i]));
-    for (const SafetensorsEntry &e : opened.back()->tensors()) {
-      if (listed.count(e.name) && listed[e.name] != files[i])
-        fail(files[i] + ": tensor '" + e.name + "' is listed for another file");
-      if (!seen.insert(e.name).second)
-        fail(files[i] + ": tensor '" + e.name + "' appears in two files");
+  for (const auto &file : in.files)
+    for (const SafetensorsEntry &e : file->tensors())
       found.emplace_back(e.name, e.shape);
-      fileOf[e.name] = i;
-    }
-  }
-  checkListed(folder, listed, seen);
   NamedShapes states;
   std::vector<HfTensor> tensors;
   try {
@@ -1517,13 +1520,19 @@ std::string importHfFolder(const std::string &folder, const std::string &root,
   std::map<std::string, std::vector<const HfTensor *>> parts;
   for (const HfTensor &t : tensors)
     parts[t.state].push_back(&t);
-  // A state in its first tensor's dtype, assembled from its tensors.
+  auto fileOf = [&](const HfTensor *t) -> const SafetensorsFile & {
+    return *in.files[in.fileOf.at(t->name)];
+  };
+  // A state is in its first tensor's dtype, assembled from its tensors.
+  auto typeOf = [&](const std::string &state) {
+    const HfTensor *first = parts.at(state).front();
+    return fileOf(first).find(first->name)->type;
+  };
   auto assemble = [&](const std::string &state, const std::vector<int64_t> &shape) {
-    const auto &mine = parts.at(state);
-    DType type = opened[fileOf[mine.front()->name]]->find(mine.front()->name)->type;
+    DType type = typeOf(state);
     HostTensor whole(type, shape);
-    for (const HfTensor *t : mine) {
-      HostTensor x = opened[fileOf[t->name]]->read(t->name);
+    for (const HfTensor *t : parts.at(state)) {
+      HostTensor x = fileOf(t).read(t->name);
       if (!t->sourceShape.empty()) { // one block of a fused tensor
         HostTensor block(x.type, t->sourceShape);
         extractBlock(x.bytes.data(), x.shape, t->sourceOffsets, block.bytes.data(),
@@ -1539,33 +1548,25 @@ std::string importHfFolder(const std::string &folder, const std::string &root,
     }
     return whole;
   };
-  // Rank files of up to 2 GiB (a larger state alone), held in memory while
-  // their checksums go into the header.
+  // Rank files of about 2 GiB (a larger state alone).
   constexpr uint64_t kFileBytes = 2ull << 30;
   std::string dir = beginCheckpoint(root, step);
   try {
     size_t next = 0, fileIndex = 0;
     while (next < states.size()) {
-      std::vector<std::pair<std::string, HostTensor>> group;
-      uint64_t size = 0;
-      while (next < states.size() && (group.empty() || size < kFileBytes)) {
-        const auto &[state, shape] = states[next++];
-        group.emplace_back(state, assemble(state, shape));
-        size += group.back().second.bytes.size();
-      }
       std::vector<SafetensorsWriter::Tensor> header;
-      json pieces = json::object();
-      for (const auto &[state, t] : group) {
-        header.push_back({state, t.type, t.shape});
-        pieces[state] = {{"offsets", std::vector<int64_t>(t.shape.size(), 0)},
-                         {"global_shape", t.shape},
-                         {"xxh3", blockChecksums(t.bytes.data(), t.bytes.size())}};
+      std::vector<size_t> which;
+      uint64_t size = 0;
+      while (next < states.size() && (header.empty() || size < kFileBytes)) {
+        const auto &[state, shape] = states[next];
+        DType type = typeOf(state);
+        header.push_back({state, type, shape});
+        which.push_back(next++);
+        size += elementCount(shape) * byteSize(type);
       }
-      SafetensorsWriter writer((fs::path(dir) / rankFile(fileIndex++)).string(), header,
-                               {{kPiecesKey, pieces.dump()}});
-      for (const auto &[state, t] : group)
-        writer.append(t.bytes.data(), t.bytes.size());
-      writer.finish();
+      writeWholeTensors(fs::path(dir) / rankFile(fileIndex++), header, [&](size_t j) {
+        return assemble(states[which[j]].first, states[which[j]].second);
+      });
     }
     json metadata = {{"weights_only", true}, {"hf_folder", fs::absolute(folder).string()}};
     return commitCheckpoint(Mesh({"world"}, {1}), dir, root, step, metadata.dump(), 0);

@@ -30,6 +30,14 @@
 namespace ernie::runtime {
 using namespace loader;
 
+std::string masterWeightOf(const std::string &name) {
+  const std::string suffix = ":master";
+  if (name.size() <= suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return "";
+  return name.substr(0, name.size() - suffix.size());
+}
+
 bool ShardingSpec::isReplicated() const {
   return partials.empty() &&
          std::all_of(dims.begin(), dims.end(),

@@ -94,11 +94,7 @@ HostTensor initialValue(
       return convert(*given, spec.type);
   if (spec.role == Role::Parameter)
     return defaultParameter(spec, seed);
-  const std::string suffix = ":master";
-  if (spec.name.size() > suffix.size() &&
-      spec.name.compare(spec.name.size() - suffix.size(), suffix.size(),
-                        suffix) == 0) {
-    std::string param = spec.name.substr(0, spec.name.size() - suffix.size());
+  if (std::string param = masterWeightOf(spec.name); !param.empty()) {
     if (const TensorSpec *p = findParam(param)) {
       std::optional<HostTensor> given = source ? source(*p) : std::nullopt;
       return convert(given ? *given : defaultParameter(*p, seed), spec.type);

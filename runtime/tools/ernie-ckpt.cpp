@@ -149,11 +149,9 @@ int main(int argc, char **argv) {
         return bad("export-hf takes --max-shard-bytes N (N > 0)");
       std::optional<DType> dtype;
       if (auto it = a.options.find("--dtype"); it != a.options.end()) {
-        const std::map<std::string, DType> kinds = {
-            {"float32", DType::F32}, {"bfloat16", DType::BF16}, {"float16", DType::F16}};
-        if (!kinds.count(it->second))
+        dtype = parseTorchDtype(it->second);
+        if (!dtype)
           return bad("--dtype is float32, bfloat16 or float16, not '" + it->second + "'");
-        dtype = kinds.at(it->second);
       }
       exportHfFolder(resolveCheckpoint(pos[0]), pos[1], a.options.at("--config"), dtype,
                      *shard);

@@ -46,7 +46,7 @@ from .. import distributed as dist
 from .. import functional as F
 from ..moe import MoEConfig
 from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
-from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
+from ..weights import (TORCH_DTYPES, folder_weight_map, hf_folder_index, is_fused,
                        read_hf_folder, read_tensors, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite
@@ -303,29 +303,17 @@ class DeepseekV3ForCausalLM(Module):
         if is_fused(index):  # transformers' own layout
             return load_fused_folder(model, folder, index)
         model._check_folder(index, folder)
-        tensors = model._hf_tensors()
-        for t in tensors:
-            if t.name not in index:
-                if t.state.endswith(_BIAS_SLOT):
-                    continue  # no selection bias: zeros
-                raise ValueError(f"{folder}: no tensor '{t.name}' (for ernie's '{t.state}')")
-            path, _, shape = index[t.name]
-            if tuple(shape) != t.shape:
-                raise ValueError(f"{path}: tensor '{t.name}' has shape {list(shape)}, the "
-                                 f"config makes it {list(t.shape)}")
-        layers = {layer.mlp.bias_name(): layer.mlp for layer in model.model.layers
-                  if layer.is_moe}
-        for t in tensors:
-            if t.state in layers and t.name in index:
-                layers[t.state].e_score_correction_bias = np.asarray(
-                    read_tensors(index[t.name][0], [t.name])[t.name], np.float32).reshape(-1)
+        # A folder without selection biases leaves them zero.
+        tensors = [t for t in model._hf_tensors()
+                   if t.name in index or not t.state.endswith(_BIAS_SLOT)]
+        weight_map = folder_weight_map(folder, index, tensors)
+        for layer in model.model.layers:
+            if layer.is_moe and layer.mlp.bias_name() in weight_map:
+                (path, name, _, _), = weight_map.pop(layer.mlp.bias_name())
+                layer.mlp.e_score_correction_bias = np.asarray(
+                    read_tensors(path, [name])[name], np.float32).reshape(-1)
         params = dict(model.named_parameters())
         if all(p.value is None for p in params.values()):  # abstract
-            weight_map = {}
-            for t in tensors:
-                if t.state in params:
-                    weight_map.setdefault(t.state, []).append(
-                        (index[t.name][0], t.name, list(t.offsets), t.transposed))
             object.__setattr__(model, "pretrained_weights", weight_map)
             return model
         _, weights, _ = read_hf_folder(folder)
@@ -342,16 +330,9 @@ class DeepseekV3ForCausalLM(Module):
         this model's config (Program.load_pretrained)."""
         _, index = hf_folder_index(folder)
         self._check_folder(index, folder)
-        out = {}
         params = dict(self.named_parameters())
-        for t in self._hf_tensors():
-            if t.state not in params:
-                continue
-            if t.name not in index:
-                raise ValueError(f"{folder}: no tensor '{t.name}' (for ernie's '{t.state}')")
-            out.setdefault(t.state, []).append((index[t.name][0], t.name, list(t.offsets),
-                                                t.transposed))
-        return out
+        return folder_weight_map(folder, index,
+                                 [t for t in self._hf_tensors() if t.state in params])
 
     def save_pretrained(self, folder, dtype=None, max_shard_bytes=None, state=None):
         """Writes a Hugging Face folder (config.json with every field read,

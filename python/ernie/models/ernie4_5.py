@@ -39,7 +39,7 @@ from .. import functional as F
 from ..distributed import ColWiseParallel, RowWiseParallel
 from ..moe import MoEConfig, MoELayer, SwiGLU, load_balancing_loss
 from ..nn import Embedding, LayerList, Module, RMSNorm, abstract
-from ..weights import (TORCH_DTYPES, hf_folder_index, is_fused,
+from ..weights import (TORCH_DTYPES, folder_weight_map, hf_folder_index, is_fused,
                        read_hf_folder, read_json, read_tensors, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from .config_checks import check_counts, check_finite, check_size
@@ -329,19 +329,9 @@ class Ernie4_5ForCausalLM(Module):
         each rank's pieces — a rank holding experts 8-15 reads only theirs.
         The selection biases are not parameters: set them with
         `load_selection_biases(folder)`."""
-        cfg = self.config
         _, index = hf_folder_index(folder)
-        _check_leftovers(index, cfg, folder)
-        out = {}
-        for t in _hf_tensors(cfg):
-            if t.name not in index:
-                raise ValueError(f"{folder}: no tensor '{t.name}' (for ernie's '{t.state}')")
-            path, _, shape = index[t.name]
-            if tuple(shape) != t.shape:
-                raise ValueError(f"{path}: tensor '{t.name}' has shape {list(shape)}, the "
-                                 f"config makes it {list(t.shape)}")
-            out.setdefault(t.state, []).append((path, t.name, list(t.offsets), t.transposed))
-        return out
+        _check_leftovers(index, self.config, folder)
+        return folder_weight_map(folder, index, _hf_tensors(self.config))
 
     def load_selection_biases(self, folder):
         """Each MoE layer's `e_score_correction_bias` from a Hugging Face

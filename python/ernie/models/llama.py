@@ -66,8 +66,8 @@ from .. import functional as F
 from ..moe import MoELayer
 from ..nn import Embedding, LayerList, Linear, Module, RMSNorm, abstract
 from ..pipeline import LayerDesc, PipelineLayer, SharedLayerDesc
-from ..weights import (TORCH_DTYPES, fused_folder_states, hf_folder_index, is_fused,
-                       read_hf_folder, write_hf_folder)
+from ..weights import (TORCH_DTYPES, folder_weight_map, fused_folder_states, hf_folder_index,
+                       is_fused, read_hf_folder, write_hf_folder)
 from ..weights import hf_layout as weights_layout
 from . import rope_scaling
 from .config_checks import check_counts, check_finite, check_size
@@ -515,12 +515,17 @@ def hf_layout(cfg: LlamaConfig) -> list:
     hold one tensor per expert at [e]; a tied LM head has no tensor of its
     own. The one mapping the readers, the writer and the distributed loader
     (hf_weight_map) share."""
+    return [(t.state, t.name, t.offsets,
+             tuple(reversed(t.shape)) if t.transposed else t.shape, t.transposed)
+            for t in _hf_tensors(cfg)]
+
+
+def _hf_tensors(cfg: LlamaConfig) -> list:
+    """weights.hf_layout of the parameters of the model `cfg` builds."""
     with abstract():
         model = _model_class(cfg)(cfg)
     states = [(name, p.shape) for name, p in model.named_parameters()]
-    return [(t.state, t.name, t.offsets,
-             tuple(reversed(t.shape)) if t.transposed else t.shape, t.transposed)
-            for t in weights_layout(cfg.to_hf(cfg.dtype), states)]
+    return weights_layout(cfg.to_hf(cfg.dtype), states)
 
 
 def _model_class(cfg: LlamaConfig):
@@ -603,14 +608,7 @@ def hf_weight_map(folder, cfg: LlamaConfig) -> dict:
     reads each rank's pieces). Shapes are checked against `cfg`."""
     _, index = hf_folder_index(folder)
     _hf_leftovers(index, cfg, folder)
-    out = {}
-    for name, hf, offsets, block, transposed in hf_layout(cfg):
-        if hf not in index:
-            raise ValueError(f"{folder}: no tensor '{hf}' (for ernie's '{name}')")
-        path, _, shape = index[hf]
-        _check_block_shape(path, hf, shape, block, transposed)
-        out.setdefault(name, []).append((path, hf, offsets, transposed))
-    return out
+    return folder_weight_map(folder, index, _hf_tensors(cfg))
 
 
 class LlamaDecoderLayerPipe(LlamaDecoderLayer):

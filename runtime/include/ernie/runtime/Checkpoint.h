@@ -205,6 +205,10 @@ void consolidateCheckpoint(const std::string &dir, const std::string &out,
 std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step);
 
+/// The element type torch's name ("float32", "bfloat16", "float16")
+/// names: the floats a Hugging Face folder holds; nullopt otherwise.
+std::optional<DType> parseTorchDtype(const std::string &name);
+
 /// Writes checkpoint `dir`'s parameters as a Hugging Face model folder
 /// `out` for the model config.json `configPath` describes (HfLayout.h: its
 /// names, [out, in] Linears, one tensor per expert, a tied head once, the

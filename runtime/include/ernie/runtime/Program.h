@@ -70,6 +70,10 @@ inline bool isMicroBatchReduced(Role role) {
   return role == Role::MicroBatchMax || role == Role::MicroBatchSum;
 }
 
+/// The parameter whose master weight (the f32 copy a narrow parameter's
+/// update works on) state `name` is: "<p>" of "<p>:master", else "".
+std::string masterWeightOf(const std::string &name);
+
 /// A function argument or result: one rank's piece of a global tensor.
 struct TensorSpec {
   std::string name; // parameter or state name; may be empty
