@@ -1288,9 +1288,8 @@ struct WeightSource {
   std::map<std::string, size_t> fileOf;
 };
 
-WeightSource openWeightSource(const std::string &source) {
-  std::map<std::string, std::string> listed;
-  std::vector<std::string> paths = weightFiles(source, listed);
+WeightSource openWeightFiles(const std::string &source, const std::vector<std::string> &paths,
+                             std::map<std::string, std::string> &listed) {
   WeightSource out;
   for (size_t i = 0; i < paths.size(); ++i) {
     out.files.push_back(std::make_unique<SafetensorsFile>(paths[i]));
@@ -1305,6 +1304,12 @@ WeightSource openWeightSource(const std::string &source) {
     if (!out.fileOf.count(entry.first))
       fail(source + ": tensor '" + entry.first + "' is listed but in no file");
   return out;
+}
+
+WeightSource openWeightSource(const std::string &source) {
+  std::map<std::string, std::string> listed;
+  std::vector<std::string> paths = weightFiles(source, listed);
+  return openWeightFiles(source, paths, listed);
 }
 
 /// Writes rank file `path` of a checkpoint being made, each of `header`'s
@@ -1333,9 +1338,11 @@ void writeWholeTensors(const fs::path &path,
 
 std::string importCheckpoint(const std::string &source, const std::string &root,
                              int64_t step) {
-  WeightSource in = openWeightSource(source);
+  std::map<std::string, std::string> listed;
+  std::vector<std::string> paths = weightFiles(source, listed);
   std::string dir = beginCheckpoint(root, step);
   try {
+    WeightSource in = openWeightFiles(source, paths, listed);
     for (size_t i = 0; i < in.files.size(); ++i) {
       const SafetensorsFile &file = *in.files[i];
       std::vector<SafetensorsWriter::Tensor> header;
