@@ -361,13 +361,46 @@ private:
   Operation *lossOp = nullptr;
 };
 
-/// One GEMM to lower, with the format and history name of each operand.
+/// One GEMM to lower — a matmul, or an expert GEMM (`expert_matmul`,
+/// `expert_weight_grad`) — with the format and history name of each
+/// operand.
 struct Gemm {
-  MatmulOp op;
+  Operation *op;
   Fp8Format lhs, rhs;
   std::string lhsName, rhsName;
   /// The right operand is the layer's weight (forward, data gradient).
   bool rhsIsWeight = true;
+
+  Value lhsValue() const { return op->getOperand(0); }
+  Value rhsValue() const { return op->getOperand(1); }
+  /// Whether the contraction runs along the left operand's rows (a
+  /// transposed read: the weight gradient's) and across the right one's.
+  bool lhsTransposed() const {
+    if (auto m = dyn_cast<MatmulOp>(op))
+      return m.getTransposeA();
+    return isa<ExpertWeightGradOp>(op);
+  }
+  bool rhsTransposed() const {
+    if (auto m = dyn_cast<MatmulOp>(op))
+      return m.getTransposeB();
+    if (auto e = dyn_cast<ExpertMatmulOp>(op))
+      return e.getTransposeWeight();
+    return false;
+  }
+  /// The same GEMM of other (f32) operands: its type inferred from them.
+  Value rebuild(OpBuilder &b, Value lhs, Value rhs) const {
+    Location loc = op->getLoc();
+    if (auto m = dyn_cast<MatmulOp>(op))
+      return MatmulOp::create(b, loc, lhs, rhs, m.getTransposeAAttr(),
+                              m.getTransposeBAttr());
+    if (auto e = dyn_cast<ExpertMatmulOp>(op))
+      return ExpertMatmulOp::create(b, loc, lhs, rhs, e.getRows(),
+                                    e.getTransposeWeightAttr(),
+                                    e.getFillAttr());
+    auto w = cast<ExpertWeightGradOp>(op);
+    return ExpertWeightGradOp::create(b, loc, lhs, rhs, w.getRows(),
+                                      w.getFillAttr());
+  }
 };
 
 /// Gives every op a builder creates the pipeline placement (stage, backward)
@@ -386,11 +419,12 @@ struct InheritPlacement : OpBuilder::Listener {
 
 /// Replaces the GEMM `op` by `y` (its product in another element type),
 /// cast back to the GEMM's type where they differ.
-void replaceGemm(OpBuilder &b, MatmulOp op, Value y) {
-  if (y.getType() != op.getType())
-    y = CastOp::create(b, op.getLoc(), op.getType(), y);
-  op.getResult().replaceAllUsesWith(y);
-  op.erase();
+void replaceGemm(OpBuilder &b, Operation *op, Value y) {
+  Type type = op->getResult(0).getType();
+  if (y.getType() != type)
+    y = CastOp::create(b, op->getLoc(), type, y);
+  op->getResult(0).replaceAllUsesWith(y);
+  op->erase();
 }
 
 /// Blockwise: tiles along the contraction as the GEMM reads each operand
@@ -398,54 +432,67 @@ void replaceGemm(OpBuilder &b, MatmulOp op, Value y) {
 /// weight; the dequantised operands meet in an f32 GEMM.
 LogicalResult lowerBlockwise(const Gemm &gemm, Quantizer &quantizer,
                              int64_t block) {
-  MatmulOp op = gemm.op;
+  Operation *op = gemm.op;
   OpBuilder b(op);
   InheritPlacement placement(op);
   b.setListener(&placement);
-  Location loc = op.getLoc();
+  Location loc = op->getLoc();
   std::array<int64_t, 2> along = {1, block}, across = {block, 1},
                          square = {block, block};
   FailureOr<Value> a = quantizer.blockwise(
-      b, loc, op.getLhs(), gemm.lhs, op.getTransposeA() ? across : along,
+      b, loc, gemm.lhsValue(), gemm.lhs, gemm.lhsTransposed() ? across : along,
       "left operand", op);
   FailureOr<Value> c = quantizer.blockwise(
-      b, loc, op.getRhs(), gemm.rhs,
-      gemm.rhsIsWeight ? square : (op.getTransposeB() ? along : across),
+      b, loc, gemm.rhsValue(), gemm.rhs,
+      gemm.rhsIsWeight ? square : (gemm.rhsTransposed() ? along : across),
       "right operand", op);
   if (failed(a) || failed(c))
     return failure();
-  auto type = cast<RankedTensorType>(op.getType());
-  replaceGemm(b, op,
-              MatmulOp::create(b, loc, type.clone(b.getF32Type()), *a, *c,
-                               op.getTransposeAAttr(), op.getTransposeBAttr()));
+  replaceGemm(b, op, gemm.rebuild(b, *a, *c));
   return success();
 }
 
+/// Per-tensor codes `codes` times their dequantisation multiplier, in f32.
+Value dequantise(OpBuilder &b, Location loc, Value codes, Value inverse) {
+  auto wide = cast<RankedTensorType>(codes.getType()).clone(b.getF32Type());
+  return MulOp::create(
+      b, loc, CastOp::create(b, loc, wide, codes),
+      BroadcastOp::create(b, loc, wide, inverse, b.getDenseI64ArrayAttr({})));
+}
+
 void lower(const Gemm &gemm, Quantizer &quantizer) {
-  MatmulOp op = gemm.op;
+  Operation *op = gemm.op;
   OpBuilder b(op);
   InheritPlacement placement(op);
   b.setListener(&placement);
-  Location loc = op.getLoc();
-  auto [a, sa] = quantizer.get(b, loc, op.getLhs(), gemm.lhs, gemm.lhsName);
-  auto [c, sc] = quantizer.get(b, loc, op.getRhs(), gemm.rhs, gemm.rhsName);
-  auto type = cast<RankedTensorType>(op.getType());
+  Location loc = op->getLoc();
+  auto [a, sa] = quantizer.get(b, loc, gemm.lhsValue(), gemm.lhs, gemm.lhsName);
+  auto [c, sc] = quantizer.get(b, loc, gemm.rhsValue(), gemm.rhs, gemm.rhsName);
+  auto matmul = dyn_cast<MatmulOp>(op);
+  if (!matmul) {
+    // No scaled grouped GEMM yet: the expert GEMMs multiply the
+    // dequantised codes in f32 — fp8's rounding, not yet its speed.
+    replaceGemm(b, op, gemm.rebuild(b, dequantise(b, loc, a, sa),
+                                    dequantise(b, loc, c, sc)));
+    return;
+  }
+  auto type = cast<RankedTensorType>(matmul.getType());
   Type out = type.getElementType().isBF16() ? type.getElementType()
                                             : Type(b.getF32Type());
   replaceGemm(b, op,
               ScaledMatmulOp::create(b, loc, type.clone(out), a, c, sa, sc,
-                                     op.getTransposeAAttr(),
-                                     op.getTransposeBAttr()));
+                                     matmul.getTransposeAAttr(),
+                                     matmul.getTransposeBAttr()));
 }
 
-/// The matmuls a gradient is the (possibly summed, reshaped, constrained)
+/// The GEMMs a gradient is the (possibly summed, reshaped, constrained)
 /// result of: the weight-gradient GEMMs of its parameter.
-void collectProducers(Value v, SmallVectorImpl<MatmulOp> &out) {
+void collectProducers(Value v, SmallVectorImpl<Operation *> &out) {
   Operation *def = v.getDefiningOp();
   if (!def)
     return;
-  if (auto matmul = dyn_cast<MatmulOp>(def)) {
-    out.push_back(matmul);
+  if (isa<MatmulOp, ExpertWeightGradOp>(def)) {
+    out.push_back(def);
     return;
   }
   if (isa<ShardingConstraintOp, ReshapeOp, CastOp, TransposeOp>(def))
@@ -542,10 +589,11 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
       if (!name || !included.match(name.getValue()) ||
           excluded.match(name.getValue()))
         continue;
-      SmallVector<MatmulOp> reads;
+      SmallVector<Operation *> reads;
       for (OpOperand &use : arg.getUses()) {
-        auto matmul = dyn_cast<MatmulOp>(use.getOwner());
-        if (!matmul || use.getOperandNumber() != 1) {
+        Operation *user = use.getOwner();
+        if (!isa<MatmulOp, ExpertMatmulOp>(user) ||
+            use.getOperandNumber() != 1) {
           // Only an explicit include can ask this of a non-matmul use; the
           // default selects the parameters linear layers multiply.
           if (include == ".*") {
@@ -557,13 +605,13 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
                  << "', but this '" << use.getOwner()->getName()
                  << "' reads it, and only matmuls run in fp8";
         }
-        reads.push_back(matmul);
+        reads.push_back(user);
       }
       if (reads.empty())
         continue;
       selected[name.getValue()] = arg;
       std::string w = name.getValue().str() + ":fp8_amax.";
-      for (MatmulOp m : reads)
+      for (Operation *m : reads)
         gemms.push_back(inBackward(m)
                             ? Gemm{m, grad, fwd, w + "output_grad", w + "weight"}
                             : Gemm{m, fwd, fwd, w + "input", w + "weight"});
@@ -574,10 +622,10 @@ struct Fp8LoweringPass : ernie::impl::Fp8LoweringPassBase<Fp8LoweringPass> {
       auto of = fn.getResultAttrOfType<StringAttr>(i, kGradOfAttrName);
       if (!of || !selected.count(of.getValue()))
         continue;
-      SmallVector<MatmulOp> producers;
+      SmallVector<Operation *> producers;
       collectProducers(ret->getOperand(i), producers);
       std::string w = of.getValue().str() + ":fp8_amax.";
-      for (MatmulOp m : producers)
+      for (Operation *m : producers)
         if (!llvm::any_of(gemms, [&](const Gemm &g) { return g.op == m; }))
           gemms.push_back({m, fwd, grad, w + "input", w + "output_grad",
                            /*rhsIsWeight=*/false});

@@ -53,6 +53,38 @@ int64_t MatmulAccumulateOp::getFlops() {
   return matmulFlops(*this) + cast<ShapedType>(getType()).getNumElements();
 }
 
+/// The expert GEMMs count the rows routing fills on average (`fill` of the
+/// buffers): 2 x in x out per filled row. They read only those rows and
+/// write the whole result (zeros where no row is filled).
+static int64_t elementsOf(Value v) {
+  return cast<ShapedType>(v.getType()).getNumElements();
+}
+static int64_t filled(double fill, int64_t n) {
+  return static_cast<int64_t>(fill * static_cast<double>(n));
+}
+int64_t ExpertMatmulOp::getFlops() {
+  auto input = cast<ShapedType>(getInput().getType());
+  return 2 * filled(getFill().convertToDouble(), elementsOf(getResult())) *
+         input.getDimSize(3);
+}
+int64_t ExpertMatmulOp::getBytesAccessed() {
+  int64_t element = getElementByteSize(getElementTypeOrSelf(getInput()));
+  return element * (elementsOf(getWeight()) + elementsOf(getResult()) +
+                    filled(getFill().convertToDouble(), elementsOf(getInput())));
+}
+int64_t ExpertWeightGradOp::getFlops() {
+  auto result = cast<ShapedType>(getType());
+  return 2 * filled(getFill().convertToDouble(), elementsOf(getGrad())) *
+         result.getDimSize(1);
+}
+int64_t ExpertWeightGradOp::getBytesAccessed() {
+  int64_t element = getElementByteSize(getElementTypeOrSelf(getInput()));
+  return element *
+         (elementsOf(getResult()) +
+          filled(getFill().convertToDouble(),
+                 elementsOf(getInput()) + elementsOf(getGrad())));
+}
+
 /// Attention's GEMM and softmax flops: q·kᵀ and p·v per head plus the
 /// softmax; causal masking halves the useful work but not what a dense
 /// kernel computes.

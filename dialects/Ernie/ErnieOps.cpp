@@ -1017,6 +1017,85 @@ LogicalResult MoeWeightsGradOp::inferReturnTypes(
 }
 
 //===----------------------------------------------------------------------===//
+// ExpertMatmulOp, ExpertWeightGradOp
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The operands every expert GEMM shares: buffers `[experts, groups,
+/// capacity, features]`, the filled rows `[experts, groups]` and the
+/// average fill the cost model counts.
+FailureOr<RankedTensorType> expertGemmBuffers(std::optional<Location> loc,
+                                              Value buffers, StringRef name,
+                                              Value rows, double fill) {
+  auto type = rankedOperand(loc, buffers, name);
+  auto rowsType = rankedOperand(loc, rows, "rows");
+  if (failed(type) || failed(rowsType))
+    return failure();
+  if (type->getRank() != 4)
+    return emitOptionalError(loc, "'", name,
+                             "' must be [experts, groups, capacity, features], "
+                             "got ",
+                             *type);
+  if (rowsType->getShape() != type->getShape().take_front(2))
+    return emitOptionalError(loc, "rows must be [experts, groups] = ",
+                             shapeStr(type->getShape().take_front(2)),
+                             ", got ", shapeStr(rowsType->getShape()));
+  if (!(fill > 0 && fill <= 1))
+    return emitOptionalError(loc, "fill must be in (0, 1], got ", fill);
+  return type;
+}
+} // namespace
+
+LogicalResult ExpertMatmulOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto input = expertGemmBuffers(loc, adaptor.getInput(), "input",
+                                 adaptor.getRows(),
+                                 adaptor.getFill().convertToDouble());
+  auto weight = rankedOperand(loc, adaptor.getWeight(), "weight");
+  if (failed(input) || failed(weight))
+    return failure();
+  bool transposed = adaptor.getTransposeWeight();
+  int64_t in = input->getDimSize(3);
+  if (weight->getRank() != 3 || weight->getDimSize(0) != input->getDimSize(0) ||
+      weight->getDimSize(transposed ? 2 : 1) != in)
+    return emitOptionalError(
+        loc, "weight must be ",
+        transposed ? "[experts, out, in] = [" : "[experts, in, out] = [",
+        input->getDimSize(0), transposed ? ", out, " : ", ", in,
+        transposed ? "]" : ", out]", " for input ", *input, ", got ", *weight);
+  if (weight->getElementType() != input->getElementType())
+    return emitOptionalError(loc, "weight must have the input's element type ",
+                             input->getElementType(), ", got ", *weight);
+  SmallVector<int64_t> shape(input->getShape());
+  shape.back() = weight->getDimSize(transposed ? 1 : 2);
+  inferred.push_back(RankedTensorType::get(shape, input->getElementType()));
+  return success();
+}
+
+LogicalResult ExpertWeightGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &inferred) {
+  auto input = expertGemmBuffers(loc, adaptor.getInput(), "input",
+                                 adaptor.getRows(),
+                                 adaptor.getFill().convertToDouble());
+  auto grad = rankedOperand(loc, adaptor.getGrad(), "grad");
+  if (failed(input) || failed(grad))
+    return failure();
+  if (grad->getRank() != 4 ||
+      grad->getShape().take_front(3) != input->getShape().take_front(3) ||
+      grad->getElementType() != input->getElementType())
+    return emitOptionalError(loc, "grad must be [experts, groups, capacity] = ",
+                             shapeStr(input->getShape().take_front(3)),
+                             " x out of ", input->getElementType(),
+                             " like the input, got ", *grad);
+  inferred.push_back(RankedTensorType::get(
+      {input->getDimSize(0), input->getDimSize(3), grad->getDimSize(3)},
+      input->getElementType()));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // RopeOp, AttentionOp, CrossEntropyOp
 //===----------------------------------------------------------------------===//
 

@@ -654,6 +654,26 @@ LogicalResult EmbeddingOp::buildGradient(OpBuilder &builder, ValueRange grads,
   });
 }
 
+/// With y = x W per expert over the filled rows: dx = dy W^T over the same
+/// rows, dW = x^T dy summed over them; the rows have no gradient.
+LogicalResult ExpertMatmulOp::buildGradient(OpBuilder &builder,
+                                            ValueRange grads,
+                                            SmallVectorImpl<Value> &out) {
+  return unaryRule(*this, builder, grads, out, [&](G &h, Value g) {
+    bool t = getTransposeWeight();
+    out.push_back(ExpertMatmulOp::create(
+        h.b, h.loc, g, getWeight(), getRows(),
+        t ? UnitAttr() : h.b.getUnitAttr(), getFillAttr()));
+    // A transposed weight [E, out, in] takes dy^T x.
+    out.push_back(
+        t ? ExpertWeightGradOp::create(h.b, h.loc, g, getInput(), getRows(),
+                                       getFillAttr())
+          : ExpertWeightGradOp::create(h.b, h.loc, getInput(), g, getRows(),
+                                       getFillAttr()));
+    out.push_back(Value());
+  });
+}
+
 // Dispatch and combine are each other's transpose in the data and bilinear
 // in (data, weights): the data's gradient is the other op with the same
 // weights, the weights' gradient the dot product of each choice's token

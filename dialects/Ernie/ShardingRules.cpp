@@ -414,6 +414,34 @@ void choiceFactors(RuleBuilder &b, ArrayRef<unsigned> choices,
 }
 } // namespace
 
+/// input [E, G, C, in], weight [E, in, out] (or [E, out, in]), rows [E, G]
+/// -> [E, G, C, out]. The filled rows are a prefix of each slot column, so
+/// the capacity is never split; a split `in` leaves partial sums.
+OpShardingRule ExpertMatmulOp::getShardingRule() {
+  RuleBuilder b(*this);
+  bool t = getTransposeWeight();
+  b.parallel(operand(0, 0), {operand(1, 0), operand(2, 0), result(0, 0)});
+  b.parallel(operand(0, 1), {operand(2, 1), result(0, 1)});
+  b.replicated({operand(0, 2), result(0, 2)});
+  b.add(b.dimSize(operand(0, 3)), FactorKind::Reduction,
+        {operand(0, 3), operand(1, t ? 2 : 1)});
+  b.parallel(operand(1, t ? 1 : 2), {result(0, 3)});
+  return b.take();
+}
+
+/// input [E, G, C, in], grad [E, G, C, out], rows [E, G] -> [E, in, out]:
+/// split groups leave partial sums (the data-parallel gradient's).
+OpShardingRule ExpertWeightGradOp::getShardingRule() {
+  RuleBuilder b(*this);
+  b.parallel(operand(0, 0), {operand(1, 0), operand(2, 0), result(0, 0)});
+  b.add(b.dimSize(operand(0, 1)), FactorKind::Reduction,
+        {operand(0, 1), operand(1, 1), operand(2, 1)});
+  b.replicated({operand(0, 2), operand(1, 2)});
+  b.parallel(operand(0, 3), {result(0, 1)});
+  b.parallel(operand(1, 3), {result(0, 2)});
+  return b.take();
+}
+
 OpShardingRule MoeRouteOp::getShardingRule() {
   RuleBuilder b(*this);
   b.parallel(operand(0, 0), {result(0, 0)});

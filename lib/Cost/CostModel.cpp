@@ -302,8 +302,8 @@ CostModel::CostModel(const ClusterSpec &cluster, MeshOp mesh)
 }
 
 static bool isGemm(Operation *op) {
-  return isa<MatmulOp, MatmulAccumulateOp, ScaledMatmulOp, AttentionOp,
-             AttentionGradOp>(op);
+  return isa<MatmulOp, MatmulAccumulateOp, ScaledMatmulOp, ExpertMatmulOp,
+             ExpertWeightGradOp, AttentionOp, AttentionGradOp>(op);
 }
 
 /// An instruction's FLOPs over its peak and bytes over the bandwidth.
@@ -331,9 +331,11 @@ double CostModel::computeTime(Operation *op) const {
   auto [arithmetic, memory] = rooflineTimes(cost, d);
   double roofline = std::max(arithmetic, memory);
   auto scale = d.opScale.find(op->getName().getStringRef());
-  // matmul_accumulate runs matmul's GEMM (beta = 1): its measured share
-  // too, where a profile (of an unpipelined step) saw only matmul.
-  if (scale == d.opScale.end() && isa<MatmulAccumulateOp>(op))
+  // matmul_accumulate runs matmul's GEMM (beta = 1), the expert GEMMs
+  // matmul's per expert: its measured share too, where a profile saw only
+  // matmul.
+  if (scale == d.opScale.end() &&
+      isa<MatmulAccumulateOp, ExpertMatmulOp, ExpertWeightGradOp>(op))
     scale = d.opScale.find(MatmulOp::getOperationName());
   return computeSlowdown_ *
          (d.launchOverhead +

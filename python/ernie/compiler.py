@@ -31,7 +31,6 @@ import numpy as np
 from . import _ernie, cost_model
 from .distributed import DistTensor, parallel_env, parallelize
 from .mesh import ProcessMesh, Replicate, Shard, get_mesh, placements_to_sharding
-from .moe import expert_padding_flops
 from .nn import Module
 from .pipeline import configure as configure_pipeline
 from .optimizer import Optimizer
@@ -796,27 +795,11 @@ class Program:
         ernie.cost.calibrate_cpu()'s measured CPU; None: the cluster the
         program was compiled for): ernie.cost.estimate's breakdown (step,
         compute, exposed communication per axis, bubble, recompute, MFU). It
-        needs no values: abstract programs estimate too. For a MoE model
-        `model_flops` (and MFU) leaves out the empty expert slots the step
-        computes (`expert_padding_flops`; `computed_flops` keeps them)."""
+        needs no values: abstract programs estimate too."""
         cluster = cluster if cluster is not None else self.cluster
         if cluster is None:
             raise ValueError("estimate() needs a cluster: this program was compiled without one")
-        est = cost_model.estimate(self.module, cluster)
-        # A MoE step computes empty expert slots too: MFU counts the model's
-        # FLOPs (6 x active parameters a token), not the padding.
-        tokens = self._inputs[0][0][:2] if self._inputs else ()  # [batch, sequence]
-        padding = expert_padding_flops(
-            self.model, int(np.prod(tokens)),
-            self.pipeline["micro_batches"] if self.pipeline else 1) \
-            if self.model is not None and len(tokens) == 2 else 0.0
-        if padding:
-            est["computed_flops"] = est["model_flops"]
-            est["expert_padding_flops"] = padding
-            est["model_flops"] -= padding
-            capacity = est["step_seconds"] * est["peak_flops"] * est["ranks"]
-            est["mfu"] = est["model_flops"] / capacity if capacity > 0 else 0.0
-        return est
+        return cost_model.estimate(self.module, cluster)
 
     def report(self):
         """Per rank: each function's arena (the planned peak), the bytes of

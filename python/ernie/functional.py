@@ -272,6 +272,17 @@ def moe_combine(y: Tensor, experts: Tensor, slots: Tensor, weights: Tensor) -> T
     return _one("ernie.moe_combine", [y, experts, slots, weights])
 
 
+def expert_matmul(x: Tensor, weight: Tensor, rows: Tensor, transpose_weight=False,
+                  fill=1.0) -> Tensor:
+    """Each expert's GEMM over the slots routing filled: x [E, groups,
+    capacity, in] times weight [E, in, out] ([E, out, in] with
+    `transpose_weight`) for the first rows[e, g] rows of each buffer, zeros
+    for the rest. `fill`: the average fraction of slots filled, for the cost
+    model."""
+    return _one("ernie.expert_matmul", [x, weight, rows],
+                {"transpose_weight": transpose_weight, "fill": float(fill)})
+
+
 # ---------------------------------------------------------------------------
 # Sharding in the traced program
 # ---------------------------------------------------------------------------

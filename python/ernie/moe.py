@@ -15,7 +15,10 @@ capacity Paddle computes per rank; `set_token_groups` fixes the count so
 that one program and another (a single rank and a plan) drop the same
 tokens. Expert weights are stacked, `[E, in, out]`, so that an `ep`
 placement splits dimension 0 and the buffers' move from groups to experts
-is the all-to-all of expert parallelism.
+is the all-to-all of expert parallelism. The experts' GEMMs
+(`ernie.expert_matmul`, a grouped GEMM) compute only the slots routing
+filled: a dropless layer's buffers hold E / k times the rows it routes,
+and only those rows cost FLOPs.
 
 Losses, each with its coefficient in `MoEConfig` (0 leaves it out): the
 load-balancing loss `E * sum_e mean_t(p_te) * count_e / T` (counts of the
@@ -238,11 +241,18 @@ class MoELayer(Module):
             h.trace.update_state(name, F.cast(self.last_dropped, "f32"))
         ones = F.full([g, tg, k], 1.0, h.dtype)
         buf = self._to_experts(F.moe_dispatch(h, experts, slots, ones, e, c))
-        buf = buf.reshape(e, g * c, hidden)
-        gate = F.matmul(buf, self.experts.gate_proj.p("weight"))
-        up = F.matmul(buf, self.experts.up_proj.p("weight"))
-        y = F.matmul(F.silu(gate) * up, self.experts.down_proj.p("weight"))
-        y = self._to_tokens(y.reshape(e, g, c, hidden))
+        # Each expert's slots of a group fill from 0 (moe_route): its GEMMs
+        # compute the first min(choices, capacity) rows and nothing of the
+        # empty slots (a dropless layer has E / k times the rows it uses).
+        chosen_per_group = _count(chosen, axis=(1, 2), dtype=rd)  # [g, E]
+        rows = F.cast(F.transpose(F.minimum(chosen_per_group, float(c)), (1, 0)), "i64")
+        rows = self._to_experts(rows)
+        fill = min(1.0, tg * k / (e * c))
+        w = self.experts
+        gate = F.expert_matmul(buf, w.gate_proj.p("weight"), rows, fill=fill)
+        up = F.expert_matmul(buf, w.up_proj.p("weight"), rows, fill=fill)
+        y = F.expert_matmul(F.silu(gate) * up, w.down_proj.p("weight"), rows, fill=fill)
+        y = self._to_tokens(y)
         out = F.moe_combine(y, experts, slots,
                             weights.astype(h.dtype) if h.dtype != rd else weights)
         if cfg.num_shared_experts:
@@ -322,24 +332,26 @@ class MoELayer(Module):
         return self._reshard(buffers, to_experts=False)
 
     def _reshard(self, buffers, to_experts):
-        """`buffers` pinned by tokens then by experts (or the reverse): the
-        all-to-all between the two layouts comes out of partition. Under mp
-        the buffers are viewed as [E, token shards, groups per shard, ...]."""
+        """`buffers` [E, groups, ...] (the expert buffers, or their filled
+        rows [E, groups]) pinned by tokens then by experts (or the reverse):
+        the all-to-all between the two layouts comes out of partition. Under
+        mp they are viewed as [E, token shards, groups per shard, ...]."""
         if not self.expert_axes:
             return buffers
-        e, g, c, hidden = buffers.shape
+        e, g, *rest = buffers.shape
+        trailing = [[] for _ in rest]
         if self.route_axes:
             keep = [] if self.experts_split_over_route_axes else self.route_axes
-            view = buffers.reshape(e, self.token_shards, g // self.token_shards, c, hidden)
-            by_tokens = [[], self._batch_axes(), self.route_axes, [], []]
-            by_experts = [self.expert_axes, self.group_axes, keep, [], []]
+            view = buffers.reshape(e, self.token_shards, g // self.token_shards, *rest)
+            by_tokens = [[], self._batch_axes(), self.route_axes, *trailing]
+            by_experts = [self.expert_axes, self.group_axes, keep, *trailing]
         else:
             view = buffers
-            by_tokens = [[], self._batch_axes(), [], []]
-            by_experts = [self.expert_axes, self.group_axes, [], []]
+            by_tokens = [[], self._batch_axes(), *trailing]
+            by_experts = [self.expert_axes, self.group_axes, *trailing]
         first, then = (by_tokens, by_experts) if to_experts else (by_experts, by_tokens)
         out = self._pin(self._pin(view, first), then)
-        return out.reshape(e, g, c, hidden) if self.route_axes else out
+        return out.reshape(e, g, *rest) if self.route_axes else out
 
     @staticmethod
     def _pin(buffers, dims):
@@ -402,28 +414,6 @@ def load_balancing_loss(layers, num_experts: int, k: int):
         usage = layer_usage if usage is None else usage + layer_usage
         rows += g * t
     return F.sum(probs * usage) * (num_experts / float(rows) ** 2)
-
-
-def expert_padding_flops(model: Module, tokens: int, micro_batches: int = 1) -> float:
-    """FLOPs a training step of `model` on `tokens` tokens spends on empty
-    expert slots, less those it skips for dropped choices: per MoE layer,
-    (E x groups x capacity - tokens x k) rows through the three expert
-    GEMMs, forward and backward (18 x hidden x intermediate FLOPs a row).
-    Subtracted from the FLOPs the program computes, it leaves the model's:
-    6 x active parameters per token, as Megatron counts a MoE step (a
-    dropless layer here gives every expert a slot for every token of its
-    group, E / k times what routing uses). A pipelined program routes each
-    of its `micro_batches` in the layer's groups."""
-    total = 0.0
-    for _, layer in moe_layers(model):
-        cfg = layer.cfg
-        hidden = layer.experts.gate_proj._parameters["weight"].shape[1]
-        groups = layer.token_groups * micro_batches
-        if tokens % groups:
-            raise ValueError(f"{layer.where}: {tokens} tokens do not split into {groups} groups")
-        slots = cfg.num_experts * groups * capacity(cfg, tokens // groups, layer.where)
-        total += 18.0 * hidden * cfg.intermediate_size * (slots - tokens * cfg.k)
-    return total
 
 
 def moe_layers(model: Module):

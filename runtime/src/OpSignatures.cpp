@@ -586,6 +586,49 @@ void checkMoeWeightsGrad(OpCheck &c) {
   c.is(c.out(0), "the result", e.shape, b.type);
 }
 
+/// Buffers [experts, groups, capacity, features] and their filled rows
+/// [experts, groups].
+void checkExpertGemmBuffers(OpCheck &c, const BufferSpec &b, const char *what,
+                            const BufferSpec &rows) {
+  c.floats(b, what);
+  c.require(c.rankOf(b) == 4,
+            std::string(what) + " must be [experts, groups, capacity, "
+                                "features], not " + typeString(b));
+  c.indices(rows, "the rows");
+  c.require(rows.shape.size() == 2 && rows.shape[0] == b.shape[0] &&
+                rows.shape[1] == b.shape[1],
+            "the rows must be [experts, groups] of " + typeString(b) +
+                ", not " + typeString(rows));
+  double fill = c.number("fill", 1.0);
+  c.require(fill > 0 && fill <= 1,
+            "fill must be in (0, 1], not " + std::to_string(fill));
+}
+
+void checkExpertMatmul(OpCheck &c) {
+  const BufferSpec &x = c.in(0), &w = c.in(1);
+  checkExpertGemmBuffers(c, x, "the input", c.in(2));
+  bool t = c.flag("transpose_weight");
+  c.require(w.type == x.type && c.rankOf(w) == 3 && w.shape[0] == x.shape[0] &&
+                w.shape[t ? 2 : 1] == x.shape[3],
+            "the weight must be [experts, " + std::string(t ? "out, in" : "in, out") +
+                "] of the input's type with experts = " +
+                std::to_string(x.shape[0]) + " and in = " +
+                std::to_string(x.shape[3]) + ", not " + typeString(w));
+  c.is(c.out(0), "the result",
+       {x.shape[0], x.shape[1], x.shape[2], w.shape[t ? 1 : 2]}, x.type);
+}
+
+void checkExpertWeightGrad(OpCheck &c) {
+  const BufferSpec &x = c.in(0), &dy = c.in(1);
+  checkExpertGemmBuffers(c, x, "the input", c.in(2));
+  c.require(dy.type == x.type && c.rankOf(dy) == 4 &&
+                std::equal(x.shape.begin(), x.shape.begin() + 3,
+                           dy.shape.begin()),
+            "the gradient must be [experts, groups, capacity] of the input " +
+                typeString(x) + " x out, not " + typeString(dy));
+  c.is(c.out(0), "the result", {x.shape[0], x.shape[3], dy.shape[3]}, x.type);
+}
+
 void checkRope(OpCheck &c) {
   const BufferSpec &x = c.in(0), &pos = c.in(1);
   c.floats(x, "the input");
@@ -794,6 +837,8 @@ const KernelSignature kKernelSignatures[] = {
     {"ernie.moe_route", 1, 1, checkMoeRoute},
     {"ernie.moe_dispatch", 4, 1, checkMoeDispatch},
     {"ernie.moe_combine", 4, 1, checkMoeCombine},
+    {"ernie.expert_matmul", 3, 1, checkExpertMatmul},
+    {"ernie.expert_weight_grad", 3, 1, checkExpertWeightGrad},
     {"ernie.moe_weights_grad", 4, 1, checkMoeWeightsGrad},
     {"ernie.rope", 2, 1, checkRope},
     {"ernie.attention", 3, 1, checkAttention},

@@ -791,6 +791,67 @@ TEST(CpuKernels, OptimizerStateInItsOwnPrecision) {
 
 } // namespace
 
+TEST(CpuKernels, ExpertGemmsComputeOnlyTheFilledRows) {
+  // 3 experts x 2 groups of capacity 4, in 5, out 3; f64 against a naive
+  // loop over the filled rows (row r of expert e, group g is filled when
+  // r < rows[e, g]). The empty rows hold garbage that must not leak in.
+  const int64_t E = 3, G = 2, C = 4, K = 5, N = 3;
+  Owned<int64_t> rows{{4, 0, 1, 3, 2, 4}, {E, G}, DType::I64};
+  auto x = make<double>({E, G, C, K}, DType::F64, 21);
+  auto w = make<double>({E, K, N}, DType::F64, 22);
+  auto wt = make<double>({E, N, K}, DType::F64);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        wt.data[(e * N + j) * K + i] = w.data[(e * K + i) * N + j];
+  auto filled = [&](int64_t e, int64_t g, int64_t r) {
+    return r < rows.data[e * G + g];
+  };
+  std::vector<double> want(E * G * C * N, 0.0);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t r = 0; r < C; ++r)
+        for (int64_t j = 0; j < N && filled(e, g, r); ++j)
+          for (int64_t i = 0; i < K; ++i)
+            want[((e * G + g) * C + r) * N + j] +=
+                x.data[((e * G + g) * C + r) * K + i] * w.data[(e * K + i) * N + j];
+  for (bool transposed : {false, true}) {
+    auto y = make<double>({E, G, C, N}, DType::F64, 23); // garbage to overwrite
+    Attrs attrs{{"transpose_weight", transposed}};
+    run("ernie.expert_matmul",
+        {x.view(), transposed ? wt.view() : w.view(), rows.view()}, {y.view()},
+        attrs);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(y.data[i], want[i], 1e-12) << "transposed=" << transposed;
+  }
+
+  // The weight gradient: per expert, the filled rows' x^T dy over groups.
+  auto dy = make<double>({E, G, C, N}, DType::F64, 24);
+  auto dw = make<double>({E, K, N}, DType::F64, 25);
+  run("ernie.expert_weight_grad", {x.view(), dy.view(), rows.view()},
+      {dw.view()});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double sum = 0;
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t r = 0; r < C && filled(e, g, r); ++r)
+            sum += x.data[((e * G + g) * C + r) * K + i] *
+                   dy.data[((e * G + g) * C + r) * N + j];
+        EXPECT_NEAR(dw.data[(e * K + i) * N + j], sum, 1e-12);
+      }
+
+  // A count beyond the capacity is an error naming it.
+  Owned<int64_t> bad{{4, 0, 5, 3, 2, 4}, {E, G}, DType::I64};
+  auto y = make<double>({E, G, C, N}, DType::F64);
+  try {
+    run("ernie.expert_matmul", {x.view(), w.view(), bad.view()}, {y.view()});
+    ADD_FAILURE() << "no error";
+  } catch (const KernelError &err) {
+    EXPECT_THAT(err.what(), HasSubstr("rows[1, 0] = 5 is outside [0, 4]"));
+  }
+}
+
 TEST(CpuKernels, MoeRouteDispatchCombine) {
   // One group of 3 tokens, top-2 over 2 experts, capacity 2. Choice rank
   // first: token 0, 1, 2's first choices (experts 0, 0, 1) take slots 0, 1

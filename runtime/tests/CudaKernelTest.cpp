@@ -449,6 +449,16 @@ std::vector<Case> cases() {
     add({"moe_weights_grad_" + tag(t), "ernie.moe_weights_grad",
          {{t, {2, 9, 7}}, {t, {4, 2, 5, 7}}, experts, slots}, {{t, {2, 9, 2}}}, {},
          Tol::Accumulated});
+    // The expert GEMMs: filled rows in [0, capacity = 5].
+    Operand rows{kI64, {4, 2}, Gen::Indices, 6};
+    for (bool transposed : {false, true})
+      add({std::string("expert_matmul_") + (transposed ? "t_" : "") + tag(t),
+           "ernie.expert_matmul",
+           {{t, {4, 2, 5, 7}}, {t, transposed ? Shape{4, 6, 7} : Shape{4, 7, 6}}, rows},
+           {{t, {4, 2, 5, 6}}}, {{"transpose_weight", transposed}}, Tol::Accumulated});
+    add({"expert_weight_grad_" + tag(t), "ernie.expert_weight_grad",
+         {{t, {4, 2, 5, 7}}, {t, {4, 2, 5, 6}}, rows}, {{t, {4, 7, 6}}}, {},
+         Tol::Accumulated});
   }
 
   // A fused region: y = silu(a) * b, s = reduce_sum(y, axis 1).

@@ -203,3 +203,21 @@ module {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// An expert GEMM over the filled rows: the input's gradient is the same
+// grouped GEMM against the transposed weight, the weight's the grouped
+// input^T . dy over the same rows (fill carried for the cost model).
+// CHECK-LABEL: func.func @forward_grad
+// CHECK-SAME: (%[[X:[a-z0-9]+]]: tensor<4x2x8x16xf32> {ernie.param = "x"}, %[[W:[a-z0-9]+]]: tensor<4x16x32xf32> {ernie.param = "w"}, %[[R:[a-z0-9]+]]: tensor<4x2xi64>)
+// CHECK: %[[DY:.+]] = ernie.full 1.000000e+00 : tensor<4x2x8x32xf32>
+// CHECK: ernie.expert_matmul %[[X]], %[[W]], %[[R]] {fill = 5.000000e-01 : f64}
+// CHECK-DAG: ernie.expert_matmul %[[DY]], %[[W]], %[[R]] {fill = 5.000000e-01 : f64, transpose_weight} : tensor<4x2x8x32xf32>, tensor<4x16x32xf32>, tensor<4x2xi64> -> tensor<4x2x8x16xf32>
+// CHECK-DAG: ernie.expert_weight_grad %[[X]], %[[DY]], %[[R]] {fill = 5.000000e-01 : f64} : tensor<4x2x8x16xf32>, tensor<4x2x8x32xf32>, tensor<4x2xi64> -> tensor<4x16x32xf32>
+func.func @forward(%x: tensor<4x2x8x16xf32> {ernie.param = "x"}, %w: tensor<4x16x32xf32> {ernie.param = "w"},
+                   %rows: tensor<4x2xi64>) -> tensor<f32> {
+  %y = ernie.expert_matmul %x, %w, %rows {fill = 0.5} : tensor<4x2x8x16xf32>, tensor<4x16x32xf32>, tensor<4x2xi64> -> tensor<4x2x8x32xf32>
+  %l = ernie.reduce_sum %y axes = [0, 1, 2, 3] : tensor<4x2x8x32xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -99,3 +99,22 @@ func.func @train_step(%x: tensor<128x256xbf16>, %w: tensor<256x64xbf16>) -> tens
   %y = ernie.matmul %x, %w : tensor<128x256xbf16>, tensor<256x64xbf16> -> tensor<128x64xbf16>
   return %y : tensor<128x64xbf16>
 }
+
+// -----
+
+// The expert GEMMs count the rows routing fills (fill = 1/4): the forward's
+// 2·(16384/4)·32 = 262144 FLOPs (0.262 us) against 4·(16384 weight + 16384
+// result + 8192/4 input) = 139264 bytes (1.39264 us): memory-bound, 1 +
+// 1.39264 = 2.39264 us. The weight gradient: the same FLOPs against
+// 4·(16384 + (8192 + 16384)/4) = 90112 bytes, 1.90112 us. Every rank's
+// model FLOPs: 4·2·262144.
+ernie.mesh @mesh(dp = 4)
+// CHECK: "compute_by_op": {
+// CHECK-NEXT: "ernie.expert_matmul": 2.3926{{[0-9]+}}e-06
+// CHECK-NEXT: "ernie.expert_weight_grad": 1.9011{{[0-9]+}}e-06
+// CHECK: "model_flops": 2097152
+func.func @train_step(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xf32>, %rows: tensor<8x2xi64>) -> (tensor<8x2x16x64xf32>, tensor<8x32x64xf32>) {
+  %y = ernie.expert_matmul %x, %w, %rows {fill = 0.25} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  %dw = ernie.expert_weight_grad %x, %y, %rows {fill = 0.25} : tensor<8x2x16x32xf32>, tensor<8x2x16x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+  return %y, %dw : tensor<8x2x16x64xf32>, tensor<8x32x64xf32>
+}

@@ -484,7 +484,10 @@ def Fp8LoweringPass : Pass<"ernie-fp8-lowering", "ModuleOp"> {
     the data gradient `dy @ W^T` (the gradient in `grad-format`, default
     e5m2), and the weight gradient, the matmuls `W`'s `ernie.grad_of` result
     is made of. They become `ernie.scaled_matmul`s of fp8 operands,
-    accumulated in f32, the result cast back to the GEMM's type. Each tensor
+    accumulated in f32, the result cast back to the GEMM's type. A MoE
+    layer's expert GEMMs (`expert_matmul`, `expert_weight_grad`) are
+    selected the same way; having no scaled form yet, they multiply the
+    dequantised fp8 codes in f32: fp8's rounding, not yet its speed. Each tensor
     is quantised once per function (a reshaped one before its reshape), so
     the weight gradient reads the forward's fp8 input.
 

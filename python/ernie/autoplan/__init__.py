@@ -370,8 +370,7 @@ def _derived(out, like):
     e["peak_flops"], e["ranks"] = like["estimate"]["peak_flops"], like["estimate"]["ranks"]
     capacity = e["step_seconds"] * e["peak_flops"] * e["ranks"]
     e["mfu"] = e["model_flops"] / capacity if capacity > 0 else 0.0
-    computed = e.get("computed_flops", e["model_flops"])  # MoE: empty expert slots too
-    e["hfu"] = (computed + e["recompute_flops"]) / capacity if capacity > 0 else 0.0
+    e["hfu"] = (e["model_flops"] + e["recompute_flops"]) / capacity if capacity > 0 else 0.0
     return out
 
 

@@ -244,10 +244,7 @@ class Trainer:
         if peak:
             lines.append(
                 f"MFU = model FLOPs per step ({peak['model_flops'] / 1e9:.3f} GFLOP, counted from "
-                f"the compiled ops; recomputation excluded"
-                + ("; less the MoE layers' empty expert slots: 6 x active parameters a token"
-                   if peak.get("expert_padding_flops") else "")
-                + f") / (step time x {ranks} rank(s) x "
+                f"the compiled ops; recomputation excluded) / (step time x {ranks} rank(s) x "
                 f"peak {peak['peak_flops'] / 1e9:.1f} GFLOP/s per rank, calibrate_cpu's GEMM "
                 f"peak); HFU counts what the program computes, recomputation included")
         for line in lines:
@@ -371,10 +368,8 @@ class Trainer:
                     flops = peak["model_flops"]
                     capacity = seconds * peak["peak_flops"] * peak["ranks"]
                     record["mfu"] = flops / capacity
-                    # Hardware FLOPs: what the program computes (empty expert
-                    # slots too) and recomputes.
-                    record["hfu"] = (peak.get("computed_flops", flops) +
-                                     peak.get("recompute_flops", 0)) / capacity
+                    # Hardware FLOPs: what the program computes and recomputes.
+                    record["hfu"] = (flops + peak.get("recompute_flops", 0)) / capacity
                 if job.metrics.sample_ids:  # the whole global batch, from its indices
                     first = (step - 1) * t.global_batch
                     record["samples"] = [train.sample_id(g)

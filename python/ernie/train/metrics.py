@@ -6,11 +6,10 @@ of the run at the end (matplotlib, optional). Process 0 writes them.
 The FLOP count behind MFU is the compiled program's own: every rank's
 model FLOPs as the cost model counts the program's ops (2·m·n·k per GEMM,
 attention's two GEMMs, elementwise ops one FLOP an element; recomputation
-excluded; for a MoE model less its empty expert slots, Program.estimate's
-`expert_padding_flops`), divided by the step time and by the peak of all
-ranks (a named cluster's, or on CPUs the GEMM peak `ernie.cost.calibrate_cpu`
-measured). HFU counts everything the program computes, recomputation and
-empty expert slots included.
+excluded; a MoE layer's expert GEMMs count the slots routing fills),
+divided by the step time and by the peak of all ranks (a named cluster's,
+or on CPUs the GEMM peak `ernie.cost.calibrate_cpu` measured). HFU counts
+everything the program computes, recomputation included.
 """
 
 from __future__ import annotations

@@ -117,6 +117,68 @@ void scaledMatmul(const std::vector<TensorView> &in,
     y[i] *= scale;
 }
 
+/// The filled rows of expert `e`'s buffer of group `g`: `rows[e, g]`, in
+/// [0, capacity] (anything else is a KernelError naming it).
+int64_t filledRows(const char *op, const TensorView &rows, int64_t e,
+                   int64_t g, int64_t groups, int64_t capacity) {
+  int64_t r = indexAt(rows, e * groups + g);
+  if (r < 0 || r > capacity)
+    throw KernelError(std::string(op) + ": rows[" + std::to_string(e) + ", " +
+                      std::to_string(g) + "] = " + std::to_string(r) +
+                      " is outside [0, " + std::to_string(capacity) +
+                      "] (the capacity)");
+  return r;
+}
+
+/// Per expert and group, the filled rows times the expert's weight; the
+/// other rows are zeros. One GEMM per (expert, group): the groups' filled
+/// rows are not contiguous.
+void expertMatmul(const std::vector<TensorView> &in,
+                  const std::vector<TensorView> &out, const Attrs &attrs) {
+  expectCount(in, 3, "ernie.expert_matmul");
+  const TensorView &x = in[0], &w = in[1], &rows = in[2], &y = out[0];
+  bool t = attrs.getBool("transpose_weight");
+  int64_t experts = x.shape[0], groups = x.shape[1], capacity = x.shape[2],
+          k = x.shape[3], n = y.shape[3];
+  dispatchFloat(x.type, [&](auto zero) {
+    using T = decltype(zero);
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t g = 0; g < groups; ++g) {
+        int64_t block = e * groups + g;
+        int64_t r = filledRows("ernie.expert_matmul", rows, e, g, groups,
+                               capacity);
+        T *dst = y.as<T>() + block * capacity * n;
+        if (r > 0)
+          gemm(false, t, r, n, k, x.as<T>() + block * capacity * k,
+               w.as<T>() + e * k * n, dst);
+        std::fill(dst + r * n, dst + capacity * n, T(0));
+      }
+  });
+}
+
+/// dW[e] = sum over groups of the filled rows' input^T x gradient.
+void expertWeightGrad(const std::vector<TensorView> &in,
+                      const std::vector<TensorView> &out, const Attrs &) {
+  expectCount(in, 3, "ernie.expert_weight_grad");
+  const TensorView &x = in[0], &dy = in[1], &rows = in[2], &dw = out[0];
+  int64_t experts = x.shape[0], groups = x.shape[1], capacity = x.shape[2],
+          k = x.shape[3], n = dy.shape[3];
+  dispatchFloat(x.type, [&](auto zero) {
+    using T = decltype(zero);
+    std::fill(dw.as<T>(), dw.as<T>() + dw.numElements(), T(0));
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t g = 0; g < groups; ++g) {
+        int64_t block = e * groups + g;
+        int64_t r = filledRows("ernie.expert_weight_grad", rows, e, g, groups,
+                               capacity);
+        if (r > 0)
+          gemm(true, false, k, n, r, x.as<T>() + block * capacity * k,
+               dy.as<T>() + block * capacity * n, dw.as<T>() + e * k * n,
+               T(1));
+      }
+  });
+}
+
 enum class Reduction { Sum, Mean, Max };
 
 void reduce(const std::vector<TensorView> &in,
@@ -264,6 +326,8 @@ void registerLinalgKernels(Registry &r) {
   r["ernie.matmul"] = matmul;
   r["ernie.scaled_matmul"] = scaledMatmul;
   r["ernie.matmul_accumulate"] = matmulAccumulate;
+  r["ernie.expert_matmul"] = expertMatmul;
+  r["ernie.expert_weight_grad"] = expertWeightGrad;
   r["ernie.reduce_sum"] = [](auto &in, auto &out, auto &a) {
     reduce(in, out, a, Reduction::Sum);
   };

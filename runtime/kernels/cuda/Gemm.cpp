@@ -1,4 +1,4 @@
-//===- Gemm.cpp - matmul, matmul_accumulate, scaled_matmul via cuBLASLt ----===//
+//===- Gemm.cpp - matmul and the expert GEMMs via cuBLASLt ------------------===//
 //
 // UNVERIFIED ON A GPU: compiled and linked without one; not yet run on a GPU
 // (scripts/gpu_check.sh compares it with the CPU kernels and times it beside
@@ -30,7 +30,9 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace ernie::runtime::cuda {
 
@@ -343,12 +345,99 @@ void scaledMatmul(const std::vector<TensorView> &in,
   scaleInto(wd.as<float>(), scaleA, scaleB, d.data, d.type, d.numElements());
 }
 
+/// The filled rows `[experts, groups]` on the host, each checked against
+/// the capacity. One small copy and a wait per expert GEMM: the per-block
+/// GEMMs below are sized by them (a device-side grouped GEMM would avoid
+/// the wait).
+std::vector<int64_t> filledRows(const char *op, const TensorView &rows,
+                                int64_t capacity) {
+  size_t n = static_cast<size_t>(rows.numElements());
+  std::vector<int64_t> host(n);
+  if (rows.type == DType::I64) {
+    check(cudaMemcpyAsync(host.data(), rows.data, n * 8,
+                          cudaMemcpyDeviceToHost, stream()),
+          op);
+  } else {
+    std::vector<int32_t> narrow(n);
+    check(cudaMemcpyAsync(narrow.data(), rows.data, n * 4,
+                          cudaMemcpyDeviceToHost, stream()),
+          op);
+    check(cudaStreamSynchronize(stream()), op);
+    std::copy(narrow.begin(), narrow.end(), host.begin());
+  }
+  check(cudaStreamSynchronize(stream()), op);
+  for (size_t i = 0; i < n; ++i)
+    if (host[i] < 0 || host[i] > capacity)
+      throw KernelError(std::string(op) + ": rows[" + std::to_string(i) +
+                        "] (flat) = " + std::to_string(host[i]) +
+                        " is outside [0, " + std::to_string(capacity) +
+                        "] (the capacity)");
+  return host;
+}
+
+/// As the CPU kernel: per (expert, group) a GEMM of the filled rows, zeros
+/// for the rest.
+void expertMatmul(const std::vector<TensorView> &in,
+                  const std::vector<TensorView> &out, const Attrs &attrs) {
+  const TensorView &x = in[0], &w = in[1], &y = out[0];
+  const bool t = attrs.getBool("transpose_weight");
+  const int64_t experts = x.shape[0], groups = x.shape[1],
+                capacity = x.shape[2], k = x.shape[3], n = y.shape[3];
+  const size_t element = byteSize(x.type);
+  std::vector<int64_t> rows =
+      filledRows("ernie.expert_matmul", in[2], capacity);
+  check(cudaMemsetAsync(y.data, 0, y.numElements() * element, stream()),
+        "ernie.expert_matmul");
+  auto at = [&](const void *base, int64_t elements) {
+    return static_cast<const char *>(base) + elements * element;
+  };
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t g = 0; g < groups; ++g) {
+      int64_t block = e * groups + g, r = rows[block];
+      if (r == 0)
+        continue;
+      MatmulShape s{false, t, r, n, k, 1, false};
+      floatGemm(x.type, s, at(x.data, block * capacity * k),
+                at(w.data, e * k * n),
+                const_cast<char *>(at(y.data, block * capacity * n)), x.type);
+    }
+}
+
+/// dW[e] accumulates each group's filled rows' input^T x gradient.
+void expertWeightGrad(const std::vector<TensorView> &in,
+                      const std::vector<TensorView> &out, const Attrs &) {
+  const TensorView &x = in[0], &dy = in[1], &dw = out[0];
+  const int64_t experts = x.shape[0], groups = x.shape[1],
+                capacity = x.shape[2], k = x.shape[3], n = dy.shape[3];
+  const size_t element = byteSize(x.type);
+  std::vector<int64_t> rows =
+      filledRows("ernie.expert_weight_grad", in[2], capacity);
+  check(cudaMemsetAsync(dw.data, 0, dw.numElements() * element, stream()),
+        "ernie.expert_weight_grad");
+  auto at = [&](const void *base, int64_t elements) {
+    return static_cast<const char *>(base) + elements * element;
+  };
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t g = 0; g < groups; ++g) {
+      int64_t block = e * groups + g, r = rows[block];
+      if (r == 0)
+        continue;
+      MatmulShape s{true, false, k, n, r, 1, false};
+      floatGemm(x.type, s, at(x.data, block * capacity * k),
+                at(dy.data, block * capacity * n),
+                const_cast<char *>(at(dw.data, e * k * n)), x.type,
+                /*accumulate=*/true);
+    }
+}
+
 } // namespace
 
 void registerGemmKernels(Registry &r) {
   r["ernie.matmul"] = matmul;
   r["ernie.scaled_matmul"] = scaledMatmul;
   r["ernie.matmul_accumulate"] = matmulAccumulate;
+  r["ernie.expert_matmul"] = expertMatmul;
+  r["ernie.expert_weight_grad"] = expertWeightGrad;
 }
 
 } // namespace ernie::runtime::cuda

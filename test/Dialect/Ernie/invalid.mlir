@@ -958,3 +958,59 @@ func.func @moe_combine_weights(%y: tensor<8x2x4x32xf32>, %e: tensor<2x16x2xi64>,
   %0 = ernie.moe_combine %y, %e, %e, %w : tensor<8x2x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64>, tensor<2x16x2xf64> -> tensor<2x16x32xf32>
   return
 }
+
+// -----
+
+func.func @expert_matmul_rank(%x: tensor<8x32x32xf32>, %w: tensor<8x32x64xf32>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{'input' must be [experts, groups, capacity, features], got 'tensor<8x32x32xf32>'}}
+  %0 = ernie.expert_matmul %x, %w, %r : tensor<8x32x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_matmul_rows(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xf32>, %r: tensor<8x4xi64>) {
+  // expected-error @+1 {{rows must be [experts, groups] = [8, 2], got [8, 4]}}
+  %0 = ernie.expert_matmul %x, %w, %r : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x4xi64> -> tensor<8x2x16x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_matmul_weight(%x: tensor<8x2x16x32xf32>, %w: tensor<4x32x64xf32>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{weight must be [experts, in, out] = [8, 32, out] for input}}
+  %0 = ernie.expert_matmul %x, %w, %r : tensor<8x2x16x32xf32>, tensor<4x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_matmul_transposed_weight(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xf32>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{weight must be [experts, out, in] = [8, out, 32] for input}}
+  %0 = ernie.expert_matmul %x, %w, %r {transpose_weight} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_matmul_fill(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xf32>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{fill must be in (0, 1], got 1.5}}
+  %0 = ernie.expert_matmul %x, %w, %r {fill = 1.5} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_matmul_types(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xbf16>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{weight must have the input's element type 'f32'}}
+  %0 = ernie.expert_matmul %x, %w, %r : tensor<8x2x16x32xf32>, tensor<8x32x64xbf16>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  return
+}
+
+// -----
+
+func.func @expert_weight_grad_shape(%x: tensor<8x2x16x32xf32>, %dy: tensor<8x2x8x64xf32>, %r: tensor<8x2xi64>) {
+  // expected-error @+1 {{grad must be [experts, groups, capacity] = [8, 2, 16] x out of 'f32' like the input}}
+  %0 = ernie.expert_weight_grad %x, %dy, %r : tensor<8x2x16x32xf32>, tensor<8x2x8x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+  return
+}

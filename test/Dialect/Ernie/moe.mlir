@@ -20,3 +20,22 @@ func.func @layer(%x: tensor<2x16x32xf32>, %experts: tensor<2x16x2xi64>,
   %dw = ernie.moe_weights_grad %y, %buf, %experts, %slots : tensor<2x16x32xf32>, tensor<8x2x4x32xf32>, tensor<2x16x2xi64>, tensor<2x16x2xi64> -> tensor<2x16x2xf32>
   return %y, %dw : tensor<2x16x32xf32>, tensor<2x16x2xf32>
 }
+
+// The expert GEMMs: experts split with the weights and rows, groups with
+// the rows, the capacity never (the filled rows are a prefix); a split
+// `in` leaves partial sums, and the weight gradient sums over the groups.
+
+// CHECK-LABEL: func.func @experts
+// CHECK: ernie.expert_matmul %{{.*}} {fill = 2.500000e-01 : f64} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+// CHECK: ernie.expert_matmul %{{.*}} {fill = 2.500000e-01 : f64, transpose_weight} : tensor<8x2x16x64xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x32xf32>
+// CHECK: ernie.expert_weight_grad %{{.*}} {fill = 2.500000e-01 : f64} : tensor<8x2x16x32xf32>, tensor<8x2x16x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+func.func @experts(%x: tensor<8x2x16x32xf32>, %w: tensor<8x32x64xf32>,
+                   %rows: tensor<8x2xi64>) -> (tensor<8x2x16x32xf32>, tensor<8x32x64xf32>) {
+  // expected-remark @+1 {{sharding rule ([i, j, k, l], [i, l, m], [i, j]) -> ([i, j, k, m]) k:replicated l:reduction(sum)}}
+  %y = ernie.expert_matmul %x, %w, %rows {fill = 0.25} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+  // expected-remark @+1 {{sharding rule ([i, j, k, l], [i, m, l], [i, j]) -> ([i, j, k, m]) k:replicated l:reduction(sum)}}
+  %dx = ernie.expert_matmul %y, %w, %rows {fill = 0.25, transpose_weight} : tensor<8x2x16x64xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x32xf32>
+  // expected-remark @+1 {{sharding rule ([i, j, k, l], [i, j, k, m], [i, j]) -> ([i, l, m]) j:reduction(sum) k:replicated}}
+  %dw = ernie.expert_weight_grad %x, %y, %rows {fill = 0.25} : tensor<8x2x16x32xf32>, tensor<8x2x16x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+  return %dx, %dw : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>
+}

@@ -769,6 +769,60 @@ def Ernie_MoeWeightsGradOp : Ernie_InferredOp<"moe_weights_grad", [DeclareOpInte
   }];
 }
 
+def Ernie_ExpertMatmulOp : Ernie_InferredOp<"expert_matmul",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops", "getBytesAccessed"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>, DeclareOpInterfaceMethods<Ernie_GradientOpInterface>]> {
+  let summary = "each expert's GEMM over the slots routing filled (grouped GEMM)";
+  let description = [{
+    `result[e, g, r, :] = input[e, g, r, :] x weight[e]` for the rows `r <
+    rows[e, g]` that routing filled, zeros for the rest: `input` is the
+    dispatched buffers `[experts, groups, capacity, in]`, `weight` `[experts,
+    in, out]` (`[experts, out, in]` with `transpose_weight`), `rows`
+    `[experts, groups]` the slots in use (`moe_route` fills each expert's
+    slots of a group from 0), the result `[experts, groups, capacity, out]`.
+    A kernel computes only the filled rows, so a dropless layer's empty
+    slots (E / k times the rows routing uses) cost nothing but their
+    zeros. `fill` is the fraction of the slots routing fills on average
+    (k x tokens over experts x capacity), the cost model's FLOP count;
+    the kernels read `rows`.
+
+    ```mlir
+    %y = ernie.expert_matmul %buf, %w, %rows {fill = 2.500000e-01 : f64} : tensor<8x2x16x32xf32>, tensor<8x32x64xf32>, tensor<8x2xi64> -> tensor<8x2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_FloatTensor:$weight,
+                       Ernie_IndexTensor:$rows, UnitAttr:$transpose_weight,
+                       DefaultValuedAttr<F64Attr, "1.0">:$fill);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `,` $rows attr-dict `:` type($input) `,` type($weight)
+    `,` type($rows) `->` type($result)
+  }];
+}
+
+def Ernie_ExpertWeightGradOp : Ernie_InferredOp<"expert_weight_grad",
+    [DeclareOpInterfaceMethods<Ernie_CostOpInterface, ["getFlops", "getBytesAccessed"]>, DeclareOpInterfaceMethods<Ernie_ShardingRuleOpInterface, ["getShardingRule"]>]> {
+  let summary = "the expert weights' gradient of `expert_matmul`";
+  let description = [{
+    `result[e] = sum_g sum_{r < rows[e, g]} input[e, g, r, :]^T x
+    grad[e, g, r, :]`: `input` `[experts, groups, capacity, in]`, `grad`
+    `[experts, groups, capacity, out]`, `rows` `[experts, groups]`, the
+    result `[experts, in, out]`. Only the filled rows are read. `fill` as
+    `expert_matmul`'s.
+
+    ```mlir
+    %dw = ernie.expert_weight_grad %buf, %dy, %rows {fill = 2.500000e-01 : f64} : tensor<8x2x16x32xf32>, tensor<8x2x16x64xf32>, tensor<8x2xi64> -> tensor<8x32x64xf32>
+    ```
+  }];
+  let arguments = (ins Ernie_FloatTensor:$input, Ernie_FloatTensor:$grad,
+                       Ernie_IndexTensor:$rows,
+                       DefaultValuedAttr<F64Attr, "1.0">:$fill);
+  let results = (outs Ernie_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $grad `,` $rows attr-dict `:` type($input) `,` type($grad) `,`
+    type($rows) `->` type($result)
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Transformer ops.
 //===----------------------------------------------------------------------===//
