@@ -78,7 +78,8 @@ def search(title, model, cluster, batch, seq, ranks, choices, published, publish
         print(f"\n{'':34} {'plan':40} {metric.upper():>7}")
         print(f"{'ours (best)':34} {plans[0].name:40} {best * 100:6.1f}%")
         if rank is None:
-            print(f"{'published':34} {str(published):40} not in our table (does not fit?)")
+            print(f"{'published':34} {str(published):40} not ranked: beyond the "
+                  f"search's 10 best (bounded away) or does not fit")
         else:
             ours = guess["estimate"][metric]
             print(f"{'published plan, our prediction':34} {c.name:40} {ours * 100:6.1f}%  "

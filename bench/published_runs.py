@@ -277,7 +277,8 @@ def run_row(i, r, search=True, workers=None):
     try:
         autoplan.auto_plan(model, cluster=r["cluster"], global_batch=r["batch"],
                            seq_len=r["seq"], ranks=r["ranks"], top=1, choices=r["choices"],
-                           max_vpp=r.get("max_vpp", 2), workers=workers)
+                           max_vpp=r.get("max_vpp", 2), workers=workers,
+                           exhaustive=True)  # the published plan's rank, however far down
     except autoplan.NothingFits as err:
         out["search_error"] = str(err)[:160]
         return out

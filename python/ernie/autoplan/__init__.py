@@ -490,43 +490,81 @@ def _memory_knobs(c: Candidate):
         yield dataclasses.replace(c, zero=zero, recompute=recompute)
 
 
-def _search_structure(job):
+@dataclasses.dataclass
+class _Job:
+    """One structure to search, and what the search knows of it."""
+    family: tuple
+    base: Candidate
+    batch: int
+    seq: int
+    spec: dict
+    optimizer: object
+    limit: float
+    verbose: bool
+    first_only: bool = False  # only the fastest knobs (no ZeRO, no recomputation)
+    first: dict | None = None  # their extrapolated result, when known
+
+    @property
+    def bound(self) -> float:
+        """No memory knob makes a step faster: the structure's fastest
+        knobs' time bounds every plan it has from below (0: unknown)."""
+        return self.first["step_seconds"] if self.first else 0.0
+
+
+def _guess(job: _Job, c: Candidate):
+    """`c` compiled at one and two layers per chunk, extrapolated to the
+    model's depth: (result, compiles)."""
+    config = job.family[1]
+    chunks = c.pp * c.vpp
+    per_chunk = max(c.chunk_layers(config.num_hidden_layers))
+    args = (job.batch, job.seq, job.spec, job.optimizer)
+    one = _evaluate(job.family, c, chunks, *args)
+    # At one layer per chunk the first compile is the model itself.
+    two = _evaluate(job.family, c, 2 * chunks, *args) if per_chunk > 1 else one
+    guess = _extrapolate(one, two, per_chunk,
+                         [n / c.vpp for n in c.stage_layers(config.num_hidden_layers)]
+                         if c.layers_per_stage else ())
+    return guess, 2 if per_chunk > 1 else 1
+
+
+def _search_structure(job: _Job):
     """One structure (dp, mp, pp, vpp, sp, micro-batch size): its memory
     knobs from the fastest on, until one fits. Returns (time, candidate,
     extrapolated result) of the first that fits or None, (candidate,
-    memory) of the smallest tried, the compiles made and verbose lines.
-    Full recomputation is partial (as few layers as memory needs), so once
-    it fits the other ZeRO levels' are tried too and the fastest kept: a
-    ZeRO level up can leave memory for a layer's activations, which is
-    worth more than the optimizer step's gather it costs."""
-    family, base, batch, seq, spec, optimizer, limit, verbose = job
-    config = family[1]
-    chunks = base.pp * base.vpp
+    memory) of the smallest tried, the compiles made, verbose lines and
+    the fastest knobs' result (the structure's bound). Full recomputation
+    is partial (as few layers as memory needs), so once it fits the other
+    ZeRO levels' are tried too and the fastest kept: a ZeRO level up can
+    leave memory for a layer's activations, which is worth more than the
+    optimizer step's gather it costs. `job.first_only` stops after the
+    fastest knobs; `job.first` is their result from such a run."""
+    base, limit, verbose = job.base, job.limit, job.verbose
+    config = job.family[1]
     hopeless_zero, useless = set(), set()  # what cannot help this structure
     tried, closest, compiles, lines = {}, None, 0, []
-    best = None
-    for c in _memory_knobs(base):
+    best, first = None, job.first
+    for i, c in enumerate(_memory_knobs(base)):
+        if i > 0 and job.first_only:
+            break
         if c.zero in hopeless_zero or c.recompute in useless:
             continue
         if best is not None and c.recompute != "full":
             continue
-        per_chunk = max(c.chunk_layers(config.num_hidden_layers))
-        try:
-            one = _evaluate(family, c, chunks, batch, seq, spec, optimizer)
-            # At one layer per chunk the first compile is the model itself.
-            two = _evaluate(family, c, 2 * chunks, batch, seq, spec, optimizer) \
-                if per_chunk > 1 else one
-        except (ValueError, RuntimeError) as e:  # a combination ernie does not build
-            if verbose:
-                lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
-            continue
-        compiles += 2 if per_chunk > 1 else 1
-        guess = _extrapolate(one, two, per_chunk,
-                             [n / c.vpp for n in c.stage_layers(config.num_hidden_layers)]
-                             if c.layers_per_stage else ())
+        if i == 0 and first is not None:
+            guess = first
+        else:
+            try:
+                guess, count = _guess(job, c)
+            except (ValueError, RuntimeError) as e:  # a combination ernie does not build
+                if verbose:
+                    lines.append(f"  {c.name}: skipped ({str(e).splitlines()[0][:120]})")
+                continue
+            compiles += count
+            if i == 0:
+                first = guess
         if closest is None or guess["memory_bytes"] < closest[1]:
             closest = (c, guess["memory_bytes"])
-        if verbose:
+        if verbose and not (i == 0 and job.first is not None):  # said in the first pass
             lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
                          f"{guess['memory_bytes'] / 2**30:.1f} GiB")
         if guess["memory_bytes"] <= limit:
@@ -543,7 +581,7 @@ def _search_structure(job):
                                  f"{guess['memory_bytes'] / 2**30:.1f} GiB")
             found = (guess["step_seconds"], c, guess)
             if c.recompute != "full":
-                return found, closest, compiles, lines
+                return found, closest, compiles, lines, first
             if best is None or found[0] < best[0]:
                 best = found
             continue
@@ -557,32 +595,118 @@ def _search_structure(job):
         if previous is not None and guess["memory_bytes"] >= previous["memory_bytes"]:
             useless.add(c.recompute)
         tried[(c.zero, c.recompute)] = guess
-    return best, closest, compiles, lines
+    return best, closest, compiles, lines, first
+
+
+def _search_structures(jobs, workers, keep, exhaustive=False):
+    """_search_structure over every structure, branch and bound: first each
+    structure's fastest knobs alone (its time bounds its plans from below;
+    many fit there and are done), then the rest by that bound, fastest
+    first, skipping a structure once `keep` plans are known faster than its
+    bound and its expert layout has one too (explain() compares the
+    layouts' best). The `keep` best and each layout's best are those an
+    exhaustive search finds; `exhaustive` searches every structure (a
+    bench ranking a published plan far down). Returns (found, closest,
+    compiles, lines) per structure searched."""
+    firsts = list(_map(_search_structure,
+                       [dataclasses.replace(j, first_only=True) for j in jobs], workers))
+    out, rest, times, layouts = [], [], [], {}
+
+    def record(result):
+        found = result[0]
+        if found is not None:
+            times.append(found[0])
+            layout = (found[1].ep, found[1].ep_on_dp)
+            layouts[layout] = min(layouts.get(layout, math.inf), found[0])
+        out.append(result[:4])
+
+    for job, result in zip(jobs, firsts):
+        if result[0] is not None:  # fits with its fastest knobs
+            record(result)
+        else:  # (bound 0 where those did not build: searched whole)
+            rest.append(dataclasses.replace(job, first=result[4]))
+            out.append((None, result[1], result[2], result[3]))
+    rest.sort(key=lambda j: j.bound)
+
+    def needless(job):
+        if exhaustive or len(times) < keep:
+            return False
+        kth = sorted(times)[keep - 1]
+        layout = layouts.get((job.base.ep, job.base.ep_on_dp), math.inf)
+        return job.bound >= kth and job.bound >= layout
+
+    for result in _stream(_search_structure, rest, workers, needless):
+        record(result)
+    return out
 
 
 def _evaluate_job(job):
     return _evaluate(*job)
 
 
-def _map(fn, jobs, workers):
-    """fn over jobs, in order: in `workers` processes (spawned: the
-    compiler's threads do not survive a fork), or here when there is one
-    worker or one job."""
+def _in_process(jobs, workers):
+    """Whether `jobs` run here: one worker or job, or a model class a fresh
+    process cannot import."""
     workers = os.cpu_count() or 1 if workers is None else workers
-    try:  # a model class a fresh process cannot import is searched here
+    try:
         pickle.dumps(jobs[0]) if jobs else None
-        local = jobs and jobs[0][0][0].__module__ == "__main__"
-    except (pickle.PicklingError, AttributeError, TypeError):
+        family = jobs[0].family if isinstance(jobs[0], _Job) else jobs[0][0]
+        local = family[0].__module__ == "__main__"
+    except (pickle.PicklingError, AttributeError, TypeError, IndexError):
         local = True
-    if local or workers <= 1 or len(jobs) <= 1:
+    return local or workers <= 1 or len(jobs) <= 1
+
+
+def _pool(workers, jobs):
+    """Search worker processes (spawned: the compiler's threads do not
+    survive a fork)."""
+    workers = os.cpu_count() or 1 if workers is None else workers
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_exit_with_parent, initargs=(os.getpid(),))
+
+
+def _map(fn, jobs, workers):
+    """fn over jobs, in order: in `workers` processes, or here (_in_process)."""
+    if _in_process(jobs, workers):
         return [fn(job) for job in jobs]
-    with concurrent.futures.ProcessPoolExecutor(
-            max_workers=min(workers, len(jobs)),
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
+    with _pool(workers, jobs) as pool:
         with _workers_skip_main():
             results = pool.map(fn, jobs)  # starts the workers
         return list(results)
+
+
+def _stream(fn, jobs, workers, skip):
+    """fn over jobs in their order, each result as it comes; `skip(job)`,
+    asked as a job would start (so with every result before it known but
+    those still running), leaves it out."""
+    if _in_process(jobs, workers):
+        for job in jobs:
+            if not skip(job):
+                yield fn(job)
+        return
+    with _pool(workers, jobs) as pool:
+        width = min(os.cpu_count() or 1 if workers is None else workers, len(jobs))
+        pending, queue = set(), iter(jobs)
+
+        def fill():
+            for job in queue:
+                if len(pending) >= width:
+                    return
+                if not skip(job):
+                    pending.add(pool.submit(fn, job))
+                    if len(pending) >= width:
+                        return
+
+        with _workers_skip_main():
+            fill()  # starts the workers
+        while pending:
+            done, _ = concurrent.futures.wait(pending,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                pending.discard(future)
+                yield future.result()
+            fill()
 
 
 class _workers_skip_main:
@@ -616,7 +740,7 @@ def _exit_with_parent(parent: int) -> None:
 
 def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len=None,
               ranks=None, top=5, memory_fraction=0.9, micro_batch_sizes=(1, 2, 4), max_vpp=2,
-              optimizer=None, choices=None, verbose=False, workers=None):
+              optimizer=None, choices=None, verbose=False, workers=None, exhaustive=False):
     """The best plans for training `model` (built under ernie.nn.abstract(),
     with a `config` dataclass: any family of ernie.models — Llama, Qwen,
     ERNIE 4.5 dense and MoE, Qwen3-MoE) on `cluster` (a
@@ -639,8 +763,14 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     (default: one per core; 1 searches in this process). Raises NothingFits
     with the smallest memory any plan needed.
 
+    The search bounds each structure's time by its fastest knobs (no ZeRO,
+    no recomputation) and leaves out structures that cannot reach the
+    2 x `top` best or improve their expert layout's best;
+    `exhaustive=True` searches all (to rank a plan far from the best).
+
     auto_plan.last_search keeps the search: candidates that fit, compiles,
-    seconds, and `ranked` (every fitting candidate by extrapolated time)."""
+    seconds, and `ranked` (every fitting candidate searched, by
+    extrapolated time: exact up to 2 x `top`)."""
     if inputs is not None:
         shape = np.shape(inputs[0] if isinstance(inputs, (list, tuple)) else inputs)
         global_batch, seq_len = int(shape[0]), int(shape[1])
@@ -662,10 +792,10 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     structures = list(_candidates(model, n, spec["devices_per_node"], global_batch,
                                   micro_batch_sizes, max_vpp, choices))
     family = (type(model), model.config)
-    jobs = [(family, base, global_batch, seq_len, spec, optimizer, limit, verbose)
+    jobs = [_Job(family, base, global_batch, seq_len, spec, optimizer, limit, verbose)
             for base in structures]
     scored, closest, compiles = [], None, 0
-    for found, near, count, lines in _map(_search_structure, jobs, workers):
+    for found, near, count, lines in _search_structures(jobs, workers, 2 * top, exhaustive):
         compiles += count
         for line in lines:
             print(line)
