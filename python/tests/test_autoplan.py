@@ -228,19 +228,56 @@ def test_full_recomputation_tries_every_zero_level(monkeypatch):
         memory = state[c.zero] + activation[c.recompute] * per_stage
         seconds = 10 + 0.5 * c.zero + (per_stage if c.recompute == "full" else 0)
         return {"step_seconds": seconds, "memory_bytes": memory, "function_bytes": [[memory]] * 2,
-                "stage_bytes": [memory] * 2, "state_bytes": [state[c.zero]] * 2, "comm_bytes": 0,
+                "stage_bytes": [memory] * 2, "state_bytes": [state[c.zero]] * 2,
+                "kept_bytes": [activation[c.recompute] * per_stage] * 2, "comm_bytes": 0,
                 "estimate": {"step_seconds": seconds, "model_flops": 1.0, "recompute_flops": 0.0,
                              "peak_flops": 1.0, "ranks": 1}}
 
     monkeypatch.setattr(autoplan, "_evaluate", evaluate)
     config = dataclasses.make_dataclass("Config", [("num_hidden_layers", int)])(8)
     base = autoplan.Candidate(dp=2, mp=1, pp=2, micro_batches=2)
-    found, _, _, _, _ = autoplan._search_structure(
+    found, *_ = autoplan._search_structure(
         autoplan._Job((object, config), base, 8, 16, None, None, 60, False))
     seconds, chosen, guess = found
     assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 2)
     assert seconds == pytest.approx(12.5)
     assert guess["memory_bytes"] <= 60
+
+
+def test_knobs_that_cannot_fit_are_not_compiled(monkeypatch):
+    """Activations the fastest knobs keep that alone exceed the device: no
+    ZeRO level without recomputation fits, so those are not compiled; the
+    partial recomputation between keeping and recomputing everything at
+    ZeRO-1 takes the end that keeps everything as the first knobs plus
+    ZeRO-1's difference under full recomputation (their effects add up). On
+    two stages of four layers and a 60-byte device: activations 20 a layer
+    (80 kept), 1 recomputed; ZeRO-0 (state 40) needs all four layers
+    recomputed (14 s), ZeRO-1 (state 30) three (10.5 + 3 = 13.5 s): the
+    search takes ZeRO-1, as with every knob compiled."""
+    state, activation = {0: 40, 1: 30}, {"none": 20, "selective": 20, "full": 1}
+    compiled = []
+
+    def evaluate(family, c, layers, batch, seq, cluster, optimizer):
+        compiled.append((c.zero, c.recompute))
+        per_stage = layers // 2
+        memory = state[c.zero] + activation[c.recompute] * per_stage
+        seconds = 10 + 0.5 * c.zero + (per_stage if c.recompute == "full" else 0)
+        return {"step_seconds": seconds, "memory_bytes": memory, "function_bytes": [[memory]] * 2,
+                "stage_bytes": [memory] * 2, "state_bytes": [state[c.zero]] * 2,
+                "kept_bytes": [activation[c.recompute] * per_stage] * 2, "comm_bytes": 0,
+                "estimate": {"step_seconds": seconds, "model_flops": 1.0, "recompute_flops": 0.0,
+                             "peak_flops": 1.0, "ranks": 1}}
+
+    monkeypatch.setattr(autoplan, "_evaluate", evaluate)
+    config = dataclasses.make_dataclass("Config", [("num_hidden_layers", int)])(8)
+    base = autoplan.Candidate(dp=2, mp=1, pp=2, micro_batches=2)
+    found, *_ = autoplan._search_structure(
+        autoplan._Job((object, config), base, 8, 16, None, None, 60, False))
+    seconds, chosen, guess = found
+    assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 3)
+    assert seconds == pytest.approx(13.5)
+    assert guess["memory_bytes"] <= 60
+    assert (1, "none") not in compiled and (0, "none") in compiled
 
 
 def test_the_command_line_runs_as_users_run_it():

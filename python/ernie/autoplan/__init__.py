@@ -341,9 +341,13 @@ def _evaluate(family, c: Candidate, layers, batch, seq, cluster, optimizer):
     state = [st["parameter_bytes"] + st["optimizer_state_bytes"] + st["gradient_bytes"]
              for st in report["stages"]] if "stages" in report else \
         [report.get("model_state_bytes", 0)]
+    # What ZeRO cannot shrink: the activations kept for the backward (and
+    # the micro-batches' hand-offs a stage holds).
+    kept = [st["activation_bytes"] + st["staged_bytes"] for st in report["stages"]] \
+        if "stages" in report else [report.get("activation_bytes", 0)]
     return {"step_seconds": est["step_seconds"], "memory_bytes": max(stages),
             "function_bytes": functions, "stage_bytes": stages, "state_bytes": state,
-            "comm_bytes": comm, "estimate": est}
+            "kept_bytes": kept, "comm_bytes": comm, "estimate": est}
 
 
 def _between(a, b, t):
@@ -354,6 +358,18 @@ def _between(a, b, t):
         return [_between(x, y, t) for x, y in zip(a, b)]
     if isinstance(a, (int, float)) and not isinstance(a, bool):
         return a + t * (b - a)
+    return b
+
+
+def _shift(a, b, c):
+    """a + b - c, through the nested results of _evaluate."""
+    if isinstance(a, dict):
+        return {key: _shift(a.get(key, 0), b.get(key, 0), c.get(key, 0))
+                for key in set(a) | set(b)}
+    if isinstance(a, list):
+        return [_shift(x, y, z) for x, y, z in zip(a, b, c)]
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return a + b - c
     return b
 
 
@@ -503,6 +519,10 @@ class _Job:
     verbose: bool
     first_only: bool = False  # only the fastest knobs (no ZeRO, no recomputation)
     first: dict | None = None  # their extrapolated result, when known
+    # Selective recomputation saved nothing in another structure: it drops
+    # the same ops in all (attention's softmax, which fused attention does
+    # not keep), so it is not tried.
+    skip_selective: bool = False
 
     @property
     def bound(self) -> float:
@@ -531,8 +551,9 @@ def _search_structure(job: _Job):
     """One structure (dp, mp, pp, vpp, sp, micro-batch size): its memory
     knobs from the fastest on, until one fits. Returns (time, candidate,
     extrapolated result) of the first that fits or None, (candidate,
-    memory) of the smallest tried, the compiles made, verbose lines and
-    the fastest knobs' result (the structure's bound). Full recomputation
+    memory) of the smallest tried, the compiles made, verbose lines, the
+    fastest knobs' result (the structure's bound) and what it learnt of
+    selective recomputation ("useless", "useful" or None). Full recomputation
     is partial (as few layers as memory needs), so once it fits the other
     ZeRO levels' are tried too and the fastest kept: a ZeRO level up can
     leave memory for a layer's activations, which is worth more than the
@@ -541,14 +562,27 @@ def _search_structure(job: _Job):
     base, limit, verbose = job.base, job.limit, job.verbose
     config = job.family[1]
     hopeless_zero, useless = set(), set()  # what cannot help this structure
+    if job.skip_selective:
+        useless.add("selective")
     tried, closest, compiles, lines = {}, None, 0, []
     best, first = None, job.first
+
+    learnt = None  # whether selective recomputation saved memory here
+    skipped = {}  # ZeRO level: its knobs without recomputation, not compiled
+    fulls = {}  # ZeRO level: its result with full recomputation
+
     for i, c in enumerate(_memory_knobs(base)):
         if i > 0 and job.first_only:
             break
         if c.zero in hopeless_zero or c.recompute in useless:
             continue
         if best is not None and c.recompute != "full":
+            continue
+        # Activations the fastest knobs keep that alone exceed the device:
+        # no ZeRO level without recomputation fits (ZeRO shards only state).
+        if c.recompute == "none" and first is not None and i > 0 and \
+                max(first["kept_bytes"]) > limit:
+            skipped[c.zero] = c
             continue
         if i == 0 and first is not None:
             guess = first
@@ -564,13 +598,29 @@ def _search_structure(job: _Job):
                 first = guess
         if closest is None or guess["memory_bytes"] < closest[1]:
             closest = (c, guess["memory_bytes"])
+        if c.recompute == "full":
+            fulls[c.zero] = guess
+        # The same ZeRO level with one recomputation less, if tried.
+        previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
+            if c.recompute != "none" else None
+        if c.recompute == "selective" and previous is not None:
+            learnt = "useful" if guess["memory_bytes"] < previous["memory_bytes"] else "useless"
         if verbose and not (i == 0 and job.first is not None):  # said in the first pass
             lines.append(f"  {c.name}: {guess['step_seconds'] * 1e3:.1f} ms, "
                          f"{guess['memory_bytes'] / 2**30:.1f} GiB")
         if guess["memory_bytes"] <= limit:
             # Full recomputation fits where keeping everything did not:
-            # recompute only as many layers as that takes.
+            # recompute only as many layers as that takes (between the two
+            # ends: the end that keeps everything is compiled now if it was
+            # passed over as not fitting).
             kept = tried.get((c.zero, "none"))
+            if kept is None and c.recompute == "full" and c.zero in skipped \
+                    and first is not None and 0 in fulls:
+                # Passed over as not fitting: ZeRO's and recomputation's
+                # effects add up (one shards state, the other drops
+                # activations), so it is the first knobs plus this ZeRO
+                # level's difference under full recomputation.
+                kept = _derived(_shift(first, guess, fulls[0]), guess)
             partial = _partial_recompute(c, kept, guess, limit,
                                          max(c.stage_layers(config.num_hidden_layers))) \
                 if c.recompute == "full" and kept is not None else None
@@ -581,7 +631,7 @@ def _search_structure(job: _Job):
                                  f"{guess['memory_bytes'] / 2**30:.1f} GiB")
             found = (guess["step_seconds"], c, guess)
             if c.recompute != "full":
-                return found, closest, compiles, lines, first
+                return found, closest, compiles, lines, first, learnt
             if best is None or found[0] < best[0]:
                 best = found
             continue
@@ -590,12 +640,10 @@ def _search_structure(job: _Job):
         # softmax for selective to drop) is not tried again.
         if guess["state_bytes"] > limit:
             hopeless_zero.add(c.zero)
-        previous = tried.get((c.zero, _RECOMPUTE_ORDER[_RECOMPUTE_ORDER.index(c.recompute) - 1])) \
-            if c.recompute != "none" else None
         if previous is not None and guess["memory_bytes"] >= previous["memory_bytes"]:
             useless.add(c.recompute)
         tried[(c.zero, c.recompute)] = guess
-    return best, closest, compiles, lines, first
+    return best, closest, compiles, lines, first, learnt
 
 
 def _search_structures(jobs, workers, keep, exhaustive=False):
@@ -606,13 +654,18 @@ def _search_structures(jobs, workers, keep, exhaustive=False):
     bound and its expert layout has one too (explain() compares the
     layouts' best). The `keep` best and each layout's best are those an
     exhaustive search finds; `exhaustive` searches every structure (a
-    bench ranking a published plan far down). Returns (found, closest,
-    compiles, lines) per structure searched."""
+    bench ranking a published plan far down). Selective recomputation
+    that saved nothing in one structure is not tried in those after it (it
+    drops the same ops in all). Returns (found, closest, compiles, lines)
+    per structure searched."""
     firsts = list(_map(_search_structure,
                        [dataclasses.replace(j, first_only=True) for j in jobs], workers))
     out, rest, times, layouts = [], [], [], {}
+    selective = {"useful": False, "useless": False}  # what structures found
 
     def record(result):
+        if result[5] is not None:
+            selective[result[5]] = True
         found = result[0]
         if found is not None:
             times.append(found[0])
@@ -628,14 +681,17 @@ def _search_structures(jobs, workers, keep, exhaustive=False):
             out.append((None, result[1], result[2], result[3]))
     rest.sort(key=lambda j: j.bound)
 
-    def needless(job):
-        if exhaustive or len(times) < keep:
-            return False
-        kth = sorted(times)[keep - 1]
-        layout = layouts.get((job.base.ep, job.base.ep_on_dp), math.inf)
-        return job.bound >= kth and job.bound >= layout
+    def admit(job):
+        if not exhaustive and len(times) >= keep:
+            kth = sorted(times)[keep - 1]
+            layout = layouts.get((job.base.ep, job.base.ep_on_dp), math.inf)
+            if job.bound >= kth and job.bound >= layout:
+                return None
+        if selective["useless"] and not selective["useful"]:
+            job = dataclasses.replace(job, skip_selective=True)
+        return job
 
-    for result in _stream(_search_structure, rest, workers, needless):
+    for result in _stream(_search_structure, rest, workers, admit):
         record(result)
     return out
 
@@ -676,13 +732,14 @@ def _map(fn, jobs, workers):
         return list(results)
 
 
-def _stream(fn, jobs, workers, skip):
-    """fn over jobs in their order, each result as it comes; `skip(job)`,
+def _stream(fn, jobs, workers, admit):
+    """fn over jobs in their order, each result as it comes; `admit(job)`,
     asked as a job would start (so with every result before it known but
-    those still running), leaves it out."""
+    those still running), gives the job to run, or None to leave it out."""
     if _in_process(jobs, workers):
         for job in jobs:
-            if not skip(job):
+            job = admit(job)
+            if job is not None:
                 yield fn(job)
         return
     with _pool(workers, jobs) as pool:
@@ -693,7 +750,8 @@ def _stream(fn, jobs, workers, skip):
             for job in queue:
                 if len(pending) >= width:
                     return
-                if not skip(job):
+                job = admit(job)
+                if job is not None:
                     pending.add(pool.submit(fn, job))
                     if len(pending) >= width:
                         return
