@@ -63,14 +63,19 @@ def hand_all_to_all(cfg, c: autoplan.Candidate, batch, seq):
     layer and micro-batch, four bf16 buffers [E, 1 group, C, hidden]
     (dispatch and combine, forward and backward: a data-parallel rank's
     tokens are one group, split over mp when mp > 1, and dropless C is the
-    group's tokens) and the filled rows [E, 1] (i64) once."""
-    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    group's tokens) and the filled rows [E, 1] (i64) once; a recomputed
+    layer's forward runs twice, its dispatch and combine (and rows) too."""
+    layers = cfg.num_hidden_layers
+    recomputed = set(autoplan._recomputed_layers(c, layers)) if c.recompute_layers else \
+        set(range(layers)) if c.recompute == "full" else set()
     width = c.dp * (c.ep if c.ep > 1 and not c.ep_on_dp else 1)  # ranks splitting the batch
     per_micro = batch // width // c.micro_batches if c.pp > 1 else batch // width
     group = per_micro * seq // c.mp
     micro = c.micro_batches if c.pp > 1 else 1
     e = cfg.moe_num_experts
-    return moe_layers * micro * (4 * e * group * cfg.hidden_size * 2 + e * 8)
+    buffer, rows = e * group * cfg.hidden_size * 2, e * 8
+    return micro * sum((4 + 2 * (i in recomputed)) * buffer + (1 + (i in recomputed)) * rows
+                       for i in range(layers) if cfg.is_moe_layer(i))
 
 
 def run(name, workers):

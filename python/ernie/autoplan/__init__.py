@@ -12,7 +12,11 @@ layers per chunk: each layer adds the same ops, state and collectives; a
 MoE model's shallow copies make every layer a MoE layer, so the few dense
 layers some families start with are counted as MoE ones until the
 finalists' full-depth compile, which is exact).
-So a candidate costs two small compiles whatever the model's depth. Per
+So a candidate costs two small compiles whatever the model's depth. Not
+every structure is searched whole (branch and bound): each one's fastest
+knobs (no ZeRO, no recomputation) bound its time from below, and a
+structure that does not fit with them is searched only while it can still
+beat the best found (docs/decisions/0030). Per
 structure (dp, mp, pp, vpp, sp, micro-batch size) the memory knobs are
 tried from the fastest (no ZeRO, no recomputation) on, stopping at the
 first that fits: a higher ZeRO level or more recomputation never makes a
@@ -697,7 +701,8 @@ def _search_structures(jobs, workers, keep, exhaustive=False):
 
 
 def _evaluate_job(job):
-    return _evaluate(*job)
+    """(candidate, its _evaluate)."""
+    return job[1], _evaluate(*job)
 
 
 def _in_process(jobs, workers):
@@ -876,15 +881,14 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
     by_layout = {}
     for seconds, c, guess in scored:
         by_layout.setdefault((c.ep, c.ep_on_dp), (c.name, seconds, guess["estimate"]))
-    # The best at full depth: exact memory (some may not fit after all).
-    finalists = [c for _, c, _ in scored[: 2 * top]]
-    exact = _map(_evaluate_job, [(family, c, layers, global_batch, seq_len, spec, optimizer)
-                                 for c in finalists], workers)
-    compiles += len(finalists)
+    # The best at full depth: exact memory (some may not fit after all),
+    # compiled in order until `top` fit.
+    finalists = [(family, c, layers, global_batch, seq_len, spec, optimizer)
+                 for _, c, _ in scored[: 2 * top]]
     plans = []
-    for c, e in zip(finalists, exact):
-        if len(plans) == top:
-            break
+    admit = lambda job: job if len(plans) < top else None  # noqa: E731
+    for c, e in _stream(_evaluate_job, finalists, workers, admit):
+        compiles += 1
         # A partial recomputation guessed a little short: one more layer
         # per stage until the real program fits (all of them is "full").
         stage_layers = max(c.stage_layers(layers))
@@ -900,7 +904,7 @@ def auto_plan(model, inputs=None, cluster="dgx_h100", global_batch=None, seq_len
         others = [alt for layout, alt in by_layout.items() if layout != (c.ep, c.ep_on_dp)]
         plans.append(Plan(c, est["step_seconds"], est["mfu"], e["memory_bytes"],
                           e["comm_bytes"], est, True, mesh, config, others))
-    plans.sort(key=lambda p: p.step_seconds)
+    plans = sorted(plans, key=lambda p: p.step_seconds)[:top]
     auto_plan.last_search = {"candidates": len(scored), "compiles": compiles,
                              "seconds": time.perf_counter() - started,
                              "ranked": [(c, guess) for _, c, guess in scored]}
