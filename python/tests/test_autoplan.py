@@ -214,16 +214,15 @@ def test_a_subclass_keeps_its_familys_plan():
     assert autoplan._tp_plan(m, True).keys() == autoplan._tp_plan(model(), True).keys()
 
 
-def test_full_recomputation_tries_every_zero_level(monkeypatch):
-    """Full recomputation is partial (as few layers as memory needs), so a
-    ZeRO level up that leaves room for one more layer's activations can be
-    faster than the first ZeRO level that fits. A structure of two stages of
-    four layers, a 60-byte device: ZeRO-0's state (40) fits with three
-    layers recomputed (13 s), ZeRO-1's (30, its optimizer step 0.5 s
-    slower) with two (12.5 s): the search takes ZeRO-1."""
-    state, activation = {0: 40, 1: 30}, {"none": 10, "selective": 10, "full": 1}
+def search_two_stages(monkeypatch, state, activation, compiled=None):
+    """_search_structure on a model of memory state[zero] + activation[
+    recompute] a layer and step 10 s + 0.5 s a ZeRO level + 1 s a
+    recomputed layer, for a structure of two stages of four layers on a
+    60-byte device; what it found. `compiled` collects each knob compiled."""
 
     def evaluate(family, c, layers, batch, seq, cluster, optimizer):
+        if compiled is not None:
+            compiled.append((c.zero, c.recompute))
         per_stage = layers // 2
         memory = state[c.zero] + activation[c.recompute] * per_stage
         seconds = 10 + 0.5 * c.zero + (per_stage if c.recompute == "full" else 0)
@@ -236,8 +235,19 @@ def test_full_recomputation_tries_every_zero_level(monkeypatch):
     monkeypatch.setattr(autoplan, "_evaluate", evaluate)
     config = dataclasses.make_dataclass("Config", [("num_hidden_layers", int)])(8)
     base = autoplan.Candidate(dp=2, mp=1, pp=2, micro_batches=2)
-    found, *_ = autoplan._search_structure(
-        autoplan._Job((object, config), base, 8, 16, None, None, 60, False))
+    return autoplan._search_structure(
+        autoplan._Job((object, config), base, 8, 16, None, None, 60, False))[0]
+
+
+def test_full_recomputation_tries_every_zero_level(monkeypatch):
+    """Full recomputation is partial (as few layers as memory needs), so a
+    ZeRO level up that leaves room for one more layer's activations can be
+    faster than the first ZeRO level that fits. A structure of two stages of
+    four layers, a 60-byte device: ZeRO-0's state (40) fits with three
+    layers recomputed (13 s), ZeRO-1's (30, its optimizer step 0.5 s
+    slower) with two (12.5 s): the search takes ZeRO-1."""
+    found = search_two_stages(monkeypatch, {0: 40, 1: 30},
+                              {"none": 10, "selective": 10, "full": 1})
     seconds, chosen, guess = found
     assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 2)
     assert seconds == pytest.approx(12.5)
@@ -254,25 +264,9 @@ def test_knobs_that_cannot_fit_are_not_compiled(monkeypatch):
     (80 kept), 1 recomputed; ZeRO-0 (state 40) needs all four layers
     recomputed (14 s), ZeRO-1 (state 30) three (10.5 + 3 = 13.5 s): the
     search takes ZeRO-1, as with every knob compiled."""
-    state, activation = {0: 40, 1: 30}, {"none": 20, "selective": 20, "full": 1}
     compiled = []
-
-    def evaluate(family, c, layers, batch, seq, cluster, optimizer):
-        compiled.append((c.zero, c.recompute))
-        per_stage = layers // 2
-        memory = state[c.zero] + activation[c.recompute] * per_stage
-        seconds = 10 + 0.5 * c.zero + (per_stage if c.recompute == "full" else 0)
-        return {"step_seconds": seconds, "memory_bytes": memory, "function_bytes": [[memory]] * 2,
-                "stage_bytes": [memory] * 2, "state_bytes": [state[c.zero]] * 2,
-                "kept_bytes": [activation[c.recompute] * per_stage] * 2, "comm_bytes": 0,
-                "estimate": {"step_seconds": seconds, "model_flops": 1.0, "recompute_flops": 0.0,
-                             "peak_flops": 1.0, "ranks": 1}}
-
-    monkeypatch.setattr(autoplan, "_evaluate", evaluate)
-    config = dataclasses.make_dataclass("Config", [("num_hidden_layers", int)])(8)
-    base = autoplan.Candidate(dp=2, mp=1, pp=2, micro_batches=2)
-    found, *_ = autoplan._search_structure(
-        autoplan._Job((object, config), base, 8, 16, None, None, 60, False))
+    found = search_two_stages(monkeypatch, {0: 40, 1: 30},
+                              {"none": 20, "selective": 20, "full": 1}, compiled)
     seconds, chosen, guess = found
     assert (chosen.zero, chosen.recompute, chosen.recompute_layers) == (1, "full", 3)
     assert seconds == pytest.approx(13.5)

@@ -375,59 +375,58 @@ std::vector<int64_t> filledRows(const char *op, const TensorView &rows,
   return host;
 }
 
+/// What both expert GEMMs read: the buffers' shape, the filled rows (on
+/// the host), the result zeroed, and a block's address.
+struct ExpertGemm {
+  int64_t experts, groups, capacity;
+  size_t element;
+  std::vector<int64_t> rows;
+
+  ExpertGemm(const char *op, const std::vector<TensorView> &in,
+             const TensorView &result)
+      : experts(in[0].shape[0]), groups(in[0].shape[1]),
+        capacity(in[0].shape[2]), element(byteSize(in[0].type)),
+        rows(filledRows(op, in[2], capacity)) {
+    check(cudaMemsetAsync(result.data, 0, result.numElements() * element,
+                          stream()),
+          op);
+  }
+  /// `elements` into `base`.
+  char *at(const void *base, int64_t elements) const {
+    return const_cast<char *>(static_cast<const char *>(base)) +
+           elements * element;
+  }
+};
+
 /// As the CPU kernel: per (expert, group) a GEMM of the filled rows, zeros
 /// for the rest.
 void expertMatmul(const std::vector<TensorView> &in,
                   const std::vector<TensorView> &out, const Attrs &attrs) {
   const TensorView &x = in[0], &w = in[1], &y = out[0];
   const bool t = attrs.getBool("transpose_weight");
-  const int64_t experts = x.shape[0], groups = x.shape[1],
-                capacity = x.shape[2], k = x.shape[3], n = y.shape[3];
-  const size_t element = byteSize(x.type);
-  std::vector<int64_t> rows =
-      filledRows("ernie.expert_matmul", in[2], capacity);
-  check(cudaMemsetAsync(y.data, 0, y.numElements() * element, stream()),
-        "ernie.expert_matmul");
-  auto at = [&](const void *base, int64_t elements) {
-    return static_cast<const char *>(base) + elements * element;
-  };
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t g = 0; g < groups; ++g) {
-      int64_t block = e * groups + g, r = rows[block];
-      if (r == 0)
-        continue;
-      MatmulShape s{false, t, r, n, k, 1, false};
-      floatGemm(x.type, s, at(x.data, block * capacity * k),
-                at(w.data, e * k * n),
-                const_cast<char *>(at(y.data, block * capacity * n)), x.type);
-    }
+  const ExpertGemm g("ernie.expert_matmul", in, y);
+  const int64_t k = x.shape[3], n = y.shape[3];
+  for (int64_t e = 0; e < g.experts; ++e)
+    for (int64_t b = e * g.groups; b < (e + 1) * g.groups; ++b)
+      if (int64_t r = g.rows[b])
+        floatGemm(x.type, MatmulShape{false, t, r, n, k, 1, false},
+                  g.at(x.data, b * g.capacity * k), g.at(w.data, e * k * n),
+                  g.at(y.data, b * g.capacity * n), x.type);
 }
 
 /// dW[e] accumulates each group's filled rows' input^T x gradient.
 void expertWeightGrad(const std::vector<TensorView> &in,
                       const std::vector<TensorView> &out, const Attrs &) {
   const TensorView &x = in[0], &dy = in[1], &dw = out[0];
-  const int64_t experts = x.shape[0], groups = x.shape[1],
-                capacity = x.shape[2], k = x.shape[3], n = dy.shape[3];
-  const size_t element = byteSize(x.type);
-  std::vector<int64_t> rows =
-      filledRows("ernie.expert_weight_grad", in[2], capacity);
-  check(cudaMemsetAsync(dw.data, 0, dw.numElements() * element, stream()),
-        "ernie.expert_weight_grad");
-  auto at = [&](const void *base, int64_t elements) {
-    return static_cast<const char *>(base) + elements * element;
-  };
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t g = 0; g < groups; ++g) {
-      int64_t block = e * groups + g, r = rows[block];
-      if (r == 0)
-        continue;
-      MatmulShape s{true, false, k, n, r, 1, false};
-      floatGemm(x.type, s, at(x.data, block * capacity * k),
-                at(dy.data, block * capacity * n),
-                const_cast<char *>(at(dw.data, e * k * n)), x.type,
-                /*accumulate=*/true);
-    }
+  const ExpertGemm g("ernie.expert_weight_grad", in, dw);
+  const int64_t k = x.shape[3], n = dy.shape[3];
+  for (int64_t e = 0; e < g.experts; ++e)
+    for (int64_t b = e * g.groups; b < (e + 1) * g.groups; ++b)
+      if (int64_t r = g.rows[b])
+        floatGemm(x.type, MatmulShape{true, false, k, n, r, 1, false},
+                  g.at(x.data, b * g.capacity * k),
+                  g.at(dy.data, b * g.capacity * n), g.at(dw.data, e * k * n),
+                  x.type, /*accumulate=*/true);
 }
 
 } // namespace
