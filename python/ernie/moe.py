@@ -223,7 +223,10 @@ class MoELayer(Module):
         if cfg.scaling_factor != 1.0:
             weights = weights * cfg.scaling_factor
 
-        usage = _count(chosen, axis=(0, 1, 2), dtype=rd)  # choices per expert
+        # Choices per group and expert [g, E] (the experts' filled rows
+        # below), and per expert.
+        chosen_per_group = _count(chosen, axis=(1, 2), dtype=rd)
+        usage = F.sum(chosen_per_group, axis=0)
         # The trace's router probabilities [groups, tokens, E] and choices
         # per expert [E], for a loss a model forms over several layers
         # (Hugging Face's load-balancing loss of Qwen3-MoE and Mixtral).
@@ -244,7 +247,6 @@ class MoELayer(Module):
         # Each expert's slots of a group fill from 0 (moe_route): its GEMMs
         # compute the first min(choices, capacity) rows and nothing of the
         # empty slots (a dropless layer has E / k times the rows it uses).
-        chosen_per_group = _count(chosen, axis=(1, 2), dtype=rd)  # [g, E]
         rows = F.cast(F.transpose(F.minimum(chosen_per_group, float(c)), (1, 0)), "i64")
         rows = self._to_experts(rows)
         fill = min(1.0, tg * k / (e * c))

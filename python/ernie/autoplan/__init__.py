@@ -614,12 +614,9 @@ def _search_structure(job: _Job):
                          f"{guess['memory_bytes'] / 2**30:.1f} GiB")
         if guess["memory_bytes"] <= limit:
             # Full recomputation fits where keeping everything did not:
-            # recompute only as many layers as that takes (between the two
-            # ends: the end that keeps everything is compiled now if it was
-            # passed over as not fitting).
+            # recompute only as many layers as that takes.
             kept = tried.get((c.zero, "none"))
-            if kept is None and c.recompute == "full" and c.zero in skipped \
-                    and first is not None and 0 in fulls:
+            if kept is None and c.recompute == "full" and c.zero in skipped and 0 in fulls:
                 # Passed over as not fitting: ZeRO's and recomputation's
                 # effects add up (one shards state, the other drops
                 # activations), so it is the first knobs plus this ZeRO
@@ -705,25 +702,28 @@ def _evaluate_job(job):
     return job[1], _evaluate(*job)
 
 
+def _worker_count(workers):
+    """`workers`, or one per core when None."""
+    return os.cpu_count() or 1 if workers is None else workers
+
+
 def _in_process(jobs, workers):
     """Whether `jobs` run here: one worker or job, or a model class a fresh
     process cannot import."""
-    workers = os.cpu_count() or 1 if workers is None else workers
     try:
         pickle.dumps(jobs[0]) if jobs else None
         family = jobs[0].family if isinstance(jobs[0], _Job) else jobs[0][0]
         local = family[0].__module__ == "__main__"
     except (pickle.PicklingError, AttributeError, TypeError, IndexError):
         local = True
-    return local or workers <= 1 or len(jobs) <= 1
+    return local or _worker_count(workers) <= 1 or len(jobs) <= 1
 
 
 def _pool(workers, jobs):
     """Search worker processes (spawned: the compiler's threads do not
     survive a fork)."""
-    workers = os.cpu_count() or 1 if workers is None else workers
     return concurrent.futures.ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+        max_workers=min(_worker_count(workers), len(jobs)), mp_context=multiprocessing.get_context("spawn"),
         initializer=_exit_with_parent, initargs=(os.getpid(),))
 
 
@@ -748,13 +748,11 @@ def _stream(fn, jobs, workers, admit):
                 yield fn(job)
         return
     with _pool(workers, jobs) as pool:
-        width = min(os.cpu_count() or 1 if workers is None else workers, len(jobs))
+        width = min(_worker_count(workers), len(jobs))
         pending, queue = set(), iter(jobs)
 
-        def fill():
+        def fill():  # up to `width` jobs in flight
             for job in queue:
-                if len(pending) >= width:
-                    return
                 job = admit(job)
                 if job is not None:
                     pending.add(pool.submit(fn, job))
